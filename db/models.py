@@ -1,0 +1,198 @@
+"""ORM models of the measurement store (SQLAlchemy 2 declarative).
+
+Four tables, one direction of reference::
+
+    hardware  <- runs <- measurements
+                      <- failures
+
+``hardware`` is one probed machine/cluster (fingerprint + hash of the full probe facts);
+``runs`` is one sweep on it (versions, sweep plan, status); ``measurements`` holds one
+timed (backend, shape, token count, routing, timing mode) point with its statistics and
+raw samples; ``failures`` records why a backend was not timed (unavailable, incorrect
+result, error, timeout), with the shape when the failure is shape-specific.
+
+The schema is owned by the Alembic revisions in ``migrations/versions``: a change here
+needs a new revision there (``tests/test_store.py`` compares the two). Columns use only
+portable types (no SQLite-only or PostgreSQL-only SQL). Timestamps are UTC and always
+come back timezone-aware, whatever the backend stores.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Double,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# Alembic's version table, under our own name: Optuna studies share the store's URL and
+# Optuna keeps its own revision in the default ``alembic_version`` table.
+VERSION_TABLE = "a2a_tune_alembic_version"
+
+# Deterministic constraint names, so later migrations (batch mode on SQLite) can name the
+# constraint they alter. Revisions spell the resulting names out literally.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+DEVICE_TYPES = ("cuda", "cpu")
+FAILURE_KINDS = ("unavailable", "incorrect", "error", "timeout")
+
+# The columns that identify what a sweep has done at one point (see Store.done_keys);
+# a measurement adds ``timing`` to make its unique key.
+KEY_FIELDS = (
+    "backend",
+    "num_experts",
+    "topk",
+    "hidden",
+    "dtype",
+    "ep_size",
+    "tokens_per_rank",
+    "routing",
+)
+SHAPE_FIELDS = KEY_FIELDS[1:]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A ``DateTime(timezone=True)`` that stores UTC and returns aware UTC datetimes.
+
+    SQLite has no time zones: values are stored as naive UTC there and tagged UTC on load.
+    Naive datetimes handed in are taken to be UTC already.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        value = value.astimezone(dt.timezone.utc)
+        if dialect.name == "sqlite":
+            value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Hardware(Base):
+    """One probed machine or cluster. Same fingerprint + different facts hash = a change
+    the human-readable fingerprint does not show (driver, a degraded link...)."""
+
+    __tablename__ = "hardware"
+    __table_args__ = (
+        UniqueConstraint("fingerprint", "facts_hash", name="uq_hardware_fingerprint_facts_hash"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(200), index=True)
+    facts_hash: Mapped[str] = mapped_column(String(128))
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Run(Base):
+    """One sweep on one piece of hardware. ``config`` is the sweep plan (shapes, token
+    counts, dtypes, routings, backends, iterations...) and ``config_hash`` its digest,
+    used to find a run to resume. ``versions`` maps torch, nccl, cuda, driver, triton,
+    flashinfer, python, a2a_tune to a version string or None."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hardware_id: Mapped[int] = mapped_column(ForeignKey("hardware.id"), index=True)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    status: Mapped[str] = mapped_column(String(16))  # one of RUN_STATUSES
+    device_type: Mapped[str] = mapped_column(String(16))  # one of DEVICE_TYPES
+    world_size: Mapped[int] = mapped_column(Integer)
+    versions: Mapped[dict[str, Any]] = mapped_column(JSON)
+    git_sha: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_hash: Mapped[str] = mapped_column(String(128), index=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class Measurement(Base):
+    """One timed point. Times are microseconds per dispatch+combine round trip measured
+    on the device; ``host_median_us`` is host wall time per round trip; ``samples`` the
+    raw per-iteration device times; ``knobs`` backend-specific settings used."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (
+        UniqueConstraint("run_id", *KEY_FIELDS, "timing", name="uq_measurements_key"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    num_experts: Mapped[int] = mapped_column(Integer)
+    topk: Mapped[int] = mapped_column(Integer)
+    hidden: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(32))
+    ep_size: Mapped[int] = mapped_column(Integer)
+    tokens_per_rank: Mapped[int] = mapped_column(Integer)
+    routing: Mapped[str] = mapped_column(String(64))  # "uniform", "skewed", ...
+    timing: Mapped[str] = mapped_column(String(16))  # "eager", "graph", ...
+    median_us: Mapped[float] = mapped_column(Double)
+    p10_us: Mapped[float] = mapped_column(Double)
+    p90_us: Mapped[float] = mapped_column(Double)
+    ci_low_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    ci_high_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    n: Mapped[int] = mapped_column(Integer)
+    host_median_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    samples: Mapped[list[float]] = mapped_column(JSON)
+    knobs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Failure(Base):
+    """Why a backend was not timed. An "unavailable" failure usually has no shape (the
+    backend cannot run on this machine at all); the shape columns are then NULL."""
+
+    __tablename__ = "failures"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))  # one of FAILURE_KINDS
+    reason: Mapped[str] = mapped_column(Text)  # one line
+    num_experts: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    topk: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    hidden: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    dtype: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    ep_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    routing: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

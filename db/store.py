@@ -1,0 +1,816 @@
+"""The measurement store: open a database by URL, check its schema, read and write records.
+
+Guarantees
+----------
+- **Any SQLAlchemy URL.** SQLite by default (``sqlite:///a2a_tune.db``, relative to the
+  working directory); PostgreSQL (or any SQLAlchemy dialect) for a cluster-wide store.
+  SQLite-specific settings live in one place (``_sqlite_on_connect`` / ``_migrate``).
+- **Schema by migrations only.** A new or empty database is brought to the head revision
+  by the packaged Alembic revisions (never ``create_all``). A database at an older
+  revision raises :class:`StoreOutdatedError` naming ``a2a-tune db upgrade --db <url>``;
+  one at a revision this code does not know raises :class:`StoreError`. Alembic's version
+  table is kept under our own name (``models.VERSION_TABLE``) so Optuna, which shares the
+  URL and uses the default ``alembic_version``, never collides with us.
+- **Every write commits before it returns.** A sweep killed at any point keeps every
+  measurement and failure whose ``add_*`` call returned.
+- **Readers and writers side by side (SQLite).** WAL journal and a busy timeout
+  (``SQLITE_BUSY_TIMEOUT_MS``): ``a2a-tune show`` can read while a sweep writes, and the
+  sweep's commits do not wait for readers. (WAL needs a local filesystem; for a store on
+  NFS, use PostgreSQL.)
+- **Plain values out.** Writes return integer ids; reads return frozen dataclasses
+  (:class:`HardwareRecord`, :class:`RunRecord`, :class:`MeasurementRecord`,
+  :class:`FailureRecord`), snapshots detached from any session. Unknown ids raise
+  :class:`NotFoundError`; "nothing yet" answers are ``None`` or an empty list.
+- **Errors are one line.** Driver and SQLAlchemy errors become :class:`StoreError` with a
+  one-line message; the original is chained (``__cause__``).
+- **Threads and processes.** Each call uses its own short session, so one Store may be
+  shared by threads. Do not carry an open Store across ``fork``; open it in the process
+  that writes (rank 0).
+
+Duplicate measurements: ``add_measurement`` with a key already stored for the run raises
+:class:`DuplicateMeasurementError` (nothing is overwritten); the sweep consults
+``done_keys`` first, so a duplicate means a bug worth hearing about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from sqlalchemy import Engine, column, create_engine, event, inspect, select, table
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from .errors import DuplicateMeasurementError, NotFoundError, StoreError, StoreOutdatedError
+from .models import (
+    DEVICE_TYPES,
+    FAILURE_KINDS,
+    KEY_FIELDS,
+    RUN_STATUSES,
+    SHAPE_FIELDS,
+    VERSION_TABLE,
+    Base,
+    Failure,
+    Hardware,
+    Measurement,
+    Run,
+    utcnow,
+)
+
+DEFAULT_URL = "sqlite:///a2a_tune.db"
+ENV_VAR = "A2A_TUNE_DB"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
+MAX_REASON_CHARS = 2000
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The database URL to use: ``url``, else ``$A2A_TUNE_DB``, else :data:`DEFAULT_URL`.
+
+    A plain filesystem path (no ``://``) becomes an SQLite URL: ``runs/h200.db`` ->
+    ``sqlite:///runs/h200.db``, ``/data/a.db`` -> ``sqlite:////data/a.db``; ``~`` expands.
+    An empty string counts as not given.
+    """
+    if not url:
+        url = os.environ.get(ENV_VAR) or DEFAULT_URL
+    if "://" not in url:
+        url = "sqlite:///" + os.path.expanduser(url)
+    return url
+
+
+def display_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # unparsable: the creation step reports it
+        return url
+
+
+def _one_line(exc: BaseException) -> str:
+    """The driver's own message of ``exc``, first line only, without SQLAlchemy's
+    statement dump and documentation link."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig) if orig is not None else (str(exc.args[0]) if exc.args else "")
+    text = text.strip().splitlines()[0].strip() if text.strip() else ""
+    return text or type(orig if orig is not None else exc).__name__
+
+
+@contextmanager
+def _db_errors(what: str) -> Iterator[None]:
+    """Turn driver/SQLAlchemy/Alembic failures into a one-line StoreError: ``what: cause``."""
+    from alembic.util import CommandError
+
+    try:
+        yield
+    except StoreError:
+        raise
+    except (SQLAlchemyError, CommandError, OSError) as exc:
+        raise StoreError(f"{what}: {_one_line(exc)}") from exc
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_MS)}")
+        # WAL: readers never block the writer, the writer never blocks readers. Persistent
+        # in the file; an in-memory database answers "memory" and carries on. This reads
+        # the header, so a file that is not a database fails here, before anything is
+        # written to it.
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+        except Exception as exc:
+            # A read-only file (permissions, ``?mode=ro&uri=true``) cannot switch journal
+            # mode but can still be read; writes will report "readonly" themselves.
+            if "readonly" not in str(exc):
+                raise
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _create_engine(url: str) -> Engine:
+    shown = display_url(url)
+    try:
+        engine = create_engine(url)
+    except ImportError as exc:
+        raise StoreError(f"cannot open database {shown}: driver not installed ({exc})") from exc
+    except (SQLAlchemyError, ValueError) as exc:
+        raise StoreError(f"cannot open database {shown}: {_one_line(exc)}") from exc
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_on_connect)
+    return engine
+
+
+# --------------------------------------------------------------------------- migrations
+
+
+def alembic_config(url: str | None = None) -> Any:
+    """An Alembic ``Config`` for the packaged migrations (no alembic.ini needed).
+
+    Used by the store itself and by developers writing a revision (see migrations/env.py).
+    """
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("path_separator", "os")
+    # New revision files are named by their id alone: --rev-id 0002_add_foo.
+    cfg.set_main_option("file_template", "%%(rev)s")
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", resolve_url(url).replace("%", "%%"))
+    return cfg
+
+
+def _script_directory() -> Any:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    """The schema revision this code expects (the single head of the packaged history)."""
+    return _script_directory().get_current_head()
+
+
+class _SchemaState(NamedTuple):
+    state: str  # "empty" | "head" | "outdated" | "unknown" | "unmanaged"
+    current: str | None  # the database's revision(s), comma-joined; None at base
+
+
+def _schema_state(engine: Engine, script: Any) -> _SchemaState:
+    from alembic.util import CommandError
+
+    with engine.connect() as conn:
+        tables = set(inspect(conn).get_table_names())
+        if VERSION_TABLE not in tables:
+            # Other tables (e.g. Optuna's) may live here; only ours make it "unmanaged".
+            if tables & set(Base.metadata.tables):
+                return _SchemaState("unmanaged", None)
+            return _SchemaState("empty", None)
+        # Read Alembic's version table directly: a MigrationContext would log at INFO on
+        # every open (``a2a-tune show`` output).
+        version = table(VERSION_TABLE, column("version_num"))
+        heads = tuple(sorted(conn.scalars(select(version.c.version_num))))
+    current = ",".join(heads) or None
+    for rev in heads:
+        try:
+            known = script.get_revision(rev) is not None
+        except CommandError:
+            known = False
+        if not known:
+            return _SchemaState("unknown", current)
+    if set(heads) == set(script.get_heads()):
+        return _SchemaState("head", current)
+    return _SchemaState("outdated", current)
+
+
+def _migrate(engine: Engine) -> None:
+    """Run the packaged migrations to head in one transaction on ``engine``."""
+    from alembic import command
+
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            # Batch mode rebuilds tables (copy, drop, rename); with foreign keys enforced,
+            # dropping a parent table would fail. The pragma is a no-op inside a
+            # transaction, so it goes first. BEGIN IMMEDIATE takes the write lock up front:
+            # pysqlite would otherwise run each DDL statement in autocommit, and two
+            # processes creating the same new file would race.
+            conn.exec_driver_sql("PRAGMA foreign_keys = OFF")
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA foreign_keys = ON")
+                conn.commit()
+
+
+def _check_or_migrate(engine: Engine, url: str, *, allow_upgrade: bool) -> tuple[str | None, str]:
+    shown = display_url(url)
+    with _db_errors(f"cannot open database {shown}"):
+        script = _script_directory()
+        head = script.get_current_head()
+        before = _schema_state(engine, script)
+    if before.state == "unknown":
+        raise StoreError(
+            f"database {shown} is at schema revision {before.current}, which this a2a-tune "
+            f"does not know (written by a newer a2a-tune?); upgrade a2a-tune"
+        )
+    if before.state == "unmanaged":
+        raise StoreError(
+            f"database {shown} holds a2a-tune tables but no {VERSION_TABLE} table; "
+            f"it was not created by a2a-tune"
+        )
+    if before.state == "outdated" and not allow_upgrade:
+        raise StoreOutdatedError(shown, before.current, head)
+    if before.state == "head":
+        return before.current, head
+    with _db_errors(f"cannot migrate database {shown} to schema {head}"):
+        try:
+            _migrate(engine)
+        except SQLAlchemyError:
+            # Another process may have created the schema at the same moment (PostgreSQL
+            # has no BEGIN IMMEDIATE); if the database is at head now, all is well.
+            if _schema_state(engine, script).state != "head":
+                raise
+    return before.current, head
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open (creating if new or empty) the store at ``url`` (see :func:`resolve_url`).
+
+    Raises :class:`StoreOutdatedError` for an older schema, :class:`StoreError` for a
+    newer/unknown one, for a file that is not a database, or any failure to connect.
+    """
+    url = resolve_url(url)
+    engine = _create_engine(url)
+    try:
+        _check_or_migrate(engine, url, allow_upgrade=False)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Store(engine, url)
+
+
+def upgrade(url: str | None = None) -> tuple[str | None, str]:
+    """Migrate the database at ``url`` to the head revision (``a2a-tune db upgrade``).
+
+    Returns ``(revision before, revision after)``; before is None for a new database or
+    one stamped at the base. A database already at head is left alone. Raises
+    :class:`StoreError` for a database at an unknown (newer) revision.
+    """
+    url = resolve_url(url)
+    engine = _create_engine(url)
+    try:
+        return _check_or_migrate(engine, url, allow_upgrade=True)
+    finally:
+        engine.dispose()
+
+
+# --------------------------------------------------------------------------- records
+
+
+class MeasurementKey(NamedTuple):
+    """What a sweep has done at one point; equal (and hashing equal) to the plain tuple
+    ``(backend, num_experts, topk, hidden, dtype, ep_size, tokens_per_rank, routing)``."""
+
+    backend: str
+    num_experts: int
+    topk: int
+    hidden: int
+    dtype: str
+    ep_size: int
+    tokens_per_rank: int
+    routing: str
+
+
+assert MeasurementKey._fields == KEY_FIELDS
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareRecord:
+    id: int
+    fingerprint: str
+    facts_hash: str
+    facts: dict[str, Any]
+    created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    id: int
+    hardware_id: int
+    fingerprint: str
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    status: str
+    device_type: str
+    world_size: int
+    versions: dict[str, Any]
+    git_sha: str | None
+    config: dict[str, Any]
+    config_hash: str
+    summary: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasurementRecord:
+    id: int
+    run_id: int
+    backend: str
+    num_experts: int
+    topk: int
+    hidden: int
+    dtype: str
+    ep_size: int
+    tokens_per_rank: int
+    routing: str
+    timing: str
+    median_us: float
+    p10_us: float
+    p90_us: float
+    ci_low_us: float | None
+    ci_high_us: float | None
+    n: int
+    host_median_us: float | None
+    samples: list[float]
+    knobs: dict[str, Any]
+    created_at: dt.datetime
+
+    @property
+    def key(self) -> MeasurementKey:
+        return MeasurementKey(*(getattr(self, f) for f in KEY_FIELDS))
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureRecord:
+    id: int
+    run_id: int
+    backend: str
+    kind: str
+    reason: str
+    num_experts: int | None
+    topk: int | None
+    hidden: int | None
+    dtype: str | None
+    ep_size: int | None
+    tokens_per_rank: int | None
+    routing: str | None
+    created_at: dt.datetime
+
+    @property
+    def has_shape(self) -> bool:
+        """True when every shape column is set (the failure is about one point)."""
+        return all(getattr(self, f) is not None for f in SHAPE_FIELDS)
+
+    @property
+    def key(self) -> MeasurementKey | None:
+        if not self.has_shape:
+            return None
+        return MeasurementKey(*(getattr(self, f) for f in KEY_FIELDS))
+
+
+def _record(cls: type, row: Any, **extra: Any) -> Any:
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in extra]
+    return cls(**{n: getattr(row, n) for n in names}, **extra)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _json(name: str, value: Any) -> Any:
+    """Refuse values that would not survive a JSON column on every backend (numpy
+    scalars, NaN/inf: PostgreSQL rejects them) with a clear error, before any SQL."""
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} is not storable as JSON: {exc}") from None
+    return value
+
+
+def _finite(name: str, value: Any, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(out):
+        raise ValueError(f"{name} must be finite, got {out}")
+    return out
+
+
+def _int(name: str, value: Any, *, optional: bool = False, minimum: int = 0) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    out = int(value.__index__())
+    if out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {out}")
+    return out
+
+
+def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _one_line_reason(reason: str) -> str:
+    text = " ".join(part.strip() for part in str(reason).splitlines() if part.strip())
+    if len(text) > MAX_REASON_CHARS:
+        text = text[: MAX_REASON_CHARS - 1] + "…"
+    return text or "(no reason given)"
+
+
+# --------------------------------------------------------------------------- store
+
+
+class Store:
+    """Reads and writes runs, measurements and failures. Obtain one with :func:`open_store`;
+    see the module docstring for the guarantees. Usable as a context manager."""
+
+    def __init__(self, engine: Engine, url: str) -> None:
+        self._engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._closed = False
+        self.url = url
+
+    # -- lifecycle
+
+    @property
+    def display_url(self) -> str:
+        return display_url(self.url)
+
+    def close(self) -> None:
+        """Release connections (SQLite: checkpoints the WAL). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.display_url!r}{', closed' if self._closed else ''})"
+
+    @contextmanager
+    def _session(self, what: str, *, conflicts: bool = False) -> Iterator[Session]:
+        """One transaction, committed on success. ``conflicts=True`` lets IntegrityError
+        through for the caller to interpret."""
+        if self._closed:
+            raise StoreError(f"store {self.display_url} is closed")
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except IntegrityError as exc:
+            if conflicts:
+                raise
+            raise StoreError(f"{what} on {self.display_url} failed: {_one_line(exc)}") from exc
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{what} on {self.display_url} failed: {_one_line(exc)}") from exc
+
+    @staticmethod
+    def _run_or_raise(session: Session, run_id: int) -> Run:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise NotFoundError(f"no run {run_id} in this store")
+        return run
+
+    # -- hardware
+
+    def get_or_create_hardware(self, fingerprint: str, facts_hash: str, facts: dict[str, Any]) -> int:
+        """The id of the hardware row for (fingerprint, facts_hash), inserted if new.
+        ``facts`` is stored only on insert (the hash identifies it)."""
+        _str("fingerprint", fingerprint)
+        _str("facts_hash", facts_hash)
+        _json("facts", facts)
+        query = select(Hardware.id).where(
+            Hardware.fingerprint == fingerprint, Hardware.facts_hash == facts_hash
+        )
+        try:
+            with self._session("recording hardware", conflicts=True) as s:
+                found = s.scalar(query)
+                if found is not None:
+                    return found
+                row = Hardware(fingerprint=fingerprint, facts_hash=facts_hash, facts=facts)
+                s.add(row)
+                s.flush()
+                return row.id
+        except IntegrityError as exc:
+            # Another process inserted the same hardware between our read and write.
+            with self._session("recording hardware") as s:
+                found = s.scalar(query)
+            if found is None:
+                raise StoreError(f"recording hardware failed: {_one_line(exc)}") from exc
+            return found
+
+    def get_hardware(self, hardware_id: int) -> HardwareRecord:
+        with self._session("reading hardware") as s:
+            row = s.get(Hardware, hardware_id)
+            if row is None:
+                raise NotFoundError(f"no hardware {hardware_id} in this store")
+            return _record(HardwareRecord, row)
+
+    def hardware_for_run(self, run_id: int) -> HardwareRecord:
+        with self._session("reading hardware") as s:
+            run = self._run_or_raise(s, run_id)
+            return _record(HardwareRecord, s.get(Hardware, run.hardware_id))
+
+    # -- runs
+
+    def start_run(
+        self,
+        hardware_id: int,
+        *,
+        device_type: str,
+        world_size: int,
+        versions: dict[str, Any],
+        git_sha: str | None,
+        config: dict[str, Any],
+        config_hash: str,
+    ) -> int:
+        """Insert a run with status "running"; returns its id."""
+        if device_type not in DEVICE_TYPES:
+            raise ValueError(f"device_type must be one of {DEVICE_TYPES}, got {device_type!r}")
+        world_size = _int("world_size", world_size, minimum=1)
+        _json("versions", versions)
+        _json("config", config)
+        _str("config_hash", config_hash)
+        _str("git_sha", git_sha, optional=True)
+        with self._session("starting a run") as s:
+            if s.get(Hardware, hardware_id) is None:
+                raise NotFoundError(f"no hardware {hardware_id} in this store")
+            run = Run(
+                hardware_id=hardware_id,
+                status="running",
+                device_type=device_type,
+                world_size=world_size,
+                versions=versions,
+                git_sha=git_sha,
+                config=config,
+                config_hash=config_hash,
+            )
+            s.add(run)
+            s.flush()
+            return run.id
+
+    def finish_run(self, run_id: int, status: str, summary: dict[str, Any] | None = None) -> None:
+        """Set the final status ("completed", "interrupted" or "failed") and finished_at;
+        ``summary`` replaces the stored one when given."""
+        if status not in RUN_STATUSES or status == "running":
+            raise ValueError(f"finish status must be completed, interrupted or failed, got {status!r}")
+        if summary is not None:
+            _json("summary", summary)
+        with self._session("finishing a run") as s:
+            run = self._run_or_raise(s, run_id)
+            run.status = status
+            run.finished_at = utcnow()
+            if summary is not None:
+                run.summary = summary
+
+    def resume_run(self, run_id: int) -> None:
+        """Mark a run found by :meth:`find_resumable_run` as "running" again."""
+        with self._session("resuming a run") as s:
+            run = self._run_or_raise(s, run_id)
+            run.status = "running"
+            run.finished_at = None
+
+    def find_resumable_run(self, hardware_id: int, config_hash: str) -> int | None:
+        """The latest run on this hardware with this config hash, if it is not completed
+        (running, interrupted or failed); None when there is none or the latest one
+        completed (a newer completed run supersedes older unfinished ones). A "running"
+        run may be a live sweep: the caller decides whether to take it over."""
+        with self._session("finding a run to resume") as s:
+            row = s.execute(
+                select(Run.id, Run.status)
+                .where(Run.hardware_id == hardware_id, Run.config_hash == config_hash)
+                .order_by(Run.started_at.desc(), Run.id.desc())
+                .limit(1)
+            ).first()
+        if row is None or row.status == "completed":
+            return None
+        return row.id
+
+    def _run_query(self):  # noqa: ANN202 - internal
+        return (
+            select(Run, Hardware.fingerprint)
+            .join(Hardware, Run.hardware_id == Hardware.id)
+            .order_by(Run.started_at.desc(), Run.id.desc())
+        )
+
+    def get_run(self, run_id: int) -> RunRecord:
+        with self._session("reading a run") as s:
+            row = s.execute(self._run_query().where(Run.id == run_id)).first()
+            if row is None:
+                raise NotFoundError(f"no run {run_id} in this store")
+            return _record(RunRecord, row[0], fingerprint=row[1])
+
+    def runs(self, fingerprint: str | None = None) -> list[RunRecord]:
+        """All runs, newest first; only those on ``fingerprint`` when given."""
+        query = self._run_query()
+        if fingerprint is not None:
+            query = query.where(Hardware.fingerprint == fingerprint)
+        with self._session("listing runs") as s:
+            return [_record(RunRecord, run, fingerprint=fp) for run, fp in s.execute(query)]
+
+    def latest_run(self, fingerprint: str | None = None, status: str | None = "completed") -> RunRecord | None:
+        """The newest run (on ``fingerprint`` if given) with ``status`` (any if None)."""
+        query = self._run_query().limit(1)
+        if fingerprint is not None:
+            query = query.where(Hardware.fingerprint == fingerprint)
+        if status is not None:
+            query = query.where(Run.status == status)
+        with self._session("reading runs") as s:
+            row = s.execute(query).first()
+            return None if row is None else _record(RunRecord, row[0], fingerprint=row[1])
+
+    # -- measurements and failures
+
+    def add_measurement(
+        self,
+        run_id: int,
+        *,
+        backend: str,
+        num_experts: int,
+        topk: int,
+        hidden: int,
+        dtype: str,
+        ep_size: int,
+        tokens_per_rank: int,
+        routing: str,
+        timing: str,
+        median_us: float,
+        p10_us: float,
+        p90_us: float,
+        n: int,
+        samples: list[float],
+        ci_low_us: float | None = None,
+        ci_high_us: float | None = None,
+        host_median_us: float | None = None,
+        knobs: dict[str, Any] | None = None,
+    ) -> int:
+        """Store one timed point, committed before returning; returns its id.
+
+        Numbers may be numpy/torch scalars (converted); ``samples`` in µs. Raises
+        :class:`DuplicateMeasurementError` when (run, key, timing) is already stored.
+        """
+        row = Measurement(
+            run_id=run_id,
+            backend=_str("backend", backend),
+            num_experts=_int("num_experts", num_experts, minimum=1),
+            topk=_int("topk", topk, minimum=1),
+            hidden=_int("hidden", hidden, minimum=1),
+            dtype=_str("dtype", dtype),
+            ep_size=_int("ep_size", ep_size, minimum=1),
+            tokens_per_rank=_int("tokens_per_rank", tokens_per_rank),
+            routing=_str("routing", routing),
+            timing=_str("timing", timing),
+            median_us=_finite("median_us", median_us),
+            p10_us=_finite("p10_us", p10_us),
+            p90_us=_finite("p90_us", p90_us),
+            ci_low_us=_finite("ci_low_us", ci_low_us, optional=True),
+            ci_high_us=_finite("ci_high_us", ci_high_us, optional=True),
+            n=_int("n", n),
+            host_median_us=_finite("host_median_us", host_median_us, optional=True),
+            samples=[_finite("samples[]", v) for v in samples],
+            knobs=_json("knobs", dict(knobs or {})),
+        )
+        key = (run_id, *(getattr(row, f) for f in KEY_FIELDS), row.timing)
+        try:
+            with self._session("adding a measurement", conflicts=True) as s:
+                self._run_or_raise(s, run_id)
+                s.add(row)
+                s.flush()
+                return row.id
+        except IntegrityError as exc:
+            with self._session("adding a measurement") as s:
+                clash = s.scalar(
+                    select(Measurement.id).where(
+                        Measurement.run_id == run_id,
+                        Measurement.timing == row.timing,
+                        *(getattr(Measurement, f) == getattr(row, f) for f in KEY_FIELDS),
+                    )
+                )
+            if clash is not None:
+                raise DuplicateMeasurementError(key) from exc
+            raise StoreError(f"adding a measurement failed: {_one_line(exc)}") from exc
+
+    def add_failure(
+        self,
+        run_id: int,
+        *,
+        backend: str,
+        kind: str,
+        reason: str,
+        num_experts: int | None = None,
+        topk: int | None = None,
+        hidden: int | None = None,
+        dtype: str | None = None,
+        ep_size: int | None = None,
+        tokens_per_rank: int | None = None,
+        routing: str | None = None,
+    ) -> int:
+        """Record why ``backend`` was not timed, committed before returning; returns its id.
+
+        Leave the shape out for a failure that is not about one point ("unavailable").
+        A multi-line ``reason`` is joined into one line (and capped at MAX_REASON_CHARS).
+        """
+        if kind not in FAILURE_KINDS:
+            raise ValueError(f"failure kind must be one of {FAILURE_KINDS}, got {kind!r}")
+        row = Failure(
+            run_id=run_id,
+            backend=_str("backend", backend),
+            kind=kind,
+            reason=_one_line_reason(reason),
+            num_experts=_int("num_experts", num_experts, optional=True, minimum=1),
+            topk=_int("topk", topk, optional=True, minimum=1),
+            hidden=_int("hidden", hidden, optional=True, minimum=1),
+            dtype=_str("dtype", dtype, optional=True),
+            ep_size=_int("ep_size", ep_size, optional=True, minimum=1),
+            tokens_per_rank=_int("tokens_per_rank", tokens_per_rank, optional=True),
+            routing=_str("routing", routing, optional=True),
+        )
+        with self._session("adding a failure") as s:
+            self._run_or_raise(s, run_id)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def done_keys(self, run_id: int) -> set[MeasurementKey]:
+        """Keys a resumed sweep can skip: those of the run's measurements (any timing) and
+        of its failures that carry a full shape. Shapeless failures ("unavailable") are
+        not points, so they add nothing."""
+        m_cols = [getattr(Measurement, f) for f in KEY_FIELDS]
+        f_cols = [getattr(Failure, f) for f in KEY_FIELDS]
+        with self._session("reading done keys") as s:
+            self._run_or_raise(s, run_id)
+            keys = {MeasurementKey(*r) for r in s.execute(select(*m_cols).where(Measurement.run_id == run_id))}
+            shaped = [getattr(Failure, f).is_not(None) for f in SHAPE_FIELDS]
+            keys.update(
+                MeasurementKey(*r)
+                for r in s.execute(select(*f_cols).where(Failure.run_id == run_id, *shaped))
+            )
+        return keys
+
+    def measurements(self, run_id: int) -> list[MeasurementRecord]:
+        """The run's measurements in insertion order."""
+        with self._session("reading measurements") as s:
+            self._run_or_raise(s, run_id)
+            rows = s.scalars(select(Measurement).where(Measurement.run_id == run_id).order_by(Measurement.id))
+            return [_record(MeasurementRecord, r) for r in rows]
+
+    def failures(self, run_id: int) -> list[FailureRecord]:
+        """The run's failures in insertion order."""
+        with self._session("reading failures") as s:
+            self._run_or_raise(s, run_id)
+            rows = s.scalars(select(Failure).where(Failure.run_id == run_id).order_by(Failure.id))
+            return [_record(FailureRecord, r) for r in rows]

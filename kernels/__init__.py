@@ -1,0 +1,39 @@
+"""a2a_tune.kernels: the all2all backends, their contract, and the reference semantics.
+
+Layering (imports point down, never up; nothing here imports a2a_tune.tuner or a2a_tune.db):
+
+    __init__            public API: MoEShape, list_backends, get_backend, ...
+      registry          @register_backend, list_backends, get_backend
+      <backend>.py      one file per backend, registered on import
+        _wire           row packing + collective wrappers shared by torch.distributed backends
+        base            the contract (read its docstring first), MoEShape, BackendEnv, Dispatched
+          errors        typed one-line errors
+    reference           plain-torch inputs, expert compute and the invariant check (CPU-capable)
+
+Backends are imported here so that registration happens once; a backend module must not
+import optional packages (FlashInfer, DeepEP...) at import time: `availability()` looks.
+"""
+
+from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape, PAYLOAD_DTYPES
+from .errors import BackendUnavailableError, KernelsError, ShapeError, UnknownBackendError
+from .registry import get_backend, list_backends, register_backend
+
+# Registration order is the tie-break preference: simplest / the engines' default first.
+from . import allgather_reducescatter as _allgather_reducescatter  # noqa: E402,F401
+from . import nccl_all2allv as _nccl_all2allv  # noqa: E402,F401
+
+__all__ = [
+    "All2AllBackend",
+    "Availability",
+    "BackendEnv",
+    "BackendUnavailableError",
+    "Dispatched",
+    "KernelsError",
+    "MoEShape",
+    "PAYLOAD_DTYPES",
+    "ShapeError",
+    "UnknownBackendError",
+    "get_backend",
+    "list_backends",
+    "register_backend",
+]

@@ -1,0 +1,86 @@
+"""`allgather_reducescatter`: every rank sees every token; partial outputs are summed back.
+
+Mechanism: exchange token counts (one tiny all_gather), all_gather the token rows and their
+packed routing metadata, padded to the largest count, keep the rows of every rank, and mask
+top-k ids that are not local. Combine scatters the expert outputs into the padded layout and reduce_scatters it,
+so each token's partial sums from all ranks meet on its source rank.
+
+Workspace: W * max(T_r) rows of H + 2k words for dispatch and W * max(T_r) x H for combine;
+it moves W times more bytes than a targeted exchange, but each collective is a plain NCCL
+ring/tree that works on every interconnect. This is vLLM's default (`--all2all-backend
+allgather_reducescatter`) and the baseline every other backend is compared with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ._wire import all_gather_flat, mask_nonlocal, pack_meta, reduce_scatter_flat, unpack_meta
+from .base import All2AllBackend, Availability, BackendEnv, Dispatched
+from .registry import register_backend
+
+
+@dataclass
+class _Handle:
+    tokens: int  # T_r of this rank
+    max_tokens: int  # max over ranks: the padded rows per rank
+    valid_rows: torch.Tensor | None  # [N] rows of the padded gather that hold real tokens; None if no padding
+
+
+@register_backend
+class AllGatherReduceScatter(All2AllBackend):
+    name = "allgather_reducescatter"
+    vllm_name = "allgather_reducescatter"
+    sglang_name = None  # SGLang's default (`none`) runs no all2all at all
+
+    @classmethod
+    def availability(cls, env: BackendEnv) -> Availability:
+        if env.world_size < 2:
+            return Availability(False, "needs at least 2 ranks")
+        return Availability(True)
+
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        tokens = self.check_inputs(x, topk_ids, topk_weights)
+        w, s = self.world_size, self.shape
+        counts = torch.empty(w, dtype=torch.int64, device=self.device)
+        # torch.full, not torch.tensor: a fill kernel instead of a synchronous host copy.
+        all_gather_flat(counts, torch.full((1,), tokens, dtype=torch.int64, device=self.device), self.group)
+        counts_host = counts.tolist()  # host sync: the padded size is data dependent
+        max_tokens = max(counts_host)
+
+        x_send, meta_send = x, pack_meta(topk_ids, topk_weights)
+        if tokens < max_tokens:  # pad to the common size; padding rows are never read back
+            x_send = torch.empty(max_tokens, s.hidden, dtype=self.dtype, device=self.device)
+            x_send[:tokens] = x
+            meta_send = torch.cat([meta_send, meta_send.new_empty(max_tokens - tokens, 2 * s.topk)])
+        rx = torch.empty(w * max_tokens, s.hidden, dtype=self.dtype, device=self.device)
+        meta = torch.empty(w * max_tokens, 2 * s.topk, dtype=torch.int32, device=self.device)
+        all_gather_flat(rx, x_send.contiguous(), self.group)
+        all_gather_flat(meta, meta_send, self.group)
+
+        valid = None
+        if any(c != max_tokens for c in counts_host):
+            valid = torch.cat(
+                [torch.arange(r * max_tokens, r * max_tokens + c, device=self.device) for r, c in enumerate(counts_host)]
+            )
+            rx, meta = rx.index_select(0, valid), meta.index_select(0, valid)
+        rids, rw = unpack_meta(meta, s.topk)
+        lo, hi = self.local_expert_range()
+        return Dispatched(
+            x=rx, topk_ids=mask_nonlocal(rids, lo, hi), topk_weights=rw, handle=_Handle(tokens, max_tokens, valid)
+        )
+
+    def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        h: _Handle = dispatched.handle
+        w, hidden = self.world_size, self.shape.hidden
+        if h.valid_rows is None:
+            padded = expert_out.to(self.dtype).contiguous()
+        else:
+            padded = torch.zeros(w * h.max_tokens, hidden, dtype=self.dtype, device=self.device)
+            padded.index_copy_(0, h.valid_rows, expert_out.to(self.dtype))
+        out = torch.empty(h.max_tokens, hidden, dtype=self.dtype, device=self.device)
+        reduce_scatter_flat(out, padded, self.group)
+        return out[: h.tokens]

@@ -1,0 +1,202 @@
+"""The backend contract: what every all2all backend is, does, and guarantees.
+
+Expert-parallel (EP) group of W ranks; E experts, E % W == 0; rank r owns the experts
+[r*E/W, (r+1)*E/W). Rank r holds T_r tokens (T_r may differ per rank, and may be 0):
+
+    x             [T_r, H]   payload dtype (bf16 / fp16 / fp32)
+    topk_ids      [T_r, k]   int32/int64 global expert ids, distinct within a row
+    topk_weights  [T_r, k]   fp32 router weights
+
+    d = backend.dispatch(x, topk_ids, topk_weights)
+        d.x             [N, H]   rows this rank received (N depends on the backend's layout)
+        d.topk_ids      [N, k]   global expert ids; -1 where the expert is not on this rank
+        d.topk_weights  [N, k]   fp32
+        d.handle                 backend-private state that combine needs
+    y = backend.combine(expert_out, d)
+        expert_out      [N, H]   out[n] = sum_{j: ids[n,j] >= 0} w[n,j] * f(ids[n,j], d.x[n])
+        y               [T_r, H] on the token's source rank
+
+The invariant (checked by `a2a_tune.kernels.reference.check_invariant` before any timing):
+for every source token t on every rank, y[t] == sum_j topk_weights[t,j] * f(topk_ids[t,j], x[t])
+within the payload dtype's tolerance, whatever the backend's internal layout.
+
+A backend's `availability(env)` is a classmethod that does no collective work and never
+raises, so the sweep knows which backends can run before any rank starts one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+from .errors import ShapeError
+
+if TYPE_CHECKING:  # torch is imported lazily so `availability` stays cheap to call
+    import torch
+    import torch.distributed as dist
+
+# Payload dtype names used throughout (CLI, database, profiles) -> torch dtype attribute.
+PAYLOAD_DTYPES: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def torch_dtype(name: str) -> "torch.dtype":
+    import torch
+
+    try:
+        return getattr(torch, PAYLOAD_DTYPES[name])
+    except KeyError:
+        raise ShapeError(f"unknown payload dtype {name!r}; choose one of {', '.join(PAYLOAD_DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """The MoE layer geometry a backend instance is built for (its workspaces size from it)."""
+
+    num_experts: int
+    topk: int
+    hidden: int
+    max_tokens_per_rank: int
+    dtype: str = "bf16"
+
+    def validate(self, world_size: int) -> None:
+        """Raise ShapeError (one line) if this shape cannot run on `world_size` ranks."""
+        if min(self.num_experts, self.topk, self.hidden, self.max_tokens_per_rank) <= 0:
+            raise ShapeError(f"{self}: experts, topk, hidden and max_tokens_per_rank must be positive")
+        if self.topk > self.num_experts:
+            raise ShapeError(f"{self}: topk {self.topk} exceeds num_experts {self.num_experts}")
+        if self.num_experts % world_size:
+            raise ShapeError(f"{self}: {self.num_experts} experts do not divide over {world_size} ranks")
+        if self.dtype not in PAYLOAD_DTYPES:
+            raise ShapeError(f"unknown payload dtype {self.dtype!r}; choose one of {', '.join(PAYLOAD_DTYPES)}")
+
+    def experts_per_rank(self, world_size: int) -> int:
+        return self.num_experts // world_size
+
+    def label(self) -> str:
+        return f"E{self.num_experts}-k{self.topk}-H{self.hidden}-{self.dtype}"
+
+
+class Availability(NamedTuple):
+    """`ok, reason = cls.availability(env)`; reason is one line, empty when ok."""
+
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class BackendEnv:
+    """What a backend may ask about the place it would run, gathered without collectives."""
+
+    world_size: int
+    device_type: str  # "cuda" or "cpu"
+    dist_backend: str  # "nccl" or "gloo"
+    gpu_name: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    peer_access: bool = False  # every local GPU pair can access each other's memory
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def has_package(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
+    @classmethod
+    def local(cls, world_size: int, device_type: str) -> "BackendEnv":
+        """Describe this process's machine for `world_size` ranks on `device_type`."""
+        if device_type != "cuda":
+            return cls(world_size=world_size, device_type="cpu", dist_backend="gloo")
+        import torch
+
+        n = torch.cuda.device_count()
+        peer = n >= 2 and all(
+            torch.cuda.can_device_access_peer(a, b) for a in range(n) for b in range(n) if a != b
+        )
+        return cls(
+            world_size=world_size,
+            device_type="cuda",
+            dist_backend="nccl",
+            gpu_name=torch.cuda.get_device_name(0) if n else None,
+            compute_capability=torch.cuda.get_device_capability(0) if n else None,
+            peer_access=peer,
+        )
+
+
+@dataclass
+class Dispatched:
+    """What `dispatch` returns: the received rows and what `combine` needs to send them back."""
+
+    x: "torch.Tensor"  # [N, H] payload dtype
+    topk_ids: "torch.Tensor"  # [N, k] global expert ids, -1 where not local
+    topk_weights: "torch.Tensor"  # [N, k] fp32
+    handle: Any = None
+    x_scale: "torch.Tensor | None" = None  # quantized payloads only
+
+
+class All2AllBackend(ABC):
+    """Base class of every backend; subclasses register with `@register_backend`.
+
+    Subclasses set `name` (our registry name) and `vllm_name` / `sglang_name` (the engine
+    literal the backend stands for, or None when the engine has no equivalent).
+    """
+
+    name: ClassVar[str]
+    vllm_name: ClassVar[str | None] = None
+    sglang_name: ClassVar[str | None] = None
+    # Backends whose dispatch needs a host read of data-dependent sizes cannot be captured
+    # in a CUDA graph; the sweep times those eagerly.
+    graph_capturable: ClassVar[bool] = False
+
+    def __init__(self, group: "dist.ProcessGroup | None", shape: MoEShape, device: "torch.device") -> None:
+        import torch.distributed as dist
+
+        self.group = group
+        self.shape = shape
+        self.device = device
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        shape.validate(self.world_size)
+        self.experts_per_rank = shape.experts_per_rank(self.world_size)
+        self.dtype = torch_dtype(shape.dtype)
+
+    @classmethod
+    @abstractmethod
+    def availability(cls, env: BackendEnv) -> Availability:
+        """Whether this backend can run in `env`; never raises, does no collective work."""
+
+    @abstractmethod
+    def dispatch(self, x: "torch.Tensor", topk_ids: "torch.Tensor", topk_weights: "torch.Tensor") -> Dispatched:
+        """Send every token to the ranks owning its experts (see the module docstring)."""
+
+    @abstractmethod
+    def combine(self, expert_out: "torch.Tensor", dispatched: Dispatched) -> "torch.Tensor":
+        """Return y[T_r, H]: the sum of the expert outputs of each source token."""
+
+    def close(self) -> None:
+        """Free workspaces. Safe to call twice."""
+
+    def local_expert_range(self) -> tuple[int, int]:
+        lo = self.rank * self.experts_per_rank
+        return lo, lo + self.experts_per_rank
+
+    def check_inputs(self, x: "torch.Tensor", topk_ids: "torch.Tensor", topk_weights: "torch.Tensor") -> int:
+        """Validate one rank's inputs against the shape; return T_r."""
+        t = x.shape[0]
+        s = self.shape
+        if x.dim() != 2 or x.shape[1] != s.hidden:
+            raise ShapeError(f"x must be [T, {s.hidden}], got {list(x.shape)}")
+        if tuple(topk_ids.shape) != (t, s.topk) or tuple(topk_weights.shape) != (t, s.topk):
+            raise ShapeError(
+                f"topk_ids/topk_weights must be [{t}, {s.topk}], got {list(topk_ids.shape)} / {list(topk_weights.shape)}"
+            )
+        if t > s.max_tokens_per_rank:
+            raise ShapeError(f"{t} tokens exceed max_tokens_per_rank {s.max_tokens_per_rank}")
+        if x.dtype != self.dtype:
+            raise ShapeError(f"x is {x.dtype}, backend built for {self.dtype}")
+        return t
+
+    def __enter__(self) -> "All2AllBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,20 @@
+"""Typed errors of the kernels layer; each message is one line a user can act on."""
+
+
+class KernelsError(Exception):
+    """Base of every error raised by a2a_tune.kernels."""
+
+
+class ShapeError(KernelsError, ValueError):
+    """The MoE shape or the inputs cannot run (experts not divisible by ranks, topk > experts...)."""
+
+
+class UnknownBackendError(KernelsError, KeyError):
+    """A backend name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class BackendUnavailableError(KernelsError, RuntimeError):
+    """A backend was constructed where its `availability()` says it cannot run."""

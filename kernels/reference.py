@@ -1,0 +1,157 @@
+"""Reference semantics in plain torch (runs on CPU): inputs, expert compute, the invariant check.
+
+The test function is f(e, v) = s[e] * v with one scale per expert (default s[e] = e + 1),
+so a row delivered to the wrong expert, a token summed into the wrong place, or a weight
+applied twice all change the result; the check needs no communication beyond one flag,
+because the expected y of a token depends only on that token's own inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .base import All2AllBackend, MoEShape, torch_dtype
+from .errors import ShapeError
+
+ROUTINGS = ("uniform", "skewed", "local")
+
+# Per-token relative error allowed: expert outputs are rounded to the payload dtype once and
+# summed over up to top-k contributions (bf16 has an 8-bit significand: 2^-8 ~ 0.4% per rounding).
+TOLERANCE = {"fp32": 1e-5, "fp16": 4e-3, "bf16": 2.5e-2}
+
+_SKEW_EXPONENT = 1.2  # Zipf exponent of expert popularity for "skewed" routing
+
+
+def expert_scales(num_experts: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """s[e] = e + 1: the default test function's per-expert scale, fp32 [E]."""
+    return torch.arange(1, num_experts + 1, dtype=torch.float32, device=device)
+
+
+@dataclass
+class RankInputs:
+    x: torch.Tensor  # [T, H] payload dtype
+    topk_ids: torch.Tensor  # [T, k] int64
+    topk_weights: torch.Tensor  # [T, k] fp32
+
+
+def make_inputs(
+    shape: MoEShape,
+    tokens: int,
+    *,
+    rank: int,
+    world_size: int,
+    routing: str = "uniform",
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> RankInputs:
+    """Random inputs of one rank; distinct experts per row; reproducible from (seed, rank).
+
+    routing: "uniform" (every expert equally likely), "skewed" (Zipf popularity over a
+    seed-fixed permutation of experts, the same on every rank), "local" (only this rank's
+    own experts: nothing needs to leave the rank).
+    """
+    e, k, h = shape.num_experts, shape.topk, shape.hidden
+    gen = torch.Generator(device="cpu").manual_seed(seed * 100_003 + rank)
+    if routing == "uniform":
+        scores = torch.rand(tokens, e, generator=gen)
+    elif routing == "skewed":
+        perm = torch.randperm(e, generator=torch.Generator().manual_seed(seed))
+        logp = -_SKEW_EXPONENT * torch.log(torch.arange(1, e + 1, dtype=torch.float32))[perm]
+        gumbel = -torch.log(-torch.log(torch.rand(tokens, e, generator=gen).clamp_min(1e-20)))
+        scores = logp + gumbel  # Gumbel-top-k: k distinct experts drawn by popularity
+    elif routing == "local":
+        per_rank = e // world_size
+        if k > per_rank:
+            raise ShapeError(f"'local' routing needs topk {k} <= experts per rank {per_rank}")
+        scores = torch.full((tokens, e), -1.0)
+        scores[:, rank * per_rank : (rank + 1) * per_rank] = torch.rand(tokens, per_rank, generator=gen)
+    else:
+        raise ShapeError(f"unknown routing {routing!r}; choose one of {', '.join(ROUTINGS)}")
+    ids = scores.topk(k, dim=1).indices if tokens else torch.empty(0, k, dtype=torch.int64)
+    weights = torch.softmax(torch.randn(tokens, k, generator=gen), dim=1)
+    x = torch.randn(tokens, h, generator=gen).to(torch_dtype(shape.dtype))
+    return RankInputs(x.to(device), ids.to(device), weights.to(device))
+
+
+def expert_compute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """out[n] = sum_{j: ids[n,j] >= 0} w[n,j] * s[ids[n,j]] * x[n], computed in fp32, cast to x's dtype."""
+    valid = topk_ids >= 0
+    coef = torch.where(valid, topk_weights * scales[topk_ids.clamp_min(0)], torch.zeros_like(topk_weights))
+    return (coef.sum(dim=1, keepdim=True) * x.float()).to(x.dtype)
+
+
+def expected_output(inputs: RankInputs, scales: torch.Tensor) -> torch.Tensor:
+    """y[t] = sum_j w[t,j] * s[ids[t,j]] * x[t], fp32 [T, H]: what combine must return."""
+    coef = (inputs.topk_weights * scales[inputs.topk_ids]).sum(dim=1, keepdim=True)
+    return coef * inputs.x.float()
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    max_rel_error: float  # worst per-token relative error over all ranks
+    reason: str = ""  # one line when not ok (the first problem seen on this rank, or "failed on rank r")
+    crashed: bool = False  # the backend raised (rather than returning wrong values)
+
+
+def check_invariant(
+    backend: All2AllBackend, inputs: RankInputs, *, scales: torch.Tensor | None = None, tolerance: float | None = None
+) -> CheckResult:
+    """Run dispatch -> reference expert compute -> combine on every rank and check the invariant.
+
+    Collective: every rank of the backend's group must call it. All ranks return the same
+    verdict (any rank's failure fails all), so the sweep can decide together.
+    """
+    shape = backend.shape
+    scales = expert_scales(shape.num_experts, backend.device) if scales is None else scales.to(backend.device)
+    tol = TOLERANCE[shape.dtype] if tolerance is None else tolerance
+    lo, hi = backend.local_expert_range()
+    reason = ""
+    err = float("inf")
+    crashed = False
+    try:
+        d = backend.dispatch(inputs.x, inputs.topk_ids, inputs.topk_weights)
+        ids = d.topk_ids
+        if ids.shape[0] != d.x.shape[0] or d.topk_weights.shape != ids.shape:
+            reason = f"dispatch returned {d.x.shape[0]} rows but ids {list(ids.shape)}, weights {list(d.topk_weights.shape)}"
+        elif bool(((ids != -1) & ((ids < lo) | (ids >= hi))).any()):
+            reason = f"dispatch returned expert ids outside this rank's [{lo}, {hi}) that are not -1"
+        else:
+            y = backend.combine(expert_compute(d.x, ids, d.topk_weights, scales), d)
+            ref = expected_output(inputs, scales)
+            if tuple(y.shape) != tuple(ref.shape):
+                reason = f"combine returned {list(y.shape)}, expected {list(ref.shape)}"
+            elif y.numel() == 0:
+                err = 0.0
+            else:
+                yf = y.float()
+                if not bool(torch.isfinite(yf).all()):
+                    reason = "combine returned non-finite values"
+                else:
+                    per_token = (yf - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
+                    err = float(per_token.max())
+                    if err > tol:
+                        bad = int(per_token.argmax())
+                        reason = f"token {bad}: relative error {err:.3g} > tolerance {tol:g}"
+    except ShapeError:
+        raise
+    except Exception as exc:  # a crashing backend is a failed check, reported in one line
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        crashed = True
+    return _agree(backend, CheckResult(not reason, err, reason, crashed))
+
+
+def _agree(backend: All2AllBackend, mine: CheckResult) -> CheckResult:
+    """All ranks adopt the worst verdict: (failed?, max error) reduced with MAX."""
+    flags = [0.0 if mine.ok else 1.0, mine.max_rel_error, 1.0 if mine.crashed else 0.0]
+    t = torch.tensor(flags, dtype=torch.float64, device=backend.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=backend.group)  # inf survives MAX
+    any_failed, worst, any_crashed = bool(t[0].item()), float(t[1].item()), bool(t[2].item())
+    if not any_failed:
+        return CheckResult(True, worst)
+    if mine.ok:
+        return CheckResult(False, worst, "failed on another rank", any_crashed)
+    return CheckResult(False, worst, f"rank {backend.rank}: {mine.reason}", any_crashed)

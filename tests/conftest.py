@@ -1,0 +1,34 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+SUPPORT = Path(__file__).parent / "support"
+sys.path.insert(0, str(SUPPORT))
+# Spawned ranks inherit the environment: they find the planted backends the same way.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        have_gpu = torch.cuda.is_available()
+    except Exception:
+        have_gpu = False
+    if have_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_profiles(tmp_path_factory, monkeypatch):
+    """Tables a user measured on this machine must not leak into test lookups."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg")))
+    monkeypatch.delenv("A2A_TUNE_PROFILE_DIR", raising=False)
+    monkeypatch.delenv("A2A_TUNE_FINGERPRINT", raising=False)
+    monkeypatch.delenv("A2A_TUNE_DB", raising=False)

@@ -1,0 +1,58 @@
+"""Deliberately broken backends: the invariant check and the sweep must catch each of them.
+
+Imported in every rank through A2A_TUNE_BACKEND_MODULES=planted_backends (tests/support on
+the path), the same way an out-of-tree backend would be.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from a2a_tune.kernels import register_backend
+from a2a_tune.kernels.nccl_all2allv import NcclAll2Allv
+
+
+@register_backend
+class OffByOneDestination(NcclAll2Allv):
+    """Writes every received row one slot further on (the classic destination-offset bug)."""
+
+    name = "planted_off_by_one"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        d = super().dispatch(x, topk_ids, topk_weights)
+        if d.x.shape[0] > 1:
+            d.x = torch.roll(d.x, shifts=1, dims=0)
+        return d
+
+
+@register_backend
+class WeightsAppliedTwice(NcclAll2Allv):
+    """Applies the router weights in combine although the expert side already did."""
+
+    name = "planted_double_weights"
+
+    def combine(self, expert_out, dispatched):
+        return super().combine(expert_out * 0.5, dispatched)
+
+
+@register_backend
+class CrashesInDispatch(NcclAll2Allv):
+    """Raises on every rank, as a backend with a missing kernel would."""
+
+    name = "planted_crash"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        raise RuntimeError("planted failure: kernel image not found")
+
+
+@register_backend
+class NeedsMissingPackage(NcclAll2Allv):
+    """Unavailable everywhere, like an optional backend whose package is not installed."""
+
+    name = "planted_unavailable"
+
+    @classmethod
+    def availability(cls, env):
+        from a2a_tune.kernels import Availability
+
+        return Availability(False, "package planted_ext not installed")

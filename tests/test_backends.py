@@ -1,0 +1,206 @@
+"""The backend contract's invariant, checked over gloo with real processes (2 and 3 ranks).
+
+All cases of one world size run in one launch (process start-up dominates), then each
+case is asserted by its own test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
+from a2a_tune.kernels.reference import check_invariant, expert_scales, make_inputs
+from a2a_tune.tuner.launch import run_ranks
+
+REAL_BACKENDS = ["allgather_reducescatter", "nccl_all2allv"]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    backend: str
+    tokens: tuple[int, ...]  # per rank
+    experts: int = 16
+    topk: int = 4
+    hidden: int = 64
+    dtype: str = "fp32"
+    routing: str = "uniform"
+    repeats: int = 1  # calls on one backend instance, fresh inputs each time
+    scales: str = "index"  # "index": s[e] = e + 1; "random": a seeded random scale per expert
+
+
+def _cases_w2() -> list[Case]:
+    cases = []
+    for b in REAL_BACKENDS:
+        cases += [
+            Case(f"{b}-uniform", b, (5, 7)),
+            Case(f"{b}-bf16", b, (6, 3), dtype="bf16"),
+            Case(f"{b}-fp16", b, (4, 4), dtype="fp16"),
+            Case(f"{b}-zero-tokens-rank0", b, (0, 9)),
+            Case(f"{b}-zero-tokens-all", b, (0, 0)),
+            Case(f"{b}-skewed", b, (32, 17), experts=32, topk=6, routing="skewed"),
+            Case(f"{b}-odd-hidden", b, (5, 6), hidden=33, dtype="bf16"),
+            Case(f"{b}-all-local", b, (8, 8), routing="local"),
+            Case(f"{b}-topk-equals-experts", b, (3, 2), experts=4, topk=4),
+            Case(f"{b}-repeated-calls", b, (7, 5), repeats=4),
+            Case(f"{b}-random-scales", b, (9, 9), scales="random"),
+        ]
+    cases += [
+        Case("planted_off_by_one", "planted_off_by_one", (6, 6)),
+        Case("planted_double_weights", "planted_double_weights", (6, 6)),
+        Case("planted_crash", "planted_crash", (3, 3)),
+    ]
+    return cases
+
+
+def _cases_w3() -> list[Case]:
+    cases = []
+    for b in REAL_BACKENDS:
+        cases += [
+            Case(f"{b}-w3-uniform", b, (4, 9, 2), experts=12, topk=3),
+            Case(f"{b}-w3-zero-middle", b, (5, 0, 7), experts=12, topk=3, dtype="bf16"),
+            Case(f"{b}-w3-skewed-odd", b, (11, 3, 8), experts=24, topk=5, hidden=47, routing="skewed"),
+            Case(f"{b}-w3-local", b, (6, 6, 6), experts=12, topk=4, routing="local"),
+        ]
+    return cases
+
+
+def _run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
+    results = {}
+    for i, case in enumerate(cases):
+        shape = MoEShape(case.experts, case.topk, case.hidden, max(max(case.tokens), 1), case.dtype)
+        backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
+        scales = None
+        if case.scales == "random":
+            scales = torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
+        verdicts = []
+        for rep in range(case.repeats):
+            inputs = make_inputs(
+                shape, case.tokens[ctx.rank], rank=ctx.rank, world_size=ctx.world_size,
+                routing=case.routing, seed=1000 * i + rep, device=ctx.device,
+            )  # fmt: skip
+            verdicts.append(check_invariant(backend, inputs, scales=scales))
+        backend.close()
+        worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
+        results[case.id] = (all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed)
+    return results
+
+
+@pytest.fixture(scope="module")
+def results_w2():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")  # the ranks load them like a plugin
+        return run_ranks(_run_cases, 2, "cpu", _cases_w2())[0]
+
+
+@pytest.fixture(scope="module")
+def results_w3():
+    return run_ranks(_run_cases, 3, "cpu", _cases_w3())[0]
+
+
+@pytest.mark.parametrize("case", [c for c in _cases_w2() if not c.id.startswith("planted")], ids=lambda c: c.id)
+def test_invariant_holds_on_two_ranks(results_w2, case):
+    ok, err, reason, _ = results_w2[case.id]
+    assert ok, reason
+    assert err <= {"fp32": 1e-5, "fp16": 4e-3, "bf16": 2.5e-2}[case.dtype]
+
+
+@pytest.mark.parametrize("case", _cases_w3(), ids=lambda c: c.id)
+def test_invariant_holds_on_three_ranks(results_w3, case):
+    ok, _, reason, _ = results_w3[case.id]
+    assert ok, reason
+
+
+def test_planted_off_by_one_fails_the_check(results_w2):
+    ok, err, reason, _ = results_w2["planted_off_by_one"]
+    assert not ok
+    assert "relative error" in reason or "another rank" in reason
+    assert err > 0.1
+
+
+def test_planted_double_weights_fails_the_check(results_w2):
+    ok, err, _, _ = results_w2["planted_double_weights"]
+    assert not ok
+    assert err == pytest.approx(0.5, rel=1e-3)  # every token comes back at half its value
+
+
+def test_crashing_backend_is_a_failed_check_with_its_message(results_w2):
+    ok, _, reason, _ = results_w2["planted_crash"]
+    assert not ok
+    assert "RuntimeError: planted failure: kernel image not found" in reason
+
+
+def test_registry_lists_the_real_backends_first():
+    assert list_backends()[:2] == REAL_BACKENDS
+
+
+def test_unknown_backend_error_names_the_known_ones():
+    with pytest.raises(KeyError, match="unknown backend 'nope'; known: allgather_reducescatter, nccl_all2allv"):
+        get_backend("nope")
+
+
+@pytest.mark.parametrize("name", REAL_BACKENDS)
+def test_single_rank_is_unavailable_with_a_reason(name):
+    ok, reason = get_backend(name).availability(BackendEnv(world_size=1, device_type="cpu", dist_backend="gloo"))
+    assert not ok and reason == "needs at least 2 ranks"
+    assert get_backend(name).availability(BackendEnv(world_size=2, device_type="cpu", dist_backend="gloo")).ok
+
+
+@pytest.mark.parametrize(
+    "shape, world, message",
+    [
+        (MoEShape(10, 2, 64, 8), 3, "10 experts do not divide over 3 ranks"),
+        (MoEShape(4, 8, 64, 8), 2, "topk 8 exceeds num_experts 4"),
+        (MoEShape(8, 2, 0, 8), 2, "must be positive"),
+        (MoEShape(8, 2, 64, 8, dtype="int4"), 2, "unknown payload dtype 'int4'"),
+    ],
+)
+def test_impossible_shapes_are_one_line_errors(shape, world, message):
+    with pytest.raises(ShapeError, match=message):
+        shape.validate(world)
+
+
+def test_make_inputs_rows_have_distinct_experts_and_normalised_weights():
+    shape = MoEShape(32, 8, 16, 64)
+    for routing in ("uniform", "skewed"):
+        inp = make_inputs(shape, 64, rank=1, world_size=4, routing=routing, seed=3)
+        assert inp.topk_ids.shape == (64, 8)
+        assert all(len(set(row.tolist())) == 8 for row in inp.topk_ids)
+        assert torch.allclose(inp.topk_weights.sum(1), torch.ones(64))
+        assert inp.x.dtype == torch.bfloat16
+
+
+def test_make_inputs_is_reproducible_and_differs_per_rank():
+    shape = MoEShape(16, 2, 8, 16)
+    a = make_inputs(shape, 10, rank=0, world_size=2, seed=5)
+    b = make_inputs(shape, 10, rank=0, world_size=2, seed=5)
+    c = make_inputs(shape, 10, rank=1, world_size=2, seed=5)
+    assert torch.equal(a.topk_ids, b.topk_ids) and torch.equal(a.x, b.x)
+    assert not torch.equal(a.x, c.x)
+
+
+def test_skewed_routing_concentrates_on_few_experts():
+    shape = MoEShape(64, 4, 8, 4096)
+    uniform = make_inputs(shape, 4096, rank=0, world_size=2, routing="uniform").topk_ids.flatten().bincount(minlength=64)
+    skewed = make_inputs(shape, 4096, rank=0, world_size=2, routing="skewed").topk_ids.flatten().bincount(minlength=64)
+    top8 = lambda counts: counts.sort(descending=True).values[:8].sum().item() / counts.sum().item()  # noqa: E731
+    assert top8(skewed) > 2 * top8(uniform)
+
+
+def test_local_routing_stays_on_the_rank_and_rejects_impossible_topk():
+    inp = make_inputs(MoEShape(16, 4, 8, 8), 8, rank=1, world_size=2, routing="local")
+    assert bool(((inp.topk_ids >= 8) & (inp.topk_ids < 16)).all())
+    with pytest.raises(ShapeError, match="'local' routing needs topk 6 <= experts per rank 4"):
+        make_inputs(MoEShape(8, 6, 8, 8), 8, rank=0, world_size=2, routing="local")
+
+
+def test_expert_scales_default_is_index_plus_one():
+    assert expert_scales(4).tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_crash_is_flagged_as_a_crash_and_wrong_values_are_not(results_w2):
+    assert results_w2["planted_crash"][3] is True
+    assert results_w2["planted_off_by_one"][3] is False

@@ -1,0 +1,318 @@
+"""Selection: measurements -> profile dict -> validated, atomically written JSON.
+
+CPU only, no database: build_profile works on plain mappings. The packaged test
+fixture tests/fixtures/profiles/test.fixture.node1.json is exactly what
+``fixture_profile()`` builds (regenerate with ``python tests/test_select.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import os
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from a2a_tune.tuner.lookup import ProfileError, load_profile, lookup, profile_filename
+from a2a_tune.tuner.select import build_profile, profile_from_store, validate_profile, write_profile
+
+FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+FIXTURE_FP = "test.fixture.node1"
+
+SHAPE_A = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
+SHAPE_B = dict(ep_size=2, hidden=4096, topk=6, num_experts=64, dtype="bf16", routing="uniform")
+NO_SHAPE = dict(ep_size=None, hidden=None, topk=None, num_experts=None, dtype=None, routing=None)
+
+# shape -> (tokens per rank, {backend: median µs per token count, None = not measured})
+# Shape A is built so that nvlink_one_sided and nccl_all2allv cross between 64 and 256
+# tokens at ~234 tokens: at 200 tokens interpolation says nvlink_one_sided, while the
+# nearest bucket (256) says nccl_all2allv. flashinfer_nvlink_one_sided is fastest
+# everywhere but fails the correctness check, so it must never win.
+CURVES = {
+    "A": (SHAPE_A, [1, 4, 16, 64, 256, 1024], {
+        "allgather_reducescatter": [30, 31, 35, 100, 400, 1500],
+        "nccl_all2allv": [45, 46, 50, 75, 190, 420],
+        "nvlink_one_sided": [20, 21, 25, 50, 195, None],
+        "flashinfer_nvlink_one_sided": [5, 5, 5, 5, 5, 5],
+    }),
+    "B": (SHAPE_B, [1, 64, 1024], {
+        "allgather_reducescatter": [20, 60, 600],
+        "nccl_all2allv": [40, 70, 300],
+    }),
+}
+
+BACKEND_NAMES = {
+    "allgather_reducescatter": {"vllm_name": "allgather_reducescatter", "sglang_name": None},
+    "nccl_all2allv": {"vllm_name": None, "sglang_name": None},
+    "nvlink_one_sided": {"vllm_name": None, "sglang_name": None},
+    "flashinfer_nvlink_one_sided": {"vllm_name": "flashinfer_nvlink_one_sided", "sglang_name": None},
+    "deepep_low_latency": {"vllm_name": "deepep_low_latency", "sglang_name": "deepep"},
+}
+
+HARDWARE = {"fingerprint": FIXTURE_FP, "facts_hash": "0" * 16, "facts": {"gpus": [{"name": "Test GPU"}] * 2}}
+RUN = {
+    "id": 1,
+    "device_type": "cuda",
+    "world_size": 2,
+    "versions": {"torch": "2.11.0", "nccl": "2.28.3"},
+    "started_at": dt.datetime(2026, 11, 30, 14, 0),
+    "finished_at": dt.datetime(2026, 11, 30, 14, 30),
+}
+
+
+def measurements_from(curves=CURVES, timing="eager"):
+    out = []
+    for shape, tokens, per_backend in curves.values():
+        for backend, values in per_backend.items():
+            for t, v in zip(tokens, values):
+                if v is not None:
+                    out.append(dict(shape, backend=backend, tokens_per_rank=t, timing=timing,
+                                    median_us=float(v), p10_us=v * 0.95, p90_us=v * 1.1, n=50))
+    return out
+
+
+FAILURES = [
+    dict(SHAPE_A, backend="flashinfer_nvlink_one_sided", kind="incorrect", tokens_per_rank=256,
+         reason="max abs error 0.5 > tol 0.016 (bf16)"),
+    dict(SHAPE_A, backend="nvlink_one_sided", kind="timeout", tokens_per_rank=1024,
+         reason="no completion flag after 10 s"),
+    dict(NO_SHAPE, backend="deepep_low_latency", kind="unavailable", tokens_per_rank=None,
+         reason="package deep_ep not installed"),
+]
+
+
+def fixture_profile() -> dict:
+    return build_profile(measurements_from(), FAILURES, hardware=HARDWARE, run=RUN,
+                         backend_names=BACKEND_NAMES, generated_at="2026-11-30T15:00:00Z")
+
+
+def entry(profile, **shape):
+    (e,) = [e for e in profile["entries"] if all(e[k] == v for k, v in shape.items())]
+    return e
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def test_winners_follow_the_crossover_with_margins():
+    p = build_profile(
+        measurements_from({"X": (SHAPE_B, [1, 8, 64], {
+            "allgather_reducescatter": [10, 20, 80],
+            "nccl_all2allv": [20, 22, 40],
+        })}),
+        [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES,
+    )
+    (e,) = p["entries"]
+    assert e["tokens"] == [1, 8, 64]
+    assert [(w["tokens"], w["backend"], w["runner_up"]) for w in e["winners"]] == [
+        (1, "allgather_reducescatter", "nccl_all2allv"),
+        (8, "allgather_reducescatter", "nccl_all2allv"),
+        (64, "nccl_all2allv", "allgather_reducescatter"),
+    ]
+    assert [w["margin"] for w in e["winners"]] == [1.0, 0.1, 1.0]  # runner_up / winner - 1
+    assert [w["median_us"] for w in e["winners"]] == [10.0, 20.0, 40.0]
+    assert e["failed"] == {}
+    assert p["run"]["timing"] == "eager"  # derived from the measurements
+    validate_profile(p)
+
+
+def test_incorrect_backend_is_failed_for_the_whole_shape_and_never_wins():
+    p = fixture_profile()
+    a = entry(p, hidden=7168)
+    assert a["failed"]["flashinfer_nvlink_one_sided"].startswith("incorrect at 256 tokens/rank: max abs error")
+    # Fastest at every token count, yet never a winner or runner-up.
+    assert all(w["backend"] != "flashinfer_nvlink_one_sided" for w in a["winners"])
+    assert all(w["runner_up"] != "flashinfer_nvlink_one_sided" for w in a["winners"])
+    # Its timings stay in the table for inspection.
+    assert a["backends"]["flashinfer_nvlink_one_sided"]["median_us"] == [5.0] * 6
+    # Only shape A: it was correct on shape B (not measured there, not failed there).
+    assert "flashinfer_nvlink_one_sided" not in entry(p, hidden=4096)["failed"]
+
+
+def test_unavailable_without_shape_goes_into_every_entry():
+    p = fixture_profile()
+    for e in p["entries"]:
+        assert e["failed"]["deepep_low_latency"] == "unavailable: package deep_ep not installed"
+    assert p["backends"]["deepep_low_latency"] == {"vllm_name": "deepep_low_latency", "sglang_name": "deepep"}
+
+
+def test_timeout_leaves_a_null_point_only():
+    a = entry(fixture_profile(), hidden=7168)
+    assert a["backends"]["nvlink_one_sided"]["median_us"] == [20.0, 21.0, 25.0, 50.0, 195.0, None]
+    assert a["backends"]["nvlink_one_sided"]["p90_us"][-1] is None
+    assert "nvlink_one_sided" not in a["failed"]
+    assert [w["backend"] for w in a["winners"]] == [
+        "nvlink_one_sided", "nvlink_one_sided", "nvlink_one_sided", "nvlink_one_sided",
+        "nccl_all2allv", "nccl_all2allv",
+    ]
+
+
+def test_backend_that_only_errored_on_a_shape_is_explained():
+    fails = [dict(SHAPE_B, backend="nvlink_one_sided", kind="error", tokens_per_rank=64, reason="CUDA OOM\nat alloc")]
+    p = build_profile(measurements_from(), fails, hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
+    assert entry(p, hidden=4096)["failed"]["nvlink_one_sided"] == "error at 64 tokens/rank: CUDA OOM at alloc"
+    assert "nvlink_one_sided" not in entry(p, hidden=7168)["failed"]  # measured there: just a null
+
+
+def test_duplicate_point_keeps_lower_median_and_accepts_objects():
+    ms = [SimpleNamespace(**m) for m in measurements_from({"X": (SHAPE_B, [1], {"nccl_all2allv": [30]})})]
+    ms.append(SimpleNamespace(**dict(SHAPE_B, backend="nccl_all2allv", tokens_per_rank=1, timing="eager",
+                                     median_us=25.0, p10_us=24.0, p90_us=26.0)))
+    p = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
+    assert p["entries"][0]["backends"]["nccl_all2allv"]["median_us"] == [25.0]
+
+
+def test_timing_modes_must_not_mix():
+    ms = measurements_from() + measurements_from({"X": (SHAPE_B, [2], {"nccl_all2allv": [30]})}, timing="cuda_graph")
+    with pytest.raises(ValueError, match="timing"):
+        build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
+    with pytest.raises(ValueError, match="timing"):
+        build_profile(ms, [], hardware=HARDWARE, run={**RUN, "timing": "eager"}, backend_names=BACKEND_NAMES)
+
+
+def test_no_measurements_gives_no_entries_and_is_not_writable(tmp_path):
+    p = build_profile([], FAILURES, hardware=HARDWARE, run={**RUN, "timing": "eager"}, backend_names=BACKEND_NAMES)
+    assert p["entries"] == []
+    with pytest.raises(ProfileError, match="^entries: "):
+        write_profile(p, tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_microseconds_keep_three_decimals():
+    ms = measurements_from({"X": (SHAPE_B, [1], {"nccl_all2allv": [41.23456789]})})
+    p = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
+    assert p["entries"][0]["backends"]["nccl_all2allv"]["median_us"] == [41.235]
+
+
+def test_checked_in_fixture_is_what_select_builds():
+    on_disk = json.loads((FIXTURES / f"{FIXTURE_FP}.json").read_text())
+    built = fixture_profile()
+    on_disk.pop("generated_by"), built.pop("generated_by")
+    assert on_disk == built
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.name)
+def test_every_fixture_profile_matches_the_schema(path):
+    validate_profile(json.loads(path.read_text()))
+
+
+# -------------------------------------------------------------------------- validate
+
+
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda p: p.__setitem__("schema", 2), "schema"),
+        (lambda p: p["hardware"].__setitem__("fingerprint", "Bad/FP"), "hardware.fingerprint"),
+        (lambda p: p["entries"][1]["backends"]["nccl_all2allv"]["median_us"].__setitem__(2, -1.0),
+         "entries[1].backends.nccl_all2allv.median_us[2]"),
+        (lambda p: p["entries"][0]["winners"][0].__setitem__("margin", "big"), "entries[0].winners[0].margin"),
+        (lambda p: p["entries"][0].pop("tokens"), "entries[0]"),
+        (lambda p: p.__setitem__("entries", []), "entries"),
+        # Cross-field rules (not expressible in JSON Schema) are checked too:
+        (lambda p: p["entries"][0]["backends"]["nccl_all2allv"]["median_us"].pop(), "entries[0].backends.nccl_all2allv.median_us"),
+        (lambda p: p["entries"][0]["winners"][0].__setitem__("backend", "mystery"), "entries[0].winners[0].backend"),
+    ],
+)
+def test_validation_error_names_the_json_path(mutate, where):
+    p = fixture_profile()
+    validate_profile(p)
+    mutate(p)
+    with pytest.raises(ProfileError) as info:
+        validate_profile(p)
+    assert info.value.field == where, str(info.value)
+    assert str(info.value).startswith(f"{where}: ")
+    assert "\n" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------- write
+
+
+def test_write_is_atomic_named_by_key_and_round_trips(tmp_path):
+    p = fixture_profile()
+    out = write_profile(p, tmp_path / "profiles")
+    assert out == tmp_path / "profiles" / profile_filename(FIXTURE_FP)
+    assert sorted(os.listdir(tmp_path / "profiles")) == [out.name]  # no temp files left
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # readable by the engine's user
+    assert json.loads(out.read_text()) == p
+    text = out.read_text()
+    assert '"median_us": [20.0, 21.0, 25.0, 50.0, 195.0, null]' in text  # one line per curve
+    keys = [k for k in json.loads(text)]
+    assert keys == sorted(keys)
+
+    loaded = load_profile(out)
+    assert loaded.fingerprint == FIXTURE_FP
+    assert [e.shape.hidden for e in loaded.entries] == [4096, 7168]
+
+    # Overwrite in place: still one file, new content.
+    p2 = copy.deepcopy(p)
+    p2["run"]["id"] = 2
+    assert write_profile(p2, tmp_path / "profiles") == out
+    assert sorted(os.listdir(tmp_path / "profiles")) == [out.name]
+    assert json.loads(out.read_text())["run"]["id"] == 2
+
+
+def test_invalid_profile_is_not_written_and_leaves_no_temp(tmp_path):
+    p = fixture_profile()
+    p["entries"][0]["backends"]["nccl_all2allv"]["median_us"][0] = float("nan")
+    with pytest.raises(ProfileError, match=r"entries\[0\]\.backends\.nccl_all2allv\.median_us\[0\]"):
+        write_profile(p, tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_failed_write_removes_the_temp_file(tmp_path, monkeypatch):
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_profile(fixture_profile(), tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_written_profile_answers_lookup(tmp_path):
+    out = write_profile(fixture_profile(), tmp_path)
+    c = lookup(profile=out, tokens=1, **SHAPE_B)
+    assert (c.backend, c.vllm_name, c.match) == ("allgather_reducescatter", "allgather_reducescatter", "exact")
+
+
+# ----------------------------------------------------------------------------- store
+
+
+class FakeStore:
+    def __init__(self):
+        self.calls = []
+
+    def measurements(self, run_id):
+        self.calls.append(("measurements", run_id))
+        return [SimpleNamespace(**m) for m in measurements_from()]
+
+    def failures(self, run_id):
+        return [SimpleNamespace(**f) for f in FAILURES]
+
+    def get_run(self, run_id):
+        return SimpleNamespace(id=run_id, device_type="cuda", world_size=2, versions={"torch": "2.11.0"},
+                               started_at=dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.timezone.utc),
+                               finished_at=None, status="done")
+
+    def hardware_for_run(self, run_id):
+        return SimpleNamespace(fingerprint=FIXTURE_FP, facts_hash="f" * 16, facts={"gpus": []})
+
+
+def test_profile_from_store_adapter():
+    store = FakeStore()
+    p = profile_from_store(store, 7, backend_names=BACKEND_NAMES)
+    validate_profile(p)
+    assert store.calls == [("measurements", 7)]
+    assert p["run"]["id"] == 7 and p["run"]["timing"] == "eager"
+    assert p["run"]["started_at"] == "2026-11-30T14:00:00Z" and p["run"]["finished_at"] is None
+    assert p["hardware"]["facts_hash"] == "f" * 16
+    assert [e["hidden"] for e in p["entries"]] == [4096, 7168]
+
+
+if __name__ == "__main__":  # regenerate the checked-in fixture
+    print(write_profile(fixture_profile(), FIXTURES))

@@ -1,0 +1,105 @@
+"""The sweep end to end on 2 CPU ranks over gloo: gate, time, store, resume, select, lookup."""
+
+from __future__ import annotations
+
+import pytest
+
+from a2a_tune.db import open_store
+from a2a_tune.kernels import get_backend
+from a2a_tune.tuner.lookup import load_profile, lookup
+from a2a_tune.tuner.select import profile_from_store, write_profile
+from a2a_tune.tuner.shapes import ModelShape
+from a2a_tune.tuner.sweep import SweepPlan, sweep
+
+BACKENDS = ("allgather_reducescatter", "nccl_all2allv", "planted_off_by_one", "planted_crash", "planted_unavailable")
+PLAN = SweepPlan(
+    shapes=(ModelShape("tiny", 16, 4, 32), ModelShape("odd", 6, 2, 24)),
+    tokens=(4, 16),
+    backends=BACKENDS,
+    warmup=1,
+    iters=4,
+    input_sets=2,
+)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """One sweep, marked interrupted (as a killed sweep leaves it), then resumed."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'sweep.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
+        first = sweep(PLAN, device_type="cpu", world_size=2, db_url=url, progress=False)
+        with open_store(url) as store:
+            store.finish_run(first.run_id, "interrupted")
+        resumed = sweep(PLAN, device_type="cpu", world_size=2, db_url=url, resume=True, progress=False)
+    return url, first, resumed
+
+
+def test_good_backends_are_measured_for_every_case(swept):
+    url, first, _ = swept
+    assert first.status == "completed"
+    assert first.fingerprint.startswith("cpu-")
+    assert first.measured == 2 * 2 * 2  # shapes x tokens x good backends
+    with open_store(url) as store:
+        rows = store.measurements(first.run_id)
+        assert {(m.backend, m.hidden, m.tokens_per_rank) for m in rows} == {
+            (b, h, t) for b in BACKENDS[:2] for h in (32, 24) for t in (4, 16)
+        }
+        for m in rows:
+            assert m.n == 4 and len(m.samples) == 4
+            assert 0 < m.p10_us <= m.median_us <= m.p90_us
+            assert m.host_median_us > 0 and m.ep_size == 2 and m.dtype == "bf16" and m.timing == "eager"
+
+
+def test_broken_backends_are_recorded_with_their_reason_and_never_timed(swept):
+    url, first, _ = swept
+    with open_store(url) as store:
+        failures = store.failures(first.run_id)
+    by = {(f.backend, f.kind) for f in failures}
+    assert ("planted_off_by_one", "incorrect") in by
+    assert ("planted_crash", "error") in by
+    assert ("planted_unavailable", "unavailable") in by
+    crash = next(f for f in failures if f.backend == "planted_crash")
+    assert "planted failure: kernel image not found" in crash.reason
+    unavailable = next(f for f in failures if f.backend == "planted_unavailable")
+    assert unavailable.reason == "package planted_ext not installed" and unavailable.tokens_per_rank is None
+    assert first.unavailable == {"planted_unavailable": "package planted_ext not installed"}
+
+
+def test_resume_continues_the_same_run_and_repeats_nothing(swept):
+    url, first, resumed = swept
+    assert resumed.run_id == first.run_id
+    assert resumed.status == "completed"
+    assert resumed.measured == 0
+    # every measured case and every case-level failure is skipped
+    assert resumed.skipped == first.measured + 2 * 2 * 2
+    with open_store(url) as store:
+        assert len(store.measurements(first.run_id)) == first.measured
+        assert store.get_run(first.run_id).status == "completed"
+
+
+def test_a_completed_run_is_not_resumed_but_measured_anew(swept):
+    url, first, _ = swept
+    again = sweep(
+        SweepPlan(shapes=PLAN.shapes[:1], tokens=(4,), backends=BACKENDS[:1], warmup=1, iters=2),
+        device_type="cpu", world_size=2, db_url=url, resume=True, progress=False,
+    )  # fmt: skip
+    assert again.run_id != first.run_id and again.measured == 1
+
+
+def test_profile_from_the_sweep_selects_only_correct_backends(swept, tmp_path):
+    url, first, _ = swept
+    names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in BACKENDS[:2]}
+    with open_store(url) as store:
+        profile = profile_from_store(store, first.run_id, backend_names=names)
+    path = write_profile(profile, tmp_path)
+    loaded = load_profile(path)
+    assert loaded is not None
+    assert len(profile["entries"]) == 2
+    for entry in profile["entries"]:
+        assert "planted_off_by_one" in entry["failed"]
+        assert {w["backend"] for w in entry["winners"]} <= set(BACKENDS[:2])
+    choice = lookup(ep_size=2, hidden=32, topk=4, num_experts=16, tokens=8, profile=path)
+    assert choice.match == "exact"
+    assert choice.backend in BACKENDS[:2]
+    assert set(choice.expected_us) == set(BACKENDS[:2])

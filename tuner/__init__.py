@@ -1,0 +1,1 @@
+"""a2a-tune: probe -> sweep -> store -> select -> lookup."""

@@ -1,0 +1,137 @@
+"""Start the ranks: spawn one process per GPU (or per CPU rank over gloo), or join torchrun/srun.
+
+`run_ranks(fn, world_size, device_type, *args)` calls `fn(ctx, *args)` on every rank and
+returns the list of per-rank results (index = rank). A rank that raises makes `run_ranks`
+raise `RankFailed` with that rank's one-line error, after the other ranks are stopped.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import queue
+import socket
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# Collectives that wait longer than this fail instead of hanging the sweep forever.
+COLLECTIVE_TIMEOUT = _dt.timedelta(seconds=float(os.environ.get("A2A_TUNE_COLLECTIVE_TIMEOUT_S", "300")))
+
+# NVLink multicast stays off: on shared hosts it can take the GPUs out of service.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class RankFailed(RuntimeError):
+    """A rank raised; the message is that rank's error in one line."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    group: dist.ProcessGroup | None  # None = the default (world) group
+
+
+def launched_externally() -> bool:
+    """True when torchrun/srun started this process as one rank of a job."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _init(rank: int, world_size: int, local_rank: int, device_type: str) -> RankContext:
+    for key, value in SAFE_ENV.items():
+        os.environ.setdefault(key, value)
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+    return RankContext(rank, world_size, local_rank, device, None)
+
+
+def _rank_main(rank: int, world_size: int, device_type: str, port: int, fn: Callable, args: tuple, results) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        ctx = _init(rank, world_size, rank, device_type)
+        try:
+            results.put((rank, True, fn(ctx, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:  # report, then let the parent stop the others
+        last = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        results.put((rank, False, (last, traceback.format_exc())))
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, device_type: str, *args: Any) -> list[Any]:
+    """Run `fn(ctx, *args)` on `world_size` ranks and return their results by rank.
+
+    Under torchrun/srun (RANK and WORLD_SIZE set) this process is one rank: it joins the job
+    through env:// and returns a list holding only its own result at its own index.
+    """
+    if launched_externally():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
+        ctx = _init(rank, world, local, device_type)
+        try:
+            out: list[Any] = [None] * world
+            out[rank] = fn(ctx, *args)
+            return out
+        finally:
+            dist.destroy_process_group()
+
+    mpctx = mp.get_context("spawn")
+    results = mpctx.Queue()
+    port = _free_port()
+    procs = [
+        mpctx.Process(target=_rank_main, args=(r, world_size, device_type, port, fn, args, results), daemon=False)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out = [None] * world_size
+    failure: tuple[int, str, str] | None = None
+    pending = world_size
+    try:
+        while pending and failure is None:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+            except queue.Empty:
+                # A rank that died without reporting (segfault, OOM kill) would otherwise hang us.
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and out[r] is None]
+                if dead:
+                    failure = (dead[0], f"process exited with code {procs[dead[0]].exitcode}", "")
+                continue
+            pending -= 1
+            if ok:
+                out[rank] = value
+            else:
+                failure = (rank, *value)
+    except KeyboardInterrupt:
+        failure = (-1, "interrupted", "")
+        raise
+    finally:
+        if failure is not None:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+        for p in procs:
+            p.join()
+    if failure is not None:
+        rank, line, tb = failure
+        raise RankFailed(f"rank {rank}: {line}") from RuntimeError(tb)
+    return out

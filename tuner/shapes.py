@@ -1,0 +1,67 @@
+"""Model shapes to sweep: named presets (data in model_presets.json) or a Hugging Face config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+# Hugging Face configs name the same three numbers differently per model family.
+_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+_TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
+_HIDDEN_KEYS = ("hidden_size", "d_model")
+
+
+class ShapeSpecError(ValueError):
+    """A preset name or model config that does not give an MoE shape (one line)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_experts: int
+    topk: int
+    hidden: int
+
+
+def presets() -> dict[str, ModelShape]:
+    raw = json.loads(resources.files("a2a_tune.tuner").joinpath("model_presets.json").read_text())
+    return {name: ModelShape(name, v["num_experts"], v["topk"], v["hidden"]) for name, v in raw.items()}
+
+
+def preset(name: str) -> ModelShape:
+    table = presets()
+    try:
+        return table[name.lower()]
+    except KeyError:
+        raise ShapeSpecError(f"unknown model preset {name!r}; known: {', '.join(table)}") from None
+
+
+def _first(config: dict, keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def from_model_config(path: str | Path) -> ModelShape:
+    """Read (experts, top-k, hidden) from a Hugging Face config.json (text_config too)."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except OSError as exc:
+        raise ShapeSpecError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise ShapeSpecError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if not isinstance(config, dict):
+        raise ShapeSpecError(f"{path}: expected a JSON object")
+    for candidate in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+        experts, topk, hidden = _first(candidate, _EXPERT_KEYS), _first(candidate, _TOPK_KEYS), _first(candidate, _HIDDEN_KEYS)
+        if experts and topk and hidden:
+            name = str(candidate.get("_name_or_path") or config.get("model_type") or path.parent.name or path.stem)
+            return ModelShape(name, experts, topk, hidden)
+    raise ShapeSpecError(
+        f"{path}: no MoE shape found (need one of {_EXPERT_KEYS}, one of {_TOPK_KEYS}, one of {_HIDDEN_KEYS})"
+    )

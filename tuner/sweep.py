@@ -1,0 +1,328 @@
+"""The sweep: every available backend, correctness-checked then timed, over a grid of cases.
+
+One case = (model shape, payload dtype, routing, tokens per rank, backend). For each case,
+on every rank together:
+  1. the invariant check (a2a_tune.kernels.reference.check_invariant) on fresh inputs —
+     a backend that fails it is recorded as "incorrect" and is not timed;
+  2. warm-up, then timed round trips (tuner.timing);
+  3. rank 0 commits the measurement to the store at once, so an interrupted sweep loses
+     nothing and `--resume` skips what is already there.
+Unavailable backends (availability() says why), impossible shapes and backends that raise
+are recorded with their one-line reason and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from a2a_tune.db import open_store
+from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
+from a2a_tune.kernels.reference import check_invariant, make_inputs
+
+from .launch import RankContext, run_ranks
+from .probe import Topology, cpu_topology, merge_nodes, probe
+from .shapes import ModelShape
+from .timing import summarize, time_round_trips
+
+DEFAULT_TOKENS = {
+    "cuda": tuple(2**i for i in range(15)),  # 1 .. 16384 tokens per rank: decode to prefill
+    "cpu": (1, 4, 16, 64, 256),  # gloo on CPU: enough to see a crossover in minutes
+}
+DEFAULT_ITERS = {"cuda": (10, 50), "cpu": (3, 15)}  # (warm-up, timed) round trips per case
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    shapes: tuple[ModelShape, ...]
+    tokens: tuple[int, ...]
+    dtypes: tuple[str, ...] = ("bf16",)
+    routings: tuple[str, ...] = ("uniform",)
+    backends: tuple[str, ...] = ()  # empty = every registered backend
+    warmup: int = 10
+    iters: int = 50
+    input_sets: int = 3  # rotated so repeated iterations do not hit a warm cache
+    seed: int = 0
+
+    def backend_names(self) -> list[str]:
+        return list(self.backends) or list_backends()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["backends"] = self.backend_names()
+        return d
+
+    def config_hash(self, device_type: str, world_size: int) -> str:
+        blob = json.dumps({"plan": self.to_dict(), "device": device_type, "world": world_size}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def cases(self) -> Iterator[tuple[ModelShape, str, str, int]]:
+        for shape in self.shapes:
+            for dtype in self.dtypes:
+                for routing in self.routings:
+                    for tokens in self.tokens:
+                        yield shape, dtype, routing, tokens
+
+    def total(self) -> int:
+        return len(self.shapes) * len(self.dtypes) * len(self.routings) * len(self.tokens) * len(self.backend_names())
+
+
+@dataclass
+class SweepOutcome:
+    run_id: int
+    fingerprint: str
+    world_size: int
+    measured: int = 0
+    skipped: int = 0  # already in the store (resume)
+    failed: dict[str, int] = field(default_factory=dict)  # kind -> count
+    unavailable: dict[str, str] = field(default_factory=dict)  # backend -> reason
+    status: str = "completed"
+
+
+def probe_for_device(device_type: str) -> Topology:
+    """The hardware the sweep measures: the GPUs for cuda ranks; the CPU for gloo ranks, even on a GPU host."""
+    return probe() if device_type == "cuda" else cpu_topology()
+
+
+def library_versions(device_type: str, topology: Topology) -> dict[str, str | None]:
+    def dist_version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    nccl = None
+    if device_type == "cuda" and torch.cuda.is_available():
+        nccl = ".".join(str(p) for p in torch.cuda.nccl.version())
+    return {
+        "a2a_tune": dist_version("a2a-tune"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "driver": topology.driver_version,
+        "triton": dist_version("triton"),
+        "flashinfer": dist_version("flashinfer-python"),
+    }
+
+
+def sweep(
+    plan: SweepPlan, *, device_type: str, world_size: int, db_url: str | None, resume: bool = False, progress: bool = True
+) -> SweepOutcome:
+    """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job)."""
+    results = run_ranks(_sweep_rank, world_size, device_type, plan, db_url, resume, progress)
+    return next(r for r in results if r is not None)
+
+
+def _case_key(backend: str, shape: MoEShape, ep_size: int, tokens: int, routing: str) -> tuple:
+    # Must match the key order of Store.done_keys().
+    return (backend, shape.num_experts, shape.topk, shape.hidden, shape.dtype, ep_size, tokens, routing)
+
+
+class _Recorder:
+    """Rank 0's side of the store; other ranks hold a recorder that writes nothing."""
+
+    def __init__(self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str):
+        self.is_writer = ctx.rank == 0
+        self.store = None
+        topologies: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(topologies, probe_for_device(device_type).to_dict())
+        self.topology = merge_nodes([Topology.from_dict(t) for t in topologies])
+        header: list[Any] = [None]
+        if self.is_writer:
+            try:
+                header[0] = self._open(plan, db_url, resume, device_type, ctx.world_size)
+            except Exception as exc:  # every rank must learn of it, or they wait forever
+                header[0] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        dist.broadcast_object_list(header, src=0)
+        if "error" in header[0]:
+            raise RuntimeError(header[0]["error"])
+        self.run_id: int = header[0]["run_id"]
+        self.done: set[tuple] = header[0]["done"]
+        self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size)
+
+    def _open(self, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, world: int) -> dict:
+        self.store = open_store(db_url)
+        topo = self.topology
+        hw = self.store.get_or_create_hardware(topo.fingerprint, topo.facts_hash, topo.to_dict())
+        config_hash = plan.config_hash(device_type, world)
+        run_id = self.store.find_resumable_run(hw, config_hash) if resume else None
+        if run_id is not None:
+            self.store.resume_run(run_id)
+        else:
+            run_id = self.store.start_run(
+                hw,
+                device_type=device_type,
+                world_size=world,
+                versions=library_versions(device_type, topo),
+                git_sha=None,
+                config={**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": sys.argv[1:]},
+                config_hash=config_hash,
+            )
+        return {"run_id": run_id, "done": self.store.done_keys(run_id)}
+
+    def measurement(self, key: tuple, timing: str, device_us: list[float], host_us: list[float]) -> None:
+        self.outcome.measured += 1
+        if not self.is_writer:
+            return
+        stats = summarize(device_us)
+        backend, experts, topk, hidden, dtype, ep, tokens, routing = key
+        self.store.add_measurement(
+            self.run_id,
+            backend=backend, num_experts=experts, topk=topk, hidden=hidden, dtype=dtype, ep_size=ep,
+            tokens_per_rank=tokens, routing=routing, timing=timing,
+            median_us=stats.median_us, p10_us=stats.p10_us, p90_us=stats.p90_us,
+            ci_low_us=stats.ci_low_us, ci_high_us=stats.ci_high_us, n=stats.n,
+            host_median_us=summarize(host_us).median_us, samples=[round(s, 3) for s in device_us], knobs={},
+        )  # fmt: skip
+
+    def failure(self, backend: str, kind: str, reason: str, key: tuple | None = None) -> None:
+        self.outcome.failed[kind] = self.outcome.failed.get(kind, 0) + 1
+        if not self.is_writer:
+            return
+        shape_fields: dict[str, Any] = {}
+        if key is not None:
+            _, experts, topk, hidden, dtype, ep, tokens, routing = key
+            shape_fields = dict(
+                num_experts=experts, topk=topk, hidden=hidden, dtype=dtype, ep_size=ep, tokens_per_rank=tokens, routing=routing
+            )
+        self.store.add_failure(self.run_id, backend=backend, kind=kind, reason=reason[:500], **shape_fields)
+
+    def finish(self, status: str) -> None:
+        self.outcome.status = status
+        if self.store is not None:
+            summary = {"measured": self.outcome.measured, "skipped": self.outcome.skipped, "failed": self.outcome.failed}
+            self.store.finish_run(self.run_id, status, summary=summary)
+            self.store.close()
+
+
+def _all_ranks_ok(ok: bool, ctx: RankContext) -> bool:
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ctx.group)
+    return bool(flag.item())
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        return nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]sweep[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+
+
+def _sweep_rank(ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, show_progress: bool):
+    device_type = ctx.device.type
+    rec = _Recorder(ctx, plan, db_url, resume, device_type)
+    env = BackendEnv.local(ctx.world_size, device_type)
+    usable: list[str] = []
+    for name in plan.backend_names():
+        ok, reason = get_backend(name).availability(env)
+        if ok:
+            usable.append(name)
+        else:
+            rec.outcome.unavailable[name] = reason
+            rec.failure(name, "unavailable", reason)
+    try:
+        with _progress(show_progress and rec.is_writer, plan.total()) as bar:
+            task = bar.add_task("", total=plan.total()) if bar else None
+            _sweep_cases(ctx, plan, rec, usable, bar, task)
+    except KeyboardInterrupt:
+        rec.finish("interrupted")
+        raise
+    except BaseException:
+        rec.finish("failed")
+        raise
+    rec.finish("completed")
+    return rec.outcome if rec.is_writer else None
+
+
+def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list[str], bar, task) -> None:
+    world = ctx.world_size
+    max_tokens = max(plan.tokens)
+    built: dict[tuple, dict[str, Any]] = {}  # (shape, dtype) -> backend instances, built once per shape
+
+    def advance(n: int, text: str) -> None:
+        if bar is not None:
+            bar.update(task, advance=n, description=text)
+
+    skipped_backends = len(plan.backend_names()) - len(usable)
+    for model, dtype, routing, tokens in plan.cases():
+        shape = MoEShape(model.num_experts, model.topk, model.hidden, max_tokens, dtype)
+        label = f"{model.name} {dtype} {routing} T={tokens}"
+        advance(skipped_backends, label)
+        keys = {name: _case_key(name, shape, world, tokens, routing) for name in usable}
+        todo = [name for name in usable if keys[name] not in rec.done]
+        rec.outcome.skipped += len(usable) - len(todo)
+        advance(len(usable) - len(todo), label)
+        if not todo:
+            continue
+        try:
+            shape.validate(world)
+            inputs = [
+                make_inputs(shape, tokens, rank=ctx.rank, world_size=world, routing=routing, seed=plan.seed + i, device=ctx.device)
+                for i in range(plan.input_sets)
+            ]
+        except ShapeError as exc:
+            for name in todo:
+                rec.failure(name, "error", str(exc), keys[name])
+            advance(len(todo), label)
+            continue
+        instances = built.setdefault((model, dtype), {})
+        for name in todo:
+            advance(0, f"{label} {name}")
+            _measure_case(ctx, plan, rec, name, shape, instances, inputs, keys[name])
+            advance(1, label)
+    for instances in built.values():
+        for backend in instances.values():
+            if backend is not None:
+                backend.close()
+
+
+def _measure_case(ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoEShape, instances: dict, inputs, key) -> None:
+    if name not in instances:
+        error = ""
+        try:
+            instances[name] = get_backend(name)(ctx.group, shape, ctx.device)
+        except Exception as exc:
+            instances[name], error = None, _one_line(exc)
+        if not _all_ranks_ok(not error, ctx):
+            instances[name] = None
+            rec.failure(name, "error", f"construction failed: {error or 'on another rank'}", key)
+            return
+    backend = instances[name]
+    if backend is None:  # construction failed earlier for this shape
+        rec.failure(name, "error", "construction failed (see the first failure of this shape)", key)
+        return
+    gate = check_invariant(backend, inputs[0])
+    if not gate.ok:
+        rec.failure(name, "error" if gate.crashed else "incorrect", gate.reason, key)
+        return
+    error = ""
+    try:
+        device_us, host_us = time_round_trips(backend, inputs, warmup=plan.warmup, iters=plan.iters)
+    except Exception as exc:
+        error = _one_line(exc)
+    if not _all_ranks_ok(not error, ctx):
+        rec.failure(name, "error", error or "failed on another rank", key)
+        return
+    rec.measurement(key, "eager", device_us, host_us)
