@@ -19,10 +19,10 @@ from types import SimpleNamespace
 
 import torch
 
-from a2a_tune.kernels import MoEShape, get_backend, list_backends
+from a2a_tune.kernels import BackendEnv, MoEShape, get_backend, list_backends
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 from a2a_tune.tuner.launch import run_ranks
-from a2a_tune.tuner.timing import summarize, time_round_trips
+from a2a_tune.tuner.timing import summarize, time_graph_round_trips, time_round_trips
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 20) -> float:
@@ -74,23 +74,35 @@ def remote_fraction(experts: int, topk: int, world: int) -> float:
 def _bench_rank(ctx, backends, tokens_list, e, k, h, warmup, iters):
     shape = MoEShape(e, k, h, max(tokens_list), "bf16")
     rows = []
-    instances = {n: get_backend(n)(ctx.group, shape, ctx.device) for n in backends}
+    shared = {n: get_backend(n)(ctx.group, shape, ctx.device) for n in backends if not getattr(get_backend(n), "capacity_bound", False)}
     floor = NcclFloor(ctx.group, shape, ctx.device, ctx.world_size)
     for t in tokens_list:
         inputs = [make_inputs(shape, t, rank=ctx.rank, world_size=ctx.world_size, seed=s, device=ctx.device) for s in range(3)]
         row = {"tokens": t}
-        for name, b in instances.items():
+        for name in backends:
+            cls = get_backend(name)
+            # fixed-capacity backends are sized to the load, as an engine sizes them to its batch
+            if name not in shared and not cls.feasibility(MoEShape(e, k, h, t, "bf16"), ctx.world_size).ok:
+                continue
+            b = shared.get(name) or cls(ctx.group, MoEShape(e, k, h, t, "bf16"), ctx.device)
             gate = check_invariant(b, inputs[0])
             if not gate.ok:
                 row[name] = {"error": gate.reason}
-                continue
-            dev, host = time_round_trips(b, inputs, warmup=warmup, iters=iters)
-            ds, hs = summarize(dev), summarize(host)
-            row[name] = {"median_us": ds.median_us, "p10_us": ds.p10_us, "p90_us": ds.p90_us, "host_us": hs.median_us}
+            else:
+                dev, host = time_round_trips(b, inputs, warmup=warmup, iters=iters)
+                ds, hs = summarize(dev), summarize(host)
+                row[name] = {"median_us": ds.median_us, "p10_us": ds.p10_us, "p90_us": ds.p90_us, "host_us": hs.median_us}
+                if cls.graph_capturable and ctx.device.type == "cuda":
+                    gdev, ghost = time_graph_round_trips(b, inputs, warmup=warmup, iters=iters)
+                    gs = summarize(gdev)
+                    row[name + " [graph]"] = {"median_us": gs.median_us, "p10_us": gs.p10_us, "p90_us": gs.p90_us,
+                                              "host_us": summarize(ghost).median_us}  # fmt: skip
+            if name not in shared:
+                b.close()
         dev, host = time_round_trips(floor, inputs, warmup=warmup, iters=iters)
         row[floor.name] = {"median_us": summarize(dev).median_us, "host_us": summarize(host).median_us}
         rows.append(row)
-    for b in instances.values():
+    for b in shared.values():
         b.close()
     return rows
 
@@ -110,7 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")]
     world = args.world or (torch.cuda.device_count() if args.device == "cuda" else 2)
-    backends = args.backend or list_backends()
+    env = BackendEnv.local(world, args.device)
+    backends = []
+    for name in args.backend or list_backends():
+        ok, reason = get_backend(name).availability(env)
+        if ok:
+            backends.append(name)
+        else:
+            print(f"{name}: not run here: {reason}")
 
     bw = copy_bandwidth_gbs() if args.device == "cuda" else None
     start = time.perf_counter()
@@ -122,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if bw:
         title += f", GPU0->GPU1 copy {bw:.0f} GB/s"
     print(title)
-    cols = [*backends, NcclFloor.name]
-    head = f"{'T':>6} | " + " | ".join(f"{n[:26]:>26}" for n in cols) + " | best/others  | floor/best"
+    cols = list(dict.fromkeys(c for row in rows for c in row if c != "tokens"))  # backends, [graph] timings, floor
+    head = f"{'T':>6} | " + " | ".join(f"{n[:28]:>28}" for n in cols) + " | best      | best/others"
     if bw:
         head += " | copy bound | bound/best"
     print(head)
@@ -132,20 +151,20 @@ def main(argv: list[str] | None = None) -> int:
         t = row["tokens"]
         cells = []
         for n in cols:
-            r = row[n]
-            cells.append(f"{'FAIL':>26}" if "error" in r else f"{r['median_us']:>11.1f} (host {r['host_us']:>7.1f})")
-        ok = {n: row[n]["median_us"] for n in backends if "median_us" in row[n]}
+            r = row.get(n, {})
+            cells.append(f"{'FAIL':>28}" if "median_us" not in r else f"{r['median_us']:>12.1f} (host {r['host_us']:>8.1f})")
+        ok = {n: row[n]["median_us"] for n in cols if n != NcclFloor.name and "median_us" in row.get(n, {})}
         best = min(ok, key=ok.get) if ok else None
         ratios = " ".join(f"{ok[best] / v:.2f}" for n, v in ok.items() if n != best) if best else "-"
-        floor_ratio = f"{row[NcclFloor.name]['median_us'] / ok[best]:.2f}" if best else "-"
-        line = f"{t:>6} | " + " | ".join(cells) + f" | {ratios:>12} | {floor_ratio:>10}"
+        line = f"{t:>6} | " + " | ".join(cells) + f" | {best or '-':<9.9} | {ratios}"
         if bw and best:
             bound_us = 2 * t * frac * (world - 1) * args.hidden * 2 / (bw * 1e9) * 1e6
             line += f" | {bound_us:>10.1f} | {bound_us / ok[best]:>10.2f}"
         print(line)
     print(
-        f"(µs: median device time per dispatch+combine round trip, eager, CUDA events; host = host wall time; "
-        f"best/others = fastest backend's time / each other's; floor = 2 bare NCCL all_to_all_single; {wall:.0f} s)"
+        "(µs: median device time per dispatch+combine round trip, CUDA events; eager unless [graph] = replays of R captured "
+        f"round trips; host = host wall time; best/others = best's time / each other's; floor = 2 bare NCCL "
+        f"all_to_all_single, eager; {wall:.0f} s)"
     )
     if args.json:
         with open(args.json, "w") as f:

@@ -21,6 +21,8 @@ from .registry import get_backend, list_backends, register_backend
 # Registration order is the tie-break preference: simplest / the engines' default first.
 from . import allgather_reducescatter as _allgather_reducescatter  # noqa: E402,F401
 from . import nccl_all2allv as _nccl_all2allv  # noqa: E402,F401
+from . import nvlink_one_sided as _nvlink_one_sided  # noqa: E402,F401
+from . import nvlink_low_latency as _nvlink_low_latency  # noqa: E402,F401
 
 __all__ = [
     "All2AllBackend",

@@ -37,17 +37,38 @@ if TYPE_CHECKING:  # torch is imported lazily so `availability` stays cheap to c
     import torch
     import torch.distributed as dist
 
-# Payload dtype names used throughout (CLI, database, profiles) -> torch dtype attribute.
-PAYLOAD_DTYPES: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# Payload dtype names used throughout (CLI, database, profiles) -> (activation dtype, wire dtype).
+# The activation dtype is what x, the expert outputs and y are in; a quantized payload travels
+# as the wire dtype with one fp32 scale per FP8_BLOCK elements (DeepSeek's block-FP8 layout),
+# quantized before dispatch. Combine always carries the activation dtype.
+PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {
+    "bf16": ("bfloat16", None),
+    "fp16": ("float16", None),
+    "fp32": ("float32", None),
+    "fp8_e4m3": ("bfloat16", "float8_e4m3fn"),
+}
+
+
+def _dtype_entry(name: str) -> tuple[str, str | None]:
+    try:
+        return PAYLOAD_DTYPES[name]
+    except KeyError:
+        raise ShapeError(f"unknown payload dtype {name!r}; choose one of {', '.join(PAYLOAD_DTYPES)}") from None
 
 
 def torch_dtype(name: str) -> "torch.dtype":
+    """The activation dtype of payload `name` (x, expert outputs, y)."""
     import torch
 
-    try:
-        return getattr(torch, PAYLOAD_DTYPES[name])
-    except KeyError:
-        raise ShapeError(f"unknown payload dtype {name!r}; choose one of {', '.join(PAYLOAD_DTYPES)}") from None
+    return getattr(torch, _dtype_entry(name)[0])
+
+
+def wire_dtype(name: str) -> "torch.dtype | None":
+    """The quantized dtype payload `name` travels in, or None when it travels as is."""
+    import torch
+
+    wire = _dtype_entry(name)[1]
+    return getattr(torch, wire) if wire else None
 
 
 @dataclass(frozen=True)
@@ -146,6 +167,8 @@ class All2AllBackend(ABC):
     # Backends whose dispatch needs a host read of data-dependent sizes cannot be captured
     # in a CUDA graph; the sweep times those eagerly.
     graph_capturable: ClassVar[bool] = False
+    # Whether the backend carries quantized payloads (fp8_e4m3: x_scale travels with x).
+    quantized_payloads: ClassVar[bool] = False
 
     def __init__(self, group: "dist.ProcessGroup | None", shape: MoEShape, device: "torch.device") -> None:
         import torch.distributed as dist
@@ -157,12 +180,22 @@ class All2AllBackend(ABC):
         self.world_size = dist.get_world_size(group)
         shape.validate(self.world_size)
         self.experts_per_rank = shape.experts_per_rank(self.world_size)
-        self.dtype = torch_dtype(shape.dtype)
+        self.dtype = torch_dtype(shape.dtype)  # activations
+        self.wire_dtype = wire_dtype(shape.dtype)  # None unless the payload is quantized
 
     @classmethod
     @abstractmethod
     def availability(cls, env: BackendEnv) -> Availability:
         """Whether this backend can run in `env`; never raises, does no collective work."""
+
+    @classmethod
+    def feasibility(cls, shape: MoEShape, world_size: int) -> Availability:
+        """Whether this backend can take `shape` (e.g. a capacity limit); default: any valid shape.
+
+        Per shape, unlike `availability`: the sweep skips infeasible cases without failing them."""
+        if wire_dtype(shape.dtype) is not None and not cls.quantized_payloads:
+            return Availability(False, f"{shape.dtype} payloads not implemented for this backend")
+        return Availability(True)
 
     @abstractmethod
     def dispatch(self, x: "torch.Tensor", topk_ids: "torch.Tensor", topk_weights: "torch.Tensor") -> Dispatched:

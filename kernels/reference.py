@@ -15,12 +15,13 @@ import torch.distributed as dist
 
 from .base import All2AllBackend, MoEShape, torch_dtype
 from .errors import ShapeError
+from .quant import dequantize_fp8_blocks
 
 ROUTINGS = ("uniform", "skewed", "local")
 
 # Per-token relative error allowed: expert outputs are rounded to the payload dtype once and
 # summed over up to top-k contributions (bf16 has an 8-bit significand: 2^-8 ~ 0.4% per rounding).
-TOLERANCE = {"fp32": 1e-5, "fp16": 4e-3, "bf16": 2.5e-2}
+TOLERANCE = {"fp32": 1e-5, "fp16": 4e-3, "bf16": 2.5e-2, "fp8_e4m3": 6e-2}  # e4m3: 3-bit significand
 
 _SKEW_EXPONENT = 1.2  # Zipf exponent of expert popularity for "skewed" routing
 
@@ -76,10 +77,19 @@ def make_inputs(
     return RankInputs(x.to(device), ids.to(device), weights.to(device))
 
 
-def expert_compute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """out[n] = sum_{j: ids[n,j] >= 0} w[n,j] * s[ids[n,j]] * x[n], computed in fp32, cast to x's dtype."""
+def expert_compute(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    scales: torch.Tensor,
+    x_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """out[n] = sum_{j: ids[n,j] >= 0} w[n,j] * s[ids[n,j]] * x[n], computed in fp32, cast to the
+    activation dtype (bf16 for block-FP8 rows, which are dequantized with `x_scale` first)."""
     valid = topk_ids >= 0
     coef = torch.where(valid, topk_weights * scales[topk_ids.clamp_min(0)], torch.zeros_like(topk_weights))
+    if x_scale is not None:
+        return (coef.sum(dim=1, keepdim=True) * dequantize_fp8_blocks(x, x_scale)).to(torch.bfloat16)
     return (coef.sum(dim=1, keepdim=True) * x.float()).to(x.dtype)
 
 
@@ -120,7 +130,7 @@ def check_invariant(
         elif bool(((ids != -1) & ((ids < lo) | (ids >= hi))).any()):
             reason = f"dispatch returned expert ids outside this rank's [{lo}, {hi}) that are not -1"
         else:
-            y = backend.combine(expert_compute(d.x, ids, d.topk_weights, scales), d)
+            y = backend.combine(expert_compute(d.x, ids, d.topk_weights, scales, d.x_scale), d)
             ref = expected_output(inputs, scales)
             if tuple(y.shape) != tuple(ref.shape):
                 reason = f"combine returned {list(y.shape)}, expected {list(ref.shape)}"

@@ -37,7 +37,8 @@ def test_run_writes_a_table_the_lookup_finds_by_fingerprint(finished_run):
     if not table.exists():  # another architecture: find the one file written
         (table,) = (root / "xdg" / "a2a-tune" / "profiles").glob("cpu-*.json")
     profile = json.loads(table.read_text())
-    assert profile["schema"] == 1 and profile["entries"][0]["tokens"] == [1, 8, 32]
+    assert profile["schema"] == 2 and profile["entries"][0]["tokens"] == [1, 8, 32]
+    assert {c["timing"] for c in profile["entries"][0]["backends"].values()} == {"eager"}
 
     look = a2a("lookup", "--ep-size", "2", "--hidden", "4096", "--topk", "2", "--experts", "8", "--tokens", "16", env_extra=env)
     assert look.returncode == 0, look.stderr
@@ -84,6 +85,18 @@ def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
         (("sweep", "--device", "cpu", "--dtype", "int3"), "unknown --dtype 'int3'"),
         (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--tokens", "1", "--format", "x"),
          "--format must be"),
+        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2"),
+         "give exactly one of --tokens, --phase or --workload (got none)"),
+        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--tokens", "1", "--phase", "decode"),
+         "give exactly one of --tokens, --phase or --workload (got --tokens, --phase)"),
+        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "decode"),
+         "--phase decode needs --max-batch N"),
+        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "decode",
+          "--max-tokens", "8"), "--max-tokens goes with --phase prefill"),
+        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "mixed"),
+         "--phase must be decode or prefill"),
+        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "prefill",
+          "--max-tokens", "0"), "--max-tokens must be >= 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -105,6 +118,67 @@ def test_corrupt_database_is_one_line(tmp_path):
 def test_select_on_an_empty_database_says_what_to_do(tmp_path):
     r = a2a("select", "--db", str(tmp_path / "empty.db"))
     assert r.returncode == 1 and "run `a2a-tune sweep` first" in r.stderr
+
+
+FIXTURE_ENV = {
+    "A2A_TUNE_PROFILE_DIR": os.path.join(os.path.dirname(__file__), "fixtures", "profiles"),
+    "A2A_TUNE_FINGERPRINT": "test.fixture.node1",
+}
+SHAPE_A = ("--ep-size", "2", "--hidden", "7168", "--topk", "8", "--experts", "256")
+
+
+def test_lookup_per_phase_for_disaggregated_engines():
+    decode = a2a("lookup", *SHAPE_A, "--phase", "decode", "--max-batch", "64", env_extra=FIXTURE_ENV)
+    prefill = a2a("lookup", *SHAPE_A, "--phase", "prefill", "--max-tokens", "1024", env_extra=FIXTURE_ENV)
+    assert (decode.returncode, prefill.returncode) == (0, 0), decode.stderr + prefill.stderr
+    assert (decode.stdout.strip(), prefill.stdout.strip()) == ("nvlink_one_sided", "nccl_all2allv")
+    assert "decode: tokens/rank 1..64 log-uniform" in decode.stderr
+
+
+def test_lookup_workload_json_output_has_regrets(tmp_path):
+    w = tmp_path / "steps.csv"
+    w.write_text("tokens,steps\n1,300\n64,100\n")
+    r = a2a("lookup", *SHAPE_A, "--workload", str(w), "--format", "json", env_extra=FIXTURE_ENV)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["backend"] == "nvlink_one_sided" and out["phase"] == "workload"
+    assert out["alternatives"] == {"allgather_reducescatter": 0.7273, "nccl_all2allv": 0.9091}
+
+
+@pytest.mark.parametrize(
+    "fmt, expected",
+    [
+        ("vllm", "--all2all-backend allgather_reducescatter"),  # nvlink_one_sided: no vLLM literal
+        ("sglang", "--moe-a2a-backend none"),
+        ("name", "nvlink_one_sided"),
+    ],
+)
+def test_lookup_engine_formats_print_only_accepted_literals(fmt, expected):
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", fmt, env_extra=FIXTURE_ENV)
+    assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
+
+
+def test_lookup_env_format_is_shell_lines(tmp_path):
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "env", env_extra=FIXTURE_ENV)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "export A2A_TUNE_BACKEND=nvlink_one_sided",
+        "export A2A_TUNE_VLLM_ALL2ALL_BACKEND=allgather_reducescatter",
+        "export A2A_TUNE_SGLANG_MOE_A2A_BACKEND=none",
+        "export A2A_TUNE_MATCH=exact",
+    ]
+    assert "a2a-tune:" not in r.stderr  # engines without a literal here are no warning
+    sh = subprocess.run(["bash", "-c", f"eval \"$(cat)\"; echo $A2A_TUNE_BACKEND"], input=r.stdout,
+                        capture_output=True, text=True)  # fmt: skip
+    assert sh.stdout.strip() == "nvlink_one_sided"
+
+
+def test_lookup_with_a_bad_workload_file_still_prints_the_default(tmp_path):
+    w = tmp_path / "w.json"
+    w.write_text('{"1": "many"}')
+    r = a2a("lookup", *SHAPE_A, "--workload", str(w), "--format", "vllm", env_extra=FIXTURE_ENV)
+    assert r.returncode == 0 and r.stdout.strip() == "--all2all-backend allgather_reducescatter"
+    assert len(r.stderr.strip().splitlines()) == 1 and str(w) in r.stderr and "weight must be" in r.stderr
 
 
 def test_lookup_with_a_garbled_table_falls_back_with_one_warning(tmp_path):

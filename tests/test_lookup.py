@@ -1,9 +1,10 @@
 """Runtime lookup: shape matching, log-log token interpolation, search order, and the
 "never crash the engine" promise (every bad table -> fallback + exactly one warning).
 
-The fixture profile tests/fixtures/profiles/test.fixture.node1.json is built by
-tests/test_select.py::fixture_profile (see the curves there). Shape A
-(ep 2, hidden 7168, topk 8, 256 experts) over tokens [1, 4, 16, 64, 256, 1024]:
+The fixture profile tests/fixtures/profiles/test.fixture.node1.json (schema 2) is built by
+tests/test_select.py::fixture_profile (see the curves there); every point has
+p10 = 0.98 x median and p90 = 1.03 x median; nvlink_one_sided is graph-timed, the rest
+eager. Shape A (ep 2, hidden 7168, topk 8, 256 experts) over tokens [1, 4, 16, 64, 256, 1024]:
 
     allgather_reducescatter      30   31   35  100  400 1500
     nccl_all2allv                45   46   50   75  190  420
@@ -12,6 +13,10 @@ tests/test_select.py::fixture_profile (see the curves there). Shape A
 
 Shape B (ep 2, hidden 4096, topk 6, 64 experts) over [1, 64, 1024]:
     allgather_reducescatter 20 60 600, nccl_all2allv 40 70 300.
+
+Tie preference: allgather_reducescatter, nccl_all2allv, nvlink_one_sided, ... (registry
+order). tests/fixtures/profiles/schema1/ holds the same table as schema 1 wrote it
+(p10 = 0.95, p90 = 1.1 x median, one timing mode).
 """
 
 from __future__ import annotations
@@ -97,17 +102,26 @@ def test_interpolation_beats_nearest_bucket(fixture_dir):
     curves only cross at ~234 tokens: log-log interpolation correctly keeps nvlink_one_sided."""
     winners_256 = [w for w in fixture_data()["entries"][1]["winners"] if w["tokens"] == 256]
     assert winners_256[0]["backend"] == "nccl_all2allv"  # what a nearest-bucket rule would pick
+    assert winners_256[0]["tie"]  # 195 is inside 190's [186.2, 195.7]
 
     c = lookup(fingerprint=FP, tokens=200, **A)
-    assert c.backend == "nvlink_one_sided"
+    assert (c.backend, c.tie) == ("nvlink_one_sided", False)
     assert "interpolated at 200 tokens/rank between 64 and 256" in c.reason
     f = math.log(200 / 64) / math.log(256 / 64)
     assert c.expected_us["nvlink_one_sided"] == pytest.approx(50 * (195 / 50) ** f, abs=1e-3)
     assert c.expected_us["nccl_all2allv"] == pytest.approx(75 * (190 / 75) ** f, abs=1e-3)
+    assert dict(c.timing) == {"allgather_reducescatter": "eager", "nccl_all2allv": "eager", "nvlink_one_sided": "graph"}
+    assert "[timing: allgather_reducescatter eager, nccl_all2allv eager, nvlink_one_sided graph]" in c.reason
 
-    # Either side of the crossover (~234 tokens).
-    assert lookup(fingerprint=FP, tokens=230, **A).backend == "nvlink_one_sided"
+    # Past the crossover (~234 tokens) nccl_all2allv is faster.
     assert lookup(fingerprint=FP, tokens=240, **A).backend == "nccl_all2allv"
+    # Right at it the two are within nvlink_one_sided's p10..p90 spread: a tie, settled by
+    # the tie preference (nccl_all2allv is registered before nvlink_one_sided).
+    c = lookup(fingerprint=FP, tokens=230, **A)
+    assert c.expected_us["nvlink_one_sided"] < c.expected_us["nccl_all2allv"]
+    assert (c.backend, c.tie) == ("nccl_all2allv", True)
+    assert c.regret == pytest.approx(c.expected_us["nccl_all2allv"] / c.expected_us["nvlink_one_sided"] - 1, abs=1e-4)
+    assert "preferring nccl_all2allv (tie preference)" in c.reason
 
 
 def test_clamps_below_and_above_the_measured_range(fixture_dir):
@@ -143,9 +157,9 @@ def test_engine_literals_come_from_the_profile(tmp_path, monkeypatch):
     assert (c.backend, c.vllm_name, c.sglang_name) == ("nccl_all2allv", None, None)
 
     data = fixture_data()
-    data["backends"]["nccl_all2allv"] = {"vllm_name": "some_vllm_literal", "sglang_name": "some_sglang_literal"}
+    data["backends"]["nccl_all2allv"] = {"vllm_name": "deepep_high_throughput", "sglang_name": "deepep"}
     c = lookup(profile=write(tmp_path, data), tokens=1024, **B)
-    assert (c.vllm_name, c.sglang_name) == ("some_vllm_literal", "some_sglang_literal")
+    assert (c.vllm_name, c.sglang_name) == ("deepep_high_throughput", "deepep")
 
 
 def test_engine_restricts_to_backends_it_can_name(tmp_path, caplog):
@@ -156,9 +170,17 @@ def test_engine_restricts_to_backends_it_can_name(tmp_path, caplog):
     assert set(c.expected_us) == {"allgather_reducescatter"}
 
     data = fixture_data()
-    data["backends"]["nccl_all2allv"]["vllm_name"] = "some_vllm_literal"
+    data["backends"]["nccl_all2allv"]["vllm_name"] = "deepep_high_throughput"
     c = lookup(profile=write(tmp_path, data), tokens=64, engine="vllm", **A)
-    assert (c.backend, c.vllm_name) == ("nccl_all2allv", "some_vllm_literal")
+    assert (c.backend, c.vllm_name) == ("nccl_all2allv", "deepep_high_throughput")
+
+    # A literal the engine does not accept (a typo, or one from a newer engine) never
+    # competes for that engine: `--format vllm` can only print what vLLM accepts.
+    for bogus in ("deepep_lowlatency", "pplx", "naive"):
+        data["backends"]["nccl_all2allv"]["vllm_name"] = bogus
+        clear_cache()
+        c = lookup(profile=write(tmp_path, data), tokens=64, engine="vllm", **A)
+        assert c.backend == "allgather_reducescatter", bogus
 
     # SGLang has a literal for none of the competing backends in the fixture.
     c = lookup(profile=FIXTURE, tokens=64, engine="sglang", **A)
@@ -204,7 +226,7 @@ def test_nearest_shape_tie_goes_to_larger_hidden(tmp_path):
     small = json.loads(json.dumps(data["entries"][0]))  # shape B
     large = json.loads(json.dumps(data["entries"][0]))
     small["hidden"], large["hidden"] = 2048, 8192
-    large["backends"]["nccl_all2allv"]["median_us"] = [1.0, 1.0, 1.0]  # distinguishable winner
+    large["backends"]["nccl_all2allv"].update(median_us=[1.0] * 3, p10_us=[1.0] * 3, p90_us=[1.0] * 3)  # clear winner
     large["winners"] = []
     data["entries"] = [small, large]
     p = write(tmp_path, data)
@@ -250,7 +272,7 @@ def test_search_paths_env_dirs_first_then_user_then_packaged(monkeypatch, tmp_pa
 def _variant(backend_fast: str) -> dict:
     """The fixture with one backend made fastest everywhere in shape B."""
     data = fixture_data()
-    data["entries"][0]["backends"][backend_fast]["median_us"] = [1.0, 1.0, 1.0]
+    data["entries"][0]["backends"][backend_fast].update(median_us=[1.0] * 3, p10_us=[1.0] * 3, p90_us=[1.0] * 3)
     data["entries"][0]["winners"] = []
     return data
 
@@ -379,8 +401,30 @@ BAD_TABLES = {
         "entries[1].winners[0].backend: unknown backend 'mystery_backend'",
     ),
     "undeclared_backend_curve": (
-        _mutated(lambda d: d["backends"].pop("nccl_all2allv")),
+        _mutated(lambda d: (d["backends"].pop("nccl_all2allv"), d["tie_preference"].remove("nccl_all2allv"))),
         "entries[0].backends.nccl_all2allv: backend not declared",
+    ),
+    "unknown_backend_in_tie_preference": (
+        _mutated(lambda d: d["tie_preference"].insert(0, "mystery_backend")),
+        "tie_preference[0]: unknown backend 'mystery_backend'",
+    ),
+    "schema_1_as_string": (_mutated(lambda d: d.__setitem__("schema", "1")), "schema: unsupported version '1'"),
+    "schema_3": (_mutated(lambda d: d.__setitem__("schema", 3)), "schema: unsupported version 3 (this a2a-tune reads schemas 1, 2"),
+    "nan_p90": (
+        lambda: _text().replace('"p90_us": [41.2, 72.1, 309.0]', '"p90_us": [41.2, NaN, 309.0]'),
+        "entries[0].backends.nccl_all2allv.p90_us[1]: not a positive finite number",
+    ),
+    "bad_timing_mode": (
+        _mutated(lambda d: d["entries"][1]["backends"]["nvlink_one_sided"].__setitem__("timing", "warp")),
+        "entries[1].backends.nvlink_one_sided.timing: expected one of 'eager', 'graph', got 'warp'",
+    ),
+    "median_outside_spread": (
+        _mutated(lambda d: d["entries"][0]["backends"]["nccl_all2allv"]["p90_us"].__setitem__(2, 250.0)),
+        "entries[0].backends.nccl_all2allv.median_us[2]: median 300.0 outside its p10..p90 spread",
+    ),
+    "tie_not_boolean": (
+        _mutated(lambda d: d["entries"][0]["winners"][0].__setitem__("tie", "yes")),
+        "entries[0].winners[0].tie: expected true or false",
     ),
     "unsorted_tokens": (_mutated(lambda d: d["entries"][0].__setitem__("tokens", [64, 1, 1024])), "entries[0].tokens[1]"),
     "other_fingerprint": (
@@ -550,5 +594,326 @@ def test_warm_lookup_is_cached_and_fast(tmp_path, monkeypatch):
     assert len(opened) == 2
 
 
-def test_choice_type_is_exported():
-    assert Choice.__dataclass_params__.frozen
+def test_choice_type_is_exported_and_read_only(fixture_dir):
+    c = lookup(fingerprint=FP, tokens=64, **A)
+    assert isinstance(c, Choice)
+    for name in ("backend", "regret", "tie", "new_attribute"):
+        with pytest.raises(AttributeError):
+            setattr(c, name, 1)
+    assert c == lookup(fingerprint=FP, tokens=64, **A) and hash(c) == hash(lookup(fingerprint=FP, tokens=64, **A))
+    assert "backend='nvlink_one_sided'" in repr(c)
+
+
+# ------------------------------------------------------------------ schema versions
+
+SCHEMA1 = FIXTURES / "schema1" / f"{FP}.json"
+
+
+def test_schema1_table_is_converted_on_load(caplog):
+    prof = load_profile(SCHEMA1)
+    assert prof.schema == 1 and prof.fingerprint == FP
+    assert prof.tie_preference[0] == "allgather_reducescatter"
+    a = prof.by_shape[lk.Shape(**A)]
+    assert set(a.timing.values()) == {"eager"}  # schema 1: the run's one timing mode
+    assert a.p90_us["nccl_all2allv"][0] == pytest.approx(49.5)  # its p10/p90 are used
+
+    c = lookup(profile=SCHEMA1, fingerprint=FP, tokens=64, **A)
+    assert (c.backend, c.match, c.hardware_match) == ("nvlink_one_sided", "exact", "exact")
+    assert dict(c.expected_us) == {"allgather_reducescatter": 100.0, "nccl_all2allv": 75.0, "nvlink_one_sided": 50.0}
+    assert warnings_of(caplog) == []
+
+
+def test_schema1_graph_timing_is_read_per_backend(tmp_path):
+    data = json.loads(SCHEMA1.read_text())
+    data["run"]["timing"] = "cuda_graph"
+    prof = load_profile(write(tmp_path, data))
+    assert set(prof.entries[0].timing.values()) == {"graph"}
+
+
+def test_packaged_table_loads_and_answers():
+    import importlib.resources
+
+    packaged = Path(os.fspath(importlib.resources.files("a2a_tune.profiles")))
+    for p in packaged.glob("*.json"):
+        if p.name.startswith("schema-"):
+            continue
+        prof = load_profile(p)
+        e = prof.entries[0]
+        c = lookup(fingerprint=prof.fingerprint, tokens=e.tokens[0], **e.shape._asdict())
+        assert c.match == "exact" and c.source == str(p), c.reason
+
+
+# ------------------------------------------------------------------- phases / regret
+
+
+def test_disaggregated_prefill_and_decode_engines_get_different_backends(fixture_dir, caplog):
+    """Shape A's curves cross at ~234 tokens per rank: a decode engine (batches of 1..64
+    tokens per rank) should run nvlink_one_sided, a prefill engine (chunks of 1024 tokens
+    per rank) nccl_all2allv -- the answer of one `tokens=` value would be wrong for one of them."""
+    decode = lookup(fingerprint=FP, phase="decode", max_tokens=64, **A)
+    prefill = lookup(fingerprint=FP, phase="prefill", max_tokens=1024, **A)
+    assert (decode.backend, decode.phase) == ("nvlink_one_sided", "decode")
+    assert (prefill.backend, prefill.phase) == ("nccl_all2allv", "prefill")
+    assert "decode: tokens/rank 1..64 log-uniform" in decode.reason
+    assert "prefill: at 1024 tokens/rank (measured)" in prefill.reason
+    # vLLM cannot express either; for vLLM both engines get the fastest backend it accepts.
+    for phase, n in (("decode", 64), ("prefill", 1024)):
+        c = lookup(fingerprint=FP, phase=phase, max_tokens=n, engine="vllm", **A)
+        assert (c.backend, c.vllm_name) == ("allgather_reducescatter", "allgather_reducescatter")
+    assert warnings_of(caplog) == []
+
+
+def test_decode_expectation_is_the_log_uniform_mean_of_the_curve(fixture_dir):
+    c = lookup(fingerprint=FP, phase="decode", max_tokens=200, **A)
+
+    def curve(t, grid, med):  # the documented log-log interpolant, clamped
+        if t <= grid[0]:
+            return med[0]
+        for (t0, v0), (t1, v1) in zip(zip(grid, med), zip(grid[1:], med[1:])):
+            if t0 <= t <= t1:
+                return v0 * (v1 / v0) ** (math.log(t / t0) / math.log(t1 / t0))
+        return med[-1]
+
+    grid = [1, 4, 16, 64, 256, 1024]
+    n = 20000  # midpoint rule over u = ln t, uniform on [0, ln 200]
+    for b, med in {"nvlink_one_sided": [20, 21, 25, 50, 195], "allgather_reducescatter": [30, 31, 35, 100, 400, 1500]}.items():
+        us = [(i + 0.5) / n * math.log(200) for i in range(n)]
+        mean = sum(curve(math.exp(u), grid[: len(med)], med) for u in us) / n
+        assert c.expected_us[b] == pytest.approx(mean, rel=1e-5)
+    best = min(c.expected_us.values())
+    assert dict(c.alternatives) == {
+        b: pytest.approx(v / best - 1, abs=1e-4) for b, v in c.expected_us.items() if b != c.backend
+    }
+    assert c.regret == 0.0 and not c.tie
+
+
+def test_decode_of_one_token_is_the_point(fixture_dir):
+    one = lookup(fingerprint=FP, phase="decode", max_tokens=1, **A)
+    assert dict(one.expected_us) == dict(lookup(fingerprint=FP, tokens=1, **A).expected_us)
+
+
+def test_decode_needs_every_point_in_range(fixture_dir):
+    # nvlink_one_sided timed out at 1024: over 1..1024 it cannot be averaged, so it does not compete.
+    c = lookup(fingerprint=FP, phase="decode", max_tokens=1024, **A)
+    assert "nvlink_one_sided" not in c.expected_us and c.backend == "nccl_all2allv"
+    c = lookup(fingerprint=FP, phase="decode", max_tokens=4096, **A)
+    assert "(measured 1..1024; clamped outside)" in c.reason
+
+
+def test_workload_mapping_json_and_csv_agree(fixture_dir, tmp_path):
+    hist = {1: 50, 8: 30, 64: 15, 1024: 5}
+    as_json = tmp_path / "w.json"
+    as_json.write_text(json.dumps({str(k): v for k, v in hist.items()}))
+    as_pairs = tmp_path / "pairs.json"
+    as_pairs.write_text(json.dumps([[k, v] for k, v in hist.items()]))
+    as_csv = tmp_path / "w.csv"
+    as_csv.write_text("# tokens per rank per step, steps seen\ntokens,steps\n" + "".join(f"{k},{v}\n" for k, v in hist.items()))
+    answers = [lookup(fingerprint=FP, workload=w, **B) for w in (hist, as_json, str(as_pairs), as_csv)]
+    assert {c.backend for c in answers} == {answers[0].backend}
+    assert all(dict(c.expected_us) == dict(answers[0].expected_us) for c in answers)
+    c = answers[0]
+    assert c.phase == "workload" and "workload of 4 token counts 1..1024 tokens/rank" in c.reason
+    # Expected time = weighted mean of the point estimates.
+    points = {t: lookup(fingerprint=FP, tokens=t, **B).expected_us for t in hist}
+    for b in c.expected_us:
+        assert c.expected_us[b] == pytest.approx(sum(hist[t] * points[t][b] for t in hist) / sum(hist.values()), abs=1e-3)
+
+
+def test_workload_file_is_reread_when_it_changes(fixture_dir, tmp_path):
+    w = tmp_path / "w.json"
+    w.write_text('{"1": 1}')
+    assert lookup(fingerprint=FP, workload=w, **B).backend == "allgather_reducescatter"
+    w.write_text('{"1024": 1}')
+    os.utime(w, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    assert lookup(fingerprint=FP, workload=w, **B).backend == "nccl_all2allv"
+
+
+BAD_WORKLOADS = {
+    "missing_file": (None, "cannot read"),
+    "truncated_json": ('{"1": 10, "8":', "invalid JSON at line 1"),
+    "garbled_bytes": (b"\xff\xfe\x00\x89PNG", "not UTF-8"),
+    "negative_weight": ('{"1": 10, "8": -2}', "weight must be a finite number >= 0, got -2"),
+    "nan_weight": ("1,10\n8,nan\n", "line 2: weight must be a finite number >= 0"),
+    "fractional_tokens": ("1.5,10\n", "line 1: tokens must be an integer >= 0, got 1.5"),
+    "three_columns": ("tokens,weight\n1,2,3\n", "line 2: expected 2 columns"),
+    "all_zero": ('{"1": 0, "8": 0}', "every weight is 0"),
+    "empty": ("", "empty workload"),
+    "not_pairs": ("[1, 2, 3]", "[0]: expected a [tokens, weight] pair"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_WORKLOADS))
+def test_bad_workload_falls_back_with_exactly_one_warning(case, fixture_dir, tmp_path, caplog):
+    content, problem = BAD_WORKLOADS[case]
+    w = tmp_path / "workload.csv"
+    if isinstance(content, bytes):
+        w.write_bytes(content)
+    elif content is not None:
+        w.write_text(content)
+    for _ in range(3):
+        c = lookup(fingerprint=FP, workload=w, **A)
+        assert (c.backend, c.match, c.phase) == (FALLBACK_BACKEND, "fallback", "workload")
+    (rec,) = warnings_of(caplog)
+    msg = rec.getMessage()
+    assert str(w) in msg and problem in msg and FALLBACK_BACKEND in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "kwargs, problem",
+    [
+        ({}, "give exactly one of tokens=, phase= (with max_tokens=) or workload= (got none)"),
+        ({"tokens": 8, "phase": "decode", "max_tokens": 8}, "(got tokens, phase)"),
+        ({"phase": "decode"}, "phase='decode' needs max_tokens= (max batch per rank)"),
+        ({"phase": "prefill", "max_tokens": 0}, "invalid lookup argument max_tokens=0"),
+        ({"phase": "mixed", "max_tokens": 8}, "invalid lookup argument phase='mixed'"),
+        ({"tokens": 8, "max_tokens": 8}, "max_tokens= goes with phase="),
+        ({"workload": {1: 1}, "max_tokens": 8}, "max_tokens= goes with phase="),
+        ({"workload": 12}, "invalid lookup argument workload=12"),
+        ({"workload": {"x": 1}}, "tokens must be an integer >= 0, got 'x'"),
+    ],
+)
+def test_bad_request_never_raises(kwargs, problem, fixture_dir, caplog):
+    c = lookup(fingerprint=FP, **A, **kwargs)
+    assert (c.backend, c.match) == (FALLBACK_BACKEND, "fallback")
+    (rec,) = warnings_of(caplog)
+    assert problem in rec.getMessage()
+
+
+def test_quiet_lookup_returns_the_reason_without_logging(caplog):
+    c = lookup(fingerprint="no.such.machine", tokens=8, quiet=True, **A)
+    assert c.match == "fallback" and "no profile for fingerprint 'no.such.machine'" in c.reason
+    assert warnings_of(caplog) == []
+
+
+def test_warm_phase_and_workload_lookups_are_fast(fixture_dir, tmp_path):
+    w = tmp_path / "w.csv"
+    w.write_text("1,5\n16,3\n256,1\n")
+    for kwargs in ({"phase": "decode", "max_tokens": 256}, {"workload": w}):
+        lookup(fingerprint=FP, **A, **kwargs)
+        n, best = 2000, float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                lookup(fingerprint=FP, **A, **kwargs)
+            best = min(best, (time.perf_counter() - t0) / n)
+        assert best < 50e-6, f"{kwargs}: warm lookup took {best * 1e6:.1f} us"
+
+
+# --------------------------------------------------------- hardware fallback levels
+
+
+def _as_machine(tmp_path, fingerprint: str) -> Path:
+    data = fixture_data()
+    data["hardware"]["fingerprint"] = fingerprint
+    return write(tmp_path, data, f"{fingerprint}.json")
+
+
+def test_same_gpus_and_nvlink_domain_on_more_nodes_borrow_the_table(tmp_path, monkeypatch, caplog):
+    _as_machine(tmp_path, "h200.nvl18x2.node1")
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
+    exact = lookup(fingerprint="h200.nvl18x2.node1", tokens=64, **A)
+    assert (exact.hardware_match, exact.match, exact.backend) == ("exact", "exact", "nvlink_one_sided")
+
+    borrowed = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
+    assert (borrowed.hardware_match, borrowed.match, borrowed.backend) == ("same-gpu-domain", "exact", "nvlink_one_sided")
+    assert borrowed.profile_fingerprint == "h200.nvl18x2.node1"
+    assert "(measured on h200.nvl18x2.node1: same GPUs and NVLink domain as h200.nvl18x2.nodes2)" in borrowed.reason
+    # EP across the two nodes: the one-node table has no such entry -> engine default.
+    wide = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **{**A, "ep_size": 4})
+    assert (wide.match, wide.hardware_match) == ("fallback", "same-gpu-domain")
+    assert warnings_of(caplog)[0].getMessage().count("no entry for ep_size=4") == 1
+
+
+@pytest.mark.parametrize(
+    "machine",
+    [
+        "h200.nvl18x2-degraded.nodes2",  # a dead link never borrows a healthy table
+        "h200.nvl18x4.node1",  # another NVLink domain size
+        "h200.nvl12x2.node1",  # other links per GPU
+        "h100-sxm.nvl18x2.node1",  # another GPU model
+        "cpu-x86_64.nodes2",  # no NVLink domain at all
+    ],
+)
+def test_other_hardware_falls_back_to_the_engine_default(machine, tmp_path, monkeypatch, caplog):
+    _as_machine(tmp_path, "h200.nvl18x2.node1")
+    _as_machine(tmp_path, "cpu-x86_64.node1")
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
+    c = lookup(fingerprint=machine, tokens=64, **A)
+    assert (c.backend, c.match, c.hardware_match) == (FALLBACK_BACKEND, "fallback", "engine-default")
+    (rec,) = warnings_of(caplog)
+    assert f"no profile for fingerprint {machine!r}" in rec.getMessage()
+
+
+def test_same_domain_prefers_closest_node_count_and_search_order(tmp_path, monkeypatch):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    _as_machine(second, "h200.nvl18x2.nodes4")
+    _as_machine(first, "h200.nvl18x2.node1")
+    _as_machine(first, "h200.nvl18x2.nodes8")
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", os.pathsep.join([str(first), str(second)]))
+    c = lookup(fingerprint="h200.nvl18x2.nodes4", tokens=64, **A)
+    assert (c.hardware_match, c.source) == ("exact", str(second / "h200.nvl18x2.nodes4.json"))
+    c = lookup(fingerprint="h200.nvl18x2.nodes6", tokens=64, **A)
+    # The first directory with a candidate wins; in it the closest node count (8 vs 1).
+    assert (c.hardware_match, c.source) == ("same-gpu-domain", str(first / "h200.nvl18x2.nodes8.json"))
+    # A new table in a searched directory is seen (directories are re-listed when they change).
+    _as_machine(first, "h200.nvl18x2.nodes6")
+    os.utime(first, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    assert lookup(fingerprint="h200.nvl18x2.nodes6", tokens=64, **A).hardware_match == "exact"
+
+
+def test_explicit_profile_of_the_same_domain_is_accepted_and_named(tmp_path):
+    p = _as_machine(tmp_path, "h200.nvl18x2.node1")
+    c = lookup(profile=p, fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
+    assert (c.hardware_match, c.backend) == ("same-gpu-domain", "nvlink_one_sided")
+    assert lookup(profile=p, tokens=64, **A).hardware_match == "unchecked"
+
+
+def test_fingerprints_with_plus_are_valid_keys():
+    # The probe joins GPU models / island shapes with '+': such machines must have tables too.
+    assert profile_filename("h100-sxm+l40s.nvl18x4+pciex2.node1") == "h100-sxm+l40s.nvl18x4+pciex2.node1.json"
+    from a2a_tune.tuner.fingerprint import domain_key
+
+    assert domain_key("h100-sxm+l40s.nvl18x4+pciex2.node1") == ("h100-sxm+l40s", "nvl18x4+pciex2")
+    assert domain_key("l40s.pciex4.node1") is None  # no NVLink domain
+    assert domain_key("cpu-x86_64.node1") is None
+    assert domain_key("gb200.mnnvl18x16.nodes4") == ("gb200", "mnnvl18x16")
+
+
+def test_a_file_named_for_this_machine_with_a_sibling_table_inside_is_refused(tmp_path, monkeypatch, caplog):
+    # h200.nvl18x2.nodes2.json holding the node1 table: a mislabelled file, not a borrowed table.
+    data = fixture_data()
+    data["hardware"]["fingerprint"] = "h200.nvl18x2.node1"
+    write(tmp_path, data, "h200.nvl18x2.nodes2.json")
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
+    c = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
+    assert c.match == "fallback" and "profile is for 'h200.nvl18x2.node1', this machine is 'h200.nvl18x2.nodes2'" in c.reason
+
+
+def test_engine_literal_table():
+    from a2a_tune.tuner import engines
+
+    assert engines.accepts("vllm", "allgather_reducescatter") and engines.accepts("vllm", "flashinfer_nvlink_one_sided")
+    for bogus in ("pplx", "naive", "flashinfer_all2allv", None, "", "deepep"):
+        assert not engines.accepts("vllm", bogus)
+    assert engines.accepts("sglang", "deepep") and not engines.accepts("sglang", "deepep_low_latency")
+    assert engines.engine_flag("vllm", "pplx") == "--all2all-backend allgather_reducescatter"
+    assert engines.engine_flag("sglang", None) == "--moe-a2a-backend none"
+    assert engines.env_lines("x y", None, "deepep", "exact")[0] == "export A2A_TUNE_BACKEND='x y'"
+
+
+def test_loading_restores_the_garbage_collector(tmp_path):
+    import gc
+
+    assert gc.isenabled()
+    load_profile(FIXTURE)
+    with pytest.raises(ProfileError):
+        load_profile(write(tmp_path, "{not json"))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        clear_cache()
+        load_profile(FIXTURE)
+        assert not gc.isenabled()  # an engine that runs without the GC keeps it off
+    finally:
+        gc.enable()

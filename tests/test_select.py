@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from a2a_tune.tuner.lookup import ProfileError, load_profile, lookup, profile_filename
-from a2a_tune.tuner.select import build_profile, profile_from_store, validate_profile, write_profile
+from a2a_tune.tuner.select import build_profile, profile_from_store, upgrade_profile, validate_profile, write_profile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 FIXTURE_FP = "test.fixture.node1"
@@ -64,14 +64,20 @@ RUN = {
 }
 
 
-def measurements_from(curves=CURVES, timing="eager"):
+# nvlink_one_sided is CUDA-graph capturable: the sweep times it under graph replay, the others
+# eagerly -- one table, two timing modes (schema 2 records the mode per backend per entry).
+TIMINGS = {"nvlink_one_sided": "graph"}
+
+
+def measurements_from(curves=CURVES, timing=None):
     out = []
     for shape, tokens, per_backend in curves.values():
         for backend, values in per_backend.items():
             for t, v in zip(tokens, values):
                 if v is not None:
-                    out.append(dict(shape, backend=backend, tokens_per_rank=t, timing=timing,
-                                    median_us=float(v), p10_us=v * 0.95, p90_us=v * 1.1, n=50))
+                    mode = timing or TIMINGS.get(backend, "eager")
+                    out.append(dict(shape, backend=backend, tokens_per_rank=t, timing=mode,
+                                    median_us=float(v), p10_us=v * 0.98, p90_us=v * 1.03, n=50))
     return out
 
 
@@ -107,17 +113,70 @@ def test_winners_follow_the_crossover_with_margins():
         [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES,
     )
     (e,) = p["entries"]
+    assert p["schema"] == 2
     assert e["tokens"] == [1, 8, 64]
-    assert [(w["tokens"], w["backend"], w["runner_up"]) for w in e["winners"]] == [
-        (1, "allgather_reducescatter", "nccl_all2allv"),
-        (8, "allgather_reducescatter", "nccl_all2allv"),
-        (64, "nccl_all2allv", "allgather_reducescatter"),
+    assert [(w["tokens"], w["backend"], w["fastest"], w["runner_up"], w["tie"]) for w in e["winners"]] == [
+        (1, "allgather_reducescatter", "allgather_reducescatter", "nccl_all2allv", False),
+        (8, "allgather_reducescatter", "allgather_reducescatter", "nccl_all2allv", False),
+        (64, "nccl_all2allv", "nccl_all2allv", "allgather_reducescatter", False),
     ]
-    assert [w["margin"] for w in e["winners"]] == [1.0, 0.1, 1.0]  # runner_up / winner - 1
+    assert [w["margin"] for w in e["winners"]] == [1.0, 0.1, 1.0]  # runner_up / fastest - 1
     assert [w["median_us"] for w in e["winners"]] == [10.0, 20.0, 40.0]
     assert e["failed"] == {}
-    assert p["run"]["timing"] == "eager"  # derived from the measurements
+    assert "timing" not in p["run"]  # per backend now
+    assert {b: c["timing"] for b, c in e["backends"].items()} == {"allgather_reducescatter": "eager", "nccl_all2allv": "eager"}
     validate_profile(p)
+
+
+def test_tie_goes_to_the_engine_default_then_registry_order(tmp_path):
+    """A runner-up inside the fastest's p10..p90 is a tie: the measurement cannot tell them
+    apart, so the tie preference (engine default first, then registry order) decides."""
+    curves = {"X": (SHAPE_B, [1, 8, 64], {
+        "nccl_all2allv": [10.0, 20.0, 40.0],            # fastest everywhere; p90 = 1.03 x median
+        "allgather_reducescatter": [10.2, 30.0, 41.0],  # within 3% at 1 and 64 tokens
+        "nvlink_one_sided": [10.1, 20.4, 80.0],         # within 3% at 1 and 8 tokens
+    })}
+    p = build_profile(measurements_from(curves, timing="eager"), [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
+    (e,) = p["entries"]
+    assert p["tie_preference"] == ["allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided"]
+    assert [(w["tokens"], w["backend"], w["fastest"], w["tie"]) for w in e["winners"]] == [
+        (1, "allgather_reducescatter", "nccl_all2allv", True),   # engine default wins the 3-way tie
+        (8, "nccl_all2allv", "nccl_all2allv", True),             # registered before nvlink_one_sided
+        (64, "allgather_reducescatter", "nccl_all2allv", True),
+    ]
+    w1 = e["winners"][0]
+    assert (w1["median_us"], w1["runner_up"], w1["margin"]) == (10.2, "nvlink_one_sided", 0.01)  # margin: vs fastest
+    # Lookup applies the same rule, so at a measured point it answers the table's winner.
+    out = write_profile(p, tmp_path)
+    for w in e["winners"]:
+        c = lookup(profile=out, tokens=w["tokens"], **SHAPE_B)
+        assert (c.backend, c.tie) == (w["backend"], w["tie"])
+    reason = lookup(profile=out, tokens=1, **SHAPE_B).reason
+    assert ("allgather_reducescatter 10.200 us (+2.0%), fastest nccl_all2allv 10.000 us; tie: nvlink_one_sided, "
+            "allgather_reducescatter within nccl_all2allv's p10..p90, preferring allgather_reducescatter") in reason
+
+
+def test_timing_mode_is_per_backend_and_one_per_curve():
+    # nvlink_one_sided is graph-timed, the rest eager: one table, mixed modes.
+    p = fixture_profile()
+    a = entry(p, hidden=7168)
+    assert {b: c["timing"] for b, c in a["backends"].items()} == {
+        "allgather_reducescatter": "eager", "flashinfer_nvlink_one_sided": "eager",
+        "nccl_all2allv": "eager", "nvlink_one_sided": "graph",
+    }
+    # A backend timed both ways keeps ONE mode per entry: the one covering more token counts
+    # (graph on a draw), never a patchwork curve.
+    both = measurements_from({"X": (SHAPE_B, [1, 8, 64], {"nccl_all2allv": [10, 20, 40]})}, timing="eager")
+    both += measurements_from({"X": (SHAPE_B, [1, 8], {"nccl_all2allv": [5, 6]})}, timing="graph")
+    (e,) = build_profile(both, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
+    assert e["backends"]["nccl_all2allv"]["timing"] == "eager"
+    assert e["backends"]["nccl_all2allv"]["median_us"] == [10.0, 20.0, 40.0]
+    both += measurements_from({"X": (SHAPE_B, [64], {"nccl_all2allv": [7]})}, timing="cuda_graph")  # a synonym
+    (e,) = build_profile(both, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
+    assert e["backends"]["nccl_all2allv"]["timing"] == "graph"
+    assert e["backends"]["nccl_all2allv"]["median_us"] == [5.0, 6.0, 7.0]
+    with pytest.raises(ValueError, match="timing='host'"):
+        build_profile(measurements_from(timing="host"), [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
 
 
 def test_incorrect_backend_is_failed_for_the_whole_shape_and_never_wins():
@@ -166,14 +225,6 @@ def test_duplicate_point_keeps_lower_median_and_accepts_objects():
     assert p["entries"][0]["backends"]["nccl_all2allv"]["median_us"] == [25.0]
 
 
-def test_timing_modes_must_not_mix():
-    ms = measurements_from() + measurements_from({"X": (SHAPE_B, [2], {"nccl_all2allv": [30]})}, timing="cuda_graph")
-    with pytest.raises(ValueError, match="timing"):
-        build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
-    with pytest.raises(ValueError, match="timing"):
-        build_profile(ms, [], hardware=HARDWARE, run={**RUN, "timing": "eager"}, backend_names=BACKEND_NAMES)
-
-
 def test_no_measurements_gives_no_entries_and_is_not_writable(tmp_path):
     p = build_profile([], FAILURES, hardware=HARDWARE, run={**RUN, "timing": "eager"}, backend_names=BACKEND_NAMES)
     assert p["entries"] == []
@@ -195,9 +246,41 @@ def test_checked_in_fixture_is_what_select_builds():
     assert on_disk == built
 
 
-@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.name)
-def test_every_fixture_profile_matches_the_schema(path):
-    validate_profile(json.loads(path.read_text()))
+@pytest.mark.parametrize("path", sorted(FIXTURES.rglob("*.json")), ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_every_fixture_profile_matches_its_schema(path):
+    validate_profile(json.loads(path.read_text()))  # schema-v1.json or schema-v2.json by its "schema"
+
+
+def test_packaged_profiles_match_their_schema():
+    import importlib.resources
+
+    packaged = Path(os.fspath(importlib.resources.files("a2a_tune.profiles")))
+    tables = [p for p in packaged.glob("*.json") if not p.name.startswith("schema-")]
+    assert tables
+    for p in tables:
+        validate_profile(json.loads(p.read_text()))
+
+
+def test_upgrade_schema1_to_schema2():
+    v1 = json.loads((FIXTURES / "schema1" / f"{FIXTURE_FP}.json").read_text())
+    assert v1["schema"] == 1 and v1["run"]["timing"] == "eager"
+    v2 = upgrade_profile(v1)
+    validate_profile(v2)
+    assert v1["schema"] == 1  # the input is not modified
+    assert v2["schema"] == 2 and "timing" not in v2["run"]
+    assert v2["tie_preference"][0] == "allgather_reducescatter"
+    a = entry(v2, hidden=7168)
+    assert {c["timing"] for c in a["backends"].values()} == {"eager"}
+    assert a["backends"]["nvlink_one_sided"]["median_us"] == [20.0, 21.0, 25.0, 50.0, 195.0, None]
+    # Its spreads were p10 = 0.95, p90 = 1.1 x median: at 256 tokens nvlink_one_sided (195) is
+    # inside nccl_all2allv's 190 [180.5, 209]: a tie, which the engine-default-first order
+    # leaves with nccl_all2allv (allgather_reducescatter is not inside the spread).
+    w256 = [w for w in a["winners"] if w["tokens"] == 256][0]
+    assert (w256["backend"], w256["fastest"], w256["tie"]) == ("nccl_all2allv", "nccl_all2allv", True)
+    assert a["failed"] == v1["entries"][1]["failed"]
+    assert upgrade_profile(v2) == v2  # schema 2: a copy
+    with pytest.raises(ProfileError, match="^schema: unsupported version 7"):
+        upgrade_profile({**v1, "schema": 7})
 
 
 # -------------------------------------------------------------------------- validate
@@ -206,7 +289,16 @@ def test_every_fixture_profile_matches_the_schema(path):
 @pytest.mark.parametrize(
     "mutate, where",
     [
-        (lambda p: p.__setitem__("schema", 2), "schema"),
+        (lambda p: p.__setitem__("schema", 3), "schema"),
+        (lambda p: p.__setitem__("schema", "2"), "schema"),
+        (lambda p: p["entries"][1]["backends"]["nvlink_one_sided"].__setitem__("timing", "cuda_graph"),
+         "entries[1].backends.nvlink_one_sided.timing"),
+        (lambda p: p["entries"][0]["winners"][0].__setitem__("tie", "no"), "entries[0].winners[0].tie"),
+        (lambda p: p["tie_preference"].append("mystery"), "tie_preference[5]"),
+        (lambda p: p.pop("tie_preference"), "top level"),
+        # p10 above the median (a broken spread) is caught by the reader's own checks:
+        (lambda p: p["entries"][0]["backends"]["nccl_all2allv"]["p10_us"].__setitem__(0, 45.0),
+         "entries[0].backends.nccl_all2allv.median_us[0]"),
         (lambda p: p["hardware"].__setitem__("fingerprint", "Bad/FP"), "hardware.fingerprint"),
         (lambda p: p["entries"][1]["backends"]["nccl_all2allv"]["median_us"].__setitem__(2, -1.0),
          "entries[1].backends.nccl_all2allv.median_us[2]"),
@@ -308,7 +400,8 @@ def test_profile_from_store_adapter():
     p = profile_from_store(store, 7, backend_names=BACKEND_NAMES)
     validate_profile(p)
     assert store.calls == [("measurements", 7)]
-    assert p["run"]["id"] == 7 and p["run"]["timing"] == "eager"
+    assert p["run"]["id"] == 7 and "timing" not in p["run"]
+    assert entry(p, hidden=7168)["backends"]["nvlink_one_sided"]["timing"] == "graph"
     assert p["run"]["started_at"] == "2026-11-30T14:00:00Z" and p["run"]["finished_at"] is None
     assert p["hardware"]["facts_hash"] == "f" * 16
     assert [e["hidden"] for e in p["entries"]] == [4096, 7168]

@@ -145,6 +145,8 @@ def _print_outcome(outcome, seconds: float) -> None:
     )
     for name, reason in outcome.unavailable.items():
         out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False)
+    for name, reason in outcome.infeasible.items():
+        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False)
 
 
 def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, db, resume, progress):
@@ -175,7 +177,7 @@ _world_opt = typer.Option(None, help="Ranks to spawn [default: every GPU; 2 on c
 _preset_opt = typer.Option([], "--preset", help="Model shape preset, repeatable [default: all]. See `a2a-tune presets`.")
 _config_opt = typer.Option([], "--model-config", help="Hugging Face config.json of an MoE model, repeatable.")
 _tokens_opt = typer.Option(None, help="Tokens per rank, comma-separated [default: 1..16384 powers of 2 on cuda; 1,4,16,64,256 on cpu].")
-_dtype_opt = typer.Option([], "--dtype", help="Payload dtype, repeatable: bf16, fp16, fp32 [default: bf16].")
+_dtype_opt = typer.Option([], "--dtype", help="Payload dtype, repeatable: bf16, fp16, fp32, fp8_e4m3 (block-FP8, quantized before dispatch) [default: bf16].")
 _routing_opt = typer.Option([], "--routing", help="Routing, repeatable: uniform, skewed, local [default: uniform].")
 _backend_opt = typer.Option([], "--backend", help="Backend to sweep, repeatable [default: every registered one].")
 _warmup_opt = typer.Option(None, help="Warm-up round trips per case [default: 10 cuda, 3 cpu].")
@@ -274,35 +276,258 @@ def lookup(
     hidden: int = typer.Option(..., help="Hidden size H of the token rows."),
     topk: int = typer.Option(..., help="Experts per token."),
     experts: int = typer.Option(..., help="Number of routed experts E."),
-    tokens: int = typer.Option(..., help="Tokens per rank per step."),
+    tokens: Optional[int] = typer.Option(None, help="Tokens per rank per step (one point). Or use --phase / --workload."),
+    phase: Optional[str] = typer.Option(
+        None, help="decode (with --max-batch) or prefill (with --max-tokens): the backend for an engine's whole life "
+        "in that phase, e.g. one engine each in disaggregated serving."),
+    max_batch: Optional[int] = typer.Option(
+        None, help="--phase decode: the engine's max batch per rank (vLLM max_num_seqs); tokens per rank are taken "
+        "log-uniform over 1..N."),
+    max_tokens: Optional[int] = typer.Option(
+        None, help="--phase prefill: tokens per rank per prefill step (vLLM max_num_batched_tokens, the chunk size)."),
+    workload: Optional[Path] = typer.Option(
+        None, help="Histogram of tokens per rank per step: JSON {\"tokens\": weight} or CSV lines tokens,weight."),
     dtype: str = typer.Option("bf16", help="Payload dtype."),
     routing: str = typer.Option("uniform", help="Routing the table was measured with."),
-    profile: Optional[Path] = typer.Option(None, help="Profile JSON [default: found by this machine's fingerprint]."),
-    fingerprint: Optional[str] = typer.Option(None, help="Hardware fingerprint [default: $A2A_TUNE_FINGERPRINT, else probed]."),
-    fmt: str = typer.Option("name", "--format", help="name | vllm | sglang | json"),
-) -> None:
-    """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter)."""
+    profile: Optional[Path] = typer.Option(None, help="Profile JSON \\[default: found by this machine's fingerprint]."),
+    fingerprint: Optional[str] = typer.Option(None, help="Hardware fingerprint \\[default: $A2A_TUNE_FINGERPRINT, else probed]."),
+    engine: Optional[str] = typer.Option(None, help="Only backends this engine (vllm, sglang) can be told \\[default: "
+                                                    "implied by --format vllm/sglang, else any]."),
+    fmt: str = typer.Option("name", "--format", help="name | vllm | sglang | env | json"),
+) -> None:  # fmt: skip
+    """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
+
+    A missing or broken table or workload file is not an error: it prints the engine default and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` always starts.
+    """
     import logging
 
+    from . import engines
     from .lookup import lookup as do_lookup
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
-    if fmt not in ("name", "vllm", "sglang", "json"):
-        raise _fail(f"--format must be name, vllm, sglang or json, got {fmt!r}", 2)
-    choice = do_lookup(
-        ep_size=ep_size, hidden=hidden, topk=topk, num_experts=experts, tokens=tokens, dtype=dtype, routing=routing,
-        fingerprint=fingerprint, profile=profile, engine=fmt if fmt in ("vllm", "sglang") else None,
-    )  # fmt: skip
+    if fmt not in ("name", "vllm", "sglang", "env", "json"):
+        raise _fail(f"--format must be name, vllm, sglang, env or json, got {fmt!r}", 2)
+    if engine is not None and engine not in engines.ENGINES:
+        raise _fail(f"--engine must be {' or '.join(engines.ENGINES)}, got {engine!r}", 2)
+    given = [name for name, v in (("--tokens", tokens), ("--phase", phase), ("--workload", workload)) if v is not None]
+    if len(given) != 1:
+        raise _fail(f"give exactly one of --tokens, --phase or --workload (got {', '.join(given) or 'none'})", 2)
+    if phase is not None and phase not in ("decode", "prefill"):
+        raise _fail(f"--phase must be decode or prefill, got {phase!r}", 2)
+    size_opt = {"decode": "--max-batch", "prefill": "--max-tokens"}.get(phase or "")
+    for opt, value in (("--max-batch", max_batch), ("--max-tokens", max_tokens)):
+        if value is not None and opt != size_opt:
+            raise _fail(f"{opt} goes with --phase {'decode' if opt == '--max-batch' else 'prefill'}", 2)
+    size = max_batch if phase == "decode" else max_tokens
+    if phase is not None and size is None:
+        raise _fail(f"--phase {phase} needs {size_opt} N", 2)
+    for opt, value in (("--tokens", tokens), (size_opt, size)):
+        if value is not None and value < (0 if opt == "--tokens" else 1):
+            raise _fail(f"{opt} must be {'>= 0' if opt == '--tokens' else '>= 1'}, got {value}", 2)
+
+    def ask(for_engine, quiet=False):
+        return do_lookup(
+            ep_size=ep_size, hidden=hidden, topk=topk, num_experts=experts, tokens=tokens, phase=phase,
+            max_tokens=size, workload=workload, dtype=dtype, routing=routing, fingerprint=fingerprint,
+            profile=profile, engine=for_engine, quiet=quiet,
+        )  # fmt: skip
+
+    choice = ask(fmt if fmt in engines.ENGINES else engine)
     if fmt == "json":
         print(json.dumps(choice.to_dict(), indent=2))
-    elif fmt == "vllm":
-        print(f"--all2all-backend {choice.vllm_name or 'allgather_reducescatter'}")
-    elif fmt == "sglang":
-        print(f"--moe-a2a-backend {choice.sglang_name or 'none'}")
+    elif fmt in engines.ENGINES:
+        name = choice.vllm_name if fmt == "vllm" else choice.sglang_name
+        print(engines.engine_flag(fmt, name if choice.match != "fallback" else None))
+    elif fmt == "env":
+        # Each engine gets the fastest backend it can be told (asked separately; an engine
+        # that can be told none of the table's backends keeps its default: not worth a warning).
+        vllm, sglang = ask("vllm", quiet=True), ask("sglang", quiet=True)
+        for line in engines.env_lines(
+            choice.backend,
+            vllm.vllm_name if vllm.match != "fallback" else None,
+            sglang.sglang_name if sglang.match != "fallback" else None,
+            choice.match,
+        ):  # fmt: skip
+            print(line)
     else:
         print(choice.backend)
     if choice.match != "fallback":  # a fallback already warned once with the reason
         err.print(f"{choice.match}: {choice.reason}", style="dim", highlight=False, markup=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------------------ ops views
+# show / diff / plot / report: read-only views of a table (profile JSON) or of a sweep run
+# in a database (tuner/views.py, plot.py, report.py). They never create or change a store.
+# Help texts avoid bare square brackets: the rich help renderer takes "[...]" for markup.
+
+_profile_in_opt = typer.Option(None, "--profile", help="A profile JSON (selection table) to read.")
+_db_in_opt = typer.Option(
+    None, "--db", help="Read a sweep run from this database instead: SQLAlchemy URL or SQLite file path "
+    "(env A2A_TUNE_DB; default sqlite:///a2a_tune.db). Never created or changed here.",
+)  # fmt: skip
+_run_in_opt = typer.Option(None, "--run", help="Run id in --db (default: the latest completed run).")
+_link_opt = typer.Option(
+    None, "--link-gbs", min=0.001,
+    help="GB/s one rank can send to the others (all its links together), for the copy-bound line "
+    "(default: NVLink links x per-link speed from the probe facts; no line when unknown).",
+)  # fmt: skip
+
+
+def _help(*paragraphs: str) -> str:
+    """A command's --help: paragraphs separated by blank lines (the renderer keeps single
+    line breaks inside later paragraphs, so each paragraph is one string)."""
+    return "\n\n".join(paragraphs)
+
+
+def _view_fail(exc: Exception) -> "typer.Exit":
+    """Exit 2 with the one-line message; escaped, since paths and reasons may hold "[...]"."""
+    from rich.markup import escape
+
+    return _fail(escape(str(exc)), 2)
+
+
+def _load_view(profile: Optional[Path], db: Optional[str], run_id: Optional[int]):
+    from .views import ViewError, load_view
+
+    try:
+        return load_view(profile=profile, db=db, run=run_id)
+    except ViewError as exc:
+        raise _view_fail(exc) from None
+
+
+@app.command(
+    help=_help(
+        "Winners per shape and token range, margins, failures with reasons, and where the numbers come from.",
+        "Reads a profile (--profile FILE) or a run in a database (--db URL, --run ID). Consecutive token counts "
+        "with the same winner are shown as one range, e.g. '1–64: allgather_reducescatter, margin 12–80%'. "
+        "A '*' on a margin marks a tie: the runner-up's median lies inside the fastest's p10–p90 spread there.",
+        "Exit code 2 when the input cannot be read (missing file, not JSON, not a database, no such run).",
+    )
+)
+def show(
+    profile: Optional[Path] = _profile_in_opt, db: Optional[str] = _db_in_opt, run: Optional[int] = _run_in_opt,
+    as_json: bool = typer.Option(False, "--json", help="Print the same content as JSON."),
+) -> None:  # fmt: skip
+    from .views import render_show, show_data
+
+    view = _load_view(profile, db, run)
+    if as_json:
+        print(json.dumps(show_data(view), indent=2, default=str))
+    else:
+        render_show(view, out)
+
+
+@app.command(
+    help=_help(
+        "Compare A (baseline) with B (candidate): where the winner changed and which backends got slower beyond noise.",
+        "Inputs: two profiles (diff old.json new.json), two SQLite databases (their latest completed runs), "
+        "two runs of one database (diff --db URL --run 3 --run 5), or a run and a profile "
+        "(diff --db URL --run 3 new.json).",
+        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90; the ratio of the "
+        "medians is reported. A backend that ran cleanly in A and fails in B counts as a regression. A winner "
+        "change is 'within noise' when B's spreads of the old and the new winner overlap; those never fail "
+        "the command.",
+        "Exit code: 0 when nothing that --fail-on names happened; 1 on regressions (and on clear winner changes "
+        "with --fail-on winner-change); 2 on bad input. In a cluster's CI: "
+        "a2a-tune diff last-month.json this-month.json --fail-on regressions",
+    )
+)
+def diff(
+    sources: List[str] = typer.Argument(None, metavar="A B", show_default=False,
+        help="Profile JSON files or SQLite database files (a database: its latest completed run)."),
+    db: Optional[str] = typer.Option(None, "--db", help="Database for --run: SQLAlchemy URL or SQLite file path (env A2A_TUNE_DB)."),
+    runs: List[int] = typer.Option([], "--run", help="Run id in --db, repeatable: --run 3 --run 5 (the first is A)."),
+    fail_on: List[str] = typer.Option(["regressions"], "--fail-on",
+        help="What makes the exit code 1, repeatable: regressions | winner-change | none."),
+    tolerance: float = typer.Option(0.0, "--tolerance", min=0.0,
+        help="A slowdown must also exceed this fraction of A's median (0.05 = 5%) to count."),
+    as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
+) -> None:  # fmt: skip
+    from .views import ViewError, diff_views, load_run_view, load_source, render_diff
+
+    modes = set(fail_on) or {"regressions"}
+    bad = modes - {"regressions", "winner-change", "none"}
+    if bad:
+        raise _fail(f"--fail-on must be regressions, winner-change or none, got {', '.join(sorted(bad))}", 2)
+    if "none" in modes:
+        modes = set()
+    sources = list(sources or [])
+    if runs and db is None and not os.environ.get("A2A_TUNE_DB"):
+        raise _fail("--run needs --db URL (or $A2A_TUNE_DB)", 2)
+    if len(runs) + len(sources) != 2:
+        raise _fail(
+            f"diff needs exactly two inputs (A and B), got {len(runs) + len(sources)}: "
+            "two files, --db URL --run A --run B, or --db URL --run A FILE", 2,
+        )  # fmt: skip
+    try:
+        views = [load_run_view(db, r) for r in runs] + [load_source(s) for s in sources]
+    except ViewError as exc:
+        raise _view_fail(exc) from None
+    a, b = views
+    for name, v in (("A", a), ("B", b)):
+        if not v.shapes:
+            raise _view_fail(ViewError(f"{name} ({v.label}) has no shapes with measurements to compare"))
+    res = diff_views(a, b, tolerance=tolerance)
+    if as_json:
+        data = res.to_dict()
+        data["failing"] = res.failing(modes)
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        render_diff(res, out, fail_on=modes)
+    if res.failing(modes):  # the last line of the report already says FAIL and why
+        raise typer.Exit(1)
+
+
+@app.command(
+    help=_help(
+        "One PNG per shape: latency vs tokens per rank, one line per backend (median, with its p10–p90 band).",
+        "Log-log axes; the winner per token bucket shaded along the x axis (hatched where it is a tie); the "
+        "physical limit as a dashed line when the link bandwidth is known: the bytes each rank sends in "
+        "dispatch + combine over --link-gbs or the NVLink bandwidth in the probe facts. Each figure states "
+        "what the line assumes.",
+        "Files: OUT/<fingerprint>.<shape>.png, one path printed per line. Needs matplotlib "
+        "(pip install 'a2a-tune\\[plot]').",
+    )
+)
+def plot(
+    profile: Optional[Path] = _profile_in_opt, db: Optional[str] = _db_in_opt, run: Optional[int] = _run_in_opt,
+    out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
+    link_gbs: Optional[float] = _link_opt,
+) -> None:  # fmt: skip
+    from .plot import plot_view
+    from .views import ViewError
+
+    view = _load_view(profile, db, run)
+    try:
+        paths = plot_view(view, out_dir, link_gbs=link_gbs)
+    except ViewError as exc:
+        raise _view_fail(exc) from None
+    for p in paths:
+        out.print(str(p), highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command(
+    help=_help(
+        "One self-contained HTML file for review: probe facts, run provenance, winners, failures, plots.",
+        "Plots are embedded as PNG (base64) and the CSS is inline; the file loads nothing from elsewhere, so it "
+        "can be attached to a ticket or mailed as is. Needs matplotlib for the plots.",
+    )
+)
+def report(
+    profile: Optional[Path] = _profile_in_opt, db: Optional[str] = _db_in_opt, run: Optional[int] = _run_in_opt,
+    out_file: Optional[Path] = typer.Option(None, "--out", help="HTML file to write (default: a2a-tune-report.<fingerprint>.html in the current directory)."),
+    link_gbs: Optional[float] = _link_opt,
+) -> None:  # fmt: skip
+    from .report import write_report
+    from .views import ViewError
+
+    view = _load_view(profile, db, run)
+    path = out_file or Path(f"a2a-tune-report.{view.fingerprint or 'unknown'}.html")
+    try:
+        write_report(view, path, link_gbs=link_gbs)
+    except ViewError as exc:
+        raise _view_fail(exc) from None
+    out.print(f"wrote {path} ({len(view.shapes)} shape(s))", highlight=False, markup=False, soft_wrap=True)
 
 
 # ------------------------------------------------------------------------------- listings

@@ -1,69 +1,102 @@
 """Runtime lookup: which all2all backend should this engine use on this machine?
 
 Called by serving engines at start-up (directly, through the ``a2a-tune lookup`` CLI,
-or through the vLLM plugin). Three promises shape this module:
+or through the vLLM plugin :mod:`a2a_tune.tuner.vllm_plugin`). Three promises shape
+this module:
 
 * **Standard library only.** Importing it must not pull in torch, SQLAlchemy, pynvml,
   jsonschema, rich or ``a2a_tune.kernels``; the import takes a few milliseconds and a
   warm :func:`lookup` a few microseconds (profiles are cached by path + mtime, and
-  answers are cached per profile).
+  answers are cached per profile). ``bench/startup.py`` measures both.
 * **Never raises.** Any problem -- no profile, unreadable file, truncated or garbled
   JSON, another schema version, a field of the wrong type, a NaN / negative / missing
   timing, an empty table, a table for other hardware, a shape the table does not
-  cover -- yields the documented fallback :data:`FALLBACK_BACKEND`
+  cover, a bad workload file -- yields the documented fallback :data:`FALLBACK_BACKEND`
   (``allgather_reducescatter``, vLLM's own default) and ONE warning on the
   ``"a2a_tune"`` logger: a single line naming the file and the problem. The same
-  problem is not reported twice in one process.
+  problem is not reported twice in one process (``quiet=True``: no warning at all; the
+  caller reports ``Choice.reason`` itself).
 * **One key function.** :func:`profile_filename` names the file for both the writer
   (``a2a_tune.tuner.select``) and this reader.
 
-Search order for ``<fingerprint>.json`` (first file found is used; a broken file is
-reported, not skipped, so an override never hides silently behind the packaged one)::
+The table format (schemas 1 and 2) is :mod:`a2a_tune.tuner.table`; interpolation,
+expectations over a phase or workload and the tie rule are :mod:`a2a_tune.tuner.estimate`;
+the literals each engine accepts are :mod:`a2a_tune.tuner.engines`.
+
+**Which table.** Search order for ``<fingerprint>.json`` (first file found is used; a
+broken file is reported, not skipped, so an override never hides silently behind the
+packaged one)::
 
     $A2A_TUNE_PROFILE_DIR   (several directories allowed, separated by os.pathsep)
+    ~/.local/share/a2a-tune/profiles   (where `a2a-tune run` writes; $XDG_DATA_HOME)
     packaged a2a_tune/profiles/
 
-Lookup rule, for a request (ep_size, hidden, topk, num_experts, dtype, routing, tokens):
-
-1. **Shape.** An entry with exactly this shape is used ("exact"). Otherwise only
-   entries with the same ``ep_size`` and ``dtype`` are candidates (no candidate ->
-   fallback) and the nearest one by::
-
-       distance = |log2(hidden/hidden')| + |log2(topk/topk')|
-                + |log2(num_experts/num_experts')| + (0.5 if routing differs)
-
-   is used ("nearest-shape"); ties go to the larger hidden, then the larger
-   num_experts, then the larger topk, then the earlier entry.
-2. **Tokens** (per rank). Each backend's measured median curve is interpolated
-   piecewise-linearly in log(tokens)-log(µs) between the two measured token counts
-   that bracket the request; below the first / above the last token count of the
-   entry the end value is used (clamped). A backend competes only where the
-   point(s) it needs were measured for it: both bracketing points, the point itself
-   when the request is on the grid, the end point when clamped -- so beyond its last
-   measured point it does not compete. Backends listed in the entry's ``failed``
-   (e.g. failed the correctness check) never compete.
-3. The smallest predicted time wins (ties: backend name). Engine literals
-   (``vllm_name`` / ``sglang_name``) come from the profile's top-level ``backends``
-   section, not from code. With ``engine="vllm"`` / ``"sglang"`` only backends that
-   engine has a literal for compete.
-
 Fingerprint: ``lookup(fingerprint=...)``, else ``$A2A_TUNE_FINGERPRINT``, else the
-topology probe (``a2a_tune.tuner.probe``, imported lazily; it imports pynvml). Engines
-that want a torch/pynvml-free start-up pass the fingerprint or set the variable.
+topology probe (``a2a_tune.tuner.probe``, imported lazily; it reads NVML in a child
+process). Without ``<fingerprint>.json`` anywhere, a table of the same GPU models and
+NVLink islands that differs only in the node count is used (``h200.nvl18x2.*``, level
+``same-gpu-domain``, see :mod:`a2a_tune.tuner.fingerprint`); else the engine default.
+``Choice.hardware_match`` says which level answered.
+
+**Which shape.** An entry with exactly the requested shape is used ("exact"). Otherwise
+only entries with the same ``ep_size`` and ``dtype`` are candidates (none -> fallback) and
+the nearest by::
+
+    distance = |log2(hidden/hidden')| + |log2(topk/topk')|
+             + |log2(num_experts/num_experts')| + (0.5 if routing differs)
+
+is used ("nearest-shape"); ties go to the larger hidden, then the larger num_experts,
+then the larger topk, then the earlier entry.
+
+**Which token counts** -- give exactly one of:
+
+* ``tokens=T``: tokens per rank per step (a single point);
+* ``phase="decode", max_tokens=B``: B = the engine's max batch per rank (vLLM
+  ``max_num_seqs``); tokens per rank log-uniform over 1..B;
+* ``phase="prefill", max_tokens=C``: C = tokens per rank per prefill step (vLLM
+  ``max_num_batched_tokens``, the chunked-prefill size); the point C;
+* ``workload=FILE`` (JSON or CSV histogram, :mod:`a2a_tune.tuner.workload`) or a
+  ``{tokens: weight}`` mapping.
+
+Each backend's expected time over that is compared (see :mod:`a2a_tune.tuner.estimate`
+for interpolation, clamping and which backends compete); backends in the entry's
+``failed`` never compete; with ``engine="vllm"`` / ``"sglang"`` only backends whose
+literal that engine accepts compete, so a faster backend the engine cannot express does
+not push the answer to the fallback. The fastest wins unless the tie rule prefers
+another inside its p10..p90 spread. ``Choice.alternatives`` gives every other competing
+backend's regret (expected time / best expected time - 1).
+
+Disaggregated serving: a prefill engine asks ``phase="prefill"``, a decode engine
+``phase="decode"``; where the curves cross they get different backends.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
 import math
-import operator
 import os
-import re
-from collections import namedtuple
-from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
+
+from a2a_tune.tuner import engines
+from a2a_tune.tuner.estimate import decide, expected, where_text
+from a2a_tune.tuner.fingerprint import (
+    HW_DEFAULT,
+    HW_EXACT,
+    HW_SAME_DOMAIN,
+    domain_key,
+    node_count,
+    normalize_fingerprint,
+)
+from a2a_tune.tuner.table import (
+    FALLBACK_BACKEND,
+    SCHEMA_VERSION,
+    Profile,
+    ProfileEntry,
+    ProfileError,
+    Shape,
+    describe_shape,
+    parse_profile,
+)
 
 # logging and pathlib are imported where used: together they are about half of this
 # module's import time in a fresh interpreter, and the happy path needs neither.
@@ -73,6 +106,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "PROFILE_DIR_ENV",
     "FINGERPRINT_ENV",
+    "PHASES",
     "Choice",
     "Profile",
     "ProfileEntry",
@@ -87,124 +121,80 @@ __all__ = [
     "profile_filename",
     "profile_search_paths",
     "shape_distance",
+    "user_profile_dir",
 ]
 
-#: vLLM's own default (``--all2all-backend``); used whenever the table cannot answer.
-FALLBACK_BACKEND = "allgather_reducescatter"
-#: The only profile schema version this reader understands.
-SCHEMA_VERSION = 1
 PROFILE_DIR_ENV = "A2A_TUNE_PROFILE_DIR"
 FINGERPRINT_ENV = "A2A_TUNE_FINGERPRINT"
-
-# Lowercase letters, digits, '.', '_', '-'; must start with a letter or digit so a
-# fingerprint can never name a hidden file, '.' or '..'.
-_FINGERPRINT_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,199}\Z")
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be used. ``str()`` is one line: ``[file: ][field: ]problem``."""
-
-    def __init__(self, problem: str, *, field: str | None = None, path: str | None = None):
-        self.problem = " ".join(str(problem).split())  # force one line
-        self.field = field
-        self.path = path
-        super().__init__(self.problem)
-
-    def __str__(self) -> str:
-        parts = [p for p in (self.path, self.field) if p]
-        return ": ".join(parts + [self.problem])
+PHASES = ("decode", "prefill")
+#: hardware_match of an explicit ``profile=`` without ``fingerprint=``: nothing to compare.
+HW_UNCHECKED = "unchecked"
 
 
-#: Model shape of one table entry (everything but the token count).
-Shape = namedtuple("Shape", "ep_size hidden topk num_experts dtype routing")
-
-
-def _describe_shape(s: Shape) -> str:
-    return (
-        f"ep_size={s.ep_size} hidden={s.hidden} topk={s.topk} "
-        f"num_experts={s.num_experts} dtype={s.dtype} routing={s.routing}"
-    )
-
-
-@dataclass(frozen=True)
-class ProfileEntry:
-    """One validated table entry: a shape and each backend's median curve over tokens."""
-
-    shape: Shape
-    source: str  # "measured" or "predicted"
-    tokens: tuple  # ascending token counts per rank
-    median_us: MappingProxyType  # backend -> tuple[float | None, ...] aligned with tokens
-    failed: MappingProxyType  # backend -> one-line reason; never selected
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A validated profile: only what lookup needs (see ``load_profile``)."""
-
-    path: str | None
-    fingerprint: str
-    backends: MappingProxyType  # backend -> (vllm_name, sglang_name)
-    entries: tuple  # tuple[ProfileEntry, ...]
-    by_shape: MappingProxyType = field(repr=False, compare=False)  # Shape -> ProfileEntry
-
-
-@dataclass(frozen=True)
 class Choice:
-    """The answer of :func:`lookup`.
+    """The answer of :func:`lookup`; read-only (answers are cached and shared).
 
-    ``match`` is ``"exact"``, ``"nearest-shape"`` or ``"fallback"``; ``reason`` is one
-    line saying which profile, shape and token rule produced it (or what went wrong);
-    ``source`` the profile path or None; ``expected_us`` each competing backend's
-    predicted median µs at the requested token count (empty on fallback);
-    ``entry_shape`` the table shape that was used, or None.
+    ``backend``: our name; ``vllm_name`` / ``sglang_name``: the engines' literals for it
+    (from the profile) or None; ``match``: ``"exact"``, ``"nearest-shape"`` or
+    ``"fallback"`` (the shape rule, or no answer); ``hardware_match``: ``"exact"``,
+    ``"same-gpu-domain"``, ``"engine-default"`` (no table) or ``"unchecked"``
+    (``profile=`` given without ``fingerprint=``); ``reason``: one line saying which
+    profile, shape and token rule produced it (or what went wrong); ``source``: the
+    profile path or None; ``profile_fingerprint``: the fingerprint of the table used;
+    ``phase``: ``"tokens"``, ``"decode"``, ``"prefill"`` or ``"workload"``;
+    ``expected_us``: each competing backend's expected median µs (empty on fallback);
+    ``alternatives``: every other competing backend -> regret (expected / best expected
+    - 1); ``regret``: the chosen backend's own (> 0 only when the tie rule preferred it
+    over the fastest); ``tie``: whether the tie rule applied; ``timing``: competing
+    backend -> timing mode of its curve; ``entry_shape``: the table shape used, or None.
+
+    A plain class rather than a dataclass: importing dataclasses costs ~10 ms (it imports
+    inspect), which every engine would pay at start-up.
     """
 
-    backend: str
-    vllm_name: str | None
-    sglang_name: str | None
-    match: str
-    reason: str
-    source: str | None = None
-    expected_us: MappingProxyType = field(default_factory=dict, hash=False)
-    entry_shape: Shape | None = None
+    _FIELDS = ("backend", "vllm_name", "sglang_name", "match", "reason", "source", "expected_us", "entry_shape",
+               "hardware_match", "profile_fingerprint", "phase", "alternatives", "regret", "tie", "timing")  # fmt: skip
+    _MAPPINGS = ("expected_us", "alternatives", "timing")
+    __slots__ = _FIELDS
 
-    def __post_init__(self) -> None:
-        # Choices are cached and shared between callers: keep them read-only.
-        if not isinstance(self.expected_us, MappingProxyType):
-            object.__setattr__(self, "expected_us", MappingProxyType(dict(self.expected_us)))
+    def __init__(self, backend: str, vllm_name, sglang_name, match: str, reason: str, source=None, expected_us=None,
+                 entry_shape=None, hardware_match: str = HW_DEFAULT, profile_fingerprint=None, phase: str = "tokens",
+                 alternatives=None, regret: float = 0.0, tie: bool = False, timing=None):  # fmt: skip
+        values = dict(locals())
+        for name in self._FIELDS:
+            value = values[name]
+            if name in self._MAPPINGS:
+                value = MappingProxyType(dict(value or {}))
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Choice is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"Choice is read-only (cannot delete {name!r})")
+
+    def _key(self) -> tuple:
+        return tuple(
+            tuple(sorted(getattr(self, n).items())) if n in self._MAPPINGS else getattr(self, n) for n in self._FIELDS
+        )
+
+    def __eq__(self, other):
+        return self._key() == other._key() if type(other) is Choice else NotImplemented
+
+    def __hash__(self):
+        return hash(tuple(getattr(self, n) for n in self._FIELDS if n not in self._MAPPINGS))
+
+    def __repr__(self) -> str:
+        return "Choice(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self._FIELDS) + ")"
 
     def to_dict(self) -> dict:
         """Plain JSON-serialisable dict (used by ``a2a-tune lookup --format json``)."""
-        return {
-            "backend": self.backend,
-            "vllm_name": self.vllm_name,
-            "sglang_name": self.sglang_name,
-            "match": self.match,
-            "reason": self.reason,
-            "source": self.source,
-            "expected_us": dict(self.expected_us),
-            "entry_shape": dict(self.entry_shape._asdict()) if self.entry_shape else None,
-        }
+        out = {n: (dict(getattr(self, n)) if n in self._MAPPINGS else getattr(self, n)) for n in self._FIELDS}
+        out["entry_shape"] = dict(self.entry_shape._asdict()) if self.entry_shape else None
+        return out
 
 
 # --------------------------------------------------------------------------- naming
-
-
-def normalize_fingerprint(fingerprint: str) -> str:
-    """Return the canonical (lowercase) fingerprint or raise ``ValueError``.
-
-    Case is folded; any character outside ``[a-z0-9._-]`` is rejected rather than
-    rewritten, so two different fingerprints can never share one file.
-    """
-    if not isinstance(fingerprint, str):
-        raise ValueError(f"hardware fingerprint must be a string, got {type(fingerprint).__name__}")
-    norm = fingerprint.strip().lower()
-    if not _FINGERPRINT_RE.match(norm):
-        raise ValueError(
-            f"invalid hardware fingerprint {fingerprint!r}: use 1-200 characters "
-            "[a-z0-9._-], starting with a letter or digit"
-        )
-    return norm
 
 
 def profile_filename(fingerprint: str) -> str:
@@ -214,14 +204,22 @@ def profile_filename(fingerprint: str) -> str:
 
 @lru_cache(maxsize=None)
 def _packaged_dir() -> str | None:
-    """Directory of the packaged profiles (``a2a_tune.profiles``), or None."""
-    try:
-        from importlib.resources import files
+    """Directory of the packaged profiles (``a2a_tune.profiles``), or None.
 
-        return os.fspath(files("a2a_tune.profiles"))
-    except Exception:  # not installed as plain files (zip, namespace package...)
-        here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
-        return here if os.path.isdir(here) else None
+    Found through the import system's spec, not ``importlib.resources`` (which costs ~15 ms
+    of imports on an engine's first lookup); profiles are installed as plain files.
+    """
+    try:
+        from importlib.util import find_spec
+
+        spec = find_spec("a2a_tune.profiles")
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            if os.path.isdir(d):
+                return os.fspath(d)
+    except Exception:  # a broken install: fall through to the source layout
+        pass
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
+    return here if os.path.isdir(here) else None
 
 
 def user_profile_dir() -> str:
@@ -231,15 +229,24 @@ def user_profile_dir() -> str:
 
 
 def _search_dirs() -> list:
-    dirs = []
-    env = os.environ.get(PROFILE_DIR_ENV)
-    if env:
-        dirs.extend(os.path.expanduser(d) for d in env.split(os.pathsep) if d.strip())
-    dirs.append(user_profile_dir())
-    packaged = _packaged_dir()
-    if packaged:
-        dirs.append(packaged)
-    return dirs
+    # Asked on every lookup (a new table may appear): memoised on the variables it reads.
+    environ = os.environ
+    key = (environ.get(PROFILE_DIR_ENV), environ.get("XDG_DATA_HOME"), environ.get("HOME"))
+    dirs = _DIRS_CACHE.get(key)
+    if dirs is None:
+        dirs = []
+        if key[0]:
+            dirs.extend(os.path.expanduser(d) for d in key[0].split(os.pathsep) if d.strip())
+        dirs.append(user_profile_dir())
+        packaged = _packaged_dir()
+        if packaged:
+            dirs.append(packaged)
+        _DIRS_CACHE.clear()
+        _DIRS_CACHE[key] = dirs
+    return list(dirs)
+
+
+_DIRS_CACHE: dict = {}
 
 
 def profile_search_paths() -> list:
@@ -250,11 +257,11 @@ def profile_search_paths() -> list:
     return [Path(d) for d in _search_dirs()]
 
 
-def _find(fingerprint: str) -> tuple:
+def _find(fingerprint: str, dirs: list) -> tuple:
     """(path or None, list of every path tried) for an already normalised fingerprint."""
     name = f"{fingerprint}.json"
     tried = []
-    for d in _search_dirs():
+    for d in dirs:
         p = os.path.join(d, name)
         tried.append(p)
         if os.path.isfile(p):
@@ -262,217 +269,75 @@ def _find(fingerprint: str) -> tuple:
     return None, tried
 
 
+# (fingerprint, dirs) -> (directory mtimes, path or None): the relaxed search lists
+# directories, so it is redone only when one of them changed.
+_DOMAIN_CACHE: dict = {}
+
+
+def _dir_stamp(d: str):
+    try:
+        return os.stat(d).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _find_same_domain(fingerprint: str, dirs: list):
+    """A table for the same GPUs and NVLink islands on another node count (see
+    :mod:`a2a_tune.tuner.fingerprint`): the first directory in search order that has one;
+    in it the closest node count, then the name. None if there is none."""
+    key = domain_key(fingerprint)
+    if key is None:
+        return None
+    cache_key = (fingerprint, tuple(dirs))
+    stamps = tuple(_dir_stamp(d) for d in dirs)
+    hit = _DOMAIN_CACHE.get(cache_key)
+    if hit is not None and hit[0] == stamps:
+        return hit[1]
+    want_nodes = node_count(fingerprint) or 1
+    found = None
+    for d, stamp in zip(dirs, stamps):
+        if stamp is None:
+            continue
+        try:
+            names = [e.name for e in os.scandir(d) if e.name.endswith(".json") and e.is_file()]
+        except OSError:
+            continue
+        candidates = []
+        for name in names:
+            fp = name[: -len(".json")]
+            if fp != fingerprint and domain_key(fp) == key:
+                candidates.append((abs((node_count(fp) or 1) - want_nodes), name))
+        if candidates:
+            found = os.path.join(d, min(candidates)[1])
+            break
+    _DOMAIN_CACHE[cache_key] = (stamps, found)
+    return found
+
+
 def _miss_message(fingerprint: str, tried: list) -> str:
-    return f"no profile for fingerprint {fingerprint!r}; searched: {', '.join(tried) or '(no directories)'}"
+    key = domain_key(fingerprint)
+    relaxed = f" (nor one for {key[0]}.{key[1]}.*)" if key else ""
+    return (
+        f"no profile for fingerprint {fingerprint!r}{relaxed}; "
+        f"searched: {', '.join(tried) or '(no directories)'}"
+    )
 
 
-def find_profile(fingerprint: str) -> Path | None:
-    """Path of the profile for ``fingerprint`` in search order; None (and a warning) on a miss."""
+def find_profile(fingerprint: str):
+    """Path of the profile for ``fingerprint`` in search order (exact name only); None (and
+    a warning) on a miss."""
     try:
         fp = normalize_fingerprint(fingerprint)
     except ValueError as exc:
         _warn_once(str(exc))
         return None
-    path, tried = _find(fp)
+    path, tried = _find(fp, _search_dirs())
     if path is None:
         _warn_once(_fallback_message(_miss_message(fp, tried)))
         return None
     from pathlib import Path
 
     return Path(path)
-
-
-# ----------------------------------------------------------------------- validation
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_pos_finite(v) -> bool:
-    return _is_num(v) and math.isfinite(v) and v > 0
-
-
-def _is_pos_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-
-def _obj(v, where: str) -> dict:
-    if not isinstance(v, dict):
-        raise ProfileError(f"expected a JSON object, got {_jtype(v)}", field=where)
-    return v
-
-
-def _jtype(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, str):
-        return "string"
-    if _is_num(v):
-        return "number"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, dict):
-        return "object"
-    return type(v).__name__
-
-
-def _opt_str(v, where: str):
-    if v is not None and not isinstance(v, str):
-        raise ProfileError(f"expected a string or null, got {_jtype(v)}", field=where)
-    return v
-
-
-def parse_profile(data, path: str | None = None) -> Profile:
-    """Validate decoded profile JSON (exactly the fields lookup relies on) -> :class:`Profile`.
-
-    Raises :class:`ProfileError` naming the first bad field, e.g.
-    ``entries[3].backends.nccl_all2allv.median_us[2]: not a positive finite number``.
-    Hand-written on purpose: jsonschema is too slow and heavy for engine start-up; the
-    writer checks the full JSON Schema (profiles/schema-v1.json) as well as this.
-    """
-    try:
-        return _parse(data, path)
-    except ProfileError as exc:
-        if exc.path is None and path is not None:
-            exc.path = path
-        raise
-
-
-def _parse(data, path) -> Profile:
-    top = _obj(data, "top level")
-    if "schema" not in top:
-        raise ProfileError("missing", field="schema")
-    schema = top["schema"]
-    if schema != SCHEMA_VERSION or not _is_num(schema):
-        raise ProfileError(
-            f"unsupported version {schema!r} (this a2a-tune reads schema {SCHEMA_VERSION})", field="schema"
-        )
-    hw = _obj(top.get("hardware"), "hardware")
-    fp = hw.get("fingerprint")
-    if not isinstance(fp, str):
-        raise ProfileError(f"expected a string, got {_jtype(fp)}", field="hardware.fingerprint")
-    try:
-        fp = normalize_fingerprint(fp)
-    except ValueError as exc:
-        raise ProfileError(str(exc), field="hardware.fingerprint") from None
-
-    backends = {}
-    for name, spec in _obj(top.get("backends"), "backends").items():
-        where = f"backends.{name}"
-        spec = _obj(spec, where)
-        backends[name] = (
-            _opt_str(spec.get("vllm_name"), f"{where}.vllm_name"),
-            _opt_str(spec.get("sglang_name"), f"{where}.sglang_name"),
-        )
-
-    raw_entries = top.get("entries")
-    if not isinstance(raw_entries, list):
-        raise ProfileError(f"expected an array, got {_jtype(raw_entries)}", field="entries")
-    if not raw_entries:
-        raise ProfileError("empty table (no entries)", field="entries")
-
-    entries = []
-    by_shape = {}
-    for i, raw in enumerate(raw_entries):
-        entry = _parse_entry(raw, f"entries[{i}]", backends)
-        if entry.shape in by_shape:
-            j = entries.index(by_shape[entry.shape])
-            raise ProfileError(f"same shape as entries[{j}]", field=f"entries[{i}]")
-        by_shape[entry.shape] = entry
-        entries.append(entry)
-    return Profile(
-        path=path,
-        fingerprint=fp,
-        backends=MappingProxyType(backends),
-        entries=tuple(entries),
-        by_shape=MappingProxyType(by_shape),
-    )
-
-
-def _parse_entry(raw, where: str, backends: dict) -> ProfileEntry:
-    e = _obj(raw, where)
-    ints = []
-    for key in ("ep_size", "hidden", "topk", "num_experts"):
-        v = e.get(key)
-        if not _is_pos_int(v):
-            raise ProfileError(f"not a positive integer ({v!r})", field=f"{where}.{key}")
-        ints.append(v)
-    strs = []
-    for key in ("dtype", "routing"):
-        v = e.get(key)
-        if not isinstance(v, str) or not v:
-            raise ProfileError(f"not a non-empty string ({v!r})", field=f"{where}.{key}")
-        strs.append(v)
-    shape = Shape(*ints, *strs)
-
-    source = e.get("source", "measured")
-    if source not in ("measured", "predicted"):
-        raise ProfileError(f"expected 'measured' or 'predicted', got {source!r}", field=f"{where}.source")
-
-    tokens = e.get("tokens")
-    if not isinstance(tokens, list) or not tokens:
-        raise ProfileError("expected a non-empty array of token counts", field=f"{where}.tokens")
-    for j, t in enumerate(tokens):
-        if not _is_pos_int(t):
-            raise ProfileError(f"not a positive integer ({t!r})", field=f"{where}.tokens[{j}]")
-        if j and t <= tokens[j - 1]:
-            raise ProfileError("token counts must be strictly ascending", field=f"{where}.tokens[{j}]")
-    n = len(tokens)
-
-    medians = {}
-    for name, curve in _obj(e.get("backends"), f"{where}.backends").items():
-        bwhere = f"{where}.backends.{name}"
-        if name not in backends:
-            raise ProfileError("backend not declared in the top-level 'backends'", field=bwhere)
-        med = _obj(curve, bwhere).get("median_us")
-        if not isinstance(med, list) or len(med) != n:
-            raise ProfileError(f"expected an array of {n} values (one per token count)", field=f"{bwhere}.median_us")
-        for j, v in enumerate(med):
-            if v is not None and not _is_pos_finite(v):
-                raise ProfileError("not a positive finite number", field=f"{bwhere}.median_us[{j}]")
-        medians[name] = tuple(None if v is None else float(v) for v in med)
-
-    failed = {}
-    for name, reason in _obj(e.get("failed", {}), f"{where}.failed").items():
-        if not isinstance(reason, str):
-            raise ProfileError(f"expected a string reason, got {_jtype(reason)}", field=f"{where}.failed.{name}")
-        failed[name] = reason
-
-    # Winners are informational for lookup (it re-derives them from the curves), but a
-    # table whose winners name unknown backends or token counts is corrupt: refuse it.
-    winners = e.get("winners", [])
-    if not isinstance(winners, list):
-        raise ProfileError(f"expected an array, got {_jtype(winners)}", field=f"{where}.winners")
-    token_set = set(tokens)
-    for j, w in enumerate(winners):
-        wwhere = f"{where}.winners[{j}]"
-        w = _obj(w, wwhere)
-        if not _is_pos_int(w.get("tokens")) or w.get("tokens") not in token_set:
-            raise ProfileError(f"{w.get('tokens')!r} is not one of the entry's token counts", field=f"{wwhere}.tokens")
-        b = w.get("backend")
-        if not isinstance(b, str) or b not in medians:
-            raise ProfileError(f"unknown backend {b!r}", field=f"{wwhere}.backend")
-        if b in failed:
-            raise ProfileError(f"backend {b!r} is listed in 'failed'", field=f"{wwhere}.backend")
-        if not _is_pos_finite(w.get("median_us")):
-            raise ProfileError("not a positive finite number", field=f"{wwhere}.median_us")
-        ru = w.get("runner_up")
-        if ru is not None and (not isinstance(ru, str) or ru not in medians):
-            raise ProfileError(f"unknown backend {ru!r}", field=f"{wwhere}.runner_up")
-        margin = w.get("margin")
-        if margin is not None and not (_is_num(margin) and math.isfinite(margin) and margin >= 0):
-            raise ProfileError("not a finite number >= 0 or null", field=f"{wwhere}.margin")
-
-    return ProfileEntry(
-        shape=shape,
-        source=source,
-        tokens=tuple(tokens),
-        median_us=MappingProxyType(medians),
-        failed=MappingProxyType(failed),
-    )
 
 
 # -------------------------------------------------------------------------- loading
@@ -498,13 +363,22 @@ _PROBED: list = []  # [(fingerprint or None, problem or None)] once probed
 
 
 def clear_cache() -> None:
-    """Forget loaded profiles, cached answers, the probed fingerprint and warnings already given."""
+    """Forget loaded profiles and workloads, cached answers, the probed fingerprint and
+    warnings already given."""
     _CACHE.clear()
+    _DOMAIN_CACHE.clear()
     _WARNED.clear()
     _PROBED.clear()
+    import sys
+
+    wl = sys.modules.get("a2a_tune.tuner.workload")
+    if wl is not None:
+        wl.clear_cache()
 
 
 def _read_and_parse(path: str) -> Profile:
+    import json
+
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -514,15 +388,25 @@ def _read_and_parse(path: str) -> Profile:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProfileError(f"not UTF-8 text (bad byte at offset {exc.start})", path=path) from None
+    # A table is tens of thousands of small objects, none of them in a reference cycle:
+    # pausing the cyclic GC while building them saves ~20% of a cold lookup.
+    import gc
+
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(
-            f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=path
-        ) from None
-    except RecursionError:
-        raise ProfileError("invalid JSON: nested too deeply", path=path) from None
-    return parse_profile(data, path)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(
+                f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=path
+            ) from None
+        except RecursionError:
+            raise ProfileError("invalid JSON: nested too deeply", path=path) from None
+        return parse_profile(data, path)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 def _load_cached(path: str) -> _Loaded:
@@ -545,10 +429,8 @@ def _load_cached(path: str) -> _Loaded:
 
 
 def load_profile(path) -> Profile:
-    """Read and validate a profile file; raises :class:`ProfileError` (one line) if unusable.
-
-    Results are cached by (path, mtime, size, inode).
-    """
+    """Read and validate a profile file (schema 1 or 2); raises :class:`ProfileError`
+    (one line) if unusable. Results are cached by (path, mtime, size, inode)."""
     slot = _load_cached(os.fspath(path))
     if slot.error is not None:
         e = slot.error
@@ -571,16 +453,18 @@ def _warn_once(message: str) -> None:
         logging.getLogger("a2a_tune").warning("a2a-tune: %s", message)
 
 
-def _fallback(problem: str, source: str | None = None) -> Choice:
-    message = _fallback_message(problem)
-    _warn_once(message)
+def _fallback(problem: str, source: str | None = None, *, hardware_match: str = HW_DEFAULT,
+              profile_fingerprint: str | None = None, phase: str = "tokens") -> Choice:  # fmt: skip
     return Choice(
         backend=FALLBACK_BACKEND,
         vllm_name=FALLBACK_BACKEND,
         sglang_name=None,  # SGLang: keep the engine's own default
         match="fallback",
-        reason=message,
+        reason=_fallback_message(problem),
         source=source,
+        hardware_match=hardware_match,
+        profile_fingerprint=profile_fingerprint,
+        phase=phase,
     )
 
 
@@ -591,12 +475,12 @@ def _resolve_fingerprint(fingerprint):
     if fingerprint is None:
         if not _PROBED:
             try:
-                from a2a_tune.tuner.probe import probe  # lazy: imports pynvml
+                from a2a_tune.tuner.probe import probe  # lazy: imports pynvml (read in a child)
 
                 _PROBED.append((normalize_fingerprint(probe().fingerprint), None))
             except Exception as exc:
                 _PROBED.append((None, f"hardware probe failed ({type(exc).__name__}: {exc}); "
-                                      f"pass fingerprint= or set {FINGERPRINT_ENV}"))
+                                      f"pass fingerprint= or set {FINGERPRINT_ENV}"))  # fmt: skip
         return _PROBED[0]
     try:
         return normalize_fingerprint(fingerprint), None
@@ -604,15 +488,13 @@ def _resolve_fingerprint(fingerprint):
         return None, str(exc)
 
 
-# engine -> index into Profile.backends' (vllm_name, sglang_name); None: no restriction.
-_ENGINES = {None: None, "vllm": 0, "sglang": 1}
-
-
 def _as_int(v):
     """int(v) for ints and integer-like objects (numpy ints); None for bools and the rest."""
     if isinstance(v, bool):
         return None
     try:
+        import operator
+
         return operator.index(v)
     except TypeError:
         return None
@@ -633,81 +515,173 @@ def _check_args(ints: dict, strs: dict):
     return None, out
 
 
+def _request(tokens, phase, max_tokens, workload):
+    """What the answer is averaged over: (problem, phase label, cache key, dist or loader).
+
+    ``dist`` is an :mod:`~a2a_tune.tuner.estimate` distribution, or for a workload file
+    a zero-argument callable that loads it (only run on a cache miss).
+    """
+    if type(tokens) is int and tokens >= 0 and phase is None and max_tokens is None and workload is None:
+        return None, "tokens", ("point", tokens), ("point", tokens)  # the common case, fast
+    given = [n for n, v in (("tokens", tokens), ("phase", phase), ("workload", workload)) if v is not None]
+    if len(given) != 1:
+        return (
+            "give exactly one of tokens=, phase= (with max_tokens=) or workload= "
+            f"(got {', '.join(given) or 'none'})",
+            None, None, None,
+        )  # fmt: skip
+    if tokens is not None:
+        if max_tokens is not None:
+            return "max_tokens= goes with phase=, not with tokens=", None, None, None
+        problem, (t,) = _check_args({"tokens": tokens}, {})
+        if problem:
+            return problem, None, None, None
+        return None, "tokens", ("point", t), ("point", t)
+    if phase is not None:
+        if phase not in PHASES:
+            return f"invalid lookup argument phase={phase!r} (expected 'decode' or 'prefill')", None, None, None
+        if max_tokens is None:
+            what = "max batch per rank" if phase == "decode" else "tokens per rank per prefill step"
+            return f"phase={phase!r} needs max_tokens= ({what})", phase, None, None
+        problem, ints = _check_args({"max_tokens": max_tokens}, {})
+        if problem:
+            return problem, phase, None, None
+        n = ints[0]
+        dist = ("log-uniform", 1, n) if phase == "decode" else ("point", n)
+        return None, phase, (phase, n), dist
+    if max_tokens is not None:
+        return "max_tokens= goes with phase=, not with workload=", "workload", None, None
+    from collections.abc import Mapping
+
+    from a2a_tune.tuner import workload as wl
+
+    if isinstance(workload, Mapping):
+        try:
+            parsed = wl.parse_workload(workload)
+        except wl.WorkloadError as exc:
+            return f"workload: {exc}", "workload", None, None
+        return None, "workload", ("workload", parsed), ("discrete", parsed)
+    try:
+        path = os.fspath(workload)
+        st = os.stat(path)
+    except TypeError:
+        return f"invalid lookup argument workload={workload!r} (expected a file path or a mapping)", "workload", None, None
+    except OSError as exc:
+        return f"workload {path}: cannot read: {exc.strerror or exc}", "workload", None, None
+    key = ("workload-file", path, st.st_mtime_ns, st.st_size, st.st_ino)
+    return None, "workload", key, lambda: ("discrete", wl.load_workload(path))
+
+
 def lookup(
     *,
     ep_size: int,
     hidden: int,
     topk: int,
     num_experts: int,
-    tokens: int,
+    tokens: int | None = None,
     dtype: str = "bf16",
     routing: str = "uniform",
     fingerprint: str | None = None,
     profile: str | os.PathLike | None = None,
     engine: str | None = None,
+    phase: str | None = None,
+    max_tokens: int | None = None,
+    workload=None,
+    quiet: bool = False,
 ) -> Choice:
-    """Pick the all2all backend for this shape at ``tokens`` tokens per rank. Never raises.
+    """Pick the all2all backend for this shape and load. Never raises.
 
-    ``profile`` names a file directly (its fingerprint is then only checked when
-    ``fingerprint`` is given too); otherwise the profile of ``fingerprint`` (or
-    ``$A2A_TUNE_FINGERPRINT``, or the probed one) is searched for. ``engine``
-    (``"vllm"`` or ``"sglang"``) lets only backends that engine has a literal for
-    compete, so a faster backend the engine cannot express does not push the answer
-    to the fallback. See the module docstring for the shape distance and token
-    interpolation rules.
+    Give exactly one of ``tokens`` (tokens per rank per step), ``phase`` ("decode" /
+    "prefill", with ``max_tokens``) or ``workload`` (a JSON / CSV histogram file, or a
+    ``{tokens: weight}`` mapping); see the module docstring. ``profile`` names a file
+    directly (its fingerprint is then only checked when ``fingerprint`` is given too);
+    otherwise the profile of ``fingerprint`` (or ``$A2A_TUNE_FINGERPRINT``, or the
+    probed one) is searched for. ``engine`` (``"vllm"`` or ``"sglang"``) lets only
+    backends that engine accepts a literal for compete. ``quiet``: do not log the
+    fallback warning (the caller reports ``Choice.reason``).
     """
     try:
-        return _lookup(ep_size, hidden, topk, num_experts, tokens, dtype, routing, fingerprint, profile, engine)
+        choice = _lookup(ep_size, hidden, topk, num_experts, tokens, dtype, routing, fingerprint, profile,
+                         engine, phase, max_tokens, workload)  # fmt: skip
     except Exception as exc:  # never crash the engine
-        return _fallback(f"internal error in a2a-tune lookup ({type(exc).__name__}: {exc})")
+        choice = _fallback(f"internal error in a2a-tune lookup ({type(exc).__name__}: {exc})")
+    if choice.match == "fallback" and not quiet:
+        _warn_once(choice.reason)
+    return choice
 
 
-def _lookup(ep_size, hidden, topk, num_experts, tokens, dtype, routing, fingerprint, profile, engine) -> Choice:
-    problem, ints = _check_args(
-        {"ep_size": ep_size, "hidden": hidden, "topk": topk, "num_experts": num_experts, "tokens": tokens},
-        {"dtype": dtype, "routing": routing},
-    )
-    if problem is None and engine not in _ENGINES:
-        problem = f"invalid lookup argument engine={engine!r} (expected one of {', '.join(map(repr, _ENGINES))})"
+def _lookup(ep_size, hidden, topk, num_experts, tokens, dtype, routing, fingerprint, profile, engine, phase,
+            max_tokens, workload) -> Choice:  # fmt: skip
+    if (type(ep_size) is int and type(hidden) is int and type(topk) is int and type(num_experts) is int
+            and min(ep_size, hidden, topk, num_experts) >= 1 and type(dtype) is str and type(routing) is str):
+        problem, ints = None, (ep_size, hidden, topk, num_experts)  # the common case, fast
+    else:
+        problem, ints = _check_args(
+            {"ep_size": ep_size, "hidden": hidden, "topk": topk, "num_experts": num_experts},
+            {"dtype": dtype, "routing": routing},
+        )  # fmt: skip
+    if problem is None and engine is not None and engine not in engines.ENGINES:
+        problem = (
+            f"invalid lookup argument engine={engine!r} "
+            f"(expected None or one of {', '.join(map(repr, engines.ENGINES))})"
+        )
     if problem:
         return _fallback(problem)
-    ep_size, hidden, topk, num_experts, tokens = ints
+    problem, phase_label, dist_key, dist = _request(tokens, phase, max_tokens, workload)
+    if problem:
+        return _fallback(problem, phase=phase_label or "tokens")
+    ep_size, hidden, topk, num_experts = ints
 
     if profile is not None:
         path = os.fspath(profile)
-        expected = None
+        expected_fp = None
         if fingerprint is not None:
             try:
-                expected = normalize_fingerprint(fingerprint)
+                expected_fp = normalize_fingerprint(fingerprint)
             except ValueError as exc:
-                return _fallback(str(exc), path)
+                return _fallback(str(exc), path, phase=phase_label)
     else:
-        expected, problem = _resolve_fingerprint(fingerprint)
+        expected_fp, problem = _resolve_fingerprint(fingerprint)
         if problem:
-            return _fallback(problem)
-        path, tried = _find(expected)
+            return _fallback(problem, phase=phase_label)
+        dirs = _search_dirs()
+        path, tried = _find(expected_fp, dirs)
         if path is None:
-            return _fallback(_miss_message(expected, tried))
+            path = _find_same_domain(expected_fp, dirs)
+            if path is None:
+                return _fallback(_miss_message(expected_fp, tried), phase=phase_label)
 
     slot = _load_cached(path)
     if slot.error is not None:
-        return _fallback(str(slot.error), path)
+        return _fallback(str(slot.error), path, phase=phase_label)
     prof = slot.profile
-    if expected is not None and prof.fingerprint != expected:
-        return _fallback(
-            f"{path}: hardware.fingerprint: profile is for {prof.fingerprint!r}, this machine is {expected!r}",
-            path,
-        )
+    hw = HW_EXACT if expected_fp is not None else HW_UNCHECKED
+    if expected_fp is not None and prof.fingerprint != expected_fp:
+        same_domain = domain_key(expected_fp) is not None and domain_key(prof.fingerprint) == domain_key(expected_fp)
+        # A file named for this machine but holding another's table is corrupt, never borrowed.
+        named_for_us = profile is None and os.path.basename(path) == f"{expected_fp}.json"
+        if not same_domain or named_for_us:
+            return _fallback(
+                f"{path}: hardware.fingerprint: profile is for {prof.fingerprint!r}, this machine is {expected_fp!r}",
+                path, profile_fingerprint=prof.fingerprint, phase=phase_label,
+            )  # fmt: skip
+        hw = HW_SAME_DOMAIN
 
-    key = (ep_size, hidden, topk, num_experts, tokens, dtype, routing, engine)
+    key = (ep_size, hidden, topk, num_experts, dtype, routing, engine, dist_key, hw, expected_fp)
     choice = slot.choices.get(key)
     if choice is None:
-        choice = _choose(prof, path, Shape(ep_size, hidden, topk, num_experts, dtype, routing), tokens, engine)
+        if callable(dist):
+            from a2a_tune.tuner.workload import WorkloadError
+
+            try:
+                dist = dist()
+            except WorkloadError as exc:
+                return _fallback(f"workload {exc}", phase=phase_label)  # not cached: the file may be fixed
+        want = Shape(ep_size, hidden, topk, num_experts, dtype, routing)
+        choice = _choose(prof, path, want, dist, phase_label, engine, hw, expected_fp)
         if len(slot.choices) >= _MAX_CACHED_CHOICES:  # e.g. a caller sweeping every token count
             slot.choices.clear()
         slot.choices[key] = choice
-    elif choice.match == "fallback":
-        _warn_once(choice.reason)
     return choice
 
 
@@ -721,87 +695,84 @@ def shape_distance(a: Shape, b: Shape) -> float:
     return d + (0.5 if a.routing != b.routing else 0.0)
 
 
-def _choose(prof: Profile, path: str, want: Shape, tokens: int, engine: str | None) -> Choice:
-    fname = os.path.basename(path)
+def _pick_entry(prof: Profile, want: Shape):
+    """(entry, match, shape text) or (None, None, problem)."""
     entry = prof.by_shape.get(want)
     if entry is not None:
-        match, shape_text = "exact", "exact shape"
-    else:
-        ranked = sorted(
-            (
-                (round(shape_distance(want, e.shape), 9), -e.shape.hidden, -e.shape.num_experts, -e.shape.topk, i)
-                for i, e in enumerate(prof.entries)
-                if e.shape.ep_size == want.ep_size and e.shape.dtype == want.dtype
-            )
-        )
-        if not ranked:
-            have = sorted({f"ep_size={e.shape.ep_size}/dtype={e.shape.dtype}" for e in prof.entries})
-            return _fallback(
-                f"{path}: no entry for ep_size={want.ep_size} dtype={want.dtype} "
-                f"(table has {', '.join(have)})",
-                path,
-            )
-        dist, *_, idx = ranked[0]
-        entry = prof.entries[idx]
-        match = "nearest-shape"
-        shape_text = f"nearest shape {_describe_shape(entry.shape)} (distance {dist:.2f}) for requested {_describe_shape(want)}"
+        return entry, "exact", "exact shape"
+    ranked = sorted(
+        (round(shape_distance(want, e.shape), 9), -e.shape.hidden, -e.shape.num_experts, -e.shape.topk, i)
+        for i, e in enumerate(prof.entries)
+        if e.shape.ep_size == want.ep_size and e.shape.dtype == want.dtype
+    )
+    if not ranked:
+        have = sorted({f"ep_size={e.shape.ep_size}/dtype={e.shape.dtype}" for e in prof.entries})
+        return None, None, f"no entry for ep_size={want.ep_size} dtype={want.dtype} (table has {', '.join(have)})"
+    dist, *_, idx = ranked[0]
+    entry = prof.entries[idx]
+    text = f"nearest shape {describe_shape(entry.shape)} (distance {dist:.2f}) for requested {describe_shape(want)}"
+    return entry, "nearest-shape", text
+
+
+def _choose(prof: Profile, path: str, want: Shape, dist, phase: str, engine: str | None, hw: str,
+            machine_fp: str | None) -> Choice:  # fmt: skip
+    fname = os.path.basename(path)
+    common = dict(hardware_match=hw, profile_fingerprint=prof.fingerprint, phase=phase)
+    entry, match, shape_text = _pick_entry(prof, want)
+    if entry is None:
+        return _fallback(f"{path}: {shape_text}", path, **common)
     if entry.source != "measured":
         shape_text += f" [{entry.source}]"
+    where = where_text(entry.tokens, dist)
+    if phase in PHASES:
+        where = f"{phase}: {where}"
 
-    times, where = _estimate(entry, tokens)
-    usable = {b: round(v, 3) for b, v in times.items() if b not in entry.failed}
+    curves = {b: c for b, c in entry.median_us.items() if b not in entry.failed}
     if engine is not None:
-        name_idx = _ENGINES[engine]
-        usable = {b: v for b, v in usable.items() if prof.backends[b][name_idx] is not None}
-    if not usable:
+        col = 0 if engine == "vllm" else 1
+        curves = {b: c for b, c in curves.items() if engines.accepts(engine, prof.backends[b][col])}
+    medians = {b: round(v, 3) for b, v in expected(entry.tokens, curves, dist).items()}
+    if not medians:
         return _fallback(
             f"{path}: {shape_text}: no usable backend{f' with a {engine} name' if engine else ''} {where}"
             + (f" (failed: {', '.join(sorted(entry.failed))})" if entry.failed else ""),
-            path,
-        )
-    ranked_b = sorted(usable.items(), key=lambda kv: (kv[1], kv[0]))
-    best, best_us = ranked_b[0]
-    if len(ranked_b) > 1:
-        ru, ru_us = ranked_b[1]
-        vs = f"{best} {best_us:.3f} us, runner-up {ru} {ru_us:.3f} us (+{(ru_us / best_us - 1) * 100:.1f}%)"
+            path, **common,
+        )  # fmt: skip
+    spread_of = lambda curves_by_b: expected(entry.tokens, {b: curves_by_b[b] for b in medians}, dist)  # noqa: E731
+    chosen, fastest, tied = decide(medians, spread_of(entry.p10_us), spread_of(entry.p90_us), prof.tie_preference)
+    best = medians[fastest]
+    verb = "expected " if phase != "tokens" else ""
+    if chosen != fastest:
+        vs = (f"{chosen} {verb}{medians[chosen]:.3f} us (+{(medians[chosen] / best - 1) * 100:.1f}%), "
+              f"fastest {fastest} {best:.3f} us; tie: {', '.join(tied[1:])} within {fastest}'s p10..p90, "
+              f"preferring {chosen} (tie preference)")  # fmt: skip
     else:
-        vs = f"{best} {best_us:.3f} us, no other backend competes"
-    vllm_name, sglang_name = prof.backends[best]
+        others = sorted((v, b) for b, v in medians.items() if b != chosen)
+        if others:
+            ru_us, ru = others[0]
+            vs = (f"{chosen} {verb}{best:.3f} us, runner-up {ru} {ru_us:.3f} us "
+                  f"(+{(ru_us / best - 1) * 100:.1f}%)")  # fmt: skip
+        else:
+            vs = f"{chosen} {verb}{best:.3f} us, no other backend competes"
+        if len(tied) > 1:
+            vs += f"; tie: {', '.join(tied[1:])} within {fastest}'s p10..p90, {chosen} preferred anyway"
+    modes = {b: entry.timing.get(b, "eager") for b in medians}
+    if len(set(modes.values())) > 1:
+        vs += " [timing: " + ", ".join(f"{b} {m}" for b, m in sorted(modes.items())) + "]"
+    hw_text = "" if hw != HW_SAME_DOMAIN else f" (measured on {prof.fingerprint}: same GPUs and NVLink domain as {machine_fp})"
+    vllm_name, sglang_name = prof.backends[chosen]
     return Choice(
-        backend=best,
+        backend=chosen,
         vllm_name=vllm_name,
         sglang_name=sglang_name,
         match=match,
-        reason=f"profile {fname}, {shape_text}, {where}: {vs}",
+        reason=f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}",
         source=path,
-        expected_us=usable,
+        expected_us=medians,
         entry_shape=entry.shape,
+        alternatives={b: round(v / best - 1, 4) for b, v in medians.items() if b != chosen},
+        regret=round(medians[chosen] / best - 1, 4),
+        tie=len(tied) > 1,
+        timing=modes,
+        **common,
     )
-
-
-def _estimate(entry: ProfileEntry, tokens: int) -> tuple:
-    """({backend: predicted median µs} for backends measured where needed, description)."""
-    grid = entry.tokens
-    n = len(grid)
-    if tokens <= grid[0] or tokens >= grid[-1]:
-        j = 0 if tokens <= grid[0] else n - 1
-        if tokens == grid[j]:
-            where = f"at {tokens} tokens/rank (measured)"
-        else:
-            where = f"clamped to {grid[j]} tokens/rank (requested {tokens})"
-        return {b: m[j] for b, m in entry.median_us.items() if m[j] is not None}, where
-    hi = bisect.bisect_left(grid, tokens)
-    if grid[hi] == tokens:
-        return (
-            {b: m[hi] for b, m in entry.median_us.items() if m[hi] is not None},
-            f"at {tokens} tokens/rank (measured)",
-        )
-    lo = hi - 1
-    t0, t1 = grid[lo], grid[hi]
-    f = math.log(tokens / t0) / math.log(t1 / t0)
-    out = {}
-    for b, m in entry.median_us.items():
-        v0, v1 = m[lo], m[hi]
-        if v0 is not None and v1 is not None:
-            out[b] = math.exp(math.log(v0) + f * (math.log(v1) - math.log(v0)))
-    return out, f"interpolated at {tokens} tokens/rank between {t0} and {t1}"

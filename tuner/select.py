@@ -19,10 +19,20 @@ Rules:
   (partial) shape, into the matching entries (a None shape key matches anything).
 * A backend with no measurement at all for a shape and only "error"/"timeout"
   failures there is listed in ``failed`` as well, so the table says why it is absent.
-* ``winners``: per token count the fastest non-failed backend by median, the
-  runner-up and ``margin = runner_up / winner - 1``.
-* A point measured twice (e.g. a resumed sweep) keeps the lower median.
-* All measurements of a table share one timing mode (``run["timing"]``).
+* ``winners``: per token count, among the non-failed backends, the ``fastest`` by
+  median, the ``runner_up``, ``margin = runner_up / fastest - 1`` and ``tie``: whether the
+  runner-up's median lies inside the fastest's p10..p90 spread. Without a tie the winner
+  (``backend``) is the fastest; with one it is the most preferred backend inside that
+  spread (:func:`a2a_tune.tuner.estimate.decide`, the rule lookup applies too) in the
+  order written as ``tie_preference``: the engine default ``allgather_reducescatter``
+  first (a difference the measurement cannot resolve is no reason to leave the engine's
+  default), then the order of ``backend_names`` (the registry's order: registered first,
+  preferred first), then any other backend by name.
+* A point measured twice in one timing mode (e.g. a resumed sweep) keeps the lower median.
+* Timing modes may differ between backends (schema 2: ``timing`` per backend per entry;
+  capturable backends are timed under CUDA-graph replay, as engines run them in decode).
+  One backend keeps ONE mode per entry, so its curve is never a patchwork: the mode that
+  covers more of the entry's token counts, ``graph`` on a draw.
 
 The file is ``profile_filename(fingerprint)`` from :mod:`a2a_tune.tuner.lookup` -- the
 one key function shared with the reader -- and is written atomically.
@@ -40,7 +50,16 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from a2a_tune.tuner.lookup import SCHEMA_VERSION, ProfileError, parse_profile, profile_filename
+from a2a_tune.tuner.estimate import decide
+from a2a_tune.tuner.lookup import profile_filename
+from a2a_tune.tuner.table import (
+    FALLBACK_BACKEND,
+    GRAPH_WORDS,
+    SCHEMA_VERSION,
+    TIMING_MODES,
+    ProfileError,
+    parse_profile,
+)
 
 __all__ = [
     "SHAPE_KEYS",
@@ -48,6 +67,7 @@ __all__ = [
     "validate_profile",
     "write_profile",
     "profile_from_store",
+    "upgrade_profile",
     "ProfileError",
 ]
 
@@ -87,7 +107,7 @@ def _version() -> str:
         return "unknown"
 
 
-def _timestamp(v):
+def iso_timestamp(v):
     """datetime -> 'YYYY-MM-DDTHH:MM:SS[.ffffff]Z' (naive datetimes are taken as UTC)."""
     if v is None or isinstance(v, str):
         return v
@@ -111,24 +131,25 @@ def build_profile(
     backend_names: Mapping,
     generated_at: _dt.datetime | str | None = None,
 ) -> dict:
-    """Build a schema-1 profile dict from one run's measurements and failures.
+    """Build a schema-2 profile dict from one run's measurements and failures.
 
     ``measurements``: mappings (or objects) with backend, num_experts, topk, hidden,
-    dtype, ep_size, tokens_per_rank, routing, timing, median_us, p10_us, p90_us (extra
-    keys ignored). ``failures``: backend, kind ("incorrect" | "unavailable" | "error" |
-    "timeout"), reason, and shape keys / tokens_per_rank, any of which may be None.
-    ``hardware``: fingerprint, facts_hash, facts. ``run``: id, device_type, world_size,
-    versions, timing (derived from the measurements when absent), started_at,
-    finished_at. ``backend_names``: backend -> {vllm_name, sglang_name} (mapping or
-    object); a backend missing there gets nulls (with a warning).
+    dtype, ep_size, tokens_per_rank, routing, timing ("eager" | "graph"; "cuda_graph" is read as
+    "graph", None as "eager"), median_us, p10_us, p90_us (extra keys ignored). ``failures``: backend, kind
+    ("incorrect" | "unavailable" | "error" | "timeout"), reason, and shape keys /
+    tokens_per_rank, any of which may be None. ``hardware``: fingerprint, facts_hash,
+    facts. ``run``: id, device_type, world_size, versions, started_at, finished_at (extra
+    keys kept; a schema-1 style ``timing`` key is dropped: the mode is per backend now).
+    ``backend_names``: backend -> {vllm_name, sglang_name} (mapping or object), in
+    registry order (it sets the tie preference); a backend missing there gets nulls (with
+    a warning).
 
     With no usable measurement the result has ``entries == []`` (callers check;
-    :func:`write_profile` refuses it). Raises ``ValueError`` when the measurements mix
-    timing modes. The result is not validated; :func:`write_profile` does that.
+    :func:`write_profile` refuses it). Raises ``ValueError`` for a timing mode other than
+    eager / graph. The result is not validated; :func:`write_profile` does that.
     """
-    # shape -> backend -> tokens -> (median, p10, p90)
+    # shape -> backend -> timing mode -> tokens -> (median, p10, p90)
     points: dict = {}
-    timings = set()
     seen_backends = set()
     for m in measurements:
         backend = _get(m, "backend")
@@ -140,22 +161,24 @@ def build_profile(
         if med is None or not math.isfinite(med) or med <= 0:
             log.warning("a2a-tune select: ignoring %s %s at %s tokens/rank: median_us=%r", backend, shape, t, med)
             continue
-        timing = _get(m, "timing")
-        if timing is not None:
-            timings.add(timing)
+        timing = _get(m, "timing") or "eager"
+        timing = "graph" if str(timing).lower() in GRAPH_WORDS else timing
+        if timing not in TIMING_MODES:
+            raise ValueError(f"measurement of {backend} at {shape}: timing={timing!r} is not one of {TIMING_MODES}")
         seen_backends.add(backend)
-        stats = (float(med), _opt_us(_get(m, "p10_us")), _opt_us(_get(m, "p90_us")))
-        per_t = points.setdefault(shape, {}).setdefault(backend, {})
+        stats = _stats(float(med), _opt_us(_get(m, "p10_us")), _opt_us(_get(m, "p90_us")))
+        per_t = points.setdefault(shape, {}).setdefault(backend, {}).setdefault(timing, {})
         if t not in per_t or stats[0] < per_t[t][0]:
             per_t[t] = stats
-    run_out = _run_section(run, timings)
+    run_out = _run_section(run)
 
     failures = list(failures)
     seen_backends.update(_get(f, "backend") for f in failures)
+    preference = _tie_preference(seen_backends, backend_names)
 
     entries = []
     for shape in sorted(points, key=_shape_sort_key):
-        entries.append(_build_entry(shape, points[shape], failures))
+        entries.append(_build_entry(shape, points[shape], failures, preference))
 
     backends_out = {}
     for b in sorted(seen_backends):
@@ -172,7 +195,7 @@ def build_profile(
     return {
         "schema": SCHEMA_VERSION,
         "generated_by": f"a2a-tune {_version()}",
-        "generated_at": _timestamp(generated_at),
+        "generated_at": iso_timestamp(generated_at),
         "hardware": {
             "fingerprint": _get(hardware, "fingerprint"),
             "facts_hash": _get(hardware, "facts_hash"),
@@ -180,6 +203,7 @@ def build_profile(
         },
         "run": run_out,
         "backends": backends_out,
+        "tie_preference": preference,
         "entries": entries,
     }
 
@@ -190,30 +214,37 @@ def _opt_us(v):
     return float(v)
 
 
+def _stats(med: float, p10, p90) -> tuple:
+    """(median, p10, p90) with a spread that contains the median (a p10 above or a p90
+    below the median is a broken statistic: dropped)."""
+    return med, (p10 if p10 is not None and p10 <= med else None), (p90 if p90 is not None and p90 >= med else None)
+
+
+def _tie_preference(backends: set, backend_names) -> list:
+    """Engine default first, then registry order (``backend_names``' order), then by name."""
+    order = [FALLBACK_BACKEND] if FALLBACK_BACKEND in backends else []
+    if isinstance(backend_names, Mapping):
+        order += [b for b in backend_names if b in backends and b not in order]
+    return order + sorted(b for b in backends if b not in order)
+
+
 def _shape_sort_key(shape: tuple) -> tuple:
     ep, hidden, topk, ne, dtype, routing = shape
     return (ep, str(dtype), hidden, topk, ne, str(routing))
 
 
-def _run_section(run, timings: set) -> dict:
+def _run_section(run) -> dict:
     out = {}
     if isinstance(run, Mapping):
         out.update(run)  # keep extra keys (git sha, status, ...)
-    for key in ("id", "device_type", "world_size", "versions", "timing", "started_at", "finished_at"):
+    for key in ("id", "device_type", "world_size", "versions", "started_at", "finished_at"):
         if key not in out:
             out[key] = _get(run, key)
+    out.pop("timing", None)  # schema 2: per backend per entry
     out["versions"] = {str(k): (None if v is None else str(v)) for k, v in dict(out.get("versions") or {}).items()}
     for key, value in out.items():
         if isinstance(value, _dt.datetime) or key in ("started_at", "finished_at"):
-            out[key] = _timestamp(value)
-    timing = out.get("timing")
-    if timing is None:
-        if len(timings) > 1:
-            raise ValueError(f"measurements mix timing modes {sorted(timings)}; select one mode per table")
-        timing = next(iter(timings), None)
-    elif timings - {timing}:
-        raise ValueError(f"run timing is {timing!r} but measurements include {sorted(timings - {timing})}")
-    out["timing"] = timing
+            out[key] = iso_timestamp(value)
     return out
 
 
@@ -229,8 +260,44 @@ def _failure_text(f) -> str:
     return f"{kind}{at}: {reason}"
 
 
-def _build_entry(shape: tuple, per_backend: dict, failures: list) -> dict:
-    tokens = sorted({t for per_t in per_backend.values() for t in per_t})
+def _pick_mode(per_mode: dict) -> str:
+    """One timing mode per backend per entry: the one covering more token counts, graph on a draw."""
+    return max(per_mode, key=lambda mode: (len(per_mode[mode]), mode == "graph"))
+
+
+def _winners(tokens: list, backends: dict, failed, preference: list) -> list:
+    """Per token count: the winner by the tie rule, the fastest, runner-up, margin, tie."""
+    winners = []
+    for j, t in enumerate(tokens):
+        live = [b for b in backends if b not in failed and backends[b]["median_us"][j] is not None]
+        if not live:
+            continue
+        medians = {b: backends[b]["median_us"][j] for b in live}
+        chosen, fastest, tied = decide(
+            medians,
+            {b: backends[b]["p10_us"][j] for b in live},
+            {b: backends[b]["p90_us"][j] for b in live},
+            preference,
+        )
+        ranked = sorted((v, b) for b, v in medians.items())
+        runner_up = next((b for _, b in ranked if b != fastest), None)
+        winners.append(
+            {
+                "tokens": t,
+                "backend": chosen,
+                "median_us": medians[chosen],
+                "fastest": fastest,
+                "runner_up": runner_up,
+                "margin": round(medians[runner_up] / medians[fastest] - 1, _MARGIN_DECIMALS) if runner_up else None,
+                "tie": len(tied) > 1,
+            }
+        )
+    return winners
+
+
+def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: list) -> dict:
+    per_backend = {b: (mode, modes[mode]) for b, modes in per_backend.items() for mode in [_pick_mode(modes)]}
+    tokens = sorted({t for _, per_t in per_backend.values() for t in per_t})
 
     failed: dict = {}  # backend -> (rank, text)
     for f in failures:
@@ -245,33 +312,16 @@ def _build_entry(shape: tuple, per_backend: dict, failures: list) -> dict:
 
     backends = {}
     for b in sorted(per_backend):
-        per_t = per_backend[b]
+        mode, per_t = per_backend[b]
         cols = [per_t.get(t) for t in tokens]
         backends[b] = {
+            "timing": mode,
             "median_us": [None if c is None else _round_us(c[0]) for c in cols],
             "p10_us": [None if c is None or c[1] is None else _round_us(c[1]) for c in cols],
             "p90_us": [None if c is None or c[2] is None else _round_us(c[2]) for c in cols],
         }
 
-    winners = []
-    for j, t in enumerate(tokens):
-        ranked = sorted(
-            (backends[b]["median_us"][j], b)
-            for b in backends
-            if b not in failed and backends[b]["median_us"][j] is not None
-        )
-        if not ranked:
-            continue
-        (w_us, w), rest = ranked[0], ranked[1:]
-        winners.append(
-            {
-                "tokens": t,
-                "backend": w,
-                "median_us": w_us,
-                "runner_up": rest[0][1] if rest else None,
-                "margin": round(rest[0][0] / w_us - 1, _MARGIN_DECIMALS) if rest else None,
-            }
-        )
+    winners = _winners(tokens, backends, failed, preference)
 
     entry = dict(zip(SHAPE_KEYS, shape))
     entry.update(
@@ -287,12 +337,13 @@ def _build_entry(shape: tuple, per_backend: dict, failures: list) -> dict:
 # ----------------------------------------------------------------- validate / write
 
 
-@lru_cache(maxsize=1)
-def _validator():
+@lru_cache(maxsize=None)
+def _validator(version: int):
     import jsonschema
     from importlib.resources import files
 
-    schema = json.loads(files("a2a_tune.profiles").joinpath("schema-v1.json").read_text(encoding="utf-8"))
+    text = files("a2a_tune.profiles").joinpath(f"schema-v{version}.json").read_text(encoding="utf-8")
+    schema = json.loads(text)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
@@ -306,19 +357,57 @@ def _json_path(parts) -> str:
 
 
 def validate_profile(profile: dict) -> None:
-    """Check ``profile`` against profiles/schema-v1.json, then the reader's own checks.
+    """Check ``profile`` against its published schema (profiles/schema-v<N>.json, N = 1 or
+    2, by its ``schema`` field), then the reader's own checks.
 
     Raises :class:`ProfileError` naming the JSON path of the first error, e.g.
     ``entries[0].backends.nccl_all2allv.median_us[2]: -1.0 is not valid under any of the given schemas``.
     """
     from jsonschema.exceptions import best_match
 
-    err = best_match(_validator().iter_errors(profile))
+    version = profile.get("schema") if isinstance(profile, Mapping) else None
+    if type(version) is not int or version not in (1, SCHEMA_VERSION):
+        # Let the reader word it: one line naming the field `schema`.
+        parse_profile(profile)
+    err = best_match(_validator(version).iter_errors(profile))
     if err is not None:
         raise ProfileError(_one_line(err.message), field=_json_path(err.absolute_path))
     # Cross-field rules JSON Schema cannot state (array lengths, known backends...):
     # whatever is written must load in lookup.
     parse_profile(profile)
+
+
+def upgrade_profile(profile: dict) -> dict:
+    """A schema-1 profile dict as schema 2 (the same conversion lookup does on load); a
+    schema-2 one is returned as a copy. Winners are recomputed with the tie rule.
+
+    Every backend gets the table's ``run.timing`` (``graph`` for graph / cuda_graph, else
+    ``eager``); the tie preference is the engine default first, then the ``backends``
+    section's order. Raises :class:`ProfileError` if the input does not load.
+    """
+    import copy
+
+    loaded = parse_profile(profile)
+    out = copy.deepcopy(profile)
+    if loaded.schema == SCHEMA_VERSION:
+        return out
+    out["schema"] = SCHEMA_VERSION
+    out["run"] = _run_section(out.get("run") or {})
+    out["tie_preference"] = list(loaded.tie_preference)
+    for raw, e in zip(out["entries"], loaded.entries):
+        for b, curve in raw["backends"].items():
+            cols = [_stats(m, lo, hi) if m is not None else (None, None, None)
+                    for m, lo, hi in zip(e.median_us[b], e.p10_us[b], e.p90_us[b])]  # fmt: skip
+            raw["backends"][b] = {
+                "timing": e.timing[b],
+                "median_us": [c[0] for c in cols],
+                "p10_us": [c[1] for c in cols],
+                "p90_us": [c[2] for c in cols],
+            }
+        raw["winners"] = _winners(raw["tokens"], raw["backends"], raw.get("failed") or {}, out["tie_preference"])
+        raw.setdefault("failed", {})
+        raw.setdefault("source", "measured")
+    return out
 
 
 def _scalar(v) -> str:
@@ -410,7 +499,6 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
         "device_type": _get(run, "device_type"),
         "world_size": _get(run, "world_size"),
         "versions": _get(run, "versions") or {},
-        "timing": _get(run, "timing"),
         "started_at": _get(run, "started_at"),
         "finished_at": _get(run, "finished_at"),
     }

@@ -4,11 +4,13 @@ One case = (model shape, payload dtype, routing, tokens per rank, backend). For 
 on every rank together:
   1. the invariant check (a2a_tune.kernels.reference.check_invariant) on fresh inputs —
      a backend that fails it is recorded as "incorrect" and is not timed;
-  2. warm-up, then timed round trips (tuner.timing);
+  2. warm-up, then timed round trips (tuner.timing): CUDA-graph replay for backends that
+     can be captured (as engines run decode), eager launches for the others;
   3. rank 0 commits the measurement to the store at once, so an interrupted sweep loses
      nothing and `--resume` skips what is already there.
 Unavailable backends (availability() says why), impossible shapes and backends that raise
-are recorded with their one-line reason and the sweep goes on.
+are recorded with their one-line reason and the sweep goes on. Cases a backend declares
+infeasible (feasibility(), e.g. beyond a fixed capacity) are skipped and reported.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from a2a_tune.kernels.reference import check_invariant, make_inputs
 from .launch import RankContext, run_ranks
 from .probe import Topology, cpu_topology, merge_nodes, probe
 from .shapes import ModelShape
-from .timing import summarize, time_round_trips
+from .timing import summarize, time_graph_round_trips, time_round_trips
 
 DEFAULT_TOKENS = {
     "cuda": tuple(2**i for i in range(15)),  # 1 .. 16384 tokens per rank: decode to prefill
@@ -85,6 +87,7 @@ class SweepOutcome:
     skipped: int = 0  # already in the store (resume)
     failed: dict[str, int] = field(default_factory=dict)  # kind -> count
     unavailable: dict[str, str] = field(default_factory=dict)  # backend -> reason
+    infeasible: dict[str, str] = field(default_factory=dict)  # backend -> why some cases were skipped
     status: str = "completed"
 
 
@@ -184,6 +187,9 @@ class _Recorder:
             ci_low_us=stats.ci_low_us, ci_high_us=stats.ci_high_us, n=stats.n,
             host_median_us=summarize(host_us).median_us, samples=[round(s, 3) for s in device_us], knobs={},
         )  # fmt: skip
+
+    def infeasible(self, backend: str, reason: str) -> None:
+        self.outcome.infeasible[backend] = reason
 
     def failure(self, backend: str, kind: str, reason: str, key: tuple | None = None) -> None:
         self.outcome.failed[kind] = self.outcome.failed.get(kind, 0) + 1
@@ -299,17 +305,33 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
 
 
 def _measure_case(ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoEShape, instances: dict, inputs, key) -> None:
-    if name not in instances:
+    cls = get_backend(name)
+    slot = name
+    if getattr(cls, "capacity_bound", False):
+        # Fixed-capacity backends cost what their capacity costs: size them to this load, as an
+        # engine sizes them to its batch, instead of the sweep's largest token count.
+        tokens = inputs[0].x.shape[0]
+        shape = MoEShape(shape.num_experts, shape.topk, shape.hidden, max(tokens, 1), shape.dtype)
+        slot = (name, shape.max_tokens_per_rank)
+        for old in [k for k in instances if isinstance(k, tuple) and k[0] == name and k != slot]:
+            if instances[old] is not None:
+                instances[old].close()
+            del instances[old]
+    feasible, why = cls.feasibility(shape, ctx.world_size)
+    if not feasible:  # e.g. beyond a fixed-capacity backend's slots: not measured, not a failure
+        rec.infeasible(name, why)
+        return
+    if slot not in instances:
         error = ""
         try:
-            instances[name] = get_backend(name)(ctx.group, shape, ctx.device)
+            instances[slot] = cls(ctx.group, shape, ctx.device)
         except Exception as exc:
-            instances[name], error = None, _one_line(exc)
+            instances[slot], error = None, _one_line(exc)
         if not _all_ranks_ok(not error, ctx):
-            instances[name] = None
+            instances[slot] = None
             rec.failure(name, "error", f"construction failed: {error or 'on another rank'}", key)
             return
-    backend = instances[name]
+    backend = instances[slot]
     if backend is None:  # construction failed earlier for this shape
         rec.failure(name, "error", "construction failed (see the first failure of this shape)", key)
         return
@@ -317,12 +339,15 @@ def _measure_case(ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoESha
     if not gate.ok:
         rec.failure(name, "error" if gate.crashed else "incorrect", gate.reason, key)
         return
+    # Graph-capturable backends are timed as engines run them in decode: CUDA-graph replay.
+    graph = cls.graph_capturable and ctx.device.type == "cuda"
+    timer = time_graph_round_trips if graph else time_round_trips
     error = ""
     try:
-        device_us, host_us = time_round_trips(backend, inputs, warmup=plan.warmup, iters=plan.iters)
+        device_us, host_us = timer(backend, inputs, warmup=plan.warmup, iters=plan.iters)
     except Exception as exc:
         error = _one_line(exc)
     if not _all_ranks_ok(not error, ctx):
         rec.failure(name, "error", error or "failed on another rank", key)
         return
-    rec.measurement(key, "eager", device_us, host_us)
+    rec.measurement(key, "graph" if graph else "eager", device_us, host_us)

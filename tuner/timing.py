@@ -1,15 +1,23 @@
-"""Timing one dispatch + combine round trip, and the statistics every measurement stores.
+"""Timing dispatch + combine round trips, and the statistics every measurement stores.
 
 What is timed: `combine(dispatch(x))` with the received rows passed straight back as the
-expert output (no expert compute), launched eagerly from the host as an engine's prefill
-step is. On CUDA the device time comes from events around the round trip; the host wall
-time (from the first launch until combine returns, without a device sync) is recorded
-beside it, because the two differ a lot at small token counts. On CPU (gloo) both are the
-host wall time of a completed round trip.
+expert output (no expert compute). One sample = R round trips launched back to back (the
+host queued ahead of the GPU, as an engine runs its layers) between two CUDA events,
+divided by R; R is chosen from a warm-up so one sample lasts ~`SAMPLE_TARGET_US` (at most
+`MAX_ROUND_TRIPS`) and is the same on every rank. Two modes:
 
-Ranks agree on one number: each sample is the max over ranks of that iteration's time
-(an all2all step is as slow as its slowest rank), and the statistics are of those samples.
-Several input sets are rotated so repeated iterations do not replay a warm L2.
+* eager (`time_round_trips`): the round trips are launched from Python, as an engine's
+  prefill step is. The host wall time per round trip (launch of the R round trips / R,
+  no device sync inside) is recorded beside the device time: at small token counts the
+  two differ a lot, and a backend that needs a host read per dispatch pays it here.
+* graph (`time_graph_round_trips`): the R round trips are captured once in a CUDA graph
+  and each sample is one replay, as engines run decode. Only for `graph_capturable`
+  backends; host time is the replay's launch cost / R.
+
+On CPU (gloo) both times are the host wall time. Ranks meet at a barrier before each
+sample and agree on one number per sample: the max over ranks (an all2all step is as slow
+as its slowest rank). Several input sets rotate so repeated round trips do not replay a
+warm L2.
 """
 
 from __future__ import annotations
@@ -57,44 +65,103 @@ def summarize(samples: Sequence[float]) -> Stats:
     return Stats(statistics.median(s), quantile(s, 0.1), quantile(s, 0.9), s[lo], s[hi], n)
 
 
+SAMPLE_TARGET_US = 300.0
+MAX_ROUND_TRIPS = 32
+
+
 def _round_trip(backend: All2AllBackend, inputs: RankInputs) -> None:
     d = backend.dispatch(inputs.x, inputs.topk_ids, inputs.topk_weights)
-    backend.combine(d.x, d)
+    backend.combine(d.x if getattr(d, "x_scale", None) is None else _expert_out_like(backend, d.x), d)
+
+
+def _expert_out_like(backend: All2AllBackend, received: torch.Tensor) -> torch.Tensor:
+    """A stand-in expert output in the activation dtype for quantized payloads: an engine's
+    GEMM writes bf16 rows; converting the fp8 rows here would time a cast no engine does."""
+    cached = getattr(backend, "_timing_expert_out", None)
+    if cached is None or cached.shape != received.shape:
+        cached = torch.randn(received.shape, device=received.device).to(backend.dtype)
+        backend._timing_expert_out = cached
+    return cached
+
+
+def _round_trips(backend: All2AllBackend, input_sets: Sequence[RankInputs], first: int, count: int) -> None:
+    for j in range(first, first + count):
+        _round_trip(backend, input_sets[j % len(input_sets)])
+
+
+def _sync(backend: All2AllBackend) -> None:
+    if backend.device.type == "cuda":
+        torch.cuda.synchronize(backend.device)
+
+
+def _round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[RankInputs]) -> int:
+    """R such that R round trips take ~SAMPLE_TARGET_US, agreed on by every rank (max)."""
+    dist.barrier(group=backend.group)
+    _sync(backend)
+    t0 = time.perf_counter()
+    _round_trips(backend, input_sets, 0, 4)
+    _sync(backend)
+    one_us = (time.perf_counter() - t0) * 1e6 / 4
+    local = max(1, min(MAX_ROUND_TRIPS, math.ceil(SAMPLE_TARGET_US / max(one_us, 1e-3))))
+    agreed = torch.tensor([local], dtype=torch.int64, device=backend.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=backend.group)
+    return int(agreed.item())
+
+
+def _timed_samples(backend: All2AllBackend, iters: int, reps: int, launch) -> tuple[list[float], list[float]]:
+    """Run `launch(i)` (R round trips) `iters` times between events; per-round-trip µs."""
+    cuda = backend.device.type == "cuda"
+    if cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    host_us: list[float] = []
+    for i in range(iters):
+        dist.barrier(group=backend.group)  # ranks start each sample together
+        _sync(backend)
+        t0 = time.perf_counter()
+        if cuda:
+            starts[i].record()
+        launch(i)
+        if cuda:
+            ends[i].record()
+        host_us.append((time.perf_counter() - t0) * 1e6 / reps)
+    _sync(backend)
+    device_us = [s.elapsed_time(e) * 1e3 / reps for s, e in zip(starts, ends)] if cuda else list(host_us)
+    return _max_over_ranks(backend, device_us, host_us)
 
 
 def time_round_trips(
     backend: All2AllBackend, input_sets: Sequence[RankInputs], *, warmup: int, iters: int
 ) -> tuple[list[float], list[float]]:
-    """Return (device_us, host_us) per iteration, each already the max over ranks."""
-    cuda = backend.device.type == "cuda"
-    for i in range(warmup):
-        _round_trip(backend, input_sets[i % len(input_sets)])
-    device_us: list[float] = []
-    host_us: list[float] = []
-    if cuda:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        inputs = input_sets[i % len(input_sets)]
-        # Ranks start each iteration together, so one rank's late start is not timed as the
-        # other's communication wait.
-        dist.barrier(group=backend.group)
-        if cuda:
-            torch.cuda.synchronize(backend.device)
-            t0 = time.perf_counter()
-            starts[i].record()
-            _round_trip(backend, inputs)
-            ends[i].record()
-            host_us.append((time.perf_counter() - t0) * 1e6)
-        else:
-            t0 = time.perf_counter()
-            _round_trip(backend, inputs)
-            host_us.append((time.perf_counter() - t0) * 1e6)
-    if cuda:
-        torch.cuda.synchronize(backend.device)
-        device_us = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-    else:
-        device_us = list(host_us)
+    """Eager: return (device_us, host_us) per sample, per round trip, max over ranks."""
+    _round_trips(backend, input_sets, 0, warmup)
+    reps = _round_trips_per_sample(backend, input_sets)
+    return _timed_samples(backend, iters, reps, lambda i: _round_trips(backend, input_sets, i * reps, reps))
+
+
+def time_graph_round_trips(
+    backend: All2AllBackend, input_sets: Sequence[RankInputs], *, warmup: int, iters: int
+) -> tuple[list[float], list[float]]:
+    """CUDA graph: R round trips captured once (rotating the input sets), one replay a sample."""
+    assert backend.device.type == "cuda" and backend.graph_capturable
+    side = torch.cuda.Stream(backend.device)
+    side.wait_stream(torch.cuda.current_stream(backend.device))
+    with torch.cuda.stream(side):  # warm-up off the capture stream: compiles kernels, primes pools
+        _round_trips(backend, input_sets, 0, max(warmup, len(input_sets)))
+    torch.cuda.current_stream(backend.device).wait_stream(side)
+    reps = _round_trips_per_sample(backend, input_sets)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _round_trips(backend, input_sets, 0, reps)
+    for _ in range(max(1, warmup // reps)):
+        graph.replay()
+    try:
+        return _timed_samples(backend, iters, reps, lambda i: graph.replay())
+    finally:
+        del graph
+
+
+def _max_over_ranks(backend: All2AllBackend, device_us: list[float], host_us: list[float]) -> tuple[list[float], list[float]]:
     both = torch.tensor([device_us, host_us], dtype=torch.float64, device=backend.device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=backend.group)
     return both[0].tolist(), both[1].tolist()

@@ -1,0 +1,180 @@
+"""Start-up cost of the runtime lookup: what an engine pays to ask the table (issue 6).
+
+    python bench/startup.py [--runs 21] [--json FILE]
+
+Every number is measured in fresh child interpreters, so nothing this script imports
+(select and jsonschema, to write the table) is counted or cached for the lookup. The
+children run with cached bytecode, as after ``pip install`` (``PYTHONDONTWRITEBYTECODE`` is
+unset for them and one unmeasured child writes the ``.pyc`` files); one more row shows the
+import when every a2a-tune module is compiled from source (``-X pycache_prefix`` pointing
+at an empty directory), for machines that forbid writing bytecode.
+
+(a) import: wall time of ``import a2a_tune.tuner.lookup`` inside a fresh interpreter
+    (perf_counter around the import; the interpreter's own start is not counted), median
+    of ``--runs`` interpreters; and the heavy modules it loaded (must be none of torch,
+    sqlalchemy, pynvml, jsonschema, rich, numpy, a2a_tune.kernels, a2a_tune.db).
+(b) warm lookup: µs per call once the table is loaded and the answer cached; best of 5
+    batches of 20000 calls (tokens=, phase="decode", workload=), per child, median over
+    children.
+(c) cold lookup: a table of 50 shapes x 20 token buckets x 6 backends (schema 2, written by
+    ``select.write_profile``) -> ``clear_cache()`` then one lookup: stat + read + JSON
+    parse + validation + interpolation; median over 20 repeats per child, and the very
+    first lookup of each fresh interpreter (import excluded).
+
+Targets (issue 6): import < 30 ms and no heavy import, warm < 50 µs, cold < 20 ms. Exit
+status 1 when one is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HEAVY = ["torch", "sqlalchemy", "pynvml", "jsonschema", "rich", "numpy", "a2a_tune.kernels", "a2a_tune.db"]
+FP = "bench.startup.node1"
+BACKENDS = [
+    "allgather_reducescatter",
+    "nccl_all2allv",
+    "nvlink_one_sided",
+    "nvlink_low_latency",
+    "flashinfer_nvlink_one_sided",
+    "flashinfer_nvlink_two_sided",
+]
+TOKENS = [2**i for i in range(20)]  # 1 .. 524288: 20 buckets
+ASK = dict(ep_size=8, hidden=7168, topk=8, num_experts=256)  # one of the 50 shapes
+
+CHILD = r"""
+import json, statistics, sys, time
+t0 = time.perf_counter()
+import a2a_tune.tuner.lookup as lk
+import_s = time.perf_counter() - t0
+heavy = [m for m in HEAVY if m in sys.modules]
+ask = dict(ASK, fingerprint=FP)
+t0 = time.perf_counter()
+first = lk.lookup(tokens=200, **ask)
+first_s = time.perf_counter() - t0
+assert first.match == "exact", first.reason
+cold = []
+for _ in range(20):
+    lk.clear_cache()
+    t0 = time.perf_counter()
+    c = lk.lookup(tokens=200, **ask)
+    cold.append(time.perf_counter() - t0)
+warm = {}
+for name, kw in (("tokens", {"tokens": 200}), ("decode", {"phase": "decode", "max_tokens": 256}),
+                 ("workload", {"workload": WORKLOAD})):
+    lk.lookup(**ask, **kw)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20000):
+            lk.lookup(**ask, **kw)
+        best = min(best, (time.perf_counter() - t0) / 20000)
+    warm[name] = best
+print(json.dumps({"import_s": import_s, "heavy": heavy, "first_s": first_s,
+                  "cold_s": statistics.median(cold), "warm_s": warm, "backend": first.backend}))
+"""
+
+
+def make_table(directory: Path) -> Path:
+    """50 shapes x 20 token buckets x 6 backends, through select (validated, schema 2)."""
+    from a2a_tune.tuner.select import build_profile, write_profile
+
+    shapes = []
+    for ep in (2, 4, 8):
+        for hidden in (2048, 2880, 4096, 5120, 7168):
+            for topk, experts in ((2, 8), (4, 128), (8, 256)):
+                shapes.append(dict(ep_size=ep, hidden=hidden, topk=topk, num_experts=experts, dtype="bf16", routing="uniform"))
+    shapes += [dict(s, routing="skewed") for s in shapes[:5]]  # 45 + 5 = 50 distinct shapes
+    measurements = []
+    for si, shape in enumerate(shapes):
+        for bi, b in enumerate(BACKENDS):
+            for t in TOKENS:
+                med = (20 + 7 * bi + si % 5) + t * shape["hidden"] * shape["topk"] * (0.4 + 0.13 * ((bi * 7) % 6)) / 1e6
+                measurements.append(dict(shape, backend=b, tokens_per_rank=t, timing="graph" if bi == 3 else "eager",
+                                         median_us=med, p10_us=med * 0.97, p90_us=med * 1.05))  # fmt: skip
+    profile = build_profile(
+        measurements, [],
+        hardware={"fingerprint": FP, "facts_hash": "0" * 16, "facts": {"generated": "bench/startup.py"}},
+        run={"id": 1, "device_type": "cuda", "world_size": 8, "versions": {}},
+        backend_names={b: {"vllm_name": None, "sglang_name": None} for b in BACKENDS},
+    )  # fmt: skip
+    assert len(profile["entries"]) == 50 and all(len(e["tokens"]) == 20 and len(e["backends"]) == 6 for e in profile["entries"])
+    return write_profile(profile, directory)
+
+
+def run_child(table_dir: Path, workload: Path, *, no_bytecode: bool = False) -> dict:
+    code = (f"HEAVY = {HEAVY!r}\nFP = {FP!r}\nASK = {ASK!r}\nWORKLOAD = {str(workload)!r}\n") + CHILD
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(A2A_TUNE_PROFILE_DIR=str(table_dir), XDG_DATA_HOME=str(table_dir / "xdg"))
+    flags = []
+    if no_bytecode:
+        empty = table_dir / "empty-pycache"
+        empty.mkdir(exist_ok=True)
+        flags = ["-X", f"pycache_prefix={empty}", "-B"]
+    out = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=21, help="fresh interpreters [default: 21]")
+    ap.add_argument("--json", default=None, help="also write the raw results to this file")
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        table = make_table(tmp)
+        workload = tmp / "workload.csv"
+        workload.write_text("".join(f"{t},{100 // (i + 1)}\n" for i, t in enumerate(TOKENS[:12])))
+        run_child(tmp, workload)  # writes the bytecode; not counted
+        runs = [run_child(tmp, workload) for _ in range(args.runs)]
+        source_runs = [run_child(tmp, workload, no_bytecode=True) for _ in range(max(3, args.runs // 3))]
+        size_kb = table.stat().st_size / 1024
+
+    ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
+    us = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
+    heavy = sorted({m for r in runs for m in r["heavy"]})
+    rows = [
+        ("import a2a_tune.tuner.lookup", f"{ms([r['import_s'] for r in runs]):.2f} ms",
+         f"{min(r['import_s'] for r in runs) * 1e3:.2f} .. {max(r['import_s'] for r in runs) * 1e3:.2f} ms", "< 30 ms",
+         ms([r["import_s"] for r in runs]) < 30),
+        ("heavy modules imported", ", ".join(heavy) or "none", "", "none", not heavy),
+        ("(import without cached bytecode: sources compiled)", f"{ms([r['import_s'] for r in source_runs]):.2f} ms",
+         f"{min(r['import_s'] for r in source_runs) * 1e3:.2f} .. {max(r['import_s'] for r in source_runs) * 1e3:.2f} ms",
+         "-", True),
+        ("warm lookup, tokens=200", f"{us([r['warm_s']['tokens'] for r in runs]):.2f} us", "", "< 50 us",
+         us([r["warm_s"]["tokens"] for r in runs]) < 50),
+        ("warm lookup, phase=decode max_tokens=256", f"{us([r['warm_s']['decode'] for r in runs]):.2f} us", "", "< 50 us",
+         us([r["warm_s"]["decode"] for r in runs]) < 50),
+        ("warm lookup, workload file (12 points)", f"{us([r['warm_s']['workload'] for r in runs]):.2f} us", "", "< 50 us",
+         us([r["warm_s"]["workload"] for r in runs]) < 50),
+        (f"cold lookup, 50x20x6 table ({size_kb:.0f} KiB), clear_cache() + 1 lookup",
+         f"{ms([r['cold_s'] for r in runs]):.2f} ms", "", "< 20 ms", ms([r["cold_s"] for r in runs]) < 20),
+        ("first lookup in a fresh interpreter (import excluded)", f"{ms([r['first_s'] for r in runs]):.2f} ms",
+         f"{min(r['first_s'] for r in runs) * 1e3:.2f} .. {max(r['first_s'] for r in runs) * 1e3:.2f} ms", "< 20 ms",
+         ms([r["first_s"] for r in runs]) < 20),
+    ]  # fmt: skip
+    load = " load average %.2f %.2f %.2f," % os.getloadavg() if hasattr(os, "getloadavg") else ""
+    print(f"{dt.date.today().isoformat()}  {platform.node()}  {platform.machine()}, {os.cpu_count()} CPUs,{load} "
+          f"{platform.platform()}, Python {platform.python_version()}  ({args.runs} fresh interpreters)")  # fmt: skip
+    print()
+    print("| measurement | median | range | target | met |")
+    print("|---|---:|---:|---:|:---:|")
+    for name, value, spread, target, ok in rows:
+        print(f"| {name} | {value} | {spread} | {target} | {'yes' if ok else 'NO'} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": runs, "table_kib": size_kb}, indent=2))
+    return 0 if all(ok for *_, ok in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""What the symmetric-memory backends share: workspace layout, per-rank state, and the Triton
+helpers for flag signalling and row copies.
+
+A workspace is one symmetric allocation per rank (identical layout on every rank); a rank
+reaches a peer's copy of a region through the local region's address plus the distance
+between the two workspaces (`RankState.delta()`), so kernels take typed pointers to their
+own regions and stay vectorised (workspaces are 256-byte aligned relative to each other).
+
+Flags carry an epoch held on the device, so no host synchronisation is needed and captured
+CUDA graphs replay correctly; a receiver gives up after `SPIN_LIMIT` polls and sets the
+rank's error word instead of hanging the GPU when a peer died.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_ALIGN = 256  # bytes: every region starts 256-aligned (vector access, and typed views)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Byte layout of one rank's workspace: named regions of (dtype, shape), in order."""
+
+    regions: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
+
+    def offsets(self) -> dict[str, int]:
+        out, pos = {}, 0
+        for name, dtype, shape in self.regions:
+            out[name] = pos
+            size = dtype.itemsize
+            for n in shape:
+                size *= n
+            pos += -(-size // _ALIGN) * _ALIGN
+        out["total"] = pos
+        return out
+
+    def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Typed views of the local workspace `buf` (uint8 [total])."""
+        o = self.offsets()
+        out = {}
+        for name, dtype, shape in self.regions:
+            n = dtype.itemsize
+            for d in shape:
+                n *= d
+            out[name] = buf[o[name] : o[name] + n].view(dtype).view(shape)
+        return out
+
+
+@dataclass
+class RankState:
+    """What one rank's kernels need: its workspace views, where the peers' copies are, counters."""
+
+    rank: int
+    buf: torch.Tensor  # uint8 [total], this rank's symmetric workspace
+    views: dict[str, torch.Tensor]  # typed regions of `buf`
+    delta_bytes: list[int]  # rank d's workspace - ours, in bytes
+    epoch: torch.Tensor  # int32 [2], local: [0] round counter the flags carry, [1] error word (1: a wait gave up)
+    done: torch.Tensor  # int32 [2], local: CTAs finished in the current send kernel
+    _deltas: dict[int, torch.Tensor]
+
+    @classmethod
+    def create(cls, rank: int, layout: Workspace, buf: torch.Tensor, peer_bases: list[int]) -> "RankState":
+        """`peer_bases[d]`: the address of rank d's workspace as mapped in this process."""
+        dev = buf.device
+        views = layout.views(buf)
+        views["flags"].zero_()
+        delta = [b - peer_bases[rank] for b in peer_bases]
+        if any(d % _ALIGN for d in delta):
+            raise ValueError(f"workspaces must be {_ALIGN}-byte aligned relative to each other")
+        return cls(
+            rank=rank,
+            buf=buf,
+            views=views,
+            delta_bytes=delta,
+            epoch=torch.zeros(2, dtype=torch.int32, device=dev),
+            done=torch.zeros(2, dtype=torch.int32, device=dev),
+            _deltas={},
+        )
+
+    def delta(self, itemsize: int) -> torch.Tensor:
+        """int64 [W]: the distance to each rank's workspace in elements of `itemsize` bytes."""
+        if itemsize not in self._deltas:
+            self._deltas[itemsize] = torch.tensor(
+                [d // itemsize for d in self.delta_bytes], dtype=torch.int64, device=self.buf.device
+            )
+        return self._deltas[itemsize]
+
+    def received_scales(self) -> torch.Tensor:
+        """fp32 [rows, S]: block scales of the rows dispatch_recv returned (quantized payloads)."""
+        xs = self.views["xs"]
+        return xs.view(-1, xs.shape[-1])
+
+    def gave_up(self) -> bool:
+        """Whether a wait timed out since the workspace was made (host sync: not for hot paths)."""
+        return bool(self.epoch[1].item())
+
+
+def row_blocks(hidden: int, itemsize: int) -> dict[str, int]:
+    """BLOCK_H (16 KB of payload per step at most) and N_HB, the unrolled steps per row
+    (a constexpr count: dynamic-bound loops don't run under the interpreter with NumPy 2)."""
+    block = min(triton.next_power_of_2(hidden), 16384 // itemsize)
+    return {"BLOCK_H": block, "N_HB": triton.cdiv(hidden, block)}
+
+
+def block_k(k: int) -> int:
+    return triton.next_power_of_2(k)
+
+
+@triton.jit
+def signal_when_last(done_ptr, flags, d_i32, me, epoch, n_prog, epoch_ptr, W: tl.constexpr, BUMP_EPOCH: tl.constexpr):
+    """Count this CTA done; the last one raises `epoch` at flags[me] on every rank (`flags` is
+    the local flag row; d_i32 the per-rank offsets to its counterparts) and, for dispatch,
+    stores the new epoch: every CTA has read the old one by then."""
+    tl.debug_barrier()  # every thread's stores of this CTA precede the release below
+    finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="sys")
+    if finished == n_prog - 1:
+        tl.store(done_ptr, 0)  # reset for the next round (nobody else touches it now)
+        if BUMP_EPOCH:
+            tl.store(epoch_ptr, epoch)
+        for d in tl.static_range(W):
+            tl.atomic_xchg(flags + tl.load(d_i32 + d) + me, epoch, sem="release", scope="sys")
+
+
+# Polls of a flag before a receiver gives up (seconds on a GPU): a peer that died must not
+# leave this GPU spinning forever. The give-up is recorded in the rank's error word and the
+# round's results are garbage, which the invariant check then reports.
+SPIN_LIMIT = tl.constexpr(1 << 24)
+
+
+@triton.jit
+def wait_flags(flags, epoch, err_ptr, W: tl.constexpr):
+    for s in tl.static_range(W):
+        seen = tl.atomic_add(flags + s, 0, sem="acquire", scope="sys")
+        polls = 0
+        while (seen < epoch) & (polls < SPIN_LIMIT):
+            seen = tl.atomic_add(flags + s, 0, sem="acquire", scope="sys")
+            polls += 1
+        if polls >= SPIN_LIMIT:
+            tl.atomic_xchg(err_ptr, 1)
+
+
+@triton.jit
+def copy_scales(dst, src, n, BLOCK_S: tl.constexpr):
+    """Copy n 4-byte block scales (as int32 bits: no float conversion)."""
+    ss = tl.arange(0, BLOCK_S)
+    tl.store(dst + ss, tl.load(src + ss, mask=ss < n), mask=ss < n)
+
+
+@triton.jit
+def copy_row(dst, src, hidden, BLOCK_H: tl.constexpr, N_HB: tl.constexpr):
+    for hb in tl.static_range(N_HB):
+        hs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        hm = hs < hidden
+        tl.store(dst + hs, tl.load(src + hs, mask=hm), mask=hm)

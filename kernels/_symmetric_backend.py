@@ -1,0 +1,111 @@
+"""What the symmetric-memory backends share above their kernels: availability, the
+workspace rendezvous, and the dispatch/combine driver (quantize, send, receive)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ._nvlink_common import RankState, Workspace
+from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
+from .quant import quantize_fp8_blocks
+
+
+def symmetric_memory_availability(env: BackendEnv) -> Availability:
+    """What they need, checked without collectives."""
+    if env.device_type != "cuda":
+        return Availability(False, "needs CUDA GPUs (symmetric memory over NVLink)")
+    if env.world_size < 2:
+        return Availability(False, "needs at least 2 ranks")
+    if not env.peer_access:
+        return Availability(False, "needs peer access between every pair of GPUs (one NVLink island)")
+    if not env.has_package("triton"):
+        return Availability(False, "triton not installed")
+    try:
+        import torch.distributed._symmetric_memory  # noqa: F401
+    except ImportError as exc:
+        return Availability(False, f"torch symmetric memory unavailable ({exc})")
+    return Availability(True)
+
+
+def rendezvous_workspace(nbytes: int, group, device: torch.device) -> tuple[torch.Tensor, list[int], object]:
+    """Allocate this rank's symmetric workspace and map every peer's: (local, peer bases, handle)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    try:
+        if symm_mem.get_backend(device) is None:
+            symm_mem.set_backend("CUDA")  # not NVSHMEM: plain CUDA IPC mappings, multicast unused
+    except (AttributeError, RuntimeError):
+        pass  # older torch: CUDA is the only backend; or it was chosen before
+    buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+    handle = symm_mem.rendezvous(buf, group if group is not None else torch.distributed.group.WORLD)
+    return buf, list(handle.buffer_ptrs), handle
+
+
+@dataclass
+class _Handle:
+    topk_ids: torch.Tensor  # [T, k] the source tokens' ids: combine sums what came back for them
+    tokens: int
+
+
+class SymmetricMemoryBackend(All2AllBackend):
+    """Base of the NVLink backends: subclasses name their kernel module and lay out its workspace."""
+
+    graph_capturable = True  # no host synchronisation anywhere
+    quantized_payloads = True  # fp8_e4m3: rows quantized before dispatch, scales travel beside them
+    capacity_bound = True  # cost grows with max_tokens_per_rank: size it to the load
+    kernels: ClassVar[str]  # the module of the four kernels, e.g. "_one_sided_kernels"
+
+    @classmethod
+    def availability(cls, env: BackendEnv) -> Availability:
+        return symmetric_memory_availability(env)
+
+    def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
+        super().__init__(group, shape, device)
+        ok, reason = type(self).feasibility(shape, self.world_size)
+        if not ok:
+            raise ValueError(reason)
+        self._k = importlib.import_module(f".{self.kernels}", __package__)  # triton only now
+        layout = self.workspace()
+        buf, bases, self._symm = rendezvous_workspace(layout.offsets()["total"], group, device)
+        self.state = RankState.create(self.rank, layout, buf, bases)
+        self._out = self._k.Outputs(self.received_rows(), shape.topk, device)
+        torch.cuda.synchronize(device)
+        torch.distributed.barrier(group=group)  # every rank's flags are zero before anyone signals
+
+    def workspace(self) -> Workspace:
+        raise NotImplementedError
+
+    def received_rows(self) -> int:
+        raise NotImplementedError
+
+    def receive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def combine_receive(self, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        tokens = self.check_inputs(x, topk_ids, topk_weights)
+        q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
+        self._k.dispatch_send(self.state, q, topk_ids.contiguous(), topk_weights.contiguous(), self.experts_per_rank, scales)
+        rx, rids, rw = self.receive()
+        handle = _Handle(topk_ids, tokens)
+        if self.wire_dtype is None:
+            return Dispatched(x=rx, topk_ids=rids, topk_weights=rw, handle=handle)
+        x_scale = self.state.received_scales()
+        return Dispatched(x=rx.view(self.wire_dtype), topk_ids=rids, topk_weights=rw, handle=handle, x_scale=x_scale)
+
+    def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        h: _Handle = dispatched.handle
+        out = expert_out.to(self.dtype).contiguous()  # [N, H]
+        self._k.combine_send(self.state, out)
+        y = torch.empty(h.tokens, self.shape.hidden, dtype=self.dtype, device=self.device)
+        return self.combine_receive(out, h.topk_ids, y)
+
+    def close(self) -> None:
+        self.state = None
+        self._symm = None

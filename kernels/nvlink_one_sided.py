@@ -1,0 +1,48 @@
+"""`nvlink_one_sided`: our Triton kernels over torch symmetric memory (CUDA backend).
+
+Mechanism (kernels in `_one_sided_kernels.py`): every rank maps every peer's workspace;
+dispatch writes each token once into the receive slot of every rank owning one of its
+experts (its metadata to all ranks), and the last CTA raises a flag on each peer. The
+receiver waits on flags, never on a count-exchange collective. Combine writes each
+received row's partial sum back into its source's combine slot; the source sums the rows
+of the ranks it sent to. No host synchronisation anywhere, so a round trip can be captured
+in a CUDA graph (the sweep times it under graph replay at decode sizes).
+
+Received rows: a fixed W x capacity layout (slot = the token's index on its source rank);
+rows beyond a source's token count, and rows of tokens with no expert here, carry topk ids
+of -1. `Dispatched.x` is a view of the workspace: valid until the next dispatch.
+
+Workspace per rank: 2 * W * capacity * H payload elements + W * capacity * 2k int32 of
+metadata (capacity = max_tokens_per_rank): 0.94 GB for W=2, 16384 tokens, H=7168, bf16.
+Needs: CUDA, Triton, peer access between every pair of GPUs of the group on one node
+(NVLink: `probe` shows the island), torch symmetric memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._nvlink_common import Workspace
+from ._symmetric_backend import SymmetricMemoryBackend
+from .registry import register_backend
+
+
+@register_backend
+class NvlinkOneSided(SymmetricMemoryBackend):
+    name = "nvlink_one_sided"
+    vllm_name = None  # same semantics as vLLM's flashinfer_nvlink_one_sided, but not FlashInfer's code
+    sglang_name = None
+    kernels = "_one_sided_kernels"
+
+    def workspace(self) -> Workspace:
+        s = self.shape
+        return self._k.workspace(self.world_size, s.max_tokens_per_rank, s.hidden, s.topk, self.dtype, self.wire_dtype)
+
+    def received_rows(self) -> int:
+        return self.world_size * self.shape.max_tokens_per_rank
+
+    def receive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._k.dispatch_recv(self.state, self._out)
+
+    def combine_receive(self, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._k.combine_recv(self.state, expert_out, topk_ids, self.experts_per_rank, y)

@@ -1,0 +1,282 @@
+"""The vLLM general plugin against a minimal stand-in for vLLM (no vLLM installed here).
+
+The stand-in mimics what the plugin relies on in vLLM (vllm/engine/arg_utils.py): a
+dataclass ``EngineArgs`` with an ``all2all_backend`` field (default
+"allgather_reducescatter") whose ``create_engine_config()`` validates the literal and
+returns a config with ``model_config.hf_config``, ``parallel_config`` and
+``scheduler_config``. The fixture table (tests/fixtures/profiles, see test_lookup.py) has
+vLLM literals for allgather_reducescatter and (failed) flashinfer_nvlink_one_sided only;
+tests that need the table to pick another vLLM literal give nvlink_one_sided one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+import tomllib
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from a2a_tune.tuner import vllm_plugin
+from a2a_tune.tuner.lookup import clear_cache
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+FP = "test.fixture.node1"
+ACCEPTED = {"allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput", "flashinfer_nvlink_one_sided"}
+
+
+def make_vllm(calls: list):
+    """A fake `vllm` package with `vllm.engine.arg_utils.EngineArgs`."""
+
+    @dataclasses.dataclass
+    class EngineArgs:
+        model: str = "deepseek-ai/DeepSeek-V3"
+        all2all_backend: str = "allgather_reducescatter"
+        enable_expert_parallel: bool = True
+        data_parallel_size: int = 2
+        tensor_parallel_size: int = 1
+        max_num_seqs: int = 64
+        max_num_batched_tokens: int = 1024
+        kv_role: str | None = None
+        hf: dict = dataclasses.field(default_factory=lambda: {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256})
+
+        def create_engine_config(self, usage_context=None):
+            calls.append(self.all2all_backend)
+            if self.all2all_backend not in ACCEPTED:  # vLLM's pydantic Literal check
+                raise ValueError(f"Input should be one of ... got {self.all2all_backend!r}")
+            return SimpleNamespace(
+                model_config=SimpleNamespace(hf_config=SimpleNamespace(**self.hf), dtype="torch.bfloat16"),
+                parallel_config=SimpleNamespace(
+                    all2all_backend=self.all2all_backend, enable_expert_parallel=self.enable_expert_parallel,
+                    data_parallel_size=self.data_parallel_size, tensor_parallel_size=self.tensor_parallel_size,
+                    prefill_context_parallel_size=1,
+                ),
+                scheduler_config=SimpleNamespace(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens),
+                kv_transfer_config=SimpleNamespace(kv_role=self.kv_role) if self.kv_role else None,
+                usage_context=usage_context,
+            )  # fmt: skip
+
+    vllm = types.ModuleType("vllm")
+    engine = types.ModuleType("vllm.engine")
+    arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    arg_utils.EngineArgs = EngineArgs
+    vllm.engine, engine.arg_utils = engine, arg_utils
+    return {"vllm": vllm, "vllm.engine": engine, "vllm.engine.arg_utils": arg_utils}, EngineArgs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch, caplog, tmp_path):
+    clear_cache()
+    caplog.set_level(logging.INFO, logger="vllm.a2a_tune")  # (a2a_tune's warnings pass the root's WARNING)
+    calls: list = []
+    modules, engine_args = make_vllm(calls)
+    for name, mod in modules.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    # A copy of the fixture table in which vLLM can express nvlink_one_sided (as deepep_low_latency).
+    data = json.loads((FIXTURES / f"{FP}.json").read_text())
+    data["backends"]["nvlink_one_sided"]["vllm_name"] = "deepep_low_latency"
+    (tmp_path / f"{FP}.json").write_text(json.dumps(data))
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
+    monkeypatch.setenv("A2A_TUNE_FINGERPRINT", FP)
+    monkeypatch.setattr(sys, "argv", ["vllm", "serve", "deepseek-ai/DeepSeek-V3"])
+    for var in ("A2A_TUNE_VLLM_PLUGIN", "A2A_TUNE_PHASE", "A2A_TUNE_WORKLOAD", "VLLM_ALL2ALL_BACKEND"):
+        monkeypatch.delenv(var, raising=False)
+    yield SimpleNamespace(EngineArgs=engine_args, calls=calls, dir=tmp_path)
+    clear_cache()
+
+
+def lines(caplog):
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name in ("vllm.a2a_tune", "a2a_tune")]
+
+
+def test_sets_the_tables_backend_and_logs_one_line(fake_vllm, caplog):
+    vllm_plugin.register()
+    args = fake_vllm.EngineArgs()
+    config = args.create_engine_config(usage_context="serve")
+    # decode over 1..64 tokens/rank: nvlink_one_sided (vLLM literal deepep_low_latency here).
+    assert config.parallel_config.all2all_backend == "deepep_low_latency"
+    assert config.usage_context == "serve"  # arguments reach vLLM's own function
+    assert fake_vllm.calls == ["allgather_reducescatter", "deepep_low_latency"]  # rebuilt by vLLM with the choice
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO"
+    assert msg.startswith("a2a-tune: sets --all2all-backend deepep_low_latency (was 'allgather_reducescatter') for "
+                          "ep_size=2 hidden=7168 topk=8 experts=256 bf16, decode, 1..64 tokens/rank "
+                          "(default for an engine serving both phases) [hardware exact]: profile test.fixture.node1.json")
+    assert "\n" not in msg
+
+
+def test_prefill_engine_of_disaggregated_serving_gets_its_own_answer(fake_vllm, caplog):
+    vllm_plugin.register()
+    # A kv_producer only prefills: chunks of 1024 tokens/rank -> nccl_all2allv, which vLLM
+    # cannot express; the fastest it can is its default.
+    config = fake_vllm.EngineArgs(kv_role="kv_producer").create_engine_config()
+    assert config.parallel_config.all2all_backend == "allgather_reducescatter"
+    assert fake_vllm.calls == ["allgather_reducescatter"]  # nothing to rebuild
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO" and "keeps --all2all-backend allgather_reducescatter" in msg
+    assert "prefill, 1024 tokens/rank per step (a kv_producer (prefill) engine)" in msg
+    # ... and the decode side of the pair picks the decode backend.
+    assert fake_vllm.EngineArgs(kv_role="kv_consumer").create_engine_config().parallel_config.all2all_backend == "deepep_low_latency"
+
+
+def test_phase_and_workload_from_the_environment(fake_vllm, monkeypatch, caplog):
+    vllm_plugin.register()
+    monkeypatch.setenv("A2A_TUNE_PHASE", "prefill")
+    assert fake_vllm.EngineArgs().create_engine_config().parallel_config.all2all_backend == "allgather_reducescatter"
+    w = fake_vllm.dir / "steps.csv"
+    w.write_text("1,10\n16,5\n")
+    monkeypatch.setenv("A2A_TUNE_WORKLOAD", str(w))
+    assert fake_vllm.EngineArgs().create_engine_config().parallel_config.all2all_backend == "deepep_low_latency"
+    assert f"workload {w} ($A2A_TUNE_WORKLOAD)" in lines(caplog)[-1][1]
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["argv", "argv_equals", "argv_underscore", "non_default_value", "legacy_env"],
+)
+def test_an_explicit_user_choice_is_never_overridden(how, fake_vllm, monkeypatch, caplog):
+    vllm_plugin.register()
+    backend = "allgather_reducescatter"
+    if how == "argv":
+        monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m", "--all2all-backend", backend])
+    elif how == "argv_equals":
+        monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m", f"--all2all-backend={backend}"])
+    elif how == "argv_underscore":
+        monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m", "--all2all_backend", backend])
+    elif how == "non_default_value":
+        backend = "deepep_high_throughput"
+    else:
+        monkeypatch.setenv("VLLM_ALL2ALL_BACKEND", backend)
+    config = fake_vllm.EngineArgs(all2all_backend=backend).create_engine_config()
+    assert config.parallel_config.all2all_backend == backend
+    assert fake_vllm.calls == [backend]
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO" and msg == f"a2a-tune: all2all backend {backend!r} was set explicitly; not changed"
+
+
+def test_no_all2all_without_expert_and_data_parallelism(fake_vllm, caplog):
+    vllm_plugin.register()
+    for kwargs in ({"enable_expert_parallel": False}, {"data_parallel_size": 1}):
+        caplog.clear()
+        config = fake_vllm.EngineArgs(**kwargs).create_engine_config()
+        assert config.parallel_config.all2all_backend == "allgather_reducescatter"
+        ((level, msg),) = lines(caplog)
+        assert level == "INFO" and "vLLM uses no all2all backend here" in msg
+
+
+# case -> (prepare(fake, monkeypatch), EngineArgs keyword arguments)
+FAILURES = {
+    "no_table": (lambda f, mp: mp.setenv("A2A_TUNE_FINGERPRINT", "h100-sxm.nvl18x8.node1"), {}),
+    "garbled_table": (lambda f, mp: (f.dir / f"{FP}.json").write_bytes(b"\x00\xff garbage"), {}),
+    "truncated_table": (lambda f, mp: (f.dir / f"{FP}.json").write_text('{"schema": 2, "entries": ['), {}),
+    "schema_99": (lambda f, mp: (f.dir / f"{FP}.json").write_text('{"schema": 99}'), {}),
+    "unreadable_table": (lambda f, mp: _deny_reading(f.dir / f"{FP}.json", mp), {}),
+    "probe_fails": (lambda f, mp: (mp.delenv("A2A_TUNE_FINGERPRINT"),
+                                   mp.setitem(sys.modules, "a2a_tune.tuner.probe", _broken_probe())), {}),
+    "dense_model": (lambda f, mp: None, {"hf": {"hidden_size": 4096}}),
+    "shape_not_in_table": (lambda f, mp: None, {"data_parallel_size": 8}),
+    "bad_phase_env": (lambda f, mp: mp.setenv("A2A_TUNE_PHASE", "mixed"), {}),
+    "bad_workload_env": (lambda f, mp: mp.setenv("A2A_TUNE_WORKLOAD", str(f.dir / "missing.csv")), {}),
+    "no_scheduler_limits": (lambda f, mp: None, {"max_num_seqs": None}),
+    "vllm_rejects_choice": (lambda f, mp: mp.setattr(sys.modules[__name__], "ACCEPTED", ACCEPTED - {"deepep_low_latency"}), {}),
+}
+
+
+def _deny_reading(path: Path, mp):
+    import builtins
+
+    real_open = builtins.open
+
+    def deny(file, *a, **k):
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(file, *a, **k)
+
+    mp.setattr(builtins, "open", deny)
+
+
+def _broken_probe():
+    mod = types.ModuleType("a2a_tune.tuner.probe")
+
+    def probe():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    mod.probe = probe
+    return mod
+
+
+@pytest.mark.parametrize("case", sorted(FAILURES))
+def test_any_failure_keeps_vllms_default_with_one_warning(case, fake_vllm, monkeypatch, caplog):
+    vllm_plugin.register()
+    prepare, kwargs = FAILURES[case]
+    prepare(fake_vllm, monkeypatch)
+    config = fake_vllm.EngineArgs(**kwargs).create_engine_config()
+    assert config.parallel_config.all2all_backend == "allgather_reducescatter"
+    recs = lines(caplog)
+    assert [lvl for lvl, _ in recs] == ["WARNING"], recs
+    msg = recs[0][1]
+    assert msg.startswith("a2a-tune: ") and "\n" not in msg
+    assert "allgather_reducescatter" in msg
+
+
+def test_register_wraps_once_and_tolerates_reloading(fake_vllm):
+    vllm_plugin.register()
+    wrapped = fake_vllm.EngineArgs.create_engine_config
+    vllm_plugin.register()  # vLLM may load plugins again in the same process
+    assert fake_vllm.EngineArgs.create_engine_config is wrapped
+    fake_vllm.EngineArgs().create_engine_config()
+    assert fake_vllm.calls == ["allgather_reducescatter", "deepep_low_latency"]
+
+
+def test_disabled_by_environment(fake_vllm, monkeypatch):
+    monkeypatch.setenv("A2A_TUNE_VLLM_PLUGIN", "0")
+    original = fake_vllm.EngineArgs.create_engine_config
+    vllm_plugin.register()
+    assert fake_vllm.EngineArgs.create_engine_config is original
+
+
+def test_register_without_vllm_warns_once_and_returns(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.a2a_tune")
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    vllm_plugin.register()
+    ((level, msg),) = lines(caplog)
+    assert level == "WARNING" and msg.startswith("a2a-tune: plugin not active (ModuleNotFoundError")
+
+
+def test_engine_without_the_argument_is_left_alone(fake_vllm, monkeypatch, caplog):
+    class OldEngineArgs:  # a vLLM from before --all2all-backend
+        def create_engine_config(self):
+            return SimpleNamespace(parallel_config=SimpleNamespace())
+
+    monkeypatch.setattr(sys.modules["vllm.engine.arg_utils"], "EngineArgs", OldEngineArgs)
+    vllm_plugin.register()
+    OldEngineArgs().create_engine_config()
+    ((level, msg),) = lines(caplog)
+    assert level == "WARNING" and "no all2all_backend engine argument" in msg
+
+
+def test_module_import_is_light():
+    code = (
+        "import sys, json; import a2a_tune.tuner.vllm_plugin as p; "
+        "print(json.dumps([m for m in ('torch', 'vllm', 'sqlalchemy', 'pynvml', 'jsonschema', 'a2a_tune.tuner.lookup') "
+        "if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_entry_point_is_declared_and_resolves():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["vllm.general_plugins"]["a2a_tune"]
+    assert target == "a2a_tune.tuner.vllm_plugin:register"
+    module, func = target.split(":")
+    import importlib
+
+    assert callable(getattr(importlib.import_module(module), func))

@@ -1,0 +1,411 @@
+"""The selection table on disk: schema versions 1 and 2 -> one validated, read-only model.
+
+Written by :mod:`a2a_tune.tuner.select` (always the current :data:`SCHEMA_VERSION`), read
+by :mod:`a2a_tune.tuner.lookup` at engine start-up, so this module is standard library
+only and checks by hand exactly what lookup relies on (jsonschema is too slow and heavy
+for an engine's start-up; ``select.validate_profile`` runs the published JSON Schema
+``profiles/schema-v2.json`` as well before writing).
+
+Schema 2 adds to schema 1 (see the JSON Schema for every field):
+
+* per entry and backend ``timing``: ``"eager"`` or ``"graph"`` (CUDA-graph replay) -- one
+  table may mix modes (capturable backends are timed as engines run them in decode);
+  schema 1 had a single ``run.timing`` for the whole table;
+* ``p10_us`` / ``p90_us`` checked too (they decide ties), with p10 <= median <= p90;
+* per winner: ``fastest`` (lowest median), ``runner_up``, ``margin`` =
+  runner-up median / fastest median - 1, ``tie`` and the winner's p10/p90;
+* ``tie_preference``: the order that settles ties (see :mod:`a2a_tune.tuner.estimate`).
+
+Schema 1 files are converted on load: every backend gets ``run.timing`` ("graph" for
+``graph`` / ``cuda_graph``, else "eager"), p10/p90 are used where valid (else the
+spread is unknown: no ties), and the tie preference is the engine default
+``allgather_reducescatter`` first, then the order of the ``backends`` section. Any other
+version is refused with one line naming the field ``schema``.
+
+Every problem is a :class:`ProfileError` whose ``str()`` is one line naming the file and
+the JSON path of the field, e.g.
+``h200.nvl18x2.node1.json: entries[3].backends.nccl_all2allv.median_us[2]: not a positive finite number``.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from operator import le as _le
+from types import MappingProxyType
+
+from a2a_tune.tuner.fingerprint import normalize_fingerprint
+
+__all__ = [
+    "FALLBACK_BACKEND",
+    "READABLE_SCHEMAS",
+    "SCHEMA_VERSION",
+    "TIMING_MODES",
+    "Profile",
+    "ProfileEntry",
+    "ProfileError",
+    "Shape",
+    "describe_shape",
+    "parse_profile",
+]
+
+#: vLLM's own default (``--all2all-backend``); the answer whenever the table cannot give one,
+#: and the first choice when measurements cannot tell backends apart (a tie).
+FALLBACK_BACKEND = "allgather_reducescatter"
+#: The version select writes.
+SCHEMA_VERSION = 2
+#: The versions this reader loads (1 is converted on load).
+READABLE_SCHEMAS = (1, 2)
+TIMING_MODES = ("eager", "graph")
+
+_INF = float("inf")
+_NUMBER_TYPES = frozenset({float, int})
+_NUMBER_OR_NONE = frozenset({float, int, type(None)})
+#: Timing-mode spellings that mean CUDA-graph replay (schema-1 run.timing; select's input).
+GRAPH_WORDS = frozenset({"graph", "cuda_graph", "cudagraph", "cuda-graph"})
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used. ``str()`` is one line: ``[file: ][field: ]problem``."""
+
+    def __init__(self, problem: str, *, field: str | None = None, path: str | None = None):
+        self.problem = " ".join(str(problem).split())  # force one line
+        self.field = field
+        self.path = path
+        super().__init__(self.problem)
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.path, self.field) if p]
+        return ": ".join(parts + [self.problem])
+
+
+#: Model shape of one table entry (everything but the token count).
+Shape = namedtuple("Shape", "ep_size hidden topk num_experts dtype routing")
+
+
+def describe_shape(s: Shape) -> str:
+    return (
+        f"ep_size={s.ep_size} hidden={s.hidden} topk={s.topk} "
+        f"num_experts={s.num_experts} dtype={s.dtype} routing={s.routing}"
+    )
+
+
+# Records are named tuples, not dataclasses: importing dataclasses costs ~10 ms (it
+# imports inspect), which every engine would pay at start-up.
+
+
+class ProfileEntry(namedtuple("ProfileEntry", "shape source tokens median_us p10_us p90_us timing failed")):
+    """One validated entry: a shape and each backend's curves over tokens per rank.
+
+    ``shape``: :data:`Shape`; ``source``: "measured" or "predicted"; ``tokens``: ascending
+    token counts per rank; ``median_us`` / ``p10_us`` / ``p90_us``: backend -> tuple of
+    float or None aligned with ``tokens``; ``timing``: backend -> "eager" | "graph";
+    ``failed``: backend -> one-line reason (never selected). Mappings are read-only.
+    """
+
+    __slots__ = ()
+
+
+class Profile(namedtuple("Profile", "path schema fingerprint backends tie_preference entries by_shape")):
+    """A validated profile: only what lookup needs.
+
+    ``schema``: the file's version (1 is converted on load); ``backends``: backend ->
+    (vllm_name, sglang_name); ``tie_preference``: backends, most preferred first;
+    ``entries``: tuple of :class:`ProfileEntry`; ``by_shape``: Shape -> ProfileEntry.
+    """
+
+    __slots__ = ()
+
+
+# ----------------------------------------------------------------------- small checks
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_pos_finite(v) -> bool:
+    return (type(v) is float or type(v) is int) and 0 < v < _INF
+
+
+def _is_pos_int(v) -> bool:
+    return type(v) is int and v >= 1
+
+
+def _jtype(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, str):
+        return "string"
+    if _is_num(v):
+        return "number"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _obj(v, where: str) -> dict:
+    if not isinstance(v, dict):
+        raise ProfileError(f"expected a JSON object, got {_jtype(v)}", field=where)
+    return v
+
+
+def _opt_str(v, where: str):
+    if v is not None and not isinstance(v, str):
+        raise ProfileError(f"expected a string or null, got {_jtype(v)}", field=where)
+    return v
+
+
+def _curve(raw, n: int, where: str, key: str) -> tuple:
+    """A strict curve ``where.key``: an array of n values, each null or a positive finite
+    number -> (the values as a tuple, True if none of them is null)."""
+    if type(raw) is not list or len(raw) != n:
+        raise ProfileError(f"expected an array of {n} values (one per token count)", field=f"{where}.{key}")
+    # Fast path (a table has thousands of curves; this is most of a cold lookup): only
+    # numbers (type(), not isinstance: bools are ints), all > 0, and a finite sum (so no
+    # NaN or inf among them).
+    types = set(map(type, raw))
+    if types <= _NUMBER_TYPES:
+        if min(raw) > 0 and sum(raw) < _INF:
+            return tuple(raw), True
+    elif types <= _NUMBER_OR_NONE:
+        values = [v for v in raw if v is not None]
+        if not values or (min(values) > 0 and sum(values) < _INF):
+            return tuple(raw), False
+    for j, v in enumerate(raw):
+        if v is not None and not ((type(v) is float or type(v) is int) and 0 < v < _INF):
+            raise ProfileError("not a positive finite number", field=f"{where}.{key}[{j}]")
+    raise ProfileError("not a positive finite number", field=f"{where}.{key}")  # unreachable
+
+
+def _lenient_curve(raw, n: int) -> tuple:
+    """Schema 1 p10/p90 (never checked by schema-1 readers): valid values or None."""
+    if not isinstance(raw, list) or len(raw) != n:
+        return (None,) * n
+    return tuple(v if _is_pos_finite(v) else None for v in raw)
+
+
+# ------------------------------------------------------------------------------ parse
+
+
+def parse_profile(data, path: str | None = None) -> Profile:
+    """Validate decoded profile JSON (schema 1 or 2) -> :class:`Profile`.
+
+    Raises :class:`ProfileError` naming the first bad field.
+    """
+    try:
+        return _parse(data, path)
+    except ProfileError as exc:
+        if exc.path is None and path is not None:
+            exc.path = path
+        raise
+
+
+def _parse(data, path) -> Profile:
+    top = _obj(data, "top level")
+    if "schema" not in top:
+        raise ProfileError("missing", field="schema")
+    schema = top["schema"]
+    if type(schema) is not int or schema not in READABLE_SCHEMAS:
+        raise ProfileError(
+            f"unsupported version {schema!r} (this a2a-tune reads schemas "
+            f"{', '.join(map(str, READABLE_SCHEMAS))}; regenerate the table with `a2a-tune select`)",
+            field="schema",
+        )
+    hw = _obj(top.get("hardware"), "hardware")
+    fp = hw.get("fingerprint")
+    if not isinstance(fp, str):
+        raise ProfileError(f"expected a string, got {_jtype(fp)}", field="hardware.fingerprint")
+    try:
+        fp = normalize_fingerprint(fp)
+    except ValueError as exc:
+        raise ProfileError(str(exc), field="hardware.fingerprint") from None
+
+    backends = {}
+    for name, spec in _obj(top.get("backends"), "backends").items():
+        where = f"backends.{name}"
+        spec = _obj(spec, where)
+        backends[name] = (
+            _opt_str(spec.get("vllm_name"), f"{where}.vllm_name"),
+            _opt_str(spec.get("sglang_name"), f"{where}.sglang_name"),
+        )
+
+    if schema == 1:
+        timing = _v1_timing(top.get("run"))
+        preference = _default_preference(backends)
+    else:
+        timing = None
+        preference = _preference(top.get("tie_preference"), backends)
+
+    raw_entries = top.get("entries")
+    if not isinstance(raw_entries, list):
+        raise ProfileError(f"expected an array, got {_jtype(raw_entries)}", field="entries")
+    if not raw_entries:
+        raise ProfileError("empty table (no entries)", field="entries")
+
+    entries = []
+    by_shape = {}
+    for i, raw in enumerate(raw_entries):
+        entry = _parse_entry(raw, f"entries[{i}]", backends, timing)
+        if entry.shape in by_shape:
+            j = entries.index(by_shape[entry.shape])
+            raise ProfileError(f"same shape as entries[{j}]", field=f"entries[{i}]")
+        by_shape[entry.shape] = entry
+        entries.append(entry)
+    return Profile(
+        path=path,
+        schema=schema,
+        fingerprint=fp,
+        backends=MappingProxyType(backends),
+        tie_preference=preference,
+        entries=tuple(entries),
+        by_shape=MappingProxyType(by_shape),
+    )
+
+
+def _v1_timing(run) -> str:
+    t = run.get("timing") if isinstance(run, dict) else None
+    return "graph" if isinstance(t, str) and t.strip().lower() in GRAPH_WORDS else "eager"
+
+
+def _default_preference(backends: dict) -> tuple:
+    """Schema 1: the engine default first, then the ``backends`` section's order."""
+    first = [FALLBACK_BACKEND] if FALLBACK_BACKEND in backends else []
+    return tuple(first + [b for b in backends if b != FALLBACK_BACKEND])
+
+
+def _preference(raw, backends: dict) -> tuple:
+    if not isinstance(raw, list):
+        raise ProfileError(f"expected an array of backend names, got {_jtype(raw)}", field="tie_preference")
+    seen = set()
+    for j, b in enumerate(raw):
+        if not isinstance(b, str) or b not in backends:
+            raise ProfileError(f"unknown backend {b!r} (not in 'backends')", field=f"tie_preference[{j}]")
+        if b in seen:
+            raise ProfileError(f"{b!r} listed twice", field=f"tie_preference[{j}]")
+        seen.add(b)
+    # Backends the list leaves out rank after it, in the 'backends' section's order.
+    return tuple(raw) + tuple(b for b in backends if b not in seen)
+
+
+def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> ProfileEntry:
+    e = _obj(raw, where)
+    ints = []
+    for key in ("ep_size", "hidden", "topk", "num_experts"):
+        v = e.get(key)
+        if not _is_pos_int(v):
+            raise ProfileError(f"not a positive integer ({v!r})", field=f"{where}.{key}")
+        ints.append(v)
+    strs = []
+    for key in ("dtype", "routing"):
+        v = e.get(key)
+        if not isinstance(v, str) or not v:
+            raise ProfileError(f"not a non-empty string ({v!r})", field=f"{where}.{key}")
+        strs.append(v)
+    shape = Shape(*ints, *strs)
+
+    source = e.get("source", "measured")
+    if source not in ("measured", "predicted"):
+        raise ProfileError(f"expected 'measured' or 'predicted', got {source!r}", field=f"{where}.source")
+
+    tokens = e.get("tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise ProfileError("expected a non-empty array of token counts", field=f"{where}.tokens")
+    for j, t in enumerate(tokens):
+        if not _is_pos_int(t):
+            raise ProfileError(f"not a positive integer ({t!r})", field=f"{where}.tokens[{j}]")
+        if j and t <= tokens[j - 1]:
+            raise ProfileError("token counts must be strictly ascending", field=f"{where}.tokens[{j}]")
+    n = len(tokens)
+
+    medians, p10s, p90s, timings = {}, {}, {}, {}
+    for name, curve in _obj(e.get("backends"), f"{where}.backends").items():
+        bwhere = f"{where}.backends.{name}"
+        if name not in backends:
+            raise ProfileError("backend not declared in the top-level 'backends'", field=bwhere)
+        curve = _obj(curve, bwhere)
+        med, med_complete = _curve(curve.get("median_us"), n, bwhere, "median_us")
+        if v1_timing is not None:
+            timings[name] = v1_timing
+            lo, hi = _lenient_curve(curve.get("p10_us"), n), _lenient_curve(curve.get("p90_us"), n)
+        else:
+            mode = curve.get("timing")
+            if mode not in TIMING_MODES:
+                raise ProfileError(f"expected one of {', '.join(map(repr, TIMING_MODES))}, got {mode!r}", field=f"{bwhere}.timing")
+            timings[name] = mode
+            lo, lo_complete = _curve(curve.get("p10_us"), n, bwhere, "p10_us")
+            hi, hi_complete = _curve(curve.get("p90_us"), n, bwhere, "p90_us")
+            # map(le) runs in C: this check is per point of every curve.
+            if not (med_complete and lo_complete and hi_complete and all(map(_le, lo, med)) and all(map(_le, med, hi))):
+                for j, (a, m, b) in enumerate(zip(lo, med, hi)):
+                    if m is not None and ((a is not None and a > m) or (b is not None and b < m)):
+                        raise ProfileError(f"median {m} outside its p10..p90 spread [{a}, {b}]", field=f"{bwhere}.median_us[{j}]")
+        medians[name], p10s[name], p90s[name] = med, lo, hi
+
+    failed = {}
+    for name, reason in _obj(e.get("failed", {}), f"{where}.failed").items():
+        if not isinstance(reason, str):
+            raise ProfileError(f"expected a string reason, got {_jtype(reason)}", field=f"{where}.failed.{name}")
+        failed[name] = reason
+
+    _check_winners(e.get("winners", []), where, set(tokens), medians, failed, v1=v1_timing is not None)
+
+    return ProfileEntry(
+        shape=shape,
+        source=source,
+        tokens=tuple(tokens),
+        median_us=MappingProxyType(medians),
+        p10_us=MappingProxyType(p10s),
+        p90_us=MappingProxyType(p90s),
+        timing=MappingProxyType(timings),
+        failed=MappingProxyType(failed),
+    )
+
+
+def _check_winners(winners, where: str, token_set: set, medians: dict, failed: dict, *, v1: bool) -> None:
+    """Winners are informational for lookup (it re-derives them from the curves with the
+    same rules), but a table whose winners name unknown backends or token counts is
+    corrupt: refuse it."""
+    if not isinstance(winners, list):
+        raise ProfileError(f"expected an array, got {_jtype(winners)}", field=f"{where}.winners")
+    live = medians.keys() - failed.keys()
+    for j, w in enumerate(winners):
+        # Fast path: one expression per winner; the detailed checks below only name the field.
+        if type(w) is dict:
+            t, b, mu, ru, m = w.get("tokens"), w.get("backend"), w.get("median_us"), w.get("runner_up"), w.get("margin")
+            if (
+                type(t) is int and t in token_set
+                and type(b) is str and b in live
+                and (type(mu) is float or type(mu) is int) and 0 < mu < _INF
+                and (ru is None or (type(ru) is str and ru in medians))
+                and (m is None or ((type(m) is float or type(m) is int) and 0 <= m < _INF))
+                and (v1 or (type(w.get("fastest")) is str and w["fastest"] in live and type(w.get("tie")) is bool))
+            ):  # fmt: skip
+                continue
+        _winner_error(w, f"{where}.winners[{j}]", token_set, medians, failed, v1=v1)
+
+
+def _winner_error(w, wwhere: str, token_set: set, medians: dict, failed: dict, *, v1: bool) -> None:
+    w = _obj(w, wwhere)
+    if not _is_pos_int(w.get("tokens")) or w.get("tokens") not in token_set:
+        raise ProfileError(f"{w.get('tokens')!r} is not one of the entry's token counts", field=f"{wwhere}.tokens")
+    for key in ("backend",) if v1 else ("backend", "fastest"):
+        b = w.get(key)
+        if not isinstance(b, str) or b not in medians:
+            raise ProfileError(f"unknown backend {b!r}", field=f"{wwhere}.{key}")
+        if b in failed:
+            raise ProfileError(f"backend {b!r} is listed in 'failed'", field=f"{wwhere}.{key}")
+    if not _is_pos_finite(w.get("median_us")):
+        raise ProfileError("not a positive finite number", field=f"{wwhere}.median_us")
+    ru = w.get("runner_up")
+    if ru is not None and (not isinstance(ru, str) or ru not in medians):
+        raise ProfileError(f"unknown backend {ru!r}", field=f"{wwhere}.runner_up")
+    margin = w.get("margin")
+    if margin is not None and not (_is_num(margin) and margin == margin and 0 <= margin < _INF):
+        raise ProfileError("not a finite number >= 0 or null", field=f"{wwhere}.margin")
+    if not v1 and not isinstance(w.get("tie"), bool):
+        raise ProfileError(f"expected true or false, got {_jtype(w.get('tie'))}", field=f"{wwhere}.tie")
+    raise ProfileError("invalid winner", field=wwhere)  # unreachable unless the fast path and these disagree
