@@ -149,7 +149,8 @@ def _print_outcome(outcome, seconds: float) -> None:
         out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False)
 
 
-def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, db, resume, progress):
+def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, db, resume, progress,
+              case_timeout):  # fmt: skip
     from a2a_tune.db import StoreError
 
     from .launch import RankFailed
@@ -163,7 +164,9 @@ def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, b
     )
     start = time.perf_counter()
     try:
-        outcome = run_sweep(plan, device_type=device, world_size=world, db_url=db, resume=resume, progress=progress)
+        outcome = run_sweep(
+            plan, device_type=device, world_size=world, db_url=db, resume=resume, progress=progress, case_timeout=case_timeout
+        )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt:
@@ -185,6 +188,10 @@ _iters_opt = typer.Option(None, help="Timed round trips per case [default: 50 cu
 _db_opt = typer.Option(None, "--db", help=DB_HELP)
 _resume_opt = typer.Option(False, help="Continue the latest unfinished run with the same plan; skip what it stored.")
 _progress_opt = typer.Option(True, help="Show a progress bar.")
+_timeout_opt = typer.Option(
+    600.0, help="Seconds one case may make no progress before every rank is stopped, the case recorded "
+    "as a timeout and the sweep restarted without that backend.",
+)
 
 
 @app.command()
@@ -193,9 +200,11 @@ def sweep(
     model_config: List[Path] = _config_opt, tokens: Optional[str] = _tokens_opt, dtype: List[str] = _dtype_opt,
     routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
     iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
+    case_timeout: float = _timeout_opt,
 ) -> None:  # fmt: skip
     """Check, then time, every backend over shapes x token counts; store every measurement."""
-    _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress)
+    _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
+              case_timeout)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------- select
@@ -255,9 +264,11 @@ def run(
     routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
     iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."),
+    case_timeout: float = _timeout_opt,
 ) -> None:  # fmt: skip
     """Probe + sweep + select: the one command to run once per machine type."""
-    outcome = _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress)
+    outcome = _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
+                        case_timeout)  # fmt: skip
     if outcome is None or outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     path = _do_select(db, outcome.run_id, out_dir)

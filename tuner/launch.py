@@ -30,6 +30,10 @@ class RankFailed(RuntimeError):
     """A rank raised; the message is that rank's error in one line."""
 
 
+class RanksStalled(RankFailed):
+    """The `stalled` watchdog of `run_ranks` fired: every rank was stopped."""
+
+
 @dataclass(frozen=True)
 class RankContext:
     rank: int
@@ -77,11 +81,16 @@ def _rank_main(rank: int, world_size: int, device_type: str, port: int, fn: Call
         results.put((rank, False, (last, traceback.format_exc())))
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, device_type: str, *args: Any) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, device_type: str, *args: Any, stalled: Callable[[], str | None] | None = None
+) -> list[Any]:
     """Run `fn(ctx, *args)` on `world_size` ranks and return their results by rank.
 
     Under torchrun/srun (RANK and WORLD_SIZE set) this process is one rank: it joins the job
     through env:// and returns a list holding only its own result at its own index.
+    Spawned ranks only: `stalled()` is polled every second; when it returns a reason, every
+    rank is killed (a hung collective or kernel leaves nothing to recover in-process) and
+    `RanksStalled` is raised with that reason.
     """
     if launched_externally():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -115,6 +124,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, device_type: str, *args: 
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and out[r] is None]
                 if dead:
                     failure = (dead[0], f"process exited with code {procs[dead[0]].exitcode}", "")
+                elif stalled is not None and (reason := stalled()):
+                    failure = (-1, reason, "stalled")
                 continue
             pending -= 1
             if ok:
@@ -129,9 +140,15 @@ def run_ranks(fn: Callable[..., Any], world_size: int, device_type: str, *args: 
             for p in procs:
                 if p.is_alive():
                     p.terminate()
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():  # stuck in a driver call: SIGTERM is not enough
+                    p.kill()
         for p in procs:
             p.join()
     if failure is not None:
         rank, line, tb = failure
+        if tb == "stalled":
+            raise RanksStalled(line)
         raise RankFailed(f"rank {rank}: {line}") from RuntimeError(tb)
     return out

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import sys
+import tempfile
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -31,7 +35,7 @@ from a2a_tune.db import open_store
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
-from .launch import RankContext, run_ranks
+from .launch import RankContext, RankFailed, RanksStalled, launched_externally, run_ranks
 from .probe import Topology, cpu_topology, merge_nodes, probe
 from .shapes import ModelShape
 from .timing import summarize, time_graph_round_trips, time_round_trips
@@ -118,12 +122,75 @@ def library_versions(device_type: str, topology: Topology) -> dict[str, str | No
     }
 
 
+DEFAULT_CASE_TIMEOUT_S = 600.0  # one case: gate + warm-up + timing (first cases also compile kernels)
+MAX_RESTARTS = 8
+
+
 def sweep(
-    plan: SweepPlan, *, device_type: str, world_size: int, db_url: str | None, resume: bool = False, progress: bool = True
+    plan: SweepPlan,
+    *,
+    device_type: str,
+    world_size: int,
+    db_url: str | None,
+    resume: bool = False,
+    progress: bool = True,
+    case_timeout: float = DEFAULT_CASE_TIMEOUT_S,
 ) -> SweepOutcome:
-    """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job)."""
-    results = run_ranks(_sweep_rank, world_size, device_type, plan, db_url, resume, progress)
-    return next(r for r in results if r is not None)
+    """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job).
+
+    Spawned ranks are watched: a case that makes no progress for `case_timeout` seconds (a
+    hung collective or kernel) gets every rank killed — the only way to free a wedged NCCL
+    communicator or GPU — is recorded as a "timeout" failure, its backend is left out of the
+    rest of this sweep, and the ranks restart on the same run, skipping what is stored.
+    """
+    skip: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="a2a-tune-") as tmp:
+        beat = Path(tmp) / "heartbeat.json"
+        stalled = None if launched_externally() else (lambda: _stalled(beat, case_timeout))
+        for _ in range(MAX_RESTARTS + 1):
+            try:
+                results = run_ranks(
+                    _sweep_rank, world_size, device_type, plan, db_url, resume, progress, str(beat), dict(skip),
+                    stalled=stalled,
+                )  # fmt: skip
+            except RanksStalled:
+                run_id, key = _last_beat(beat)
+                beat.unlink()  # the restarted ranks start a fresh heartbeat
+                reason = f"no progress for {case_timeout:.0f} s; every rank was stopped"
+                _record_timeout(db_url, run_id, key, reason)
+                skip[key[0]] = f"timed out at {key[6]} tokens/rank ({reason})"
+                resume = True  # continue the same run
+                continue
+            outcome = next(r for r in results if r is not None)
+            for backend, why in skip.items():
+                outcome.failed["timeout"] = outcome.failed.get("timeout", 0) + 1
+                outcome.infeasible[backend] = why
+            return outcome
+    raise RankFailed(f"gave up after {MAX_RESTARTS} restarts of stalled ranks")
+
+
+def _stalled(beat: Path, case_timeout: float) -> str | None:
+    try:
+        state = json.loads(beat.read_text())
+    except (OSError, ValueError):
+        return None
+    if state.get("key") and time.time() - state["since"] > case_timeout:
+        return f"case {state['key']} made no progress for {case_timeout:.0f} s"
+    return None
+
+
+def _last_beat(beat: Path) -> tuple[int, tuple]:
+    state = json.loads(beat.read_text())
+    return state["run_id"], tuple(state["key"])
+
+
+def _record_timeout(db_url: str | None, run_id: int, key: tuple, reason: str) -> None:
+    backend, experts, topk, hidden, dtype, ep, tokens, routing = key
+    with open_store(db_url) as store:
+        store.add_failure(
+            run_id, backend=backend, kind="timeout", reason=reason, num_experts=experts, topk=topk, hidden=hidden,
+            dtype=dtype, ep_size=ep, tokens_per_rank=tokens, routing=routing,
+        )  # fmt: skip
 
 
 def _case_key(backend: str, shape: MoEShape, ep_size: int, tokens: int, routing: str) -> tuple:
@@ -134,8 +201,9 @@ def _case_key(backend: str, shape: MoEShape, ep_size: int, tokens: int, routing:
 class _Recorder:
     """Rank 0's side of the store; other ranks hold a recorder that writes nothing."""
 
-    def __init__(self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str):
+    def __init__(self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, beat: str):
         self.is_writer = ctx.rank == 0
+        self.beat_path = beat
         self.store = None
         topologies: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(topologies, probe_for_device(device_type).to_dict())
@@ -151,6 +219,7 @@ class _Recorder:
             raise RuntimeError(header[0]["error"])
         self.run_id: int = header[0]["run_id"]
         self.done: set[tuple] = header[0]["done"]
+        self.unavailable_recorded: set[str] = header[0]["unavailable_recorded"]  # a resumed run has them
         self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size)
 
     def _open(self, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, world: int) -> dict:
@@ -171,7 +240,8 @@ class _Recorder:
                 config={**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": sys.argv[1:]},
                 config_hash=config_hash,
             )
-        return {"run_id": run_id, "done": self.store.done_keys(run_id)}
+        recorded = {f.backend for f in self.store.failures(run_id) if f.kind == "unavailable"}
+        return {"run_id": run_id, "done": self.store.done_keys(run_id), "unavailable_recorded": recorded}
 
     def measurement(self, key: tuple, timing: str, device_us: list[float], host_us: list[float]) -> None:
         self.outcome.measured += 1
@@ -187,6 +257,15 @@ class _Recorder:
             ci_low_us=stats.ci_low_us, ci_high_us=stats.ci_high_us, n=stats.n,
             host_median_us=summarize(host_us).median_us, samples=[round(s, 3) for s in device_us], knobs={},
         )  # fmt: skip
+
+    def beat(self, key: tuple | None) -> None:
+        """Tell the watching parent which case runs now (None: between cases)."""
+        if not self.is_writer or not self.beat_path:
+            return
+        tmp = self.beat_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"run_id": self.run_id, "key": list(key) if key else None, "since": time.time()}, f)
+        os.replace(tmp, self.beat_path)
 
     def infeasible(self, backend: str, reason: str) -> None:
         self.outcome.infeasible[backend] = reason
@@ -236,18 +315,23 @@ def _progress(enabled: bool, total: int):
     )
 
 
-def _sweep_rank(ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, show_progress: bool):
+def _sweep_rank(
+    ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, show_progress: bool, beat: str, skip: dict
+):
     device_type = ctx.device.type
-    rec = _Recorder(ctx, plan, db_url, resume, device_type)
+    rec = _Recorder(ctx, plan, db_url, resume, device_type, beat)
     env = BackendEnv.local(ctx.world_size, device_type)
     usable: list[str] = []
     for name in plan.backend_names():
         ok, reason = get_backend(name).availability(env)
-        if ok:
+        if name in skip:  # timed out earlier in this sweep
+            rec.infeasible(name, skip[name])
+        elif ok:
             usable.append(name)
         else:
             rec.outcome.unavailable[name] = reason
-            rec.failure(name, "unavailable", reason)
+            if name not in rec.unavailable_recorded:
+                rec.failure(name, "unavailable", reason)
     try:
         with _progress(show_progress and rec.is_writer, plan.total()) as bar:
             task = bar.add_task("", total=plan.total()) if bar else None
@@ -296,7 +380,9 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
         instances = built.setdefault((model, dtype), {})
         for name in todo:
             advance(0, f"{label} {name}")
+            rec.beat(keys[name])
             _measure_case(ctx, plan, rec, name, shape, instances, inputs, keys[name])
+            rec.beat(None)
             advance(1, label)
     for instances in built.values():
         for backend in instances.values():

@@ -756,6 +756,11 @@ def _list_tokens(ts: list) -> str:
     return ", ".join(str(t) for t in ts) if len(ts) <= 4 else f"{len(ts)} token counts"
 
 
+def _tie_phrase(ts: list) -> str:
+    """'1, 2 tokens/rank' or '7 token counts' (the count already names its unit)."""
+    return _list_tokens(ts) + (" tokens/rank" if len(ts) <= 4 else "")
+
+
 def winner_ranges(shape: ShapeView) -> list:
     """Collapse consecutive token buckets with the same winner into ranges."""
     by_t = {w.tokens: w for w in shape.winners}
@@ -946,7 +951,7 @@ def render_show(view: TableView, console) -> None:
         console.print(t)
         ties = [t_ for r in winner_ranges(s) for t_ in r.ties]
         if ties:
-            console.print(Text.assemble(("  * tie at ", "yellow"), _list_tokens(ties) + " tokens/rank",
+            console.print(Text.assemble(("  * tie at ", "yellow"), _tie_phrase(ties),
                                         (": the runner-up is within noise there", "dim")), soft_wrap=True)  # fmt: skip
         if s.failed:
             console.print(Text.assemble(("  never selected here: ", "red"), ", ".join(s.failed), " (see failures)"), soft_wrap=True)

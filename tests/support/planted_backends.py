@@ -56,3 +56,17 @@ class NeedsMissingPackage(NcclAll2Allv):
         from a2a_tune.kernels import Availability
 
         return Availability(False, "package planted_ext not installed")
+
+
+@register_backend
+class HangsOnOneRank(NcclAll2Allv):
+    """Rank 1 never returns from dispatch, so rank 0 waits in a collective: a hung backend."""
+
+    name = "planted_hang"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        if self.rank == 1:
+            import time
+
+            time.sleep(3600)
+        return super().dispatch(x, topk_ids, topk_weights)
