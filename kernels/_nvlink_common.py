@@ -115,15 +115,17 @@ def block_k(k: int) -> int:
 def signal_when_last(done_ptr, flags, d_i32, me, epoch, n_prog, epoch_ptr, W: tl.constexpr, BUMP_EPOCH: tl.constexpr):
     """Count this CTA done; the last one raises `epoch` at flags[me] on every rank (`flags` is
     the local flag row; d_i32 the per-rank offsets to its counterparts) and, for dispatch,
-    stores the new epoch: every CTA has read the old one by then."""
+    stores the new epoch: every CTA has read the old one by then. Returns whether it was last."""
     tl.debug_barrier()  # every thread's stores of this CTA precede the release below
     finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="sys")
-    if finished == n_prog - 1:
+    last = finished == n_prog - 1
+    if last:
         tl.store(done_ptr, 0)  # reset for the next round (nobody else touches it now)
         if BUMP_EPOCH:
             tl.store(epoch_ptr, epoch)
         for d in tl.static_range(W):
             tl.atomic_xchg(flags + tl.load(d_i32 + d) + me, epoch, sem="release", scope="sys")
+    return last
 
 
 # Polls of a flag before a receiver gives up (seconds on a GPU): a peer that died must not

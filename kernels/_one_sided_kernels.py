@@ -1,13 +1,14 @@
 """Triton kernels of `nvlink_one_sided`: senders write straight into peers' buffers.
 
 Every rank owns one symmetric workspace (`workspace()`; shared machinery in
-`_nvlink_common`). The four kernels of one round trip, and what each waits for:
+`_nvlink_common`). The kernels of one round trip, and what each waits for:
 
     dispatch_send   each token -> meta row to every rank, payload row to each rank owning
-                    one of its experts (slot = the token's index on its source rank);
-                    the last CTA to finish raises this rank's dispatch flag on every peer
-    dispatch_recv   waits for every source's dispatch flag, then writes the topk ids
-                    (-1 beyond the source's count) and weights of all W * cap received rows
+                    one of its experts (slot = the token's index on its source rank), and
+                    -1 metadata into its empty slots; the last CTA to finish raises this
+                    rank's dispatch flag on every peer, then waits for every source's flag:
+                    when the kernel ends, the rows are there
+    dispatch_recv   no kernel: views of the received rows, their ids and weights
     combine_send    each received row with a local expert -> back into its source's
                     combine buffer (slot = the row's index; rows of our own tokens stay in
                     expert_out); the last CTA raises combine flags
@@ -18,7 +19,7 @@ Flags carry an epoch held on the device (incremented by dispatch_send), so calls
 host synchronisation and a captured CUDA graph replays correctly. Two hazards are ordered
 by the flags themselves: a peer's next dispatch_send can only start after its
 combine_recv saw our combine flag (raised after our expert compute read the dispatch
-buffer), and a peer's combine_send only after its dispatch_recv saw our dispatch flag
+buffer), and a peer's combine_send only after its dispatch_send saw our dispatch flag
 (raised after our previous combine_recv read the combine buffer).
 
 The kernels only copy and compare (no bf16 arithmetic), so they run under Triton's
@@ -69,14 +70,6 @@ def workspace(
     return Workspace(tuple(regions))
 
 
-class Outputs:
-    """Dispatch outputs reused every round (graph-capturable: fixed addresses)."""
-
-    def __init__(self, rows: int, topk: int, device: torch.device):
-        self.ids = torch.empty(rows, topk, dtype=torch.int64, device=device)
-        self.weights = torch.empty(rows, topk, dtype=torch.float32, device=device)
-
-
 # ----------------------------------------------------------------------------- kernels
 
 
@@ -86,9 +79,9 @@ def _dispatch_send_kernel(
     x_ws, xs_ws, meta_ws, count_ws, flags_ws, d_elem, d_i32, epoch_ptr, done_ptr,
     me, cap, hidden, n_scales, experts_per_rank,
     W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
-    QUANT: tl.constexpr, BLOCK_S: tl.constexpr,
+    QUANT: tl.constexpr, BLOCK_S: tl.constexpr, FUSED_WAIT: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0)
+    t = tl.program_id(0)  # one slot of this rank's capacity: a token, or an empty slot to mark
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr) + 1  # every CTA reads before the last one stores it back
     ks = tl.arange(0, BLOCK_K)
@@ -109,30 +102,25 @@ def _dispatch_send_kernel(
                 copy_row(dst, x_ptr + t.to(tl.int64) * hidden, hidden, BLOCK_H, N_HB)
                 if QUANT:
                     copy_scales(xs_ws + tl.load(d_i32 + d) + row * n_scales, xs_ptr + t * n_scales, n_scales, BLOCK_S)
+    else:  # an empty slot: every rank sees ids of -1 there, so its rows need no count to mask
+        for d in tl.static_range(W):
+            meta = meta_ws + tl.load(d_i32 + d) + (me * cap + t) * (2 * K)
+            tl.store(meta + ks, tl.full([BLOCK_K], -1, tl.int32), mask=kmask)
+            tl.store(meta + K + ks, tl.zeros([BLOCK_K], tl.int32), mask=kmask)
     if t == 0:
         for d in tl.static_range(W):
             tl.store(count_ws + tl.load(d_i32 + d) + me, n_tokens)
-    signal_when_last(done_ptr, flags_ws, d_i32, me, epoch, n_prog, epoch_ptr, W, True)
+    last = signal_when_last(done_ptr, flags_ws, d_i32, me, epoch, n_prog, epoch_ptr, W, True)
+    if FUSED_WAIT:
+        # The last CTA waits for every source's flag, so when this kernel ends the received
+        # rows are there: no receive kernel. Only it spins, and only after the others finished.
+        if last:
+            wait_flags(flags_ws, epoch, epoch_ptr + 1, W)
 
 
 @triton.jit
-def _dispatch_recv_kernel(
-    meta_ptr, count_ptr, flags_ptr, epoch_ptr, ids_out, w_out, cap,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
+def _dispatch_wait_kernel(flags_ptr, epoch_ptr, W: tl.constexpr):
     wait_flags(flags_ptr, tl.load(epoch_ptr), epoch_ptr + 1, W)
-    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < W * cap
-    src = rows // cap
-    valid = (rows - src * cap) < tl.load(count_ptr + src, mask=rmask, other=0)
-    ks = tl.arange(0, BLOCK_K)
-    m2 = rmask[:, None] & (ks < K)[None, :]
-    meta = meta_ptr + rows[:, None] * (2 * K) + ks[None, :]
-    ids = tl.load(meta, mask=m2 & valid[:, None], other=-1)
-    wts = tl.load(meta + K, mask=m2 & valid[:, None], other=0).to(tl.float32, bitcast=True)
-    tl.store(ids_out + rows[:, None] * K + ks[None, :], ids.to(tl.int64), mask=m2)
-    tl.store(w_out + rows[:, None] * K + ks[None, :], wts, mask=m2)
 
 
 @triton.jit
@@ -195,35 +183,39 @@ def dispatch_send(
     topk_weights: torch.Tensor,
     experts_per_rank: int,
     x_scale: torch.Tensor | None = None,
+    wait: bool = True,
 ) -> None:
-    """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S]."""
+    """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S].
+
+    With `wait` the kernel returns only once every source's rows arrived (the GPU path);
+    without, `dispatch_wait` does that separately (one process emulating every rank)."""
     w, cap, hidden, k, _ = _geometry(st)
     v = st.views
     t = x.shape[0]
     quant = x_scale is not None
     xb = x.view(torch.uint8) if quant else x  # quantized rows are copied as bytes
     n_scales = x_scale.shape[1] if quant else 1
-    _dispatch_send_kernel[(max(t, 1),)](
+    _dispatch_send_kernel[(cap,)](
         xb, x_scale.view(torch.int32) if quant else st.epoch, topk_ids, topk_weights, t,
         v["x"], v["xs"].view(torch.int32) if quant else st.epoch, v["meta"], v["count"], v["flags"],
         st.delta(v["x"].element_size()), st.delta(4), st.epoch, st.done,
         st.rank, cap, hidden, n_scales, experts_per_rank,
         W=w, K=k, BLOCK_K=block_k(k), **row_blocks(hidden, v["x"].element_size()),
-        QUANT=quant, BLOCK_S=block_k(n_scales),
+        QUANT=quant, BLOCK_S=block_k(n_scales), FUSED_WAIT=wait,
     )  # fmt: skip
 
 
-def dispatch_recv(st: RankState, out: Outputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (x [W*cap, H] view of the workspace (raw bytes when quantized: see `RankState.received_scales`),
-    topk_ids int64 [W*cap, k], weights fp32 [W*cap, k])."""
+def dispatch_wait(st: RankState) -> None:
+    _dispatch_wait_kernel[(1,)](st.views["flags"], st.epoch, W=st.views["flags"].shape[1])
+
+
+def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views of what arrived (no kernel: dispatch_send waited): x [W*cap, H] (raw bytes when
+    quantized: see `RankState.received_scales`), topk_ids int32 [W*cap, k] (-1 where the
+    expert is elsewhere or the slot is empty), weights fp32 [W*cap, k]."""
     w, cap, hidden, k, _ = _geometry(st)
-    v = st.views
-    block_r = 64
-    _dispatch_recv_kernel[(triton.cdiv(w * cap, block_r),)](
-        v["meta"], v["count"], v["flags"], st.epoch, out.ids, out.weights, cap,
-        W=w, K=k, BLOCK_K=block_k(k), BLOCK_R=block_r,
-    )  # fmt: skip
-    return v["x"].view(w * cap, hidden), out.ids, out.weights
+    meta = st.views["meta"].view(w * cap, 2 * k)
+    return st.views["x"].view(w * cap, hidden), meta[:, :k], meta[:, k:].view(torch.float32)
 
 
 def combine_send(st: RankState, expert_out: torch.Tensor) -> None:

@@ -72,14 +72,11 @@ class SymmetricMemoryBackend(All2AllBackend):
         layout = self.workspace()
         buf, bases, self._symm = rendezvous_workspace(layout.offsets()["total"], group, device)
         self.state = RankState.create(self.rank, layout, buf, bases)
-        self._out = self._k.Outputs(self.received_rows(), shape.topk, device)
+        self._out = None  # receive() buffers, where a backend has any
         torch.cuda.synchronize(device)
         torch.distributed.barrier(group=group)  # every rank's flags are zero before anyone signals
 
     def workspace(self) -> Workspace:
-        raise NotImplementedError
-
-    def received_rows(self) -> int:
         raise NotImplementedError
 
     def receive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -38,11 +38,8 @@ class NvlinkOneSided(SymmetricMemoryBackend):
         s = self.shape
         return self._k.workspace(self.world_size, s.max_tokens_per_rank, s.hidden, s.topk, self.dtype, self.wire_dtype)
 
-    def received_rows(self) -> int:
-        return self.world_size * self.shape.max_tokens_per_rank
-
     def receive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._k.dispatch_recv(self.state, self._out)
+        return self._k.dispatch_recv(self.state)
 
     def combine_receive(self, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._k.combine_recv(self.state, expert_out, topk_ids, self.experts_per_rank, y)
