@@ -202,3 +202,20 @@ def test_help_explains_the_flow():
     assert r.returncode == 0
     for word in ("probe", "sweep", "select", "lookup", "run"):
         assert word in r.stdout
+
+
+def test_evaluate_reports_the_tables_regret_on_held_out_points(finished_run):
+    root, env, _ = finished_run
+    (table,) = (root / "xdg" / "a2a-tune" / "profiles").glob("cpu-*.json")
+    r = a2a("evaluate", "--profile", str(table), "--device", "cpu", "--db", str(root / "t.db"), "--warmup", "0",
+            "--iters", "3", "--no-progress", env_extra=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "at 2 held-out token counts" in r.stdout  # midpoints of 1, 8, 32: 3 and 16
+    assert "table" in r.stdout and "always allgather_reducescatter" in r.stdout and "mean regret" in r.stdout
+
+
+def test_evaluate_rejects_a_broken_profile_in_one_line(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{")
+    r = a2a("evaluate", "--profile", str(bad), "--device", "cpu")
+    assert r.returncode == 2 and "not a readable profile" in r.stderr and "Traceback" not in r.stderr

@@ -103,3 +103,20 @@ def test_profile_from_the_sweep_selects_only_correct_backends(swept, tmp_path):
     assert choice.match == "exact"
     assert choice.backend in BACKENDS[:2]
     assert set(choice.expected_us) == set(BACKENDS[:2])
+
+
+def test_adaptive_sweep_measures_fewer_points_and_still_covers_both_ends(tmp_path):
+    url = f"sqlite:///{tmp_path / 'adaptive.db'}"
+    plan = SweepPlan(
+        shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        backends=BACKENDS[:2], warmup=1, iters=3, input_sets=1, adaptive=True,
+    )  # fmt: skip
+    outcome = sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
+    assert outcome.status == "completed"
+    grid = len(plan.tokens) * 2
+    assert outcome.measured + outcome.adaptive_saved == grid
+    assert outcome.measured < grid
+    with open_store(url) as store:
+        points = {(m.backend, m.tokens_per_rank) for m in store.measurements(outcome.run_id)}
+    for b in BACKENDS[:2]:
+        assert {(b, 1), (b, 256)} <= points  # the ends decide the drops: always measured

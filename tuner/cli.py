@@ -88,7 +88,7 @@ def _resolve_device(device: str) -> tuple[str, int]:
     return device, gpus
 
 
-def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters):
+def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive=False):
     from a2a_tune.kernels import PAYLOAD_DTYPES, UnknownBackendError, get_backend
     from a2a_tune.kernels.reference import ROUTINGS
 
@@ -131,6 +131,7 @@ def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings,
         backends=tuple(backends),
         warmup=default_warmup if warmup is None else warmup,
         iters=default_iters if iters is None else iters,
+        adaptive=adaptive,
     )
     return plan, device, world
 
@@ -150,13 +151,15 @@ def _print_outcome(outcome, seconds: float) -> None:
 
 
 def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, db, resume, progress,
-              case_timeout):  # fmt: skip
+              case_timeout, adaptive=False):  # fmt: skip
     from a2a_tune.db import StoreError
 
     from .launch import RankFailed
     from .sweep import sweep as run_sweep
 
-    plan, device, world = _build_plan(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters)
+    plan, device, world = _build_plan(
+        device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive
+    )
     out.print(
         f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(plan.backend_names())} "
         f"backend(s) on {world} {device} rank(s)",
@@ -172,6 +175,8 @@ def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, b
     except KeyboardInterrupt:
         raise _fail("interrupted; what was measured is stored (rerun with --resume to continue)", 130) from None
     _print_outcome(outcome, time.perf_counter() - start)
+    if outcome.adaptive_saved:
+        out.print(f"  adaptive search: {outcome.adaptive_saved} grid points not needed", highlight=False, markup=False)
     return outcome
 
 
@@ -188,6 +193,9 @@ _iters_opt = typer.Option(None, help="Timed round trips per case [default: 50 cu
 _db_opt = typer.Option(None, "--db", help=DB_HELP)
 _resume_opt = typer.Option(False, help="Continue the latest unfinished run with the same plan; skip what it stored.")
 _progress_opt = typer.Option(True, help="Show a progress bar.")
+_adaptive_opt = typer.Option(
+    False, help="Measure a coarse token grid, then bisect where the winner changes, instead of every token count.",
+)
 _timeout_opt = typer.Option(
     600.0, help="Seconds one case may make no progress before every rank is stopped, the case recorded "
     "as a timeout and the sweep restarted without that backend.",
@@ -200,11 +208,11 @@ def sweep(
     model_config: List[Path] = _config_opt, tokens: Optional[str] = _tokens_opt, dtype: List[str] = _dtype_opt,
     routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
     iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
-    case_timeout: float = _timeout_opt,
+    case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt,
 ) -> None:  # fmt: skip
     """Check, then time, every backend over shapes x token counts; store every measurement."""
     _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
-              case_timeout)  # fmt: skip
+              case_timeout, adaptive)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------- select
@@ -264,11 +272,11 @@ def run(
     routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
     iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."),
-    case_timeout: float = _timeout_opt,
+    case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt,
 ) -> None:  # fmt: skip
     """Probe + sweep + select: the one command to run once per machine type."""
     outcome = _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
-                        case_timeout)  # fmt: skip
+                        case_timeout, adaptive)  # fmt: skip
     if outcome is None or outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     path = _do_select(db, outcome.run_id, out_dir)
@@ -276,6 +284,58 @@ def run(
         f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T  (table: {path})",
         highlight=False, markup=False, soft_wrap=True,
     )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- evaluate
+
+
+@app.command()
+def evaluate(
+    profile: Path = typer.Option(..., help="The table to judge (a profile JSON)."),
+    device: str = _device_opt, world: Optional[int] = _world_opt, db: Optional[str] = _db_opt,
+    tokens: Optional[str] = typer.Option(None, help="Held-out tokens per rank [default: midpoints between the table's]."),
+    warmup: Optional[int] = _warmup_opt, iters: Optional[int] = _iters_opt, progress: bool = _progress_opt,
+    case_timeout: float = _timeout_opt,
+) -> None:  # fmt: skip
+    """Measure held-out token counts for the table's shapes and report its regret vs the best backend."""
+    from a2a_tune.db import open_store
+
+    from .evaluate import evaluate as run_evaluation, held_out_tokens
+    from .launch import RankFailed
+    from .shapes import ModelShape
+    from .sweep import DEFAULT_ITERS, SweepPlan, sweep as run_sweep
+
+    try:
+        table = json.loads(profile.read_text())
+        entries = table["entries"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _fail(f"{profile}: not a readable profile ({exc})", 2) from None
+    device, gpus = _resolve_device(device)
+    world = world or (gpus if device == "cuda" else 2)
+    entries = [e for e in entries if e.get("ep_size") == world]
+    if not entries:
+        raise _fail(f"{profile} has no entries for EP size {world}", 2)
+    shapes = {ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"]) for e in entries}
+    held = _parse_tokens(tokens) if tokens else held_out_tokens(t for e in entries for t in e["tokens"])
+    default_warmup, default_iters = DEFAULT_ITERS[device]
+    plan = SweepPlan(
+        shapes=tuple(sorted(shapes, key=lambda s: s.name)), tokens=held,
+        dtypes=tuple(sorted({e["dtype"] for e in entries})), routings=tuple(sorted({e["routing"] for e in entries})),
+        warmup=default_warmup if warmup is None else warmup, iters=default_iters if iters is None else iters,
+    )  # fmt: skip
+    out.print(f"evaluating {profile.name} at {len(held)} held-out token counts x {len(shapes)} shape(s)", highlight=False)
+    try:
+        outcome = run_sweep(plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout)
+    except RankFailed as exc:
+        raise _fail(f"evaluation stopped: {exc}") from None
+    with open_store(db) as store:
+        ev = run_evaluation(store.measurements(outcome.run_id), str(profile))
+    from rich.table import Table
+
+    t = Table("policy", "mean regret", "worst regret", "points", title=f"run {outcome.run_id}: regret vs the best backend")
+    for policy, r in sorted(ev.policies.items(), key=lambda kv: kv[1]["mean"]):
+        t.add_row(policy, f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
+    out.print(t)
 
 
 # --------------------------------------------------------------------------------- lookup

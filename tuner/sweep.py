@@ -38,6 +38,7 @@ from a2a_tune.kernels.reference import check_invariant, make_inputs
 from .launch import RankContext, RankFailed, RanksStalled, launched_externally, run_ranks
 from .probe import Topology, cpu_topology, merge_nodes, probe
 from .shapes import ModelShape
+from .adaptive import AdaptiveSearch
 from .timing import summarize, time_graph_round_trips, time_round_trips
 
 DEFAULT_TOKENS = {
@@ -58,6 +59,7 @@ class SweepPlan:
     iters: int = 50
     input_sets: int = 3  # rotated so repeated iterations do not hit a warm cache
     seed: int = 0
+    adaptive: bool = False  # tuner.adaptive: coarse grid + bisection at crossovers, not every point
 
     def backend_names(self) -> list[str]:
         return list(self.backends) or list_backends()
@@ -71,12 +73,11 @@ class SweepPlan:
         blob = json.dumps({"plan": self.to_dict(), "device": device_type, "world": world_size}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def cases(self) -> Iterator[tuple[ModelShape, str, str, int]]:
+    def groups(self) -> Iterator[tuple[ModelShape, str, str]]:
         for shape in self.shapes:
             for dtype in self.dtypes:
                 for routing in self.routings:
-                    for tokens in self.tokens:
-                        yield shape, dtype, routing, tokens
+                    yield shape, dtype, routing
 
     def total(self) -> int:
         return len(self.shapes) * len(self.dtypes) * len(self.routings) * len(self.tokens) * len(self.backend_names())
@@ -92,6 +93,7 @@ class SweepOutcome:
     failed: dict[str, int] = field(default_factory=dict)  # kind -> count
     unavailable: dict[str, str] = field(default_factory=dict)  # backend -> reason
     infeasible: dict[str, str] = field(default_factory=dict)  # backend -> why some cases were skipped
+    adaptive_saved: int = 0  # grid points the adaptive search did not need to measure
     status: str = "completed"
 
 
@@ -220,6 +222,7 @@ class _Recorder:
         self.run_id: int = header[0]["run_id"]
         self.done: set[tuple] = header[0]["done"]
         self.unavailable_recorded: set[str] = header[0]["unavailable_recorded"]  # a resumed run has them
+        self.medians: dict[tuple, float | None] = header[0]["medians"]  # stored results, for a resumed search
         self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size)
 
     def _open(self, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, world: int) -> dict:
@@ -240,11 +243,15 @@ class _Recorder:
                 config={**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": sys.argv[1:]},
                 config_hash=config_hash,
             )
-        recorded = {f.backend for f in self.store.failures(run_id) if f.kind == "unavailable"}
-        return {"run_id": run_id, "done": self.store.done_keys(run_id), "unavailable_recorded": recorded}
+        failures = self.store.failures(run_id)
+        recorded = {f.backend for f in failures if f.kind == "unavailable"}
+        medians = {tuple(m.key): m.median_us for m in self.store.measurements(run_id)}
+        medians.update({tuple(f.key): None for f in failures if f.key is not None})
+        return {"run_id": run_id, "done": self.store.done_keys(run_id), "unavailable_recorded": recorded, "medians": medians}
 
     def measurement(self, key: tuple, timing: str, device_us: list[float], host_us: list[float]) -> None:
         self.outcome.measured += 1
+        self.medians[key] = summarize(device_us).median_us
         if not self.is_writer:
             return
         stats = summarize(device_us)
@@ -347,8 +354,6 @@ def _sweep_rank(
 
 
 def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list[str], bar, task) -> None:
-    world = ctx.world_size
-    max_tokens = max(plan.tokens)
     built: dict[tuple, dict[str, Any]] = {}  # (shape, dtype) -> backend instances, built once per shape
 
     def advance(n: int, text: str) -> None:
@@ -356,41 +361,71 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
             bar.update(task, advance=n, description=text)
 
     skipped_backends = len(plan.backend_names()) - len(usable)
-    for model, dtype, routing, tokens in plan.cases():
-        shape = MoEShape(model.num_experts, model.topk, model.hidden, max_tokens, dtype)
-        label = f"{model.name} {dtype} {routing} T={tokens}"
-        advance(skipped_backends, label)
-        keys = {name: _case_key(name, shape, world, tokens, routing) for name in usable}
-        todo = [name for name in usable if keys[name] not in rec.done]
-        rec.outcome.skipped += len(usable) - len(todo)
-        advance(len(usable) - len(todo), label)
-        if not todo:
-            continue
-        try:
-            shape.validate(world)
-            inputs = [
-                make_inputs(shape, tokens, rank=ctx.rank, world_size=world, routing=routing, seed=plan.seed + i, device=ctx.device)
-                for i in range(plan.input_sets)
-            ]
-        except ShapeError as exc:
-            for name in todo:
-                rec.failure(name, "error", str(exc), keys[name])
-            advance(len(todo), label)
-            continue
+    for model, dtype, routing in plan.groups():
         instances = built.setdefault((model, dtype), {})
-        for name in todo:
-            advance(0, f"{label} {name}")
-            rec.beat(keys[name])
-            _measure_case(ctx, plan, rec, name, shape, instances, inputs, keys[name])
-            rec.beat(None)
-            advance(1, label)
+        if not plan.adaptive:
+            for tokens in plan.tokens:
+                advance(skipped_backends, f"{model.name} {dtype} {routing} T={tokens}")
+                _run_point(ctx, plan, rec, model, dtype, routing, tokens, usable, instances, advance)
+            continue
+        search = AdaptiveSearch(plan.tokens, tuple(usable))
+        for (backend, experts, topk, hidden, dt, _, tokens, rt), median in rec.medians.items():
+            # a resumed run: what is stored counts
+            same = (experts, topk, hidden, dt, rt) == (model.num_experts, model.topk, model.hidden, dtype, routing)
+            if same and backend in usable and tokens in plan.tokens:
+                search.observe(tokens, backend, median)
+        points = 0
+        while batch := search.next_points():
+            for tokens in sorted({t for t, _ in batch}):
+                names = [b for t, b in batch if t == tokens]
+                for b, median in _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, advance).items():
+                    search.observe(tokens, b, median)
+                points += len(names)
+        rec.outcome.adaptive_saved += len(plan.tokens) * len(usable) - points
+        advance(len(plan.tokens) * len(plan.backend_names()) - points, f"{model.name} {dtype} {routing}")
     for instances in built.values():
         for backend in instances.values():
             if backend is not None:
                 backend.close()
 
 
-def _measure_case(ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoEShape, instances: dict, inputs, key) -> None:
+def _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, advance) -> dict[str, float | None]:
+    """Every backend of `names` at one token count: median µs, or None (failed / infeasible)."""
+    world = ctx.world_size
+    shape = MoEShape(model.num_experts, model.topk, model.hidden, max(plan.tokens), dtype)
+    label = f"{model.name} {dtype} {routing} T={tokens}"
+    keys = {name: _case_key(name, shape, world, tokens, routing) for name in names}
+    result = {name: rec.medians.get(keys[name]) for name in names if keys[name] in rec.done}
+    todo = [name for name in names if keys[name] not in rec.done]
+    rec.outcome.skipped += len(names) - len(todo)
+    advance(len(names) - len(todo), label)
+    if not todo:
+        return result
+    try:
+        shape.validate(world)
+        inputs = [
+            make_inputs(shape, tokens, rank=ctx.rank, world_size=world, routing=routing, seed=plan.seed + i, device=ctx.device)
+            for i in range(plan.input_sets)
+        ]
+    except ShapeError as exc:
+        for name in todo:
+            rec.failure(name, "error", str(exc), keys[name])
+            result[name] = None
+        advance(len(todo), label)
+        return result
+    for name in todo:
+        advance(0, f"{label} {name}")
+        rec.beat(keys[name])
+        result[name] = _measure_case(ctx, plan, rec, name, shape, instances, inputs, keys[name])
+        rec.beat(None)
+        advance(1, label)
+    return result
+
+
+def _measure_case(
+    ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoEShape, instances: dict, inputs, key
+) -> float | None:
+    """Gate, then time one case; returns its median µs (the same on every rank) or None."""
     cls = get_backend(name)
     slot = name
     if getattr(cls, "capacity_bound", False):
@@ -406,7 +441,7 @@ def _measure_case(ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoESha
     feasible, why = cls.feasibility(shape, ctx.world_size)
     if not feasible:  # e.g. beyond a fixed-capacity backend's slots: not measured, not a failure
         rec.infeasible(name, why)
-        return
+        return None
     if slot not in instances:
         error = ""
         try:
@@ -416,15 +451,15 @@ def _measure_case(ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoESha
         if not _all_ranks_ok(not error, ctx):
             instances[slot] = None
             rec.failure(name, "error", f"construction failed: {error or 'on another rank'}", key)
-            return
+            return None
     backend = instances[slot]
     if backend is None:  # construction failed earlier for this shape
         rec.failure(name, "error", "construction failed (see the first failure of this shape)", key)
-        return
+        return None
     gate = check_invariant(backend, inputs[0])
     if not gate.ok:
         rec.failure(name, "error" if gate.crashed else "incorrect", gate.reason, key)
-        return
+        return None
     # Graph-capturable backends are timed as engines run them in decode: CUDA-graph replay.
     graph = cls.graph_capturable and ctx.device.type == "cuda"
     timer = time_graph_round_trips if graph else time_round_trips
@@ -435,5 +470,6 @@ def _measure_case(ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoESha
         error = _one_line(exc)
     if not _all_ranks_ok(not error, ctx):
         rec.failure(name, "error", error or "failed on another rank", key)
-        return
+        return None
     rec.measurement(key, "graph" if graph else "eager", device_us, host_us)
+    return summarize(device_us).median_us

@@ -1,0 +1,67 @@
+"""How good is a table? Measure held-out points and compare the table's choice with the best.
+
+Held-out points: token counts between the table's (geometric midpoints) for its shapes. Each
+is measured for every backend by the ordinary sweep (correctness gate included), then:
+regret(point) = time of the backend the lookup picks / time of the fastest there - 1, and the
+same for two fixed policies: always `allgather_reducescatter` (the engines' default) and
+always the single backend that is fastest over all the points.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .lookup import FALLBACK_BACKEND, lookup
+
+
+def held_out_tokens(table_tokens: Iterable[int]) -> tuple[int, ...]:
+    """Geometric midpoints between consecutive token counts of the table (not on its grid)."""
+    ts = sorted(set(table_tokens))
+    mids = {round(math.sqrt(a * b)) for a, b in zip(ts, ts[1:])}
+    return tuple(sorted(m for m in mids if m not in ts))
+
+
+@dataclass
+class Evaluation:
+    points: list[dict[str, Any]] = field(default_factory=list)  # one per (shape, tokens)
+    policies: dict[str, dict[str, float]] = field(default_factory=dict)  # policy -> mean/worst regret
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return self.policies
+
+
+def evaluate(measurements: Iterable[Any], profile: str) -> Evaluation:
+    """Regret of the table `profile` on measured points (store measurement records)."""
+    by_point: dict[tuple, dict[str, float]] = {}
+    for m in measurements:
+        point = (m.ep_size, m.hidden, m.topk, m.num_experts, m.dtype, m.routing, m.tokens_per_rank)
+        by_point.setdefault(point, {})[m.backend] = m.median_us
+    ev = Evaluation()
+    totals: dict[str, float] = {}
+    for times in by_point.values():
+        for b, t in times.items():
+            totals[b] = totals.get(b, 0.0) + t
+    complete = [b for b in totals if all(b in t for t in by_point.values())]
+    best_single = min(complete, key=totals.get) if complete else None
+    for (ep, hidden, topk, experts, dtype, routing, tokens), times in sorted(by_point.items()):
+        best = min(times.values())
+        choice = lookup(
+            ep_size=ep, hidden=hidden, topk=topk, num_experts=experts, tokens=tokens, dtype=dtype,
+            routing=routing, profile=profile, quiet=True,
+        )  # fmt: skip
+        picked = {"table": choice.backend, f"always {FALLBACK_BACKEND}": FALLBACK_BACKEND}
+        if best_single:
+            picked[f"always {best_single}"] = best_single
+        row = {"shape": (ep, hidden, topk, experts, dtype, routing), "tokens": tokens, "best": min(times, key=times.get)}
+        for policy, backend in picked.items():
+            t = times.get(backend)
+            row[policy] = (t / best - 1) if t is not None else None  # None: not measured here
+        row["table_backend"] = choice.backend
+        ev.points.append(row)
+    for policy in ev.points[0].keys() - {"shape", "tokens", "best", "table_backend"} if ev.points else ():
+        regrets = [p[policy] for p in ev.points if p.get(policy) is not None]
+        if regrets:
+            ev.policies[policy] = {"mean": sum(regrets) / len(regrets), "worst": max(regrets), "points": len(regrets)}
+    return ev
