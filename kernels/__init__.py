@@ -3,19 +3,23 @@
 Layering (imports point down, never up; nothing here imports a2a_tune.tuner or a2a_tune.db):
 
     __init__            public API: MoEShape, list_backends, get_backend, ...
-      registry          @register_backend, list_backends, get_backend
-      <backend>.py      one file per backend, registered on import
-        _wire           row packing + collective wrappers shared by torch.distributed backends
-        base            the contract (read its docstring first), MoEShape, BackendEnv, Dispatched
-          errors        typed one-line errors
-    reference           plain-torch inputs, expert compute and the invariant check (CPU-capable)
+      registry              @register_backend, list_backends, get_backend
+      <backend>.py          one file per backend, registered on import
+        _wire               metadata packing + collective wrappers (the torch.distributed backends)
+        _symmetric_backend  driver of the NVLink backends (workspace rendezvous, quantize, send, receive)
+          _one_sided_kernels / _low_latency_kernels   their Triton kernels (lazy: triton imported on use)
+            _nvlink_common  workspace layout, per-rank state, flag/epoch helpers
+        base                the contract (read its docstring first), MoEShape, BackendEnv, Dispatched
+          errors            typed one-line errors
+    quant                   block-FP8 quantization of payloads
+    reference               plain-torch inputs, expert compute and the invariant check (CPU-capable)
 
 Backends are imported here so that registration happens once; a backend module must not
 import optional packages (FlashInfer, DeepEP...) at import time: `availability()` looks.
 """
 
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape, PAYLOAD_DTYPES
-from .errors import BackendUnavailableError, KernelsError, ShapeError, UnknownBackendError
+from .errors import KernelsError, ShapeError, UnknownBackendError
 from .registry import get_backend, list_backends, register_backend
 
 # Registration order is the tie-break preference: simplest / the engines' default first.
@@ -28,7 +32,6 @@ __all__ = [
     "All2AllBackend",
     "Availability",
     "BackendEnv",
-    "BackendUnavailableError",
     "Dispatched",
     "KernelsError",
     "MoEShape",

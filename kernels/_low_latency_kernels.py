@@ -4,7 +4,8 @@ Layout (DeepEP low-latency semantics): each rank receives into [local expert, so
 slot] with slot = the token's index on its source rank, so a grouped GEMM can run over
 each local expert's W * cap rows directly; no counts, no compaction, no atomics. A slot is
 valid in this round when its tag equals the round's epoch (stale slots keep old tags, so
-nothing is cleared between rounds). Each token travels once per selected expert (k rows),
+nothing is cleared between rounds; this relies on the workspace starting zeroed, which
+torch's symmetric-memory allocator does and the CPU emulation does with torch.zeros). Each token travels once per selected expert (k rows),
 and each expert output travels back into the source's [slot, j] combine row, where the
 source sums its k rows.
 
@@ -34,6 +35,7 @@ from ._nvlink_common import (
     signal_when_last,
     wait_flags,
 )
+from ._one_sided_kernels import _wait_kernel
 from .quant import scale_blocks
 
 META = 4  # int32 per slot: weight bits, epoch tag, j (top-k position at the source), unused
@@ -213,7 +215,8 @@ def combine_send(st: RankState, expert_out: torch.Tensor) -> None:
 def combine_recv(st: RankState, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     _, w, _, hidden, k, _ = _geometry(st)
     t = topk_ids.shape[0]
-    if t == 0:
+    if t == 0:  # still wait: our next dispatch must not overtake the peers' combine
+        _wait_kernel[(1,)](st.views["flags"][1], st.epoch, W=w)
         return y
     block_h = min(triton.next_power_of_2(hidden), 2048)
     _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](

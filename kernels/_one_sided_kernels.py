@@ -12,8 +12,9 @@ Every rank owns one symmetric workspace (`workspace()`; shared machinery in
     combine_send    each received row with a local expert -> back into its source's
                     combine buffer (slot = the row's index; rows of our own tokens stay in
                     expert_out); the last CTA raises combine flags
-    combine_recv    waits for the combine flags of the ranks each token went to, sums the
-                    returned rows (and our own from expert_out) in fp32
+    combine_recv    waits for every rank's combine flag, sums the returned rows of the
+                    ranks each token went to (and our own from expert_out) in fp32; a rank
+                    with no tokens still waits (one CTA), which keeps the ordering below
 
 Flags carry an epoch held on the device (incremented by dispatch_send), so calls need no
 host synchronisation and a captured CUDA graph replays correctly. Two hazards are ordered
@@ -119,7 +120,7 @@ def _dispatch_send_kernel(
 
 
 @triton.jit
-def _dispatch_wait_kernel(flags_ptr, epoch_ptr, W: tl.constexpr):
+def _wait_kernel(flags_ptr, epoch_ptr, W: tl.constexpr):
     wait_flags(flags_ptr, tl.load(epoch_ptr), epoch_ptr + 1, W)
 
 
@@ -206,7 +207,14 @@ def dispatch_send(
 
 
 def dispatch_wait(st: RankState) -> None:
-    _dispatch_wait_kernel[(1,)](st.views["flags"], st.epoch, W=st.views["flags"].shape[1])
+    _wait_kernel[(1,)](st.views["flags"], st.epoch, W=st.views["flags"].shape[1])
+
+
+def combine_wait(st: RankState) -> None:
+    """A rank with no tokens still waits for the combine flags: its next dispatch must not
+    write into peers' buffers before they finished this round's combine."""
+    flags = st.views["flags"]
+    _wait_kernel[(1,)](flags[1], st.epoch, W=flags.shape[1])
 
 
 def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -235,6 +243,7 @@ def combine_recv(
     v = st.views
     t = topk_ids.shape[0]
     if t == 0:
+        combine_wait(st)
         return y
     block_h = min(triton.next_power_of_2(hidden), 2048)
     _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](

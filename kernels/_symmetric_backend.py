@@ -88,9 +88,10 @@ class SymmetricMemoryBackend(All2AllBackend):
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)
         q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
-        self._k.dispatch_send(self.state, q, topk_ids.contiguous(), topk_weights.contiguous(), self.experts_per_rank, scales)
+        ids = topk_ids.contiguous()  # the kernels index rows densely: combine needs the same tensor
+        self._k.dispatch_send(self.state, q, ids, topk_weights.contiguous(), self.experts_per_rank, scales)
         rx, rids, rw = self.receive()
-        handle = _Handle(topk_ids, tokens)
+        handle = _Handle(ids, tokens)
         if self.wire_dtype is None:
             return Dispatched(x=rx, topk_ids=rids, topk_weights=rw, handle=handle)
         x_scale = self.state.received_scales()
@@ -102,6 +103,10 @@ class SymmetricMemoryBackend(All2AllBackend):
         self._k.combine_send(self.state, out)
         y = torch.empty(h.tokens, self.shape.hidden, dtype=self.dtype, device=self.device)
         return self.combine_receive(out, h.topk_ids, y)
+
+    def gave_up(self) -> bool:
+        """Whether a flag wait timed out (a peer never signalled): results since are garbage."""
+        return self.state is not None and self.state.gave_up()
 
     def close(self) -> None:
         self.state = None

@@ -14,7 +14,3 @@ class UnknownBackendError(KernelsError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
-
-
-class BackendUnavailableError(KernelsError, RuntimeError):
-    """A backend was constructed where its `availability()` says it cannot run."""

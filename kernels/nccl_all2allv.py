@@ -3,7 +3,8 @@
 Mechanism: per token, the set of destination ranks (owner = expert // experts_per_rank);
 (token, destination) pairs sorted by destination; one all_to_all_single exchanges the
 counts, then the token rows and their packed routing metadata go with exact splits. Combine runs the same exchange in
-reverse and sums each token's returned partial outputs (one per destination) in fp32.
+reverse and sums each token's returned partial outputs (one per destination) in the
+payload dtype, as a reduce-scatter does.
 
 Workspace: the pairs actually sent, at most T_r * min(k, W) rows of H + 2k words each way;
 no padding. The count exchange forces a host read per dispatch, so it is timed eagerly.

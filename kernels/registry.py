@@ -11,7 +11,7 @@ import os
 from typing import TypeVar
 
 from .base import All2AllBackend
-from .errors import UnknownBackendError
+from .errors import KernelsError, UnknownBackendError
 
 _REGISTRY: dict[str, type[All2AllBackend]] = {}
 B = TypeVar("B", bound=type[All2AllBackend])
@@ -33,9 +33,12 @@ def _load_extra_modules() -> None:
     global _extra_loaded
     if _extra_loaded:
         return
-    _extra_loaded = True
     for module in filter(None, (m.strip() for m in os.environ.get("A2A_TUNE_BACKEND_MODULES", "").split(","))):
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise KernelsError(f"A2A_TUNE_BACKEND_MODULES: cannot import {module!r} ({exc})") from exc
+    _extra_loaded = True
 
 
 def list_backends() -> list[str]:

@@ -206,3 +206,15 @@ def test_expert_scales_default_is_index_plus_one():
 def test_crash_is_flagged_as_a_crash_and_wrong_values_are_not(results_w2):
     assert results_w2["planted_crash"][3] is True
     assert results_w2["planted_off_by_one"][3] is False
+
+
+def test_a_backend_module_that_does_not_import_is_one_line(monkeypatch):
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "A2A_TUNE_BACKEND_MODULES": "no_such_backend_module"}
+    r = subprocess.run([sys.executable, "-m", "a2a_tune.tuner.cli", "backends", "--device", "cpu"],
+                       capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 2
+    assert "A2A_TUNE_BACKEND_MODULES: cannot import 'no_such_backend_module'" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -540,7 +540,7 @@ def test_distinct_problems_each_warn_once(tmp_path, monkeypatch, caplog):
 # ------------------------------------------------------------------ cost at start-up
 
 
-def test_import_is_stdlib_only_and_fast():
+def test_import_is_stdlib_only():
     code = f"""
 import json, sys, time
 t0 = time.perf_counter()
@@ -555,11 +555,10 @@ print(json.dumps({{"import_s": t1 - t0, "backend": c.backend,
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["loaded"] == []
     assert res["backend"] == "nvlink_one_sided"
-    # Target is < 30 ms (a few ms measured); the bound is loose so a busy CI box does not flake.
-    assert res["import_s"] < 0.1, res
+    # How fast: bench/startup.py measures it (BENCHMARKS.md); a unit test does not time.
 
 
-def test_warm_lookup_is_cached_and_fast(tmp_path, monkeypatch):
+def test_warm_lookup_is_cached(tmp_path, monkeypatch):
     p = write(tmp_path, _text())
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     opened = []
@@ -577,13 +576,9 @@ def test_warm_lookup_is_cached_and_fast(tmp_path, monkeypatch):
     assert lookup(fingerprint=FP, tokens=1024, **B).backend == "nccl_all2allv"  # other request, same file
     assert len(opened) == 1
 
-    n, best = 2000, float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            lookup(fingerprint=FP, tokens=64, **A)
-        best = min(best, (time.perf_counter() - t0) / n)
-    assert best < 50e-6, f"warm lookup took {best * 1e6:.1f} us"
+    for _ in range(100):
+        lookup(fingerprint=FP, tokens=64, **A)
+    assert len(opened) == 1  # warm answers never touch the file
 
     # A rewritten profile (select writes a new file and os.replace's it) is re-read.
     data = _variant("allgather_reducescatter")
@@ -785,18 +780,14 @@ def test_quiet_lookup_returns_the_reason_without_logging(caplog):
     assert warnings_of(caplog) == []
 
 
-def test_warm_phase_and_workload_lookups_are_fast(fixture_dir, tmp_path):
+def test_warm_phase_and_workload_lookups_give_the_same_answer_from_cache(fixture_dir, tmp_path):
     w = tmp_path / "w.csv"
     w.write_text("1,5\n16,3\n256,1\n")
     for kwargs in ({"phase": "decode", "max_tokens": 256}, {"workload": w}):
-        lookup(fingerprint=FP, **A, **kwargs)
-        n, best = 2000, float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                lookup(fingerprint=FP, **A, **kwargs)
-            best = min(best, (time.perf_counter() - t0) / n)
-        assert best < 50e-6, f"{kwargs}: warm lookup took {best * 1e6:.1f} us"
+        first = lookup(fingerprint=FP, **A, **kwargs)
+        for _ in range(50):
+            again = lookup(fingerprint=FP, **A, **kwargs)
+        assert (again.backend, again.alternatives) == (first.backend, first.alternatives)
 
 
 # --------------------------------------------------------- hardware fallback levels

@@ -25,6 +25,7 @@ CASES = [
     {"id": "w3-skewed", "world": 3, "experts": 12, "topk": 3, "hidden": 8, "tokens": [5, 1, 3], "routing": "skewed"},
     {"id": "w3-all-local", "world": 3, "experts": 12, "topk": 2, "hidden": 8, "tokens": [2, 2, 2], "routing": "local"},
     {"id": "w2-repeated-no-host-barrier", "world": 2, "experts": 8, "topk": 2, "hidden": 8, "tokens": [3, 4], "repeats": 4},
+    {"id": "w2-zero-tokens-repeated", "world": 2, "experts": 8, "topk": 2, "hidden": 8, "tokens": [0, 3], "repeats": 3},
     {"id": "w4-bf16", "world": 4, "experts": 16, "topk": 4, "hidden": 8, "tokens": [2, 3, 0, 1], "dtype": "bf16"},
     {"id": "w2-fp8-block-scales", "world": 2, "experts": 8, "topk": 2, "hidden": 256, "tokens": [3, 2], "dtype": "fp8_e4m3"},
     {"id": "w3-fp8-odd-hidden", "world": 3, "experts": 6, "topk": 2, "hidden": 136, "tokens": [2, 0, 3], "dtype": "fp8_e4m3"},

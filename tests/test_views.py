@@ -520,3 +520,13 @@ def test_a_database_given_as_profile_says_so(two_run_db):
         load_profile_view(two_run_db)
     with pytest.raises(ViewError, match="either --profile"):
         views.load_view(profile=two_run_db, db="x.db")
+
+
+def test_a_db_view_breaks_ties_in_the_order_select_uses():
+    from a2a_tune.tuner.views import run_tie_preference
+
+    config = {"backends": ["allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided", "nvlink_low_latency"]}
+    pref = run_tie_preference(config)
+    assert pref.index("nvlink_one_sided") < pref.index("nvlink_low_latency")
+    assert pref[0] == "allgather_reducescatter"
+    assert run_tie_preference(None) == ("allgather_reducescatter",)

@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(
     help=(
@@ -21,6 +22,7 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts show "[default: ...]" literally
     add_completion=False,
 )
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
@@ -33,7 +35,8 @@ DB_HELP = "SQLAlchemy URL or SQLite file path [env: A2A_TUNE_DB; default: sqlite
 
 
 def _fail(message: str, code: int = 1) -> "typer.Exit":
-    err.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    # messages quote user input and file names: never rich markup
+    err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -174,6 +177,8 @@ def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, b
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt:
         raise _fail("interrupted; what was measured is stored (rerun with --resume to continue)", 130) from None
+    if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
+        raise typer.Exit(0)
     _print_outcome(outcome, time.perf_counter() - start)
     if outcome.adaptive_saved:
         out.print(f"  adaptive search: {outcome.adaptive_saved} grid points not needed", highlight=False, markup=False)
@@ -188,8 +193,8 @@ _tokens_opt = typer.Option(None, help="Tokens per rank, comma-separated [default
 _dtype_opt = typer.Option([], "--dtype", help="Payload dtype, repeatable: bf16, fp16, fp32, fp8_e4m3 (block-FP8, quantized before dispatch) [default: bf16].")
 _routing_opt = typer.Option([], "--routing", help="Routing, repeatable: uniform, skewed, local [default: uniform].")
 _backend_opt = typer.Option([], "--backend", help="Backend to sweep, repeatable [default: every registered one].")
-_warmup_opt = typer.Option(None, help="Warm-up round trips per case [default: 10 cuda, 3 cpu].")
-_iters_opt = typer.Option(None, help="Timed round trips per case [default: 50 cuda, 15 cpu].")
+_warmup_opt = typer.Option(None, min=0, help="Warm-up round trips per case [default: 10 cuda, 3 cpu].")
+_iters_opt = typer.Option(None, min=1, help="Timed samples per case [default: 50 cuda, 15 cpu].")
 _db_opt = typer.Option(None, "--db", help=DB_HELP)
 _resume_opt = typer.Option(False, help="Continue the latest unfinished run with the same plan; skip what it stored.")
 _progress_opt = typer.Option(True, help="Show a progress bar.")
@@ -243,7 +248,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
         raise _fail(str(exc)) from None
     if not profile["entries"]:
         raise _fail(f"run {run_id} has no measurements to select from")
-    directory = out_dir or Path(os.environ.get("A2A_TUNE_PROFILE_DIR", "").split(os.pathsep)[0] or user_profile_dir())
+    directory = out_dir or Path(os.environ.get("A2A_TUNE_PROFILE_DIR", "").split(os.pathsep)[0] or user_profile_dir()).expanduser()
     try:
         path = write_profile(profile, directory)
     except (ProfileError, OSError) as exc:
@@ -454,7 +459,7 @@ def _view_fail(exc: Exception) -> "typer.Exit":
     """Exit 2 with the one-line message; escaped, since paths and reasons may hold "[...]"."""
     from rich.markup import escape
 
-    return _fail(escape(str(exc)), 2)
+    return _fail(str(exc), 2)
 
 
 def _load_view(profile: Optional[Path], db: Optional[str], run_id: Optional[int]):
@@ -647,7 +652,13 @@ def db_upgrade(db: Optional[str] = _db_opt) -> None:
 
 
 def main() -> None:
-    app()
+    from a2a_tune.kernels.errors import KernelsError
+
+    try:
+        app()
+    except KernelsError as exc:  # e.g. an out-of-tree backend module that does not import
+        _fail(str(exc), 2)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ this module:
 
 * **Standard library only.** Importing it must not pull in torch, SQLAlchemy, pynvml,
   jsonschema, rich or ``a2a_tune.kernels``; the import takes a few milliseconds and a
-  warm :func:`lookup` a few microseconds (profiles are cached by path + mtime, and
+  warm :func:`lookup` tens of microseconds (profiles are cached by path + mtime, and
   answers are cached per profile). ``bench/startup.py`` measures both.
 * **Never raises.** Any problem -- no profile, unreadable file, truncated or garbled
   JSON, another schema version, a field of the wrong type, a NaN / negative / missing

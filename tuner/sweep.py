@@ -137,8 +137,9 @@ def sweep(
     resume: bool = False,
     progress: bool = True,
     case_timeout: float = DEFAULT_CASE_TIMEOUT_S,
-) -> SweepOutcome:
+) -> SweepOutcome | None:
     """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job).
+    Returns the outcome; None on the non-zero ranks of a torchrun/srun job.
 
     Spawned ranks are watched: a case that makes no progress for `case_timeout` seconds (a
     hung collective or kernel) gets every rank killed — the only way to free a wedged NCCL
@@ -163,7 +164,9 @@ def sweep(
                 skip[key[0]] = f"timed out at {key[6]} tokens/rank ({reason})"
                 resume = True  # continue the same run
                 continue
-            outcome = next(r for r in results if r is not None)
+            outcome = next((r for r in results if r is not None), None)
+            if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
+                return None
             for backend, why in skip.items():
                 outcome.failed["timeout"] = outcome.failed.get("timeout", 0) + 1
                 outcome.infeasible[backend] = why
@@ -362,6 +365,10 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
 
     skipped_backends = len(plan.backend_names()) - len(usable)
     for model, dtype, routing in plan.groups():
+        for other in [k for k in built if k != (model, dtype)]:  # groups run shape-major: free the last
+            for backend in built.pop(other).values():
+                if backend is not None:
+                    backend.close()
         instances = built.setdefault((model, dtype), {})
         if not plan.adaptive:
             for tokens in plan.tokens:
@@ -466,6 +473,8 @@ def _measure_case(
     error = ""
     try:
         device_us, host_us = timer(backend, inputs, warmup=plan.warmup, iters=plan.iters)
+        if getattr(backend, "gave_up", lambda: False)():  # a flag wait timed out: the samples are garbage
+            error = "a flag wait timed out (a peer never signalled); timings discarded"
     except Exception as exc:
         error = _one_line(exc)
     if not _all_ranks_ok(not error, ctx):

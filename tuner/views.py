@@ -581,7 +581,7 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
             *key, source="measured", tokens=tokens, curves=curves, winners=[],
             failed={b: text for b, (_, text) in sorted(failed.items())},
         )  # fmt: skip
-        shape.winners = derive_winners(shape)
+        shape.winners = derive_winners(shape, run_tie_preference(g(run, "config")))
         shapes.append(shape)
     versions = g(run, "versions") or {}
     timings = sorted({c.timing for s in shapes for c in s.curves.values() if c.timing}, key=str)
@@ -647,12 +647,20 @@ def _fill_ties(shape: ShapeView) -> None:
             w.tie = _in_spread(shape, w.fastest or w.backend, w.runner_up, index[w.tokens])
 
 
-#: Tie preference of a view made from a database run: the engine default first, as select
-#: writes it; select then follows the registry order, which a view does not import (torch).
+#: Tie preference of a view made from a database run when the run does not name its
+#: backends: the engine default first, as select writes it. A run's config lists its
+#: backends in registry order, which is select's order after the default (see
+#: `run_tie_preference`).
 VIEW_TIE_PREFERENCE = ("allgather_reducescatter",)
 
 
-def derive_winners(shape: ShapeView) -> list:
+def run_tie_preference(config: Mapping | None) -> tuple:
+    """select's tie preference for a run: the engine default, then the run's backends in order."""
+    backends = [str(b) for b in (config or {}).get("backends", []) if isinstance(b, str)]
+    return tuple(dict.fromkeys([*VIEW_TIE_PREFERENCE, *backends]))
+
+
+def derive_winners(shape: ShapeView, preference: tuple = VIEW_TIE_PREFERENCE) -> list:
     """Per token count, among curves whose backend is not failed: the winner by the tie
     rule of select / lookup (:func:`a2a_tune.tuner.estimate.decide`), the fastest, the
     runner-up after it, margin = runner-up / fastest - 1, and the tie flag."""
@@ -668,7 +676,7 @@ def derive_winners(shape: ShapeView) -> list:
             medians,
             {b: shape.curves[b].at(j)[1] for b in live},
             {b: shape.curves[b].at(j)[2] for b in live},
-            VIEW_TIE_PREFERENCE,
+            preference,
         )
         ranked = sorted(medians.items(), key=lambda kv: (kv[1], kv[0]))
         runner_up = next((b for b, _ in ranked if b != fastest), None)
