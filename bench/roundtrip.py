@@ -74,7 +74,7 @@ def remote_fraction(experts: int, topk: int, world: int) -> float:
 def _bench_rank(ctx, backends, tokens_list, e, k, h, warmup, iters):
     shape = MoEShape(e, k, h, max(tokens_list), "bf16")
     rows = []
-    shared = {n: get_backend(n)(ctx.group, shape, ctx.device) for n in backends if not getattr(get_backend(n), "capacity_bound", False)}
+    shared = {n: get_backend(n)(ctx.group, shape, ctx.device) for n in backends if not get_backend(n).capacity_bound}
     floor = NcclFloor(ctx.group, shape, ctx.device, ctx.world_size)
     for t in tokens_list:
         inputs = [make_inputs(shape, t, rank=ctx.rank, world_size=ctx.world_size, seed=s, device=ctx.device) for s in range(3)]

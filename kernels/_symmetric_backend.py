@@ -56,7 +56,7 @@ class SymmetricMemoryBackend(All2AllBackend):
 
     graph_capturable = True  # no host synchronisation anywhere
     quantized_payloads = True  # fp8_e4m3: rows quantized before dispatch, scales travel beside them
-    capacity_bound = True  # cost grows with max_tokens_per_rank: size it to the load
+    capacity_bound = True  # workspaces are W x max_tokens_per_rank slots
     kernels: ClassVar[str]  # the module of the four kernels, e.g. "_one_sided_kernels"
 
     @classmethod

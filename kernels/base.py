@@ -169,6 +169,9 @@ class All2AllBackend(ABC):
     graph_capturable: ClassVar[bool] = False
     # Whether the backend carries quantized payloads (fp8_e4m3: x_scale travels with x).
     quantized_payloads: ClassVar[bool] = False
+    # Fixed-capacity backends cost what their capacity costs: the sweep builds them with
+    # max_tokens_per_rank = the load being timed, as an engine sizes them to its batch.
+    capacity_bound: ClassVar[bool] = False
 
     def __init__(self, group: "dist.ProcessGroup | None", shape: MoEShape, device: "torch.device") -> None:
         import torch.distributed as dist
@@ -204,6 +207,11 @@ class All2AllBackend(ABC):
     @abstractmethod
     def combine(self, expert_out: "torch.Tensor", dispatched: Dispatched) -> "torch.Tensor":
         """Return y[T_r, H]: the sum of the expert outputs of each source token."""
+
+    def gave_up(self) -> bool:
+        """Whether a device-side wait timed out since construction (a peer never signalled):
+        results since then are garbage. Host-synchronising; backends without such waits: False."""
+        return False
 
     def close(self) -> None:
         """Free workspaces. Safe to call twice."""

@@ -435,7 +435,7 @@ def _measure_case(
     """Gate, then time one case; returns its median µs (the same on every rank) or None."""
     cls = get_backend(name)
     slot = name
-    if getattr(cls, "capacity_bound", False):
+    if cls.capacity_bound:
         # Fixed-capacity backends cost what their capacity costs: size them to this load, as an
         # engine sizes them to its batch, instead of the sweep's largest token count.
         tokens = inputs[0].x.shape[0]
@@ -473,7 +473,7 @@ def _measure_case(
     error = ""
     try:
         device_us, host_us = timer(backend, inputs, warmup=plan.warmup, iters=plan.iters)
-        if getattr(backend, "gave_up", lambda: False)():  # a flag wait timed out: the samples are garbage
+        if backend.gave_up():  # a flag wait timed out: the samples are garbage
             error = "a flag wait timed out (a peer never signalled); timings discarded"
     except Exception as exc:
         error = _one_line(exc)
