@@ -84,3 +84,36 @@ class AllGatherReduceScatter(All2AllBackend):
         out = torch.empty(h.max_tokens, hidden, dtype=self.dtype, device=self.device)
         reduce_scatter_flat(out, padded, self.group)
         return out[: h.tokens]
+
+
+@register_backend
+class AllGatherReduceScatterPadded(AllGatherReduceScatter):
+    """The same collectives with every rank padded to `max_tokens_per_rank`, as vLLM runs its
+    CUDA-graph decode (data-parallel ranks padded to one batch size): no count exchange, no
+    host synchronisation, so the round trip can be captured and replayed.
+
+    Padding rows travel with topk ids of -1 (no expert computes them) and are dropped from y.
+    Workspace: W * max_tokens_per_rank rows each way, whatever the load: size it to the batch.
+    """
+
+    name = "allgather_reducescatter_padded"
+    vllm_name = "allgather_reducescatter"  # what vLLM's decode path actually does
+    graph_capturable = True
+    capacity_bound = True
+
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        tokens = self.check_inputs(x, topk_ids, topk_weights)
+        w, s, cap = self.world_size, self.shape, self.shape.max_tokens_per_rank
+        x_send = torch.zeros(cap, s.hidden, dtype=self.dtype, device=self.device)
+        x_send[:tokens] = x
+        ids = torch.full((cap, s.topk), -1, dtype=torch.int32, device=self.device)
+        ids[:tokens] = topk_ids
+        weights = torch.zeros(cap, s.topk, dtype=torch.float32, device=self.device)
+        weights[:tokens] = topk_weights
+        rx = torch.empty(w * cap, s.hidden, dtype=self.dtype, device=self.device)
+        meta = torch.empty(w * cap, 2 * s.topk, dtype=torch.int32, device=self.device)
+        all_gather_flat(rx, x_send, self.group)
+        all_gather_flat(meta, pack_meta(ids, weights), self.group)
+        rids, rw = unpack_meta(meta, s.topk)
+        lo, hi = self.local_expert_range()
+        return Dispatched(x=rx, topk_ids=mask_nonlocal(rids, lo, hi), topk_weights=rw, handle=_Handle(tokens, cap, None))

@@ -15,7 +15,7 @@ from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list
 from a2a_tune.kernels.reference import TOLERANCE, check_invariant, expert_scales, make_inputs
 from a2a_tune.tuner.launch import run_ranks
 
-REAL_BACKENDS = ["allgather_reducescatter", "nccl_all2allv"]
+REAL_BACKENDS = ["allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"]
 
 
 @dataclass(frozen=True)
@@ -136,11 +136,11 @@ def test_crashing_backend_is_a_failed_check_with_its_message(results_w2):
 
 
 def test_registry_lists_the_real_backends_first():
-    assert list_backends()[:2] == REAL_BACKENDS
+    assert list_backends()[:3] == REAL_BACKENDS
 
 
 def test_unknown_backend_error_names_the_known_ones():
-    with pytest.raises(KeyError, match="unknown backend 'nope'; known: allgather_reducescatter, nccl_all2allv"):
+    with pytest.raises(KeyError, match="unknown backend 'nope'; known: allgather_reducescatter, allgather_reducescatter_padded, nccl_all2allv"):
         get_backend("nope")
 
 

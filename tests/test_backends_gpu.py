@@ -19,7 +19,7 @@ from test_backends import REAL_BACKENDS, Case, _cases_w2, _run_cases
 pytestmark = pytest.mark.gpu
 
 GPU_BACKENDS = [*REAL_BACKENDS, "nvlink_one_sided", "nvlink_low_latency"]
-GRAPH_BACKENDS = ["nvlink_one_sided", "nvlink_low_latency"]
+GRAPH_BACKENDS = ["allgather_reducescatter_padded", "nvlink_one_sided", "nvlink_low_latency"]
 
 
 def _gpu_cases() -> list[Case]:
