@@ -51,6 +51,7 @@ def _count(db) -> int:
 SWEEP_ARGS = [
     "sweep", "--device", "cpu", "--world", "2", "--preset", "mixtral-8x7b", "--preset", "gpt-oss-120b",
     "--tokens", "1,2,4,8,16,32", "--warmup", "0", "--iters", "3", "--no-progress",
+    "--backend", "allgather_reducescatter", "--backend", "nccl_all2allv",
 ]  # fmt: skip
 
 
