@@ -29,13 +29,14 @@ from ._nvlink_common import (
     RankState,
     Workspace,
     block_k,
+    combine_wait,
     copy_row,
     copy_scales,
+    payload_args,
     row_blocks,
     signal_when_last,
     wait_flags,
 )
-from ._one_sided_kernels import _wait_kernel
 from .quant import scale_blocks
 
 META = 4  # int32 per slot: weight bits, epoch tag, j (top-k position at the source), unused
@@ -177,15 +178,12 @@ def dispatch_send(
     _, w, cap, hidden, k, _ = _geometry(st)
     v = st.views
     t = x.shape[0]
-    quant = x_scale is not None
-    n_scales = x_scale.shape[1] if quant else 1
+    a = payload_args(st, x, x_scale)
     _dispatch_send_kernel[(max(t, 1),)](
-        x.view(torch.uint8) if quant else x, x_scale.view(torch.int32) if quant else st.epoch, topk_ids, topk_weights, t,
-        v["x"], v["xs"].view(torch.int32) if quant else st.epoch, v["meta"], v["flags"],
-        st.delta(v["x"].element_size()), st.delta(4), st.epoch, st.done,
-        st.rank, cap, hidden, n_scales, experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), **row_blocks(hidden, v["x"].element_size()),
-        QUANT=quant, BLOCK_S=block_k(n_scales),
+        a["x"], a["xs"], topk_ids, topk_weights, t,
+        v["x"], a["xs_ws"], v["meta"], v["flags"], a["d_x"], st.delta(4), st.epoch, st.done,
+        st.rank, cap, hidden, a["n_scales"], experts_per_rank,
+        W=w, K=k, BLOCK_K=block_k(k), **a["constexprs"],
     )  # fmt: skip
 
 
@@ -215,8 +213,8 @@ def combine_send(st: RankState, expert_out: torch.Tensor) -> None:
 def combine_recv(st: RankState, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     _, w, _, hidden, k, _ = _geometry(st)
     t = topk_ids.shape[0]
-    if t == 0:  # still wait: our next dispatch must not overtake the peers' combine
-        _wait_kernel[(1,)](st.views["flags"][1], st.epoch, W=w)
+    if t == 0:
+        combine_wait(st)
         return y
     block_h = min(triton.next_power_of_2(hidden), 2048)
     _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](

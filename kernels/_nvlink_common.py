@@ -159,3 +159,39 @@ def copy_row(dst, src, hidden, BLOCK_H: tl.constexpr, N_HB: tl.constexpr):
         hs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         hm = hs < hidden
         tl.store(dst + hs, tl.load(src + hs, mask=hm), mask=hm)
+
+
+@triton.jit
+def _wait_kernel(flags_ptr, epoch_ptr, W: tl.constexpr):
+    wait_flags(flags_ptr, tl.load(epoch_ptr), epoch_ptr + 1, W)
+
+
+def dispatch_wait(st: RankState) -> None:
+    """Wait (one CTA) for every source's dispatch flag of the current round."""
+    flags = st.views["flags"]
+    _wait_kernel[(1,)](flags[0], st.epoch, W=flags.shape[1])
+
+
+def combine_wait(st: RankState) -> None:
+    """A rank with no tokens still waits for the combine flags: its next dispatch must not
+    write into peers' buffers before they finished this round's combine."""
+    flags = st.views["flags"]
+    _wait_kernel[(1,)](flags[1], st.epoch, W=flags.shape[1])
+
+
+def payload_args(st: RankState, x: torch.Tensor, x_scale: torch.Tensor | None) -> dict:
+    """The dispatch-send arguments both backends derive the same way from the payload.
+
+    Quantized rows travel as bytes and their fp32 scales as int32 bits (the kernels copy,
+    never convert); without scales the scale pointers are unused placeholders."""
+    quant = x_scale is not None
+    n_scales = x_scale.shape[1] if quant else 1
+    x_region = st.views["x"]
+    return {
+        "x": x.view(torch.uint8) if quant else x,
+        "xs": x_scale.view(torch.int32) if quant else st.epoch,
+        "xs_ws": st.views["xs"].view(torch.int32) if quant else st.epoch,
+        "n_scales": n_scales,
+        "d_x": st.delta(x_region.element_size()),
+        "constexprs": {"QUANT": quant, "BLOCK_S": block_k(n_scales), **row_blocks(x_region.shape[-1], x_region.element_size())},
+    }

@@ -33,12 +33,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ._nvlink_common import (
+from ._nvlink_common import (  # noqa: F401  (dispatch_wait: the emulated ranks' separate wait)
     RankState,
     Workspace,
     block_k,
+    combine_wait,
     copy_row,
     copy_scales,
+    dispatch_wait,
+    payload_args,
     row_blocks,
     signal_when_last,
     wait_flags,
@@ -120,11 +123,6 @@ def _dispatch_send_kernel(
 
 
 @triton.jit
-def _wait_kernel(flags_ptr, epoch_ptr, W: tl.constexpr):
-    wait_flags(flags_ptr, tl.load(epoch_ptr), epoch_ptr + 1, W)
-
-
-@triton.jit
 def _combine_send_kernel(
     out_ptr, meta_ptr, count_ptr, comb_ws, flags_ws, d_elem, d_i32, epoch_ptr, done_ptr,
     me, cap, hidden,
@@ -192,29 +190,13 @@ def dispatch_send(
     without, `dispatch_wait` does that separately (one process emulating every rank)."""
     w, cap, hidden, k, _ = _geometry(st)
     v = st.views
-    t = x.shape[0]
-    quant = x_scale is not None
-    xb = x.view(torch.uint8) if quant else x  # quantized rows are copied as bytes
-    n_scales = x_scale.shape[1] if quant else 1
+    a = payload_args(st, x, x_scale)
     _dispatch_send_kernel[(cap,)](
-        xb, x_scale.view(torch.int32) if quant else st.epoch, topk_ids, topk_weights, t,
-        v["x"], v["xs"].view(torch.int32) if quant else st.epoch, v["meta"], v["count"], v["flags"],
-        st.delta(v["x"].element_size()), st.delta(4), st.epoch, st.done,
-        st.rank, cap, hidden, n_scales, experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), **row_blocks(hidden, v["x"].element_size()),
-        QUANT=quant, BLOCK_S=block_k(n_scales), FUSED_WAIT=wait,
+        a["x"], a["xs"], topk_ids, topk_weights, x.shape[0],
+        v["x"], a["xs_ws"], v["meta"], v["count"], v["flags"], a["d_x"], st.delta(4), st.epoch, st.done,
+        st.rank, cap, hidden, a["n_scales"], experts_per_rank,
+        W=w, K=k, BLOCK_K=block_k(k), FUSED_WAIT=wait, **a["constexprs"],
     )  # fmt: skip
-
-
-def dispatch_wait(st: RankState) -> None:
-    _wait_kernel[(1,)](st.views["flags"], st.epoch, W=st.views["flags"].shape[1])
-
-
-def combine_wait(st: RankState) -> None:
-    """A rank with no tokens still waits for the combine flags: its next dispatch must not
-    write into peers' buffers before they finished this round's combine."""
-    flags = st.views["flags"]
-    _wait_kernel[(1,)](flags[1], st.epoch, W=flags.shape[1])
 
 
 def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

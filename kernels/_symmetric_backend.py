@@ -72,7 +72,6 @@ class SymmetricMemoryBackend(All2AllBackend):
         layout = self.workspace()
         buf, bases, self._symm = rendezvous_workspace(layout.offsets()["total"], group, device)
         self.state = RankState.create(self.rank, layout, buf, bases)
-        self._out = None  # receive() buffers, where a backend has any
         torch.cuda.synchronize(device)
         torch.distributed.barrier(group=group)  # every rank's flags are zero before anyone signals
 

@@ -45,10 +45,12 @@ class NvlinkLowLatency(SymmetricMemoryBackend):
             self.world_size, s.max_tokens_per_rank, s.hidden, s.topk, self.experts_per_rank, self.dtype, self.wire_dtype
         )
 
+    def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
+        super().__init__(group, shape, device)
+        rows = self.experts_per_rank * self.world_size * shape.max_tokens_per_rank
+        self._out = self._k.Outputs(rows, shape.topk, device)  # written every round: fixed addresses
+
     def receive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows = self.experts_per_rank * self.world_size * self.shape.max_tokens_per_rank
-        if self._out is None:
-            self._out = self._k.Outputs(rows, self.shape.topk, self.device)
         return self._k.dispatch_recv(self.state, self._out, self.experts_per_rank)
 
     def combine_receive(self, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
