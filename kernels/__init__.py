@@ -6,6 +6,7 @@ Layering (imports point down, never up; nothing here imports a2a_tune.tuner or a
       registry              @register_backend, list_backends, get_backend
       <backend>.py          one file per backend, registered on import
         _wire               metadata packing + collective wrappers (the torch.distributed backends)
+        _flashinfer         FlashInfer found without importing it; its MNNVL setup (flashinfer_*.py)
         _symmetric_backend  driver of the NVLink backends (workspace rendezvous, quantize, send, receive)
           _one_sided_kernels / _low_latency_kernels   their Triton kernels (lazy: triton imported on use)
             _nvlink_common  workspace layout, per-rank state, flag/epoch helpers
@@ -22,9 +23,12 @@ from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
 from .errors import KernelsError, ShapeError, UnknownBackendError
 from .registry import get_backend, list_backends, register_backend
 
-# Registration order is the tie-break preference: simplest / the engines' default first.
+# Registration order is the tie-break preference: simplest / the engines' default first, then
+# what engines already ship (FlashInfer), then our own kernels.
 from . import allgather_reducescatter as _allgather_reducescatter  # noqa: E402,F401
 from . import nccl_all2allv as _nccl_all2allv  # noqa: E402,F401
+from . import flashinfer_nvlink_one_sided as _flashinfer_one_sided  # noqa: E402,F401
+from . import flashinfer_nvlink_two_sided as _flashinfer_two_sided  # noqa: E402,F401
 from . import nvlink_one_sided as _nvlink_one_sided  # noqa: E402,F401
 from . import nvlink_low_latency as _nvlink_low_latency  # noqa: E402,F401
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from ._wire import all_gather_flat, mask_nonlocal, pack_meta, reduce_scatter_flat, unpack_meta
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched

@@ -158,12 +158,16 @@ class All2AllBackend(ABC):
     """Base class of every backend; subclasses register with `@register_backend`.
 
     Subclasses set `name` (our registry name) and `vllm_name` / `sglang_name` (the engine
-    literal the backend stands for, or None when the engine has no equivalent).
+    literal the backend stands for, or None when the engine has no equivalent; then
+    `vllm_closest` names vLLM's nearest backend).
     """
 
     name: ClassVar[str]
     vllm_name: ClassVar[str | None] = None
     sglang_name: ClassVar[str | None] = None
+    # Without a vLLM literal: the literal of the vLLM backend that does the same job, written
+    # into tables for operators (lookup for vLLM never returns it in this backend's place).
+    vllm_closest: ClassVar[str | None] = None
     # Backends whose dispatch needs a host read of data-dependent sizes cannot be captured
     # in a CUDA graph; the sweep times those eagerly.
     graph_capturable: ClassVar[bool] = False
@@ -207,6 +211,17 @@ class All2AllBackend(ABC):
     @abstractmethod
     def combine(self, expert_out: "torch.Tensor", dispatched: Dispatched) -> "torch.Tensor":
         """Return y[T_r, H]: the sum of the expert outputs of each source token."""
+
+    def combine_buffer(self, dispatched: Dispatched) -> "torch.Tensor | None":
+        """[N, H] activation-dtype buffer the expert computation may write its output into, so
+        that `combine` skips a staging copy (FlashInfer's workspace); None (default): combine
+        reads expert outputs wherever they are. Valid between this dispatch and its combine."""
+        return None
+
+    def knobs(self) -> dict[str, Any]:
+        """Settings in effect that change this backend's speed (block sizes, SM counts...),
+        recorded with each measurement; default: none."""
+        return {}
 
     def gave_up(self) -> bool:
         """Whether a device-side wait timed out since construction (a peer never signalled):

@@ -35,6 +35,7 @@ class _Handle:
 class NcclAll2Allv(All2AllBackend):
     name = "nccl_all2allv"
     vllm_name = None
+    vllm_closest = "flashinfer_nvlink_two_sided"  # also an all-to-all-v (vLLM once called it flashinfer_all2allv)
     sglang_name = None
 
     @classmethod

@@ -30,6 +30,7 @@ MAX_TOKENS_PER_RANK = 1024  # decode batches; DeepEP's low-latency mode is used 
 class NvlinkLowLatency(SymmetricMemoryBackend):
     name = "nvlink_low_latency"
     vllm_name = None  # same semantics as vLLM's deepep_low_latency, not DeepEP's code
+    vllm_closest = "deepep_low_latency"
     sglang_name = None
     kernels = "_low_latency_kernels"
 

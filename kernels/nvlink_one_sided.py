@@ -31,6 +31,7 @@ from .registry import register_backend
 class NvlinkOneSided(SymmetricMemoryBackend):
     name = "nvlink_one_sided"
     vllm_name = None  # same semantics as vLLM's flashinfer_nvlink_one_sided, but not FlashInfer's code
+    vllm_closest = "flashinfer_nvlink_one_sided"
     sglang_name = None
     kernels = "_one_sided_kernels"
 

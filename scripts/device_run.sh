@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: install, probe, GPU conformance tests, the full `a2a-tune run`,
-# and the side-by-side round-trip benchmark. Everything the call returns is under $OUT
-# (at most 8 files): log.txt, probe.json, nvml_record.json, a2a_tune.db, bench.json, profiles/*.json.
+# evaluate/adaptive, and the side-by-side round-trip benchmark. Everything the call returns is
+# under $OUT (at most 8 files): log.txt, probe.json, nvml_record.json, a2a_tune.db, bench.json,
+# profiles/*.json, evaluate.txt.
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
+#          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
+#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 RESUME=0 BENCH=1 PROFILE=0 ONE_GPU=0
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/a2a-out}
@@ -12,16 +15,37 @@ step() { echo; echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 || { tail "$LOG"; exit 1; }
 export PYTHONPATH=/tmp/site
+if [ -d .flashinfer/site ]; then
+  # The staged FlashInfer carries its kernels prebuilt (AOT): never compile here.
+  export PYTHONPATH=$PWD/.flashinfer/site:$PYTHONPATH FLASHINFER_DISABLE_JIT=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || { tail "$LOG"; exit 1; }
 A2A="python3 -m a2a_tune.tuner.cli"
+DB="sqlite:///$OUT/a2a_tune.db"
 
 step "machine"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nvidia-smi topo -m; nvidia-smi nvlink -s -i 0 | head -5;
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "triton", triton.__version__)'; } 2>&1 | tee -a "$LOG"
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "triton", triton.__version__)';
+  [ -f .flashinfer/STAGED ] && cat .flashinfer/STAGED; } 2>&1 | tee -a "$LOG"
 
-if [ -n "${PROFILE:-}" ]; then
+if [ -d .flashinfer/site ]; then
+  step "flashinfer: staged import + AOT modules load"
+  timeout 120 python3 -c '
+import time; t = time.time()
+import flashinfer.comm.trtllm_moe_alltoall as one, flashinfer.comm.trtllm_alltoall as two
+print("import", round(time.time() - t, 2), "s")
+one.get_moe_alltoall_module("trtllm"); two.get_comm_alltoall_module(); print("AOT modules loaded", round(time.time() - t, 2), "s")
+' 2>&1 | tail -5 | tee -a "$LOG"
+fi
+
+if [ "${PROFILE:-0}" = 1 ]; then
   step "profile"
   timeout 180 python3 scripts/device_profile.py 2>&1 | tee -a "$LOG" | grep -v "^-\|^ *$" | head -150
+fi
+
+if [ "${ONE_GPU:-0}" = 1 ]; then
+  step "one-GPU invariant check (W=1, and W=2 sharing GPU 0; correctness only)"
+  timeout ${ONE_GPU_TIMEOUT:-400} python3 scripts/device_check.py 2>&1 | tee -a "$LOG"
 fi
 
 step "probe"
@@ -29,18 +53,49 @@ $A2A probe 2>&1 | tee -a "$LOG"
 $A2A probe --json >"$OUT/probe.json" 2>>"$LOG"
 $A2A probe --record "$OUT/nvml_record.json" >/dev/null 2>>"$LOG"
 
+if [ "${FI_CHECK:-${TESTS:-1}}" = 1 ] && [ -d .flashinfer/site ]; then
+  step "flashinfer backends, W=2: quick invariant check"
+  timeout 160 python3 scripts/device_check.py --timeout 75 --w1 "" --w2-shared "" --w2 flashinfer_nvlink_one_sided,flashinfer_nvlink_two_sided 2>&1 | tee -a "$LOG"
+fi
+
 if [ "${TESTS:-1}" = 1 ]; then
   step "gpu conformance tests"
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/test_backends_gpu.py -p no:cacheprovider -x 2>&1 | tail -40 | tee -a "$LOG"
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/test_backends_gpu.py -p no:cacheprovider -rf --tb=line 2>&1 | tail -60 | tee -a "$LOG"
 fi
 
 if [ "${SWEEP:-1}" = 1 ]; then
   step "a2a-tune run"
   start=$(date +%s)
-  timeout ${RUN_TIMEOUT:-420} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "sqlite:///$OUT/a2a_tune.db" --out "$OUT/profiles" --no-progress 2>&1 | tee -a "$LOG"
+  timeout ${RUN_TIMEOUT:-420} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --out "$OUT/profiles" --no-progress 2>&1 | tee -a "$LOG"
   echo "a2a-tune run wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
 fi
 
-step "side-by-side benchmark"
-timeout ${BENCH_TIMEOUT:-240} python3 bench/roundtrip.py --json "$OUT/bench.json" 2>&1 | tee -a "$LOG"
+if [ "${EVAL:-0}" = 1 ]; then
+  step "a2a-tune evaluate (held-out token counts)"
+  start=$(date +%s)
+  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$(ls "$OUT"/profiles/*.json | head -1)" --device cuda --db "$DB" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
+  echo "evaluate wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
+fi
+
+if [ "${ADAPTIVE:-0}" = 1 ]; then
+  step "a2a-tune sweep --adaptive (same plan as the run)"
+  start=$(date +%s)
+  timeout ${ADAPTIVE_TIMEOUT:-200} $A2A sweep --adaptive --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
+  echo "adaptive sweep wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
+fi
+
+if [ "${RESUME:-0}" = 1 ]; then
+  step "kill -9 a sweep mid-way, then --resume it"
+  RDB="sqlite:///$OUT/resume.db"
+  RARGS="--device cuda --preset deepseek-v3 --dtype bf16 --db $RDB --no-progress"
+  timeout -s KILL ${KILL_AFTER:-30} $A2A sweep $RARGS >>"$LOG" 2>&1; echo "first sweep: exit $? (137 = killed)" | tee -a "$LOG"
+  python3 scripts/db_counts.py "$OUT/resume.db" 2>&1 | tee -a "$LOG"
+  timeout 200 $A2A sweep --resume $RARGS 2>&1 | tail -4 | tee -a "$LOG"
+  python3 scripts/db_counts.py "$OUT/resume.db" 2>&1 | tee -a "$LOG"
+fi
+
+if [ "${BENCH:-1}" = 1 ]; then
+  step "side-by-side benchmark"
+  timeout ${BENCH_TIMEOUT:-240} python3 bench/roundtrip.py --json "$OUT/bench.json" 2>&1 | tee -a "$LOG"
+fi
 step "done"

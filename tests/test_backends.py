@@ -74,7 +74,11 @@ def _run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
     results = {}
     for i, case in enumerate(cases):
         shape = MoEShape(case.experts, case.topk, case.hidden, max(max(case.tokens), 1), case.dtype)
-        backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
+        try:  # a backend that cannot even be built fails its case, not the whole launch
+            backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
+        except Exception as exc:  # noqa: BLE001
+            results[case.id] = (False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True)
+            continue
         scales = None
         if case.scales == "random":
             scales = torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2

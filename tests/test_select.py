@@ -409,3 +409,15 @@ def test_profile_from_store_adapter():
 
 if __name__ == "__main__":  # regenerate the checked-in fixture
     print(write_profile(fixture_profile(), FIXTURES))
+
+
+def test_backends_without_a_vllm_literal_name_the_closest_one():
+    names = {**BACKEND_NAMES, "nccl_all2allv": {"vllm_name": None, "sglang_name": None, "vllm_closest": "flashinfer_nvlink_two_sided"},
+             "allgather_reducescatter": {"vllm_name": "allgather_reducescatter", "sglang_name": None, "vllm_closest": "ignored"}}
+    p = build_profile(
+        measurements_from({"X": (SHAPE_B, [1, 8], {"allgather_reducescatter": [10, 20], "nccl_all2allv": [20, 22]})}),
+        [], hardware=HARDWARE, run=RUN, backend_names=names,
+    )  # fmt: skip
+    assert p["backends"]["nccl_all2allv"] == {"vllm_name": None, "sglang_name": None, "vllm_closest": "flashinfer_nvlink_two_sided"}
+    assert "vllm_closest" not in p["backends"]["allgather_reducescatter"]  # it has a literal of its own
+    validate_profile(p)

@@ -230,7 +230,10 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
     from .lookup import ProfileError, user_profile_dir
     from .select import profile_from_store, write_profile
 
-    names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in list_backends()}
+    names = {
+        n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name, "vllm_closest": get_backend(n).vllm_closest}
+        for n in list_backends()
+    }
     try:
         with open_store(db) as store:
             if run_id is None:
@@ -626,7 +629,8 @@ def backends(
     for name in list_backends():
         cls = get_backend(name)
         ok, reason = cls.availability(env)
-        table.add_row(name, cls.vllm_name or "-", cls.sglang_name or "-", "[green]available[/]" if ok else f"[yellow]{reason}[/]")
+        vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
+        table.add_row(name, vllm, cls.sglang_name or "-", "[green]available[/]" if ok else f"[yellow]{reason}[/]")
     out.print(table)
 
 

@@ -189,6 +189,9 @@ def build_profile(
             "vllm_name": _get(spec, "vllm_name") if spec is not None else None,
             "sglang_name": _get(spec, "sglang_name") if spec is not None else None,
         }
+        closest = _get(spec, "vllm_closest") if spec is not None else None
+        if closest and backends_out[b]["vllm_name"] is None:
+            backends_out[b]["vllm_closest"] = closest
 
     if generated_at is None:
         generated_at = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)

@@ -252,7 +252,7 @@ class _Recorder:
         medians.update({tuple(f.key): None for f in failures if f.key is not None})
         return {"run_id": run_id, "done": self.store.done_keys(run_id), "unavailable_recorded": recorded, "medians": medians}
 
-    def measurement(self, key: tuple, timing: str, device_us: list[float], host_us: list[float]) -> None:
+    def measurement(self, key: tuple, timing: str, device_us: list[float], host_us: list[float], knobs: dict) -> None:
         self.outcome.measured += 1
         self.medians[key] = summarize(device_us).median_us
         if not self.is_writer:
@@ -265,7 +265,7 @@ class _Recorder:
             tokens_per_rank=tokens, routing=routing, timing=timing,
             median_us=stats.median_us, p10_us=stats.p10_us, p90_us=stats.p90_us,
             ci_low_us=stats.ci_low_us, ci_high_us=stats.ci_high_us, n=stats.n,
-            host_median_us=summarize(host_us).median_us, samples=[round(s, 3) for s in device_us], knobs={},
+            host_median_us=summarize(host_us).median_us, samples=[round(s, 3) for s in device_us], knobs=knobs,
         )  # fmt: skip
 
     def beat(self, key: tuple | None) -> None:
@@ -480,5 +480,5 @@ def _measure_case(
     if not _all_ranks_ok(not error, ctx):
         rec.failure(name, "error", error or "failed on another rank", key)
         return None
-    rec.measurement(key, "graph" if graph else "eager", device_us, host_us)
+    rec.measurement(key, "graph" if graph else "eager", device_us, host_us, backend.knobs())
     return summarize(device_us).median_us

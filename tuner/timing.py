@@ -71,7 +71,12 @@ MAX_ROUND_TRIPS = 32
 
 def _round_trip(backend: All2AllBackend, inputs: RankInputs) -> None:
     d = backend.dispatch(inputs.x, inputs.topk_ids, inputs.topk_weights)
-    backend.combine(d.x if getattr(d, "x_scale", None) is None else _expert_out_like(backend, d.x), d)
+    # An engine's experts write their output somewhere anyway: into the backend's own buffer
+    # when it offers one (the same write, no staging copy), else into their own tensor.
+    out = backend.combine_buffer(d)
+    if out is None:
+        out = d.x if getattr(d, "x_scale", None) is None else _expert_out_like(backend, d.x)
+    backend.combine(out, d)
 
 
 def _expert_out_like(backend: All2AllBackend, received: torch.Tensor) -> torch.Tensor:
