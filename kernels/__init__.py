@@ -20,7 +20,7 @@ import optional packages (FlashInfer, DeepEP...) at import time: `availability()
 """
 
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape, PAYLOAD_DTYPES
-from .errors import KernelsError, ShapeError, UnknownBackendError
+from .errors import KernelsError, KnobError, ShapeError, UnknownBackendError
 from .registry import get_backend, list_backends, register_backend
 
 # Registration order is the tie-break preference: simplest / the engines' default first, then
@@ -38,6 +38,7 @@ __all__ = [
     "BackendEnv",
     "Dispatched",
     "KernelsError",
+    "KnobError",
     "MoEShape",
     "PAYLOAD_DTYPES",
     "ShapeError",

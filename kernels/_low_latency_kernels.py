@@ -183,7 +183,7 @@ def dispatch_send(
         a["x"], a["xs"], topk_ids, topk_weights, t,
         v["x"], a["xs_ws"], v["meta"], v["flags"], a["d_x"], st.delta(4), st.epoch, st.done,
         st.rank, cap, hidden, a["n_scales"], experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), **a["constexprs"],
+        W=w, K=k, BLOCK_K=block_k(k), **a["constexprs"], num_warps=st.launch.send_num_warps,
     )  # fmt: skip
 
 
@@ -192,10 +192,10 @@ def dispatch_recv(st: RankState, out: Outputs, experts_per_rank: int) -> tuple[t
     local_experts, w, cap, hidden, k, _ = _geometry(st)
     v = st.views
     rows = local_experts * w * cap
-    block_r = 64
+    block_r = st.launch.recv_block_rows
     _dispatch_recv_kernel[(triton.cdiv(rows, block_r),)](
         v["meta"], v["flags"], st.epoch, out.ids, out.weights, rows, w * cap, st.rank, experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), BLOCK_R=block_r,
+        W=w, K=k, BLOCK_K=block_k(k), BLOCK_R=block_r, num_warps=st.launch.recv_num_warps,
     )  # fmt: skip
     return v["x"].view(rows, hidden), out.ids, out.weights
 
@@ -206,7 +206,7 @@ def combine_send(st: RankState, expert_out: torch.Tensor) -> None:
     _combine_send_kernel[(local_experts * w * cap,)](
         expert_out, v["meta"], v["comb"], v["flags"], st.delta(dtype.itemsize), st.delta(4), st.epoch, st.done,
         st.rank, cap, hidden,
-        W=w, K=k, **row_blocks(hidden, dtype.itemsize),
+        W=w, K=k, **row_blocks(hidden, dtype.itemsize, st.launch.row_block_bytes), num_warps=st.launch.send_num_warps,
     )  # fmt: skip
 
 
@@ -216,10 +216,10 @@ def combine_recv(st: RankState, topk_ids: torch.Tensor, y: torch.Tensor) -> torc
     if t == 0:
         combine_wait(st)
         return y
-    block_h = min(triton.next_power_of_2(hidden), 2048)
+    block_h = min(triton.next_power_of_2(hidden), st.launch.recv_block_h)
     _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](
         y, st.views["comb"], topk_ids, st.views["flags"], st.epoch, hidden,
-        W=w, K=k, BLOCK_K=block_k(k), BLOCK_H=block_h,
+        W=w, K=k, BLOCK_K=block_k(k), BLOCK_H=block_h, num_warps=st.launch.recv_num_warps,
     )  # fmt: skip
     return y
 

@@ -23,6 +23,23 @@ _ALIGN = 256  # bytes: every region starts 256-aligned (vector access, and typed
 
 
 @dataclass(frozen=True)
+class LaunchKnobs:
+    """Launch parameters of the kernels: they change speed, never results (every setting in
+    the backends' `knob_space` must pass the invariant). The defaults are the values the
+    kernels were launched with before these became knobs, so past measurements compare.
+
+    The grids are not a knob: each send kernel runs one CTA per token slot and its last CTA
+    signals (`signal_when_last` counts them), so a smaller grid needs a persistent loop over
+    slots first (a dynamic-bound loop, which the CPU interpreter cannot run with NumPy 2)."""
+
+    send_num_warps: int = 4  # dispatch_send / combine_send (Triton's default)
+    recv_num_warps: int = 4  # combine_recv, and dispatch_recv of the low-latency kernels
+    row_block_bytes: int = 16384  # payload bytes one copy_row step moves (see row_blocks)
+    recv_block_h: int = 2048  # combine_recv: elements of H one program sums (its grid's 2nd dim)
+    recv_block_rows: int = 64  # low-latency dispatch_recv: slots one program tags
+
+
+@dataclass(frozen=True)
 class Workspace:
     """Byte layout of one rank's workspace: named regions of (dtype, shape), in order."""
 
@@ -62,6 +79,7 @@ class RankState:
     epoch: torch.Tensor  # int32 [2], local: [0] round counter the flags carry, [1] error word (1: a wait gave up)
     done: torch.Tensor  # int32 [2], local: CTAs finished in the current send kernel
     _deltas: dict[int, torch.Tensor]
+    launch: LaunchKnobs = LaunchKnobs()  # the backend's knobs (set_knobs replaces it)
 
     @classmethod
     def create(cls, rank: int, layout: Workspace, buf: torch.Tensor, peer_bases: list[int]) -> "RankState":
@@ -100,10 +118,10 @@ class RankState:
         return bool(self.epoch[1].item())
 
 
-def row_blocks(hidden: int, itemsize: int) -> dict[str, int]:
-    """BLOCK_H (16 KB of payload per step at most) and N_HB, the unrolled steps per row
+def row_blocks(hidden: int, itemsize: int, max_bytes: int = LaunchKnobs.row_block_bytes) -> dict[str, int]:
+    """BLOCK_H (`max_bytes` of payload per step at most) and N_HB, the unrolled steps per row
     (a constexpr count: dynamic-bound loops don't run under the interpreter with NumPy 2)."""
-    block = min(triton.next_power_of_2(hidden), 16384 // itemsize)
+    block = min(triton.next_power_of_2(hidden), max(1, max_bytes // itemsize))
     return {"BLOCK_H": block, "N_HB": triton.cdiv(hidden, block)}
 
 
@@ -193,5 +211,9 @@ def payload_args(st: RankState, x: torch.Tensor, x_scale: torch.Tensor | None) -
         "xs_ws": st.views["xs"].view(torch.int32) if quant else st.epoch,
         "n_scales": n_scales,
         "d_x": st.delta(x_region.element_size()),
-        "constexprs": {"QUANT": quant, "BLOCK_S": block_k(n_scales), **row_blocks(x_region.shape[-1], x_region.element_size())},
+        "constexprs": {
+            "QUANT": quant,
+            "BLOCK_S": block_k(n_scales),
+            **row_blocks(x_region.shape[-1], x_region.element_size(), st.launch.row_block_bytes),
+        },
     }

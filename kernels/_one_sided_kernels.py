@@ -195,7 +195,7 @@ def dispatch_send(
         a["x"], a["xs"], topk_ids, topk_weights, x.shape[0],
         v["x"], a["xs_ws"], v["meta"], v["count"], v["flags"], a["d_x"], st.delta(4), st.epoch, st.done,
         st.rank, cap, hidden, a["n_scales"], experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), FUSED_WAIT=wait, **a["constexprs"],
+        W=w, K=k, BLOCK_K=block_k(k), FUSED_WAIT=wait, **a["constexprs"], num_warps=st.launch.send_num_warps,
     )  # fmt: skip
 
 
@@ -214,7 +214,8 @@ def combine_send(st: RankState, expert_out: torch.Tensor) -> None:
     _combine_send_kernel[(w * cap,)](
         expert_out, v["meta"], v["count"], v["comb"], v["flags"], st.delta(dtype.itemsize), st.delta(4), st.epoch, st.done,
         st.rank, cap, hidden,
-        W=w, K=k, BLOCK_K=block_k(k), **row_blocks(hidden, dtype.itemsize),
+        W=w, K=k, BLOCK_K=block_k(k), **row_blocks(hidden, dtype.itemsize, st.launch.row_block_bytes),
+        num_warps=st.launch.send_num_warps,
     )  # fmt: skip
 
 
@@ -227,10 +228,10 @@ def combine_recv(
     if t == 0:
         combine_wait(st)
         return y
-    block_h = min(triton.next_power_of_2(hidden), 2048)
+    block_h = min(triton.next_power_of_2(hidden), st.launch.recv_block_h)
     _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](
         y, v["comb"], expert_out, topk_ids, v["flags"], st.epoch, t, st.rank, cap, hidden, experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), BLOCK_H=block_h,
+        W=w, K=k, BLOCK_K=block_k(k), BLOCK_H=block_h, num_warps=st.launch.recv_num_warps,
     )  # fmt: skip
     return y
 

@@ -4,12 +4,12 @@ workspace rendezvous, and the dispatch/combine driver (quantize, send, receive).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import asdict, dataclass, replace
+from typing import Any, ClassVar
 
 import torch
 
-from ._nvlink_common import RankState, Workspace
+from ._nvlink_common import LaunchKnobs, RankState, Workspace
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
 from .quant import quantize_fp8_blocks
 
@@ -58,6 +58,14 @@ class SymmetricMemoryBackend(All2AllBackend):
     quantized_payloads = True  # fp8_e4m3: rows quantized before dispatch, scales travel beside them
     capacity_bound = True  # workspaces are W x max_tokens_per_rank slots
     kernels: ClassVar[str]  # the module of the four kernels, e.g. "_one_sided_kernels"
+    # Launch parameters of the kernels (`LaunchKnobs` says what each does); every value keeps
+    # the results exact (the kernels only copy, and sum in fp32 in a fixed order).
+    knob_space: ClassVar[dict[str, tuple]] = {
+        "send_num_warps": (1, 2, 4, 8, 16),
+        "recv_num_warps": (1, 2, 4, 8),
+        "row_block_bytes": (2048, 4096, 8192, 16384, 32768),
+        "recv_block_h": (512, 1024, 2048, 4096),
+    }
 
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:
@@ -74,6 +82,15 @@ class SymmetricMemoryBackend(All2AllBackend):
         self.state = RankState.create(self.rank, layout, buf, bases)
         torch.cuda.synchronize(device)
         torch.distributed.barrier(group=group)  # every rank's flags are zero before anyone signals
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        defaults = asdict(LaunchKnobs())
+        cls.knob_defaults = {name: defaults[name] for name in cls.knob_space}
+
+    def apply_knobs(self, knobs: dict[str, Any]) -> None:
+        if self.state is not None:
+            self.state.launch = replace(self.state.launch, **knobs)
 
     def workspace(self) -> Workspace:
         raise NotImplementedError

@@ -22,6 +22,15 @@ within the payload dtype's tolerance, whatever the backend's internal layout.
 
 A backend's `availability(env)` is a classmethod that does no collective work and never
 raises, so the sweep knows which backends can run before any rank starts one.
+
+Knobs: a backend may declare launch parameters that change its speed but never its results
+(`knob_space`: name -> allowed values; `knob_defaults`: what it runs with unless told).
+`set_knobs(...)` applies a setting to the following dispatch/combine calls; `knobs()` says
+what is in effect (recorded with each measurement). `a2a_tune.tuner.knobs` searches the
+space per shape and token count, gating every setting with the invariant. Settings a
+library reads once per process from the environment (FlashInfer's block sizes) or at
+communicator creation (NCCL_PROTO / NCCL_ALGO) cannot change between trials in one
+process: such backends declare no space and report what they run with through `knobs()`.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from .errors import ShapeError
+from .errors import KnobError, ShapeError
 
 if TYPE_CHECKING:  # torch is imported lazily so `availability` stays cheap to call
     import torch
@@ -176,6 +185,10 @@ class All2AllBackend(ABC):
     # Fixed-capacity backends cost what their capacity costs: the sweep builds them with
     # max_tokens_per_rank = the load being timed, as an engine sizes them to its batch.
     capacity_bound: ClassVar[bool] = False
+    # Tunable launch parameters: name -> the values allowed (a categorical search space), and
+    # the value of each the backend runs with unless `set_knobs` says otherwise.
+    knob_space: ClassVar[dict[str, tuple]] = {}
+    knob_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, group: "dist.ProcessGroup | None", shape: MoEShape, device: "torch.device") -> None:
         import torch.distributed as dist
@@ -220,8 +233,30 @@ class All2AllBackend(ABC):
 
     def knobs(self) -> dict[str, Any]:
         """Settings in effect that change this backend's speed (block sizes, SM counts...),
-        recorded with each measurement; default: none."""
-        return {}
+        recorded with each measurement: the applied knobs (defaults until `set_knobs`)."""
+        return dict(getattr(self, "_knobs", None) or self.knob_defaults)
+
+    @classmethod
+    def check_knobs(cls, knobs: dict[str, Any]) -> dict[str, Any]:
+        """The full setting `knobs` asks for (defaults filled in); KnobError (one line) on a
+        name outside `knob_space` or a value it does not allow."""
+        for name, value in knobs.items():
+            if name not in cls.knob_space:
+                known = ", ".join(cls.knob_space) or "none"
+                raise KnobError(f"{cls.name}: unknown knob {name!r} (knobs: {known})")
+            allowed = cls.knob_space[name]
+            if value not in allowed or type(value) is not type(cls.knob_defaults[name]):
+                raise KnobError(f"{cls.name}: knob {name}={value!r} not allowed (one of {', '.join(map(repr, allowed))})")
+        return {**cls.knob_defaults, **knobs}
+
+    def set_knobs(self, knobs: dict[str, Any]) -> None:
+        """Run the following dispatch/combine calls with `knobs` (names of `knob_space`; the
+        others keep their defaults). Validated first (KnobError); `{}` restores the defaults."""
+        self._knobs = type(self).check_knobs(knobs)
+        self.apply_knobs(self._knobs)
+
+    def apply_knobs(self, knobs: dict[str, Any]) -> None:
+        """Backends with a `knob_space`: make the validated full setting `knobs` take effect."""
 
     def gave_up(self) -> bool:
         """Whether a device-side wait timed out since construction (a peer never signalled):

@@ -14,3 +14,7 @@ class UnknownBackendError(KernelsError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class KnobError(KernelsError, ValueError):
+    """A knob a backend does not declare, or a value outside its knob space."""

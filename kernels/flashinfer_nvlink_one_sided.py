@@ -16,6 +16,8 @@ captured in CUDA graphs by the sweep, as vLLM does.
 
 Knobs (environment, read once per process by FlashInfer): TLLM_MOE_A2A_DISPATCH_BLOCK_SIZE
 and TLLM_MOE_A2A_COMBINE_BLOCK_SIZE (threads per CTA, default 256), recorded per measurement.
+Read once per process, they cannot change between trials, so the class declares no
+`knob_space` (the knob search skips it); `knobs()` reports the values in effect.
 """
 
 from __future__ import annotations

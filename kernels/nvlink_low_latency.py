@@ -33,6 +33,8 @@ class NvlinkLowLatency(SymmetricMemoryBackend):
     vllm_closest = "deepep_low_latency"
     sglang_name = None
     kernels = "_low_latency_kernels"
+    # dispatch_recv is a kernel here (it tags each slot): its rows per program are a knob too
+    knob_space = {**SymmetricMemoryBackend.knob_space, "recv_block_rows": (16, 32, 64, 128, 256)}
 
     @classmethod
     def feasibility(cls, shape: MoEShape, world_size: int) -> Availability:

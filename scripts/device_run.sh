@@ -5,7 +5,7 @@
 # profiles/*.json, evaluate.txt.
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
 #          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
-#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 RESUME=0 BENCH=1 PROFILE=0 ONE_GPU=0
+#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESUME=0 FI_OVERHEAD=0 BENCH=1 PROFILE=0 ONE_GPU=0
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/a2a-out}
@@ -73,7 +73,7 @@ fi
 if [ "${EVAL:-0}" = 1 ]; then
   step "a2a-tune evaluate (held-out token counts)"
   start=$(date +%s)
-  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$(ls "$OUT"/profiles/*.json | head -1)" --device cuda --db "$DB" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
+  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$(ls "$OUT"/profiles/*.json | head -1)" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
   echo "evaluate wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
 fi
 
@@ -84,6 +84,16 @@ if [ "${ADAPTIVE:-0}" = 1 ]; then
   echo "adaptive sweep wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
 fi
 
+if [ "${KNOBS:-0}" = 1 ]; then
+  step "a2a-tune tune-knobs (Optuna) for nvlink_one_sided, DeepSeek-V3 shape"
+  mkdir -p "$OUT/profiles"
+  [ -n "$(ls "$OUT"/profiles/*.json 2>/dev/null)" ] || cp profiles/h200.nvl18x2.node1.json "$OUT/profiles/"
+  start=$(date +%s)
+  timeout ${KNOBS_TIMEOUT:-200} $A2A tune-knobs --backend nvlink_one_sided --preset deepseek-v3 --tokens ${KNOB_TOKENS:-1,128,8192} \
+    --trials ${KNOB_TRIALS:-8} --device cuda --db "$DB" --profile "$(ls "$OUT"/profiles/*.json | head -1)" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
+  echo "tune-knobs wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
+fi
+
 if [ "${RESUME:-0}" = 1 ]; then
   step "kill -9 a sweep mid-way, then --resume it"
   RDB="sqlite:///$OUT/resume.db"
@@ -92,6 +102,11 @@ if [ "${RESUME:-0}" = 1 ]; then
   python3 scripts/db_counts.py "$OUT/resume.db" 2>&1 | tee -a "$LOG"
   timeout 200 $A2A sweep --resume $RARGS 2>&1 | tail -4 | tee -a "$LOG"
   python3 scripts/db_counts.py "$OUT/resume.db" 2>&1 | tee -a "$LOG"
+fi
+
+if [ "${FI_OVERHEAD:-0}" = 1 ]; then
+  step "FlashInfer one-sided adapter: where its round trip goes"
+  timeout ${FI_OVERHEAD_TIMEOUT:-150} python3 scripts/device_fi_overhead.py --json "$OUT/fi_overhead.json" 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${BENCH:-1}" = 1 ]; then

@@ -222,3 +222,27 @@ def test_a_backend_module_that_does_not_import_is_one_line(monkeypatch):
     assert r.returncode == 2
     assert "A2A_TUNE_BACKEND_MODULES: cannot import 'no_such_backend_module'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _cases_w4() -> list[Case]:
+    cases = []
+    for b in REAL_BACKENDS:
+        cases += [
+            Case(f"{b}-w4-uniform", b, (6, 1, 9, 4), experts=16, topk=4),
+            Case(f"{b}-w4-zero-ranks", b, (0, 7, 0, 3), experts=16, topk=3, dtype="bf16"),
+            Case(f"{b}-w4-skewed", b, (12, 12, 5, 8), experts=32, topk=6, routing="skewed"),
+        ]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def results_w4():
+    return run_ranks(_run_cases, 4, "cpu", _cases_w4())[0]
+
+
+@pytest.mark.parametrize("case", _cases_w4(), ids=lambda c: c.id)
+def test_invariant_holds_on_four_ranks(results_w4, case):
+    """Expert parallelism is 8 GPUs or more in most deployments: nothing may assume 2 ranks."""
+    ok, err, reason, _ = results_w4[case.id]
+    assert ok, reason
+    assert err <= TOLERANCE[case.dtype]

@@ -29,6 +29,14 @@ CASES = [
     {"id": "w4-bf16", "world": 4, "experts": 16, "topk": 4, "hidden": 8, "tokens": [2, 3, 0, 1], "dtype": "bf16"},
     {"id": "w2-fp8-block-scales", "world": 2, "experts": 8, "topk": 2, "hidden": 256, "tokens": [3, 2], "dtype": "fp8_e4m3"},
     {"id": "w3-fp8-odd-hidden", "world": 3, "experts": 6, "topk": 2, "hidden": 136, "tokens": [2, 0, 3], "dtype": "fp8_e4m3"},
+    # knobs: rows copied in several steps (N_HB > 1), combine_recv over several H blocks,
+    # dispatch_recv (low latency) over several row blocks; num_warps passes through
+    {"id": "w2-knobs-small-blocks", "world": 2, "experts": 8, "topk": 2, "hidden": 1100, "tokens": [5, 3], "repeats": 2,
+     "knobs": {"row_block_bytes": 2048, "recv_block_h": 512, "recv_block_rows": 16, "send_num_warps": 1, "recv_num_warps": 8}},
+    {"id": "w3-knobs-bf16-large-blocks", "world": 3, "experts": 6, "topk": 2, "hidden": 40, "tokens": [2, 0, 3], "dtype": "bf16",
+     "knobs": {"row_block_bytes": 32768, "recv_block_h": 4096, "recv_block_rows": 256, "send_num_warps": 16}},
+    {"id": "w2-knobs-fp8", "world": 2, "experts": 8, "topk": 2, "hidden": 2176, "tokens": [3, 2], "dtype": "fp8_e4m3",
+     "knobs": {"row_block_bytes": 2048, "recv_block_h": 512}},
     {"id": "planted-off-by-one-slot", "world": 2, "experts": 8, "topk": 2, "hidden": 8, "tokens": [4, 4], "plant": "off_by_one_slot"},
 ]
 # the same cases through the low-latency (expert-major) kernels

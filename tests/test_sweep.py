@@ -120,3 +120,17 @@ def test_adaptive_sweep_measures_fewer_points_and_still_covers_both_ends(tmp_pat
         points = {(m.backend, m.tokens_per_rank) for m in store.measurements(outcome.run_id)}
     for b in BACKENDS[:2]:
         assert {(b, 1), (b, 256)} <= points  # the ends decide the drops: always measured
+
+
+def test_a_sweep_on_four_ranks_writes_an_ep4_table(tmp_path):
+    url = f"sqlite:///{tmp_path / 'w4.db'}"
+    plan = SweepPlan(shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(2, 8), backends=BACKENDS[:2], warmup=1, iters=3, input_sets=1)
+    outcome = sweep(plan, device_type="cpu", world_size=4, db_url=url, progress=False)
+    assert (outcome.status, outcome.measured) == ("completed", 4)
+    names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in BACKENDS[:2]}
+    with open_store(url) as store:
+        assert {m.ep_size for m in store.measurements(outcome.run_id)} == {4}
+        profile = profile_from_store(store, outcome.run_id, backend_names=names)
+    path = write_profile(profile, tmp_path)
+    assert lookup(ep_size=4, hidden=32, topk=4, num_experts=16, tokens=4, profile=path).match == "exact"
+    assert lookup(ep_size=2, hidden=32, topk=4, num_experts=16, tokens=4, profile=path, quiet=True).match != "exact"

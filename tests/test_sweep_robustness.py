@@ -75,3 +75,22 @@ def test_sigkill_halfway_then_resume_loses_and_repeats_nothing(tmp_path):
         assert run.status == "completed"
         keys = [m.key for m in store.measurements(run.id)]
     assert len(keys) == len(set(keys)) == 24  # 2 shapes x 6 token counts x 2 backends, each once
+
+
+def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
+    db = tmp_path / "int.db"
+    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *SWEEP_ARGS, "--db", str(db)]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while _count(db) < 3 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 130
+    stored = _count(db)
+    line = " ".join(err.split())
+    assert f"run 1 holds {stored} of 24 planned measurements" in line, err
+    assert "--resume" in line and "Traceback" not in err
+    with open_store(f"sqlite:///{db}") as store:
+        (run,) = store.runs()
+        assert run.status == "interrupted"

@@ -1,7 +1,7 @@
 """Adaptive token search: find where the backends' ranking changes with few measurements.
 
 Instead of timing every backend at every token count of the grid, measure a coarse subset
-(every 4th grid point, both ends included), then bisect (over grid indices) every interval
+(every 5th grid point, both ends included), then bisect (over grid indices) every interval
 whose two ends have different winners, until the change is pinned between neighbouring grid
 points. Backends clearly beaten are dropped early: the two ends of the grid are measured
 first, and a backend that took at least `drop_factor` × the best time at both ends is not
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 class AdaptiveSearch:
     grid: tuple[int, ...]  # ascending token counts the full sweep would measure
     backends: tuple[str, ...]
-    keep_within: float = 1.5
-    drop_factor: float = 3.0
-    coarse_step: int = 4
+    keep_within: float = 1.3
+    drop_factor: float = 2.0
+    coarse_step: int = 5
     medians: dict[tuple[int, str], float | None] = field(default_factory=dict)  # (tokens, backend) -> µs; None: failed
     _pending: list[tuple[int, str]] = field(default_factory=list)
     _intervals: list[tuple[int, int]] = field(default_factory=list)  # grid index pairs still to split

@@ -176,13 +176,39 @@ def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, b
     except (RankFailed, StoreError) as exc:
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt:
-        raise _fail("interrupted; what was measured is stored (rerun with --resume to continue)", 130) from None
+        raise _fail(f"interrupted after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total())}", 130) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
     _print_outcome(outcome, time.perf_counter() - start)
     if outcome.adaptive_saved:
         out.print(f"  adaptive search: {outcome.adaptive_saved} grid points not needed", highlight=False, markup=False)
     return outcome
+
+
+def _stored_so_far(db: str | None, planned: int) -> str:
+    """What an interrupted sweep left in the store, in one line (the Ctrl-C summary); marks
+    its run interrupted (resumable) if no rank got to."""
+    from a2a_tune.db import open_store
+
+    try:
+        with open_store(db) as store:
+            runs = store.runs()
+            if not runs:
+                return "nothing was stored"
+            run = max(runs, key=lambda r: r.id)
+            if run.status == "running":  # its ranks were stopped before rank 0 could say so
+                store.finish_run(run.id, "interrupted")
+            measured, failed = len(store.measurements(run.id)), len(store.failures(run.id))
+    except Exception as exc:  # noqa: BLE001 - the summary must not hide the interrupt
+        return f"the store could not be read ({_one_line_text(exc)})"
+    return (
+        f"run {run.id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
+        "rerun the same command with --resume to continue"
+    )
+
+
+def _one_line_text(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 _device_opt = typer.Option("auto", help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo; auto: cuda if >= 2 GPUs.")
@@ -247,17 +273,38 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
                 except NotFoundError:
                     raise _fail(f"no run {run_id} in the database") from None
             profile = profile_from_store(store, run_id, backend_names=names)
+            url = store.url
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if not profile["entries"]:
         raise _fail(f"run {run_id} has no measurements to select from")
+    profile, kept = _with_stored_knobs(profile, url)
     directory = out_dir or Path(os.environ.get("A2A_TUNE_PROFILE_DIR", "").split(os.pathsep)[0] or user_profile_dir()).expanduser()
     try:
         path = write_profile(profile, directory)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
-    out.print(f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}", highlight=False, markup=False)
+    knobs_note = f", with the knobs of {kept} tuned point(s)" if kept else ""
+    out.print(f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}", highlight=False, markup=False)
     return path
+
+
+def _with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
+    """The profile with the knob settings `tune-knobs` stored in the same database for this
+    machine (its studies), where the table has that shape, backend and token count."""
+    from .knobs import stored_knobs
+    from .select import with_knobs
+
+    try:
+        found = stored_knobs(url, profile["hardware"]["fingerprint"])
+    except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
+        err.print(f"note: tuned knobs not read ({_one_line_text(exc)}); the table is written without them", highlight=False)
+        return profile, 0
+    kept = 0
+    for shape, backend, tokens, knobs in found:
+        profile, notes = with_knobs(profile, shape, backend, {tokens: knobs})
+        kept += not notes
+    return profile, kept
 
 
 @app.command()
@@ -344,6 +391,105 @@ def evaluate(
     for policy, r in sorted(ev.policies.items(), key=lambda kv: kv[1]["mean"]):
         t.add_row(policy, f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
     out.print(t)
+
+
+# ----------------------------------------------------------------------------- tune-knobs
+
+
+@app.command("tune-knobs")
+def tune_knobs(
+    backend: str = typer.Option(..., help="The backend whose knobs to search (see its knob_space; `a2a-tune backends`)."),
+    preset: Optional[str] = typer.Option(None, help="Model shape preset (see `a2a-tune presets`). Or --model-config."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json of an MoE model."),
+    tokens: str = typer.Option(..., help="Tokens per rank, comma-separated: one study each."),
+    trials: int = typer.Option(16, min=1, help="Settings measured per token count, the defaults included."),
+    dtype: str = typer.Option("bf16", help="Payload dtype."),
+    routing: str = typer.Option("uniform", help="Routing: uniform, skewed, local."),
+    device: str = _device_opt, world: Optional[int] = _world_opt, db: Optional[str] = _db_opt,
+    profile: Optional[Path] = typer.Option(
+        None, help="A table (profile JSON) to write the best knobs into, per token count it has for this shape; "
+        "rewritten atomically."),
+    warmup: Optional[int] = typer.Option(None, min=0, help="Warm-up round trips per measurement [default: 10 cuda, 1 cpu]."),
+    iters: Optional[int] = typer.Option(None, min=1, help="Timed samples of a full measurement [default: 30 cuda, 6 cpu]."),
+    probe_iters: Optional[int] = typer.Option(
+        None, min=1, help="Timed samples of the short first measurement that prunes hopeless settings [default: 5 cuda, 2 cpu]."),
+    seed: int = typer.Option(0, help="Sampler seed."),
+    progress: bool = _progress_opt,
+) -> None:  # fmt: skip
+    """Search a backend's launch knobs with Optuna, per token count; print default vs best.
+
+    Each setting is first checked with the invariant (a wrong one fails its trial and is never
+    chosen), then timed like the sweep times it; settings clearly slower than the best so far
+    are pruned after a short first measurement. The studies are stored in the --db database:
+    `optuna-dashboard <url>` shows them. Backends without knobs (FlashInfer: its block sizes are
+    environment variables read once per process; NCCL-based: NCCL_PROTO/ALGO are read at
+    communicator creation) are reported as such.
+    """
+    from a2a_tune.db import StoreError, resolve_url
+    from a2a_tune.kernels import UnknownBackendError, get_backend
+
+    from .knobs import DEFAULT_ITERS, KnobPlan, tune_knobs as run_search
+    from .launch import RankFailed
+    from .lookup import ProfileError
+    from .select import SHAPE_KEYS, with_knobs, write_profile_to
+
+    try:
+        cls = get_backend(backend)
+    except UnknownBackendError as exc:
+        raise _fail(str(exc), 2) from None
+    if not cls.knob_space:
+        out.print(f"{backend} declares no knobs that can change within a process: nothing to search",
+                  highlight=False, markup=False)
+        return
+    plan, device, world = _build_plan(device, world, [preset] if preset else [], [model_config] if model_config else [],
+                                      tokens, [dtype], [routing], [backend], None, None)  # fmt: skip
+    if len(plan.shapes) != 1:
+        raise _fail("give one model shape: --preset or --model-config", 2)
+    defaults = DEFAULT_ITERS[device]
+    knob_plan = KnobPlan(
+        backend=backend, shape=plan.shapes[0], tokens=plan.tokens, dtype=dtype, routing=routing, trials=trials,
+        warmup=defaults[0] if warmup is None else warmup, iters=iters or defaults[1],
+        probe_iters=probe_iters or defaults[2], seed=seed,
+    )  # fmt: skip
+    shape = plan.shapes[0]
+    out.print(f"searching {backend} knobs at {shape.name} {dtype} ep{world}, {len(plan.tokens)} token count(s) x "
+              f"{trials} trials on {world} {device} rank(s); studies in {resolve_url(db)}", highlight=False, markup=False)  # fmt: skip
+    try:
+        results = run_search(knob_plan, device_type=device, world_size=world, db_url=db, progress=progress)
+    except (RankFailed, StoreError) as exc:
+        raise _fail(f"knob search stopped: {exc}") from None
+    if results is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
+        raise typer.Exit(0)
+    from rich.table import Table
+
+    t = Table("tokens/rank", "default us", "best us", "gain", "best knobs", "trials", "pruned", "failed",
+              title=f"{backend} knobs, {shape.name} {dtype} ep{world}")  # fmt: skip
+    for r in results:
+        if r.skipped:
+            t.add_row(str(r.tokens), "-", "-", "-", escape(r.skipped), "0", "0", "0")
+            continue
+        gain = f"{100 * r.gain:+.1f}%" if r.gain is not None else "-"
+        fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
+        knobs = ", ".join(f"{k}={v}" for k, v in r.best_knobs.items() if r.default_knobs.get(k) != v) or "defaults"
+        t.add_row(str(r.tokens), fmt(r.default_us), fmt(r.best_us), gain, escape(knobs),
+                  str(r.trials - r.repeats), str(r.pruned), str(r.failed))  # fmt: skip
+    out.print(t)
+    if profile is None:
+        return
+    try:
+        table = json.loads(profile.read_text())
+    except (OSError, ValueError) as exc:
+        raise _fail(f"{profile}: not a readable profile ({exc})") from None
+    values = dict(zip(SHAPE_KEYS, (world, shape.hidden, shape.topk, shape.num_experts, dtype, routing)))
+    found = {r.tokens: r.best_knobs for r in results if r.best_knobs}
+    updated, notes = with_knobs(table, values, backend, found)
+    for note in notes:
+        out.print(f"  not written: {note}", highlight=False, markup=False)
+    try:
+        write_profile_to(updated, profile)
+    except (ProfileError, OSError) as exc:
+        raise _fail(f"cannot write the profile: {exc}") from None
+    out.print(f"wrote the best knobs into {profile}", highlight=False, markup=False)
 
 
 # --------------------------------------------------------------------------------- lookup

@@ -30,7 +30,10 @@ preferred backend of the set wins: the profile's ``tie_preference``, which selec
 as the engine's default ``allgather_reducescatter`` first (switching away from what the
 engine does anyway is not worth a difference the measurement cannot resolve), then the
 order in which the backends are registered. Without a spread for F (not measured), only
-an exactly equal median ties.
+an exactly equal median ties. The spread is that of single samples, which on a shared
+host can be wide (a graph replay's p90 twice its median was measured on 2xH200), so a tie
+is also capped: a backend more than ``TIE_MAX_MARGIN`` (3%) slower than F never ties --
+preferring the engine's default may cost at most that much.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ from __future__ import annotations
 import bisect
 import math
 
-__all__ = ["decide", "expected", "where_text"]
+__all__ = ["TIE_MAX_MARGIN", "decide", "expected", "where_text"]
+
+#: A tie never spans more than this fraction above the fastest median (see the tie rule).
+TIE_MAX_MARGIN = 0.03
 
 
 def _point_plan(grid: tuple, t: int):
@@ -169,7 +175,7 @@ def decide(medians: dict, p10: dict, p90: dict, preference) -> tuple:
     lo = p10.get(fastest)
     hi = p90.get(fastest)
     lo = m if lo is None or lo > m else lo
-    hi = m if hi is None or hi < m else hi
+    hi = m if hi is None or hi < m else min(hi, m * (1 + TIE_MAX_MARGIN))
     tied = tuple(b for b, v in ranked if lo <= v <= hi)
     if len(tied) == 1:
         return fastest, fastest, tied

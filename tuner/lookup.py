@@ -68,6 +68,12 @@ backend's regret (expected time / best expected time - 1).
 
 Disaggregated serving: a prefill engine asks ``phase="prefill"``, a decode engine
 ``phase="decode"``; where the curves cross they get different backends.
+
+**Knobs.** ``Choice.knobs`` is the launch setting the table holds for the chosen backend
+(``a2a-tune tune-knobs --profile``) at the entry's measured token count nearest (in log
+space; the larger on a tie) to the request's typical load: the point itself; the decode
+range's log-midpoint sqrt(1 * B); a workload's weighted log-mean. Empty where the table
+has none (the backend's defaults); apply with ``backend.set_knobs(choice.knobs)``.
 """
 
 from __future__ import annotations
@@ -146,20 +152,22 @@ class Choice:
     ``alternatives``: every other competing backend -> regret (expected / best expected
     - 1); ``regret``: the chosen backend's own (> 0 only when the tie rule preferred it
     over the fastest); ``tie``: whether the tie rule applied; ``timing``: competing
-    backend -> timing mode of its curve; ``entry_shape``: the table shape used, or None.
+    backend -> timing mode of its curve; ``entry_shape``: the table shape used, or None;
+    ``knobs``: the chosen backend's tuned knob setting (empty: its defaults; see above).
 
     A plain class rather than a dataclass: importing dataclasses costs ~10 ms (it imports
     inspect), which every engine would pay at start-up.
     """
 
     _FIELDS = ("backend", "vllm_name", "sglang_name", "match", "reason", "source", "expected_us", "entry_shape",
-               "hardware_match", "profile_fingerprint", "phase", "alternatives", "regret", "tie", "timing")  # fmt: skip
-    _MAPPINGS = ("expected_us", "alternatives", "timing")
+               "hardware_match", "profile_fingerprint", "phase", "alternatives", "regret", "tie", "timing",
+               "knobs")  # fmt: skip
+    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs")
     __slots__ = _FIELDS
 
     def __init__(self, backend: str, vllm_name, sglang_name, match: str, reason: str, source=None, expected_us=None,
                  entry_shape=None, hardware_match: str = HW_DEFAULT, profile_fingerprint=None, phase: str = "tokens",
-                 alternatives=None, regret: float = 0.0, tie: bool = False, timing=None):  # fmt: skip
+                 alternatives=None, regret: float = 0.0, tie: bool = False, timing=None, knobs=None):  # fmt: skip
         values = dict(locals())
         for name in self._FIELDS:
             value = values[name]
@@ -774,5 +782,23 @@ def _choose(prof: Profile, path: str, want: Shape, dist, phase: str, engine: str
         regret=round(medians[chosen] / best - 1, 4),
         tie=len(tied) > 1,
         timing=modes,
+        knobs=_knobs_at(entry, chosen, dist),
         **common,
     )
+
+
+def _knobs_at(entry: ProfileEntry, backend: str, dist) -> dict:
+    """The backend's knob setting at the measured token count nearest the load (see the module
+    docstring); {} when the table has none there."""
+    settings = entry.knobs.get(backend)
+    if not settings:
+        return {}
+    kind = dist[0]
+    if kind == "point":
+        log_t = math.log(max(dist[1], 1))
+    elif kind == "log-uniform":
+        log_t = (math.log(max(dist[1], 1)) + math.log(max(dist[2], 1))) / 2
+    else:  # discrete: ((tokens, weight), ...), weights summing to 1
+        log_t = sum(w * math.log(max(t, 1)) for t, w in dist[1])
+    j = min(range(len(entry.tokens)), key=lambda i: (abs(math.log(entry.tokens[i]) - log_t), -entry.tokens[i]))
+    return dict(settings[j] or {})

@@ -65,7 +65,9 @@ __all__ = [
     "SHAPE_KEYS",
     "build_profile",
     "validate_profile",
+    "with_knobs",
     "write_profile",
+    "write_profile_to",
     "profile_from_store",
     "upgrade_profile",
     "ProfileError",
@@ -451,8 +453,17 @@ def write_profile(profile: dict, directory: Path) -> Path:
     starting up) sees either the old file or the new one, never a partial one.
     """
     validate_profile(profile)
-    directory = Path(directory)
-    target = directory / profile_filename(profile["hardware"]["fingerprint"])
+    return _write_atomic(profile, Path(directory) / profile_filename(profile["hardware"]["fingerprint"]))
+
+
+def write_profile_to(profile: dict, target: Path) -> Path:
+    """Validate, then atomically replace the file ``target`` (see :func:`write_profile`)."""
+    validate_profile(profile)
+    return _write_atomic(profile, Path(target))
+
+
+def _write_atomic(profile: dict, target: Path) -> Path:
+    directory = target.parent
     try:
         text = _dumps(profile) + "\n"
     except ValueError as exc:  # NaN / inf slipped past validation
@@ -482,6 +493,34 @@ def write_profile(profile: dict, directory: Path) -> Path:
     except OSError:
         pass
     return target
+
+
+def with_knobs(profile: dict, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]) -> tuple[dict, list[str]]:
+    """A copy of ``profile`` whose entry for ``shape`` (the :data:`SHAPE_KEYS`) holds
+    ``knobs_by_tokens`` (token count -> knob setting) in ``backend``'s ``knobs`` array, which
+    is aligned with the entry's ``tokens``. Returns (the copy, one line per token count or
+    shape that could not be written: not in the table)."""
+    import copy
+
+    out = copy.deepcopy(profile)
+    want = tuple(shape[k] for k in SHAPE_KEYS)
+    entry = next((e for e in out.get("entries", []) if tuple(e.get(k) for k in SHAPE_KEYS) == want), None)
+    where = ", ".join(f"{k}={v}" for k, v in zip(SHAPE_KEYS, want))
+    if entry is None:
+        return out, [f"the table has no entry for {where}"]
+    curve = entry.get("backends", {}).get(backend)
+    if curve is None:
+        return out, [f"the entry for {where} has no {backend} curve"]
+    tokens = entry["tokens"]
+    row = list(curve.get("knobs") or [None] * len(tokens))
+    notes = []
+    for t, setting in sorted(knobs_by_tokens.items()):
+        if t not in tokens:
+            notes.append(f"{t} tokens/rank is not one of the entry's token counts ({', '.join(map(str, tokens))})")
+            continue
+        row[tokens.index(t)] = dict(setting)
+    curve["knobs"] = row
+    return out, notes
 
 
 # ------------------------------------------------------------------ store adapter

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from a2a_tune.db import open_store
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
+from a2a_tune.kernels._flashinfer import flashinfer_version
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
 from .launch import RankContext, RankFailed, RanksStalled, launched_externally, run_ranks
@@ -120,7 +121,7 @@ def library_versions(device_type: str, topology: Topology) -> dict[str, str | No
         "nccl": nccl,
         "driver": topology.driver_version,
         "triton": dist_version("triton"),
-        "flashinfer": dist_version("flashinfer-python"),
+        "flashinfer": flashinfer_version(),  # also a staged copy (scripts/stage_flashinfer.py), no metadata
     }
 
 

@@ -15,6 +15,9 @@ Schema 2 adds to schema 1 (see the JSON Schema for every field):
 * per winner: ``fastest`` (lowest median), ``runner_up``, ``margin`` =
   runner-up median / fastest median - 1, ``tie`` and the winner's p10/p90;
 * ``tie_preference``: the order that settles ties (see :mod:`a2a_tune.tuner.estimate`).
+* optional per entry and backend ``knobs``: one object (knob name -> number, string or
+  boolean) or null per token count, aligned with ``tokens``: the launch setting the knob
+  search (:mod:`a2a_tune.tuner.knobs`) found fastest there; null: the backend's defaults.
 
 Schema 1 files are converted on load: every backend gets ``run.timing`` ("graph" for
 ``graph`` / ``cuda_graph``, else "eager"), p10/p90 are used where valid (else the
@@ -93,13 +96,15 @@ def describe_shape(s: Shape) -> str:
 # imports inspect), which every engine would pay at start-up.
 
 
-class ProfileEntry(namedtuple("ProfileEntry", "shape source tokens median_us p10_us p90_us timing failed")):
+class ProfileEntry(namedtuple("ProfileEntry", "shape source tokens median_us p10_us p90_us timing failed knobs")):
     """One validated entry: a shape and each backend's curves over tokens per rank.
 
     ``shape``: :data:`Shape`; ``source``: "measured" or "predicted"; ``tokens``: ascending
     token counts per rank; ``median_us`` / ``p10_us`` / ``p90_us``: backend -> tuple of
     float or None aligned with ``tokens``; ``timing``: backend -> "eager" | "graph";
-    ``failed``: backend -> one-line reason (never selected). Mappings are read-only.
+    ``failed``: backend -> one-line reason (never selected); ``knobs``: backend -> tuple
+    aligned with ``tokens`` of read-only mappings or None (backends with knobs only).
+    Mappings are read-only.
     """
 
     __slots__ = ()
@@ -321,7 +326,7 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
             raise ProfileError("token counts must be strictly ascending", field=f"{where}.tokens[{j}]")
     n = len(tokens)
 
-    medians, p10s, p90s, timings = {}, {}, {}, {}
+    medians, p10s, p90s, timings, knobs = {}, {}, {}, {}, {}
     for name, curve in _obj(e.get("backends"), f"{where}.backends").items():
         bwhere = f"{where}.backends.{name}"
         if name not in backends:
@@ -344,6 +349,8 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
                     if m is not None and ((a is not None and a > m) or (b is not None and b < m)):
                         raise ProfileError(f"median {m} outside its p10..p90 spread [{a}, {b}]", field=f"{bwhere}.median_us[{j}]")
         medians[name], p10s[name], p90s[name] = med, lo, hi
+        if "knobs" in curve:
+            knobs[name] = _knobs(curve["knobs"], n, f"{bwhere}.knobs")
 
     failed = {}
     for name, reason in _obj(e.get("failed", {}), f"{where}.failed").items():
@@ -362,7 +369,29 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
         p90_us=MappingProxyType(p90s),
         timing=MappingProxyType(timings),
         failed=MappingProxyType(failed),
+        knobs=MappingProxyType(knobs),
     )
+
+
+_KNOB_VALUE_TYPES = (int, float, str, bool)
+
+
+def _knobs(raw, n: int, where: str) -> tuple:
+    """``knobs``: an array of n values, each null or an object of knob name -> scalar."""
+    if type(raw) is not list or len(raw) != n:
+        raise ProfileError(f"expected an array of {n} values (one per token count)", field=where)
+    out = []
+    for j, setting in enumerate(raw):
+        if setting is None:
+            out.append(None)
+            continue
+        if type(setting) is not dict:
+            raise ProfileError(f"expected an object of knob settings or null, got {_jtype(setting)}", field=f"{where}[{j}]")
+        for k, v in setting.items():
+            if not k or type(v) not in _KNOB_VALUE_TYPES or (type(v) is float and not -_INF < v < _INF):
+                raise ProfileError(f"knob {k!r}: expected a number, string or boolean, got {_jtype(v)}", field=f"{where}[{j}]")
+        out.append(MappingProxyType(dict(setting)))
+    return tuple(out)
 
 
 def _check_winners(winners, where: str, token_set: set, medians: dict, failed: dict, *, v1: bool) -> None:

@@ -3,8 +3,10 @@
 What is timed: `combine(dispatch(x))` with the received rows passed straight back as the
 expert output (no expert compute). One sample = R round trips launched back to back (the
 host queued ahead of the GPU, as an engine runs its layers) between two CUDA events,
-divided by R; R is chosen from a warm-up so one sample lasts ~`SAMPLE_TARGET_US` (at most
-`MAX_ROUND_TRIPS`) and is the same on every rank. Two modes:
+divided by R; R is chosen so one sample lasts ~`SAMPLE_TARGET_US` and is the same on every
+rank (eager: from a warm-up's wall time, at most `MAX_ROUND_TRIPS`; graph: from the device
+time of a captured probe, at most `MAX_GRAPH_ROUND_TRIPS`, so the ranks' start skew after
+the barrier is spread over many round trips). Two modes:
 
 * eager (`time_round_trips`): the round trips are launched from Python, as an engine's
   prefill step is. The host wall time per round trip (launch of the R round trips / R,
@@ -67,6 +69,7 @@ def summarize(samples: Sequence[float]) -> Stats:
 
 SAMPLE_TARGET_US = 300.0
 MAX_ROUND_TRIPS = 32
+MAX_GRAPH_ROUND_TRIPS = 64  # a replayed round trip can be ~5 µs: keep samples near the target
 
 
 def _round_trip(backend: All2AllBackend, inputs: RankInputs) -> None:
@@ -113,6 +116,35 @@ def _round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[RankIn
     return int(agreed.item())
 
 
+GRAPH_PROBE_ROUND_TRIPS = 4
+
+
+def _graph_round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[RankInputs]) -> int:
+    """R for graph replay from the DEVICE time of a captured probe, agreed by every rank (max).
+
+    Not from eager wall time: eagerly a small round trip costs 10x its replay (host launches),
+    which would give R = 1-2 and leave each sample to the ranks' start skew after the
+    barrier (tens of µs, paid once per sample): small-token timings then moved 2x between runs."""
+    probe = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(probe):
+        _round_trips(backend, input_sets, 0, GRAPH_PROBE_ROUND_TRIPS)
+    probe.replay()
+    dist.barrier(group=backend.group)
+    _sync(backend)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        probe.replay()
+    end.record()
+    _sync(backend)
+    one_us = start.elapsed_time(end) * 1e3 / (3 * GRAPH_PROBE_ROUND_TRIPS)
+    del probe
+    local = max(1, min(MAX_GRAPH_ROUND_TRIPS, math.ceil(SAMPLE_TARGET_US / max(one_us, 1e-3))))
+    agreed = torch.tensor([local], dtype=torch.int64, device=backend.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=backend.group)
+    return int(agreed.item())
+
+
 def _timed_samples(backend: All2AllBackend, iters: int, reps: int, launch) -> tuple[list[float], list[float]]:
     """Run `launch(i)` (R round trips) `iters` times between events; per-round-trip µs."""
     cuda = backend.device.type == "cuda"
@@ -154,7 +186,7 @@ def time_graph_round_trips(
     with torch.cuda.stream(side):  # warm-up off the capture stream: compiles kernels, primes pools
         _round_trips(backend, input_sets, 0, max(warmup, len(input_sets)))
     torch.cuda.current_stream(backend.device).wait_stream(side)
-    reps = _round_trips_per_sample(backend, input_sets)
+    reps = _graph_round_trips_per_sample(backend, input_sets)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         _round_trips(backend, input_sets, 0, reps)

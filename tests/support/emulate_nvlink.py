@@ -3,7 +3,8 @@
 Usage (a subprocess, because TRITON_INTERPRET must be set before triton is imported):
     TRITON_INTERPRET=1 python emulate_nvlink.py '<json list of cases>'
 prints a JSON list of {id, ok, max_rel_error, reason}. Each case: world, experts, topk,
-hidden, dtype, tokens (per rank), routing, repeats, and optionally "plant": a bug to plant.
+hidden, dtype, tokens (per rank), routing, repeats, and optionally "plant": a bug to plant,
+and "knobs": LaunchKnobs fields to launch the kernels with (the backends' set_knobs).
 Ranks run each phase in turn (all sends, then all receives), which is one legal schedule
 of the real concurrent run, so the flags are already raised when a receiver waits.
 """
@@ -21,7 +22,7 @@ import torch  # noqa: E402
 from a2a_tune.kernels import MoEShape  # noqa: E402
 from a2a_tune.kernels import _low_latency_kernels as ll  # noqa: E402
 from a2a_tune.kernels import _one_sided_kernels as k  # noqa: E402
-from a2a_tune.kernels._nvlink_common import RankState  # noqa: E402
+from a2a_tune.kernels._nvlink_common import LaunchKnobs, RankState  # noqa: E402
 from a2a_tune.kernels.base import torch_dtype, wire_dtype  # noqa: E402
 from a2a_tune.kernels.quant import quantize_fp8_blocks  # noqa: E402
 from a2a_tune.kernels.reference import TOLERANCE, expected_output, expert_compute, expert_scales, make_inputs  # noqa: E402
@@ -51,6 +52,8 @@ def run_case(case: dict) -> dict:
         layout = k.workspace(w, cap, h, topk, act, wire)
     bufs = [_aligned(layout.offsets()["total"]) for _ in range(w)]
     states = [RankState.create(r, layout, bufs[r], [b.data_ptr() for b in bufs]) for r in range(w)]
+    for st in states:
+        st.launch = LaunchKnobs(**case.get("knobs", {}))
     scales = expert_scales(e)
     worst, reason = 0.0, ""
     for rep in range(case.get("repeats", 1)):

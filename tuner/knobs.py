@@ -1,0 +1,408 @@
+"""Knob search: per (backend, shape, token count) an Optuna study finds the fastest correct setting.
+
+A backend declares its launch parameters in `knob_space` (see `a2a_tune.kernels.base`).
+For one backend, one model shape and each token count per rank, on every rank together:
+
+  1. rank 0 asks the study for a trial (the backend's defaults first, enqueued, so the
+     study can say what the search gained) and broadcasts its knobs; every rank applies
+     them with `set_knobs`;
+  2. the invariant check (`check_invariant`) on fresh inputs: a setting that breaks
+     correctness is a FAILED trial, never a winner;
+  3. a short first measurement with the sweep's timer (CUDA-graph replay for capturable
+     backends on CUDA, eager otherwise), reported as the trial's intermediate value: a
+     setting clearly slower than the best completed one (`prune_margin`) is PRUNED there;
+  4. otherwise the full measurement; the objective is the median device µs per round trip
+     (each sample is already the max over ranks, so every rank holds the same number).
+
+A setting asked for again (the sampler may) reuses the stored outcome instead of running.
+
+Studies live in the measurement database (same URL, Optuna's RDBStorage; our schema keeps
+its Alembic history in its own version table, so both coexist), so `optuna-dashboard <url>`
+shows them. Study name: ``a2a-tune knobs: <fingerprint> <backend> <shape> ep<W> T<tokens>``;
+its user attrs hold the default and best knobs and their µs. Rerunning the command adds
+trials to the same studies.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+from optuna.pruners import BasePruner
+
+from a2a_tune.kernels import BackendEnv, MoEShape, get_backend
+from a2a_tune.kernels.reference import check_invariant, make_inputs
+
+from .launch import RankContext, run_ranks
+from .probe import Topology, merge_nodes
+from .shapes import ModelShape
+from .sweep import _all_ranks_ok, _one_line, _progress, probe_for_device
+from .timing import summarize, time_graph_round_trips, time_round_trips
+
+DEFAULT_TRIALS = 16
+DEFAULT_ITERS = {"cuda": (10, 30, 5), "cpu": (1, 6, 2)}  # (warm-up, timed samples, short first measurement)
+PRUNE_MARGIN = 0.25  # a first measurement this much slower than the best so far is hopeless
+MAX_ASKS_PER_TRIAL = 4  # the sampler may keep proposing measured settings: stop asking after this many per trial
+
+
+@dataclass(frozen=True)
+class KnobPlan:
+    backend: str
+    shape: ModelShape
+    tokens: tuple[int, ...]
+    dtype: str = "bf16"
+    routing: str = "uniform"
+    trials: int = DEFAULT_TRIALS  # per token count, the default setting included
+    warmup: int = 10
+    iters: int = 30  # timed samples of a full measurement
+    probe_iters: int = 5  # timed samples of the short first measurement (pruning)
+    input_sets: int = 3
+    seed: int = 0
+    prune_margin: float = PRUNE_MARGIN
+
+
+@dataclass
+class KnobResult:
+    """One study's outcome (rank 0). `best_*` is the default when nothing beat it."""
+
+    backend: str
+    tokens: int
+    study_name: str
+    timing: str = ""  # "graph" | "eager"
+    default_knobs: dict[str, Any] = field(default_factory=dict)
+    default_us: float | None = None
+    best_knobs: dict[str, Any] = field(default_factory=dict)
+    best_us: float | None = None
+    trials: int = 0  # run in this invocation (repeats included)
+    pruned: int = 0
+    failed: int = 0
+    repeats: int = 0  # settings asked for again: the stored outcome was reused
+    skipped: str = ""  # why this token count was not searched (infeasible, construction failed)
+    last_was_repeat: bool = field(default=False, repr=False)
+
+    @property
+    def gain(self) -> float | None:
+        """default / best - 1 (0.1: the best setting is 10% faster than the default)."""
+        if not self.default_us or not self.best_us:
+            return None
+        return self.default_us / self.best_us - 1
+
+
+def study_name(fingerprint: str, backend: str, shape: MoEShape, ep_size: int, tokens: int, routing: str) -> str:
+    where = "" if routing == "uniform" else f" {routing}"
+    return f"a2a-tune knobs: {fingerprint} {backend} {shape.label()} ep{ep_size} T{tokens}{where}"
+
+
+def tune_knobs(
+    plan: KnobPlan, *, device_type: str, world_size: int, db_url: str | None, progress: bool = True
+) -> list[KnobResult] | None:
+    """Search `plan.backend`'s knobs at each token count on `world_size` ranks (spawned here,
+    or this process's torchrun job). Returns one KnobResult per token count; None on the
+    non-zero ranks of a torchrun/srun job; [] when the backend declares no knobs."""
+    from a2a_tune.db import open_store, resolve_url
+
+    if not get_backend(plan.backend).knob_space:
+        return []
+    url = resolve_url(db_url)
+    if int(os.environ.get("RANK", "0")) == 0:
+        open_store(url).close()  # our schema first: a wrong or outdated database fails here, in one line
+    results = run_ranks(_tune_rank, world_size, device_type, plan, url, progress)
+    return next((r for r in results if r is not None), None)
+
+
+# --------------------------------------------------------------------------------- ranks
+
+
+def _tune_rank(ctx: RankContext, plan: KnobPlan, url: str, show_progress: bool) -> list[KnobResult] | None:
+    cls = get_backend(plan.backend)
+    ok, reason = cls.availability(BackendEnv.local(ctx.world_size, ctx.device.type))
+    if not ok:
+        raise RuntimeError(f"{plan.backend} is unavailable here: {reason}")
+    topologies: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(topologies, probe_for_device(ctx.device.type).to_dict())
+    fingerprint = merge_nodes([Topology.from_dict(t) for t in topologies]).fingerprint
+    owner = _StudyOwner(url, plan) if ctx.rank == 0 else None
+    results = []
+    with _progress(show_progress and owner is not None, len(plan.tokens) * plan.trials) as bar:
+        task = bar.add_task("", total=len(plan.tokens) * plan.trials) if bar else None
+        for tokens in plan.tokens:
+            result = _tune_point(ctx, plan, cls, fingerprint, tokens, owner, bar, task)
+            results.append(result)
+    return results if owner is not None else None
+
+
+def _tune_point(ctx, plan: KnobPlan, cls, fingerprint: str, tokens: int, owner, bar, task) -> KnobResult:
+    m = plan.shape
+    # Fixed-capacity backends are built for the load being timed, as the sweep builds them.
+    cap = tokens if cls.capacity_bound else max(plan.tokens)
+    shape = MoEShape(m.num_experts, m.topk, m.hidden, max(cap, 1), plan.dtype)
+    name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing)
+    result = KnobResult(plan.backend, tokens, name, default_knobs=dict(cls.knob_defaults))
+
+    def advance(n: int, text: str) -> None:
+        if bar is not None:
+            bar.update(task, advance=n, description=f"knobs {plan.backend} T={tokens}: {text}")
+
+    feasible, why = cls.feasibility(shape, ctx.world_size)
+    if not feasible:
+        result.skipped = f"infeasible: {why}"
+        advance(plan.trials, result.skipped)
+        return result
+    error = ""
+    try:
+        backend = cls(ctx.group, shape, ctx.device)
+    except Exception as exc:
+        backend, error = None, _one_line(exc)
+    if not _all_ranks_ok(not error, ctx):
+        result.skipped = f"construction failed: {error or 'on another rank'}"
+        advance(plan.trials, result.skipped)
+        return result
+    try:
+        inputs = [
+            make_inputs(shape, tokens, rank=ctx.rank, world_size=ctx.world_size, routing=plan.routing,
+                        seed=plan.seed + i, device=ctx.device)
+            for i in range(plan.input_sets)
+        ]  # fmt: skip
+        graph = cls.graph_capturable and ctx.device.type == "cuda"
+        result.timing = "graph" if graph else "eager"
+        study = owner.study(name, result, fingerprint, ctx.world_size) if owner else None
+        # `trials` counts settings measured: a repeat (the sampler asked for a setting that
+        # has an outcome) costs nothing and is not counted, up to a bound on asks in all.
+        asks = 0
+        while result.trials - result.repeats < plan.trials and asks < MAX_ASKS_PER_TRIAL * plan.trials:
+            asks += 1
+            if not _one_trial(ctx, plan, backend, inputs, graph, study, result):
+                break  # every setting of the space has an outcome
+            if result.trials - result.repeats <= plan.trials and not result.last_was_repeat:
+                advance(1, f"best {result.best_us:.1f} us" if result.best_us else "searching")
+        advance(plan.trials - (result.trials - result.repeats), f"done, best {result.best_us or 0:.1f} us")
+        if owner is not None:
+            owner.finish(study, result)
+    finally:
+        backend.close()
+    return result
+
+
+def _one_trial(ctx, plan: KnobPlan, backend, inputs, graph: bool, study, result: KnobResult) -> bool:
+    """Ask (rank 0), evaluate (every rank), tell (rank 0). False: the space is exhausted."""
+    msg: list[Any] = [None]
+    if study is not None:
+        msg[0] = study.ask_for(type(backend).knob_space)
+    dist.broadcast_object_list(msg, src=0, group=ctx.group)
+    params, repeat = msg[0]
+    if params is None:
+        return False
+    result.trials += 1
+    result.last_was_repeat = repeat
+    if repeat:
+        result.repeats += 1
+        return True
+    timer = time_graph_round_trips if graph else time_round_trips
+
+    def measure(iters: int) -> tuple[list[float], str]:
+        error = ""
+        samples: list[float] = []
+        try:
+            samples, _host = timer(backend, inputs, warmup=plan.warmup, iters=iters)
+            if backend.gave_up():  # a flag wait timed out: the samples are garbage
+                error = "a flag wait timed out (a peer never signalled)"
+        except Exception as exc:
+            error = _one_line(exc)
+        return samples, ("" if _all_ranks_ok(not error, ctx) else error or "failed on another rank")
+
+    error = ""
+    try:
+        backend.set_knobs(params)
+    except Exception as exc:
+        error = _one_line(exc)
+    if not _all_ranks_ok(not error, ctx):
+        return _tell(study, result, "fail", reason=error or "set_knobs failed on another rank")
+    gate = check_invariant(backend, inputs[0])
+    if not gate.ok:
+        return _tell(study, result, "fail", reason=f"incorrect: {gate.reason}")
+    short, error = measure(plan.probe_iters)
+    if error:
+        return _tell(study, result, "fail", reason=error)
+    verdict: list[Any] = [study.report_and_judge(summarize(short).median_us) if study is not None else None]
+    dist.broadcast_object_list(verdict, src=0, group=ctx.group)
+    if verdict[0]:
+        return _tell(study, result, "pruned")
+    full, error = measure(plan.iters)
+    if error:
+        return _tell(study, result, "fail", reason=error)
+    _tell(study, result, "complete", value=summarize(short + full).median_us)
+    return True
+
+
+def _tell(study, result: KnobResult, state: str, *, value: float | None = None, reason: str = "") -> bool:
+    result.pruned += state == "pruned"
+    result.failed += state == "fail"
+    if study is not None:
+        study.tell(state, value, reason)
+    return True
+
+
+# ------------------------------------------------------------------------- the studies
+
+
+def _first_settings(knob_space: dict[str, tuple], defaults: dict[str, Any], plan: KnobPlan) -> list[dict[str, Any]]:
+    """The defaults always first (the gain is relative to them); a space the budget covers is
+    then searched exhaustively in a seeded random order (the sampler would repeat settings)."""
+    import itertools
+    import random
+
+    names = list(knob_space)
+    grid = [dict(zip(names, values)) for values in itertools.product(*(knob_space[n] for n in names))]
+    if len(grid) > plan.trials:
+        return [defaults]
+    random.Random(plan.seed).shuffle(grid)
+    return [defaults] + [g for g in grid if g != defaults]
+
+
+class _StudyOwner:
+    """Rank 0's side: the Optuna storage and one study per token count."""
+
+    def __init__(self, url: str, plan: KnobPlan) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # the summary says what matters
+        self.storage = optuna.storages.RDBStorage(url)
+        self.plan = plan
+
+    def study(self, name: str, result: KnobResult, fingerprint: str, world: int) -> "_Study":
+        import optuna
+
+        study = optuna.create_study(
+            study_name=name,
+            storage=self.storage,
+            direction="minimize",
+            sampler=optuna.samplers.TPESampler(seed=self.plan.seed),
+            pruner=SlowerThanBestPruner(self.plan.prune_margin),
+            load_if_exists=True,  # a rerun adds trials to the same study
+        )
+        defaults = result.default_knobs
+        for setting in _first_settings(get_backend(self.plan.backend).knob_space, defaults, self.plan):
+            if not any(t.params == setting for t in study.trials):
+                study.enqueue_trial(setting)
+        p = self.plan
+        for key, value in {
+            "backend": p.backend, "num_experts": p.shape.num_experts, "topk": p.shape.topk, "hidden": p.shape.hidden,
+            "dtype": p.dtype, "routing": p.routing, "ep_size": world, "tokens_per_rank": result.tokens,
+            "fingerprint": fingerprint, "timing": result.timing, "default_knobs": defaults,
+            "knob_space": {k: list(v) for k, v in get_backend(p.backend).knob_space.items()},
+        }.items():  # fmt: skip
+            study.set_user_attr(key, value)
+        return _Study(study, result)
+
+    def finish(self, study: "_Study", result: KnobResult) -> None:
+        s = study.study
+        s.set_user_attr("default_us", result.default_us)
+        s.set_user_attr("best_knobs", result.best_knobs)
+        s.set_user_attr("best_us", result.best_us)
+
+
+class _Study:
+    """One study during the search: the trial being run, and the result it updates."""
+
+    def __init__(self, study, result: KnobResult) -> None:
+        self.study = study
+        self.result = result
+        self.trial = None
+        self._refresh()
+
+    def ask_for(self, knob_space: dict[str, tuple]) -> tuple[dict[str, Any], bool]:
+        """(knobs of the next trial, whether that setting already has an outcome: reused);
+        (None, True) once every setting of the space has one."""
+        from optuna.distributions import CategoricalDistribution
+        from optuna.trial import TrialState
+
+        finished = {}
+        for t in self.study.get_trials(deepcopy=False):
+            if t.state.is_finished():
+                finished.setdefault(tuple(sorted(t.params.items())), t)
+        if len(finished) >= math.prod(len(v) for v in knob_space.values()):
+            return None, True
+        space = {k: CategoricalDistribution(list(v)) for k, v in knob_space.items()}
+        self.trial = self.study.ask(space)
+        params = dict(self.trial.params)
+        earlier = finished.get(tuple(sorted(params.items())))
+        if earlier is None:
+            return params, False
+        self.trial.set_user_attr("repeat_of", earlier.number)
+        value = earlier.value if earlier.state == TrialState.COMPLETE else None  # pruned trials keep a value too
+        self.study.tell(self.trial, value, state=earlier.state)
+        return params, True
+
+    def report_and_judge(self, short_us: float) -> bool:
+        self.trial.report(short_us, step=0)
+        return self.trial.should_prune()
+
+    def tell(self, state: str, value: float | None, reason: str) -> None:
+        from optuna.trial import TrialState
+
+        if reason:
+            self.trial.set_user_attr("failure", reason[:500])
+        states = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "fail": TrialState.FAIL}
+        self.study.tell(self.trial, value, state=states[state])
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Default and best so far, from the whole study (earlier invocations too)."""
+        from optuna.trial import TrialState
+
+        done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        default = self.result.default_knobs
+        at_default = [t.value for t in done if t.params == default]
+        if at_default:
+            self.result.default_us = min(at_default)
+        if done:
+            best = min(done, key=lambda t: t.value)
+            self.result.best_knobs, self.result.best_us = dict(best.params), best.value
+
+
+class SlowerThanBestPruner(BasePruner):
+    """Prune a trial whose short first measurement is more than `margin` slower than the best
+    completed trial: the full measurement could not make it the winner. Relative to the
+    best, not a percentile of the others: a few trials per study are the norm here."""
+
+    def __init__(self, margin: float = PRUNE_MARGIN) -> None:
+        self.margin = margin
+
+    def prune(self, study, trial) -> bool:
+        step = trial.last_step
+        if step is None:
+            return False
+        try:
+            best = study.best_value
+        except ValueError:  # nothing completed yet: nothing to compare with
+            return False
+        return trial.intermediate_values[step] > best * (1 + self.margin)
+
+
+def stored_knobs(url: str, fingerprint: str) -> list[tuple[dict[str, Any], str, int, dict[str, Any]]]:
+    """The best knob settings the studies in database `url` found on `fingerprint`:
+    (shape keys of a table entry, backend, tokens per rank, knobs) per finished study, so
+    `a2a-tune select` keeps what `tune-knobs` found. Reads nothing (and creates no Optuna
+    tables) in a database that never held a study."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        if not sqlalchemy.inspect(engine).has_table("studies"):
+            return []
+    finally:
+        engine.dispose()
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    found = []
+    for summary in optuna.get_all_study_summaries(storage=url, include_best_trial=False):
+        attrs = summary.user_attrs
+        if not summary.study_name.startswith(f"a2a-tune knobs: {fingerprint} ") or "best_knobs" not in attrs:
+            continue
+        shape = {k: attrs.get(k) for k in ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")}
+        found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))
+    return found
