@@ -34,7 +34,7 @@ def expert_scales(num_experts: int, device: torch.device | str = "cpu") -> torch
 @dataclass
 class RankInputs:
     x: torch.Tensor  # [T, H] payload dtype
-    topk_ids: torch.Tensor  # [T, k] int64
+    topk_ids: torch.Tensor  # [T, k] int32: the dtype engines' routers hand to the all2all
     topk_weights: torch.Tensor  # [T, k] fp32
 
 
@@ -71,7 +71,7 @@ def make_inputs(
         scores[:, rank * per_rank : (rank + 1) * per_rank] = torch.rand(tokens, per_rank, generator=gen)
     else:
         raise ShapeError(f"unknown routing {routing!r}; choose one of {', '.join(ROUTINGS)}")
-    ids = scores.topk(k, dim=1).indices if tokens else torch.empty(0, k, dtype=torch.int64)
+    ids = (scores.topk(k, dim=1).indices if tokens else torch.empty(0, k, dtype=torch.int64)).to(torch.int32)
     weights = torch.softmax(torch.randn(tokens, k, generator=gen), dim=1)
     x = torch.randn(tokens, h, generator=gen).to(torch_dtype(shape.dtype))
     return RankInputs(x.to(device), ids.to(device), weights.to(device))
