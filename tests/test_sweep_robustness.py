@@ -79,11 +79,14 @@ def test_sigkill_halfway_then_resume_loses_and_repeats_nothing(tmp_path):
 
 def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
     db = tmp_path / "int.db"
-    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *SWEEP_ARGS, "--db", str(db)]
+    slow = list(SWEEP_ARGS)
+    slow[slow.index("--iters") + 1] = "40"  # 40 timed samples a case: the signal lands mid-run
+    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *slow, "--db", str(db)]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 240
     while _count(db) < 3 and time.monotonic() < deadline and first.poll() is None:
-        time.sleep(0.2)
+        time.sleep(0.05)
+    assert first.poll() is None, "the sweep ended before it could be interrupted"
     os.killpg(first.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
     _, err = first.communicate(timeout=120)
     assert first.returncode == 130
