@@ -1,31 +1,26 @@
 #!/usr/bin/env python3
 """The backend invariant per backend, each in its own launch: correctness only, never timing.
 
-* W=1: the backends that run on a single rank (FlashInfer's, over NCCL).
+* W=1 (--w1, none by default): backends on a single GPU (not yet run on one).
 * W=2 (--w2): two GPUs, over NCCL; a quick check before the long GPU test suite.
-* W=2 sharing GPU 0 on a one-GPU machine (A2A_TUNE_RANKS_SHARE_GPU=1: both ranks on cuda:0, over gloo): the
-  NVLink backends' kernels, peer mappings and device-side flag waits run for real between two
-  processes; the GPU time-slices them, so waits progress slowly and nothing here is timed.
 
 Each backend runs in its own launch with a watchdog, so one that hangs is reported and the
 others still run. Prints one line per case; --json writes them.
 
-    python scripts/device_check.py --json out.json                      # one GPU
-    python scripts/device_check.py --w1 '' --w2-shared '' --w2 flashinfer_nvlink_one_sided  # two GPUs
+    python scripts/device_check.py [--w2 flashinfer_nvlink_one_sided,...] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 
 from a2a_tune.kernels import MoEShape, get_backend
 from a2a_tune.kernels.reference import check_invariant, graph_replay_error, make_inputs
-from a2a_tune.tuner.launch import SHARE_GPU_ENV, RankFailed, run_ranks
+from a2a_tune.tuner.launch import RankFailed, run_ranks
 
 DEEPSEEK = (256, 8, 7168)  # experts, top-k, hidden
 
@@ -78,16 +73,13 @@ def _check_backend(ctx, name: str) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--w1", default="flashinfer_nvlink_one_sided,flashinfer_nvlink_two_sided")
-    ap.add_argument("--w2", default="", help="backends to check on 2 GPUs")
-    ap.add_argument("--w2-shared", default="nvlink_one_sided,nvlink_low_latency,flashinfer_nvlink_one_sided,flashinfer_nvlink_two_sided")
+    ap.add_argument("--w1", default="", help="backends to check on 1 GPU (comma-separated)")
+    ap.add_argument("--w2", default="flashinfer_nvlink_one_sided,flashinfer_nvlink_two_sided", help="backends to check on 2 GPUs")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per backend before its ranks are killed")
     ap.add_argument("--json")
     args = ap.parse_args()
     report = []
-    for world, names, shared in ((1, args.w1, False), (2, args.w2, False), (2, args.w2_shared, True)):
-        if shared:
-            os.environ[SHARE_GPU_ENV] = "1"
+    for world, names in ((1, args.w1), (2, args.w2)):
         for name in filter(None, names.split(",")):
             deadline = time.monotonic() + args.timeout
             stalled = lambda: "timed out" if time.monotonic() > deadline else None  # noqa: E731
@@ -96,10 +88,10 @@ def main() -> None:
             except RankFailed as exc:
                 rows = [{"case": "launch", "ok": False, "reason": str(exc).splitlines()[0]}]
             for row in rows:
-                row.update(backend=name, world=world, shared_gpu=shared)
+                row.update(backend=name, world=world)
                 report.append(row)
                 verdict = "ok  " if row["ok"] else "FAIL"
-                print(f"{verdict} W={world}{' shared' if shared else ''} {name:30s} {row['case']:16s} "
+                print(f"{verdict} W={world} {name:30s} {row['case']:16s} "
                       f"err={row.get('max_rel_error', float('nan')):.3g} {row.get('seconds', '')}s {row['reason']}", flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

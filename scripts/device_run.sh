@@ -5,7 +5,7 @@
 # profiles/*.json, evaluate.txt.
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
 #          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
-#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESUME=0 FI_OVERHEAD=0 BENCH=1 PROFILE=0 ONE_GPU=0
+#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESUME=0 FI_OVERHEAD=0 BENCH=1 PROFILE=0
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/a2a-out}
@@ -43,11 +43,6 @@ if [ "${PROFILE:-0}" = 1 ]; then
   timeout 180 python3 scripts/device_profile.py 2>&1 | tee -a "$LOG" | grep -v "^-\|^ *$" | head -150
 fi
 
-if [ "${ONE_GPU:-0}" = 1 ]; then
-  step "one-GPU invariant check (W=1, and W=2 sharing GPU 0; correctness only)"
-  timeout ${ONE_GPU_TIMEOUT:-400} python3 scripts/device_check.py 2>&1 | tee -a "$LOG"
-fi
-
 step "probe"
 $A2A probe 2>&1 | tee -a "$LOG"
 $A2A probe --json >"$OUT/probe.json" 2>>"$LOG"
@@ -55,7 +50,7 @@ $A2A probe --record "$OUT/nvml_record.json" >/dev/null 2>>"$LOG"
 
 if [ "${FI_CHECK:-${TESTS:-1}}" = 1 ] && [ -d .flashinfer/site ]; then
   step "flashinfer backends, W=2: quick invariant check"
-  timeout 160 python3 scripts/device_check.py --timeout 75 --w1 "" --w2-shared "" --w2 flashinfer_nvlink_one_sided,flashinfer_nvlink_two_sided 2>&1 | tee -a "$LOG"
+  timeout 160 python3 scripts/device_check.py --timeout 75 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${TESTS:-1}" = 1 ]; then

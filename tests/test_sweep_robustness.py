@@ -82,7 +82,12 @@ def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
     slow = list(SWEEP_ARGS)
     slow[slow.index("--iters") + 1] = "40"  # 40 timed samples a case: the signal lands mid-run
     cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *slow, "--db", str(db)]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # A shell running the suite in the background ignores SIGINT, and children inherit that:
+    # give the sweep the default disposition a terminal's foreground job has.
+    first = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     deadline = time.monotonic() + 240
     while _count(db) < 3 and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.05)

@@ -54,19 +54,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# Correctness only, never timing: every rank on GPU 0, over gloo (NCCL refuses two ranks on one
-# GPU). Ranks time-share the GPU, so device-side waits between ranks progress, slowly.
-SHARE_GPU_ENV = "A2A_TUNE_RANKS_SHARE_GPU"
-
-
 def _init(rank: int, world_size: int, local_rank: int, device_type: str) -> RankContext:
     for key, value in SAFE_ENV.items():
         os.environ.setdefault(key, value)
-    if device_type == "cuda" and os.environ.get(SHARE_GPU_ENV) == "1":
-        torch.cuda.set_device(0)
-        device = torch.device("cuda", 0)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
-    elif device_type == "cuda":
+    if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device)
