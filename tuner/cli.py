@@ -391,6 +391,12 @@ def evaluate(
     for policy, r in sorted(ev.policies.items(), key=lambda kv: kv[1]["mean"]):
         t.add_row(policy, f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
     out.print(t)
+    worst = ev.worst(5)
+    if worst:  # where the table is weakest: what to re-measure or add to the grid
+        w = Table("shape (ep, H, k, E, dtype, routing)", "tokens", "table's pick", "fastest", "regret", title="worst points")
+        for pt in worst:
+            w.add_row(" ".join(map(str, pt["shape"])), str(pt["tokens"]), pt["table_backend"], pt["best"], f"{100 * pt['table']:.1f}%")
+        out.print(w)
 
 
 # ----------------------------------------------------------------------------- tune-knobs
@@ -605,9 +611,7 @@ def _help(*paragraphs: str) -> str:
 
 
 def _view_fail(exc: Exception) -> "typer.Exit":
-    """Exit 2 with the one-line message; escaped, since paths and reasons may hold "[...]"."""
-    from rich.markup import escape
-
+    """Exit 2 with the one-line message (`_fail` escapes it: paths and reasons may hold "[...]")."""
     return _fail(str(exc), 2)
 
 

@@ -31,6 +31,10 @@ class Evaluation:
     def summary(self) -> dict[str, dict[str, float]]:
         return self.policies
 
+    def worst(self, n: int = 5) -> list[dict[str, Any]]:
+        """The n points where the table's pick cost most (regret > 0), worst first."""
+        return sorted((p for p in self.points if p.get("table")), key=lambda p: -p["table"])[:n]
+
 
 def evaluate(measurements: Iterable[Any], profile: str) -> Evaluation:
     """Regret of the table `profile` on measured points (store measurement records)."""

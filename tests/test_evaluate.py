@@ -1,0 +1,48 @@
+"""`evaluate`: the regret of a table's picks on measured points, next to fixed policies."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from a2a_tune.tuner.evaluate import evaluate, held_out_tokens
+from a2a_tune.tuner.select import build_profile, write_profile
+
+SHAPE = dict(ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform")
+NAMES = {b: {"vllm_name": None, "sglang_name": None} for b in ("allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided")}
+
+
+def _rows(curves: dict[str, dict[int, float]]) -> list[dict]:
+    return [dict(SHAPE, backend=b, tokens_per_rank=t, timing="eager", median_us=v, p10_us=v * 0.99, p90_us=v * 1.01)
+            for b, c in curves.items() for t, v in c.items()]  # fmt: skip
+
+
+def _table(tmp_path, curves) -> str:
+    profile = build_profile(_rows(curves), [], hardware={"fingerprint": "test.fixture.node1", "facts_hash": "0", "facts": {}},
+                            run={"id": 1, "device_type": "cpu", "world_size": 2, "versions": {}}, backend_names=NAMES)  # fmt: skip
+    return str(write_profile(profile, tmp_path))
+
+
+def test_held_out_tokens_are_geometric_midpoints_off_the_grid():
+    assert held_out_tokens([1, 4, 16, 64]) == (2, 8, 32)
+    assert held_out_tokens([1, 2]) == ()  # sqrt(2) rounds onto the grid
+
+
+def test_regret_of_the_table_and_of_fixed_policies_on_held_out_points(tmp_path):
+    # The table saw nvlink win at 1 and 16 tokens; at 4 tokens (held out) nccl is in fact 25% faster.
+    path = _table(tmp_path, {
+        "allgather_reducescatter": {1: 50.0, 16: 90.0},
+        "nccl_all2allv": {1: 40.0, 16: 60.0},
+        "nvlink_one_sided": {1: 10.0, 16: 30.0},
+    })  # fmt: skip
+    held = {4: {"allgather_reducescatter": 60.0, "nccl_all2allv": 16.0, "nvlink_one_sided": 20.0},
+            8: {"allgather_reducescatter": 70.0, "nccl_all2allv": 30.0, "nvlink_one_sided": 24.0}}  # fmt: skip
+    ms = [SimpleNamespace(**SHAPE, backend=b, tokens_per_rank=t, median_us=v) for t, c in held.items() for b, v in c.items()]
+    ev = evaluate(ms, path)
+    table = ev.summary()["table"]
+    assert table["points"] == 2
+    assert table["mean"] == pytest.approx((20 / 16 - 1 + 0) / 2) and table["worst"] == pytest.approx(0.25)
+    assert ev.summary()["always allgather_reducescatter"]["worst"] == pytest.approx(60 / 16 - 1)
+    (worst,) = ev.worst()
+    assert (worst["tokens"], worst["table_backend"], worst["best"]) == (4, "nvlink_one_sided", "nccl_all2allv")
