@@ -36,10 +36,11 @@ from optuna.pruners import BasePruner
 from a2a_tune.kernels import BackendEnv, MoEShape, get_backend
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
-from .launch import RankContext, run_ranks
+from .launch import RankContext, all_ranks_ok, one_line, run_ranks
 from .probe import Topology, merge_nodes
 from .shapes import ModelShape
-from .sweep import _all_ranks_ok, _one_line, _progress, probe_for_device
+from .progress import progress_bar
+from .sweep import probe_for_device
 from .timing import summarize, time_graph_round_trips, time_round_trips
 
 DEFAULT_TRIALS = 16
@@ -126,7 +127,7 @@ def _tune_rank(ctx: RankContext, plan: KnobPlan, url: str, show_progress: bool) 
     fingerprint = merge_nodes([Topology.from_dict(t) for t in topologies]).fingerprint
     owner = _StudyOwner(url, plan) if ctx.rank == 0 else None
     results = []
-    with _progress(show_progress and owner is not None, len(plan.tokens) * plan.trials) as bar:
+    with progress_bar(show_progress and owner is not None, "knobs") as bar:
         task = bar.add_task("", total=len(plan.tokens) * plan.trials) if bar else None
         for tokens in plan.tokens:
             result = _tune_point(ctx, plan, cls, fingerprint, tokens, owner, bar, task)
@@ -144,7 +145,7 @@ def _tune_point(ctx, plan: KnobPlan, cls, fingerprint: str, tokens: int, owner, 
 
     def advance(n: int, text: str) -> None:
         if bar is not None:
-            bar.update(task, advance=n, description=f"knobs {plan.backend} T={tokens}: {text}")
+            bar.update(task, advance=n, description=f"{plan.backend} T={tokens}: {text}")
 
     feasible, why = cls.feasibility(shape, ctx.world_size)
     if not feasible:
@@ -155,8 +156,8 @@ def _tune_point(ctx, plan: KnobPlan, cls, fingerprint: str, tokens: int, owner, 
     try:
         backend = cls(ctx.group, shape, ctx.device)
     except Exception as exc:
-        backend, error = None, _one_line(exc)
-    if not _all_ranks_ok(not error, ctx):
+        backend, error = None, one_line(exc)
+    if not all_ranks_ok(not error, ctx):
         result.skipped = f"construction failed: {error or 'on another rank'}"
         advance(plan.trials, result.skipped)
         return result
@@ -210,15 +211,15 @@ def _one_trial(ctx, plan: KnobPlan, backend, inputs, graph: bool, study, result:
             if backend.gave_up():  # a flag wait timed out: the samples are garbage
                 error = "a flag wait timed out (a peer never signalled)"
         except Exception as exc:
-            error = _one_line(exc)
-        return samples, ("" if _all_ranks_ok(not error, ctx) else error or "failed on another rank")
+            error = one_line(exc)
+        return samples, ("" if all_ranks_ok(not error, ctx) else error or "failed on another rank")
 
     error = ""
     try:
         backend.set_knobs(params)
     except Exception as exc:
-        error = _one_line(exc)
-    if not _all_ranks_ok(not error, ctx):
+        error = one_line(exc)
+    if not all_ranks_ok(not error, ctx):
         return _tell(study, result, "fail", reason=error or "set_knobs failed on another rank")
     gate = check_invariant(backend, inputs[0])
     if not gate.ok:

@@ -43,6 +43,19 @@ class RankContext:
     group: dist.ProcessGroup | None  # None = the default (world) group
 
 
+def all_ranks_ok(ok: bool, ctx: RankContext) -> bool:
+    """Collective: True only when `ok` on every rank, so all ranks take the same branch."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ctx.group)
+    return bool(flag.item())
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`: how a failure is recorded and reported."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 def launched_externally() -> bool:
     """True when torchrun/srun started this process as one rank of a job."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

@@ -22,7 +22,6 @@ import platform
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -36,8 +35,9 @@ from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list
 from a2a_tune.kernels._flashinfer import flashinfer_version
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
-from .launch import RankContext, RankFailed, RanksStalled, launched_externally, run_ranks
+from .launch import RankContext, RankFailed, RanksStalled, all_ranks_ok, launched_externally, one_line, run_ranks
 from .probe import Topology, cpu_topology, merge_nodes, probe
+from .progress import progress_bar
 from .shapes import ModelShape
 from .adaptive import AdaptiveSearch
 from .timing import summarize, time_graph_round_trips, time_round_trips
@@ -301,31 +301,6 @@ class _Recorder:
             self.store.close()
 
 
-def _all_ranks_ok(ok: bool, ctx: RankContext) -> bool:
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ctx.group)
-    return bool(flag.item())
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _progress(enabled: bool, total: int):
-    if not enabled:
-        return nullcontext(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("[bold]sweep[/bold] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-
-
 def _sweep_rank(
     ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, show_progress: bool, beat: str, skip: dict
 ):
@@ -344,7 +319,7 @@ def _sweep_rank(
             if name not in rec.unavailable_recorded:
                 rec.failure(name, "unavailable", reason)
     try:
-        with _progress(show_progress and rec.is_writer, plan.total()) as bar:
+        with progress_bar(show_progress and rec.is_writer, "sweep") as bar:
             task = bar.add_task("", total=plan.total()) if bar else None
             _sweep_cases(ctx, plan, rec, usable, bar, task)
     except KeyboardInterrupt:
@@ -455,8 +430,8 @@ def _measure_case(
         try:
             instances[slot] = cls(ctx.group, shape, ctx.device)
         except Exception as exc:
-            instances[slot], error = None, _one_line(exc)
-        if not _all_ranks_ok(not error, ctx):
+            instances[slot], error = None, one_line(exc)
+        if not all_ranks_ok(not error, ctx):
             instances[slot] = None
             rec.failure(name, "error", f"construction failed: {error or 'on another rank'}", key)
             return None
@@ -477,8 +452,8 @@ def _measure_case(
         if backend.gave_up():  # a flag wait timed out: the samples are garbage
             error = "a flag wait timed out (a peer never signalled); timings discarded"
     except Exception as exc:
-        error = _one_line(exc)
-    if not _all_ranks_ok(not error, ctx):
+        error = one_line(exc)
+    if not all_ranks_ok(not error, ctx):
         rec.failure(name, "error", error or "failed on another rank", key)
         return None
     rec.measurement(key, "graph" if graph else "eager", device_us, host_us, backend.knobs())
