@@ -85,7 +85,7 @@ class FlashInferNvlinkOneSided(All2AllBackend):
         return block_size_knobs()
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
-        tokens = self.check_inputs(x, topk_ids, topk_weights)
+        self.check_inputs(x, topk_ids, topk_weights)
         s, w, cap = self.shape, self.world_size, self.shape.max_tokens_per_rank
         ids = topk_ids.to(torch.int32).contiguous()
         q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
@@ -94,21 +94,21 @@ class FlashInferNvlinkOneSided(All2AllBackend):
         rids = received[1].view(w * cap, s.topk)  # FlashInfer's receive region: ours until combine
         rids.masked_fill_(rids.div(self.experts_per_rank, rounding_mode="floor") != self.rank, -1)
         x_scale = received[3].view(w * cap, -1) if scales is not None else None
+        # The handle is the workspace region combine reads: where the experts may write (combine_buffer).
+        buffer = self._a2a.get_combine_payload_tensor_in_workspace(cap, s.hidden, self.dtype).view(w * cap, s.hidden)
         return Dispatched(
             x=received[0].view(w * cap, s.hidden), topk_ids=rids, topk_weights=received[2].view(w * cap, s.topk),
-            handle=tokens, x_scale=x_scale,
+            handle=buffer, x_scale=x_scale,
         )  # fmt: skip
 
     def combine_buffer(self, dispatched: Dispatched) -> torch.Tensor:
-        s, cap = self.shape, self.shape.max_tokens_per_rank
-        view = self._a2a.get_combine_payload_tensor_in_workspace(cap, s.hidden, self.dtype)
-        return view.view(self.world_size * cap, s.hidden)
+        return dispatched.handle
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         s, cap = self.shape, self.shape.max_tokens_per_rank
         out = expert_out.to(self.dtype).view(self.world_size, cap, s.hidden)
         # Written in place by the experts (combine_buffer): FlashInfer skips its staging copy.
-        in_place = out.data_ptr() == self.combine_buffer(dispatched).data_ptr()
+        in_place = out.data_ptr() == dispatched.handle.data_ptr()
         return self._a2a.combine(out, cap, payload_in_workspace=in_place)
 
     def close(self) -> None:

@@ -110,7 +110,12 @@ def _round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[RankIn
     _round_trips(backend, input_sets, 0, 4)
     _sync(backend)
     one_us = (time.perf_counter() - t0) * 1e6 / 4
-    local = max(1, min(MAX_ROUND_TRIPS, math.ceil(SAMPLE_TARGET_US / max(one_us, 1e-3))))
+    return _agreed_round_trips(backend, one_us, MAX_ROUND_TRIPS)
+
+
+def _agreed_round_trips(backend: All2AllBackend, one_us: float, most: int) -> int:
+    """R round trips of `one_us` each filling ~SAMPLE_TARGET_US (1..most), the max over ranks."""
+    local = max(1, min(most, math.ceil(SAMPLE_TARGET_US / max(one_us, 1e-3))))
     agreed = torch.tensor([local], dtype=torch.int64, device=backend.device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=backend.group)
     return int(agreed.item())
@@ -139,10 +144,7 @@ def _graph_round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[
     _sync(backend)
     one_us = start.elapsed_time(end) * 1e3 / (3 * GRAPH_PROBE_ROUND_TRIPS)
     del probe
-    local = max(1, min(MAX_GRAPH_ROUND_TRIPS, math.ceil(SAMPLE_TARGET_US / max(one_us, 1e-3))))
-    agreed = torch.tensor([local], dtype=torch.int64, device=backend.device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=backend.group)
-    return int(agreed.item())
+    return _agreed_round_trips(backend, one_us, MAX_GRAPH_ROUND_TRIPS)
 
 
 def _timed_samples(backend: All2AllBackend, iters: int, reps: int, launch) -> tuple[list[float], list[float]]:
