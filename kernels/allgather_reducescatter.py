@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ._wire import all_gather_flat, mask_nonlocal, pack_meta, reduce_scatter_flat, unpack_meta
-from .base import All2AllBackend, Availability, BackendEnv, Dispatched
+from .base import All2AllBackend, Dispatched
 from .registry import register_backend
 
 
@@ -34,12 +34,6 @@ class AllGatherReduceScatter(All2AllBackend):
     name = "allgather_reducescatter"
     vllm_name = "allgather_reducescatter"
     sglang_name = None  # SGLang's default (`none`) runs no all2all at all
-
-    @classmethod
-    def availability(cls, env: BackendEnv) -> Availability:
-        if env.world_size < 2:
-            return Availability(False, "needs at least 2 ranks")
-        return Availability(True)
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)

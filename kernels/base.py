@@ -204,9 +204,14 @@ class All2AllBackend(ABC):
         self.wire_dtype = wire_dtype(shape.dtype)  # None unless the payload is quantized
 
     @classmethod
-    @abstractmethod
     def availability(cls, env: BackendEnv) -> Availability:
-        """Whether this backend can run in `env`; never raises, does no collective work."""
+        """Whether this backend can run in `env`; never raises, does no collective work.
+
+        Default: any torch.distributed backend with at least 2 ranks (what an all2all over
+        the process group needs); backends with more needs override it."""
+        if env.world_size < 2:
+            return Availability(False, "needs at least 2 ranks")
+        return Availability(True)
 
     @classmethod
     def feasibility(cls, shape: MoEShape, world_size: int) -> Availability:

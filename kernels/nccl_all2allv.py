@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ._wire import mask_nonlocal, pack_meta, unpack_meta
-from .base import All2AllBackend, Availability, BackendEnv, Dispatched
+from .base import All2AllBackend, Dispatched
 from .registry import register_backend
 
 
@@ -37,12 +37,6 @@ class NcclAll2Allv(All2AllBackend):
     vllm_name = None
     vllm_closest = "flashinfer_nvlink_two_sided"  # also an all-to-all-v (vLLM once called it flashinfer_all2allv)
     sglang_name = None
-
-    @classmethod
-    def availability(cls, env: BackendEnv) -> Availability:
-        if env.world_size < 2:
-            return Availability(False, "needs at least 2 ranks")
-        return Availability(True)
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)

@@ -5,7 +5,9 @@
 # profiles/*.json, evaluate.txt.
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
 #          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
-#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESUME=0 FI_OVERHEAD=0 BENCH=1 PROFILE=0
+#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 FI_OVERHEAD=0 BENCH=1 PROFILE=0
+#   DB_IN=path: start from a copy of that store (an earlier call's, carried); TABLE_IN=path: the
+#   table EVAL/KNOBS use when this call's run wrote none (copied to $OUT/profiles first).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/a2a-out}
@@ -22,6 +24,8 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || { tail "$LOG"; exit 1; }
 A2A="python3 -m a2a_tune.tuner.cli"
 DB="sqlite:///$OUT/a2a_tune.db"
+[ -n "${DB_IN:-}" ] && cp "$DB_IN" "$OUT/a2a_tune.db" && chmod u+w "$OUT/a2a_tune.db"
+if [ -n "${TABLE_IN:-}" ]; then mkdir -p "$OUT/profiles"; cp "$TABLE_IN" "$OUT/profiles/"; chmod u+w "$OUT"/profiles/*; fi
 
 step "machine"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nvidia-smi topo -m; nvidia-smi nvlink -s -i 0 | head -5;
@@ -55,7 +59,12 @@ fi
 
 if [ "${TESTS:-1}" = 1 ]; then
   step "gpu conformance tests"
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/test_backends_gpu.py -p no:cacheprovider -rf --tb=line 2>&1 | tail -60 | tee -a "$LOG"
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/test_backends_gpu.py tests/test_quant.py -p no:cacheprovider -rf --tb=line 2>&1 | tail -60 | tee -a "$LOG"
+fi
+
+if [ "${QUANT_BENCH:-0}" = 1 ]; then
+  step "block-FP8 quantize: Triton kernel vs torch path (one GPU)"
+  timeout 120 python3 scripts/device_quant_bench.py 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${SWEEP:-1}" = 1 ]; then
@@ -68,7 +77,7 @@ fi
 if [ "${EVAL:-0}" = 1 ]; then
   step "a2a-tune evaluate (held-out token counts)"
   start=$(date +%s)
-  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$(ls "$OUT"/profiles/*.json | head -1)" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
+  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$(ls "$OUT"/profiles/*.json | head -1)" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} $(for b in ${EVAL_BACKENDS:-}; do echo --backend $b; done) 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
   echo "evaluate wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
 fi
 
@@ -77,16 +86,34 @@ if [ "${ADAPTIVE:-0}" = 1 ]; then
   start=$(date +%s)
   timeout ${ADAPTIVE_TIMEOUT:-200} $A2A sweep --adaptive --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
   echo "adaptive sweep wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
+  # its table (the latest completed run), scored on the full grid's run and the held-out run
+  $A2A select --db "$DB" --out "$OUT/adaptive" 2>&1 | tail -1 | tee -a "$LOG"
+  for r in ${SCORE_RUNS:-1 2}; do
+    $A2A evaluate --profile "$(ls "$OUT"/adaptive/*.json | head -1)" --db "$DB" --run "$r" 2>&1 | head -9 | tee -a "$LOG" "$OUT/evaluate.txt"
+  done
+  rm -rf "$OUT/adaptive"
 fi
 
 if [ "${KNOBS:-0}" = 1 ]; then
   step "a2a-tune tune-knobs (Optuna) for nvlink_one_sided, DeepSeek-V3 shape"
-  mkdir -p "$OUT/profiles"
-  [ -n "$(ls "$OUT"/profiles/*.json 2>/dev/null)" ] || cp profiles/h200.nvl18x2.node1.json "$OUT/profiles/"
   start=$(date +%s)
   timeout ${KNOBS_TIMEOUT:-200} $A2A tune-knobs --backend nvlink_one_sided --preset deepseek-v3 --tokens ${KNOB_TOKENS:-1,128,8192} \
     --trials ${KNOB_TRIALS:-8} --device cuda --db "$DB" --profile "$(ls "$OUT"/profiles/*.json | head -1)" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
   echo "tune-knobs wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
+fi
+
+if [ "${RESELECT:-0}" = 1 ]; then
+  step "select again from the store: the knobs tune-knobs stored must stay in the table"
+  $A2A select --db "$DB" --run ${RESELECT_RUN:-1} --out "$OUT/reselect" 2>&1 | tail -3 | tee -a "$LOG"
+  python3 - "$OUT"/profiles/*.json "$OUT"/reselect/*.json <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys
+def knobs(path):
+    return {(e["hidden"], e["dtype"], b): v["knobs"] for e in json.load(open(path))["entries"]
+            for b, v in e["backends"].items() if v.get("knobs")}
+tuned, again = knobs(sys.argv[1]), knobs(sys.argv[2])
+print("knobs in the tuned table:", len(tuned), "| in the table selected again:", len(again), "| equal:", tuned == again)
+PY
+  rm -rf "$OUT/reselect"
 fi
 
 if [ "${RESUME:-0}" = 1 ]; then

@@ -2,9 +2,12 @@
 
 import math
 
-from a2a_tune.tuner.adaptive import AdaptiveSearch
+import pytest
 
-GRID = tuple(2**i for i in range(15))  # 1 .. 16384, the GPU default
+from a2a_tune.tuner.adaptive import AdaptiveSearch
+from a2a_tune.tuner.sweep import DEFAULT_TOKENS
+
+GRID = tuple(2**i for i in range(15))  # 1 .. 16384, powers of 2
 
 
 BACKENDS = ("fast_small", "fast_large", "slow", "slower")
@@ -52,12 +55,13 @@ def regret(search: AdaptiveSearch, t: int) -> float:
     return curves(t)[chosen] / min(curves(t).values()) - 1
 
 
-def test_finds_the_crossover_with_a_third_of_the_grid():
-    s = run(AdaptiveSearch(GRID, BACKENDS))
+@pytest.mark.parametrize("grid", [GRID, DEFAULT_TOKENS["cuda"]], ids=["powers-of-2", "gpu-default"])
+def test_finds_the_crossover_with_a_third_of_the_grid(grid):
+    s = run(AdaptiveSearch(grid, BACKENDS))
     assert s.winner(256) == "fast_small" and s.winner(512) == "fast_large"
-    full = len(GRID) * len(BACKENDS)
+    full = len(grid) * len(BACKENDS)
     assert s.measured() <= full / 3, (s.measured(), full)
-    for t in GRID:
+    for t in grid:
         assert s.winner(t) in (None, full_grid_winner(t))
     # held-out points between grid points: the table built from these points loses < 1%
     worst = max(regret(s, t) for t in (3, 24, 96, 300, 384, 700, 3000, 12000))

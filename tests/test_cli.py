@@ -217,6 +217,32 @@ def test_evaluate_reports_the_tables_regret_on_held_out_points(finished_run):
     assert "table" in r.stdout and "always allgather_reducescatter" in r.stdout and "mean regret" in r.stdout
 
 
+def test_evaluate_scores_a_table_on_a_stored_run_without_measuring(finished_run):
+    root, env, _ = finished_run
+    (table,) = (root / "xdg" / "a2a-tune" / "profiles").glob("cpu-*.json")
+    r = a2a("evaluate", "--profile", str(table), "--db", str(root / "t.db"), "--run", "1", env_extra=env)
+    assert r.returncode == 0, r.stderr
+    assert "run 1 (stored)" in r.stdout and "sweeping" not in r.stdout
+    (row,) = [line for line in r.stdout.splitlines() if line.strip("│┃ ").startswith("table ")]
+    mean, worst = (float(cell.strip(" %")) for cell in row.split("│")[2:4])
+    # on its own measurements the table loses only where it called a tie (within 3%)
+    assert 0.0 <= mean <= worst <= 3.0, row
+
+    missing = a2a("evaluate", "--profile", str(table), "--db", str(root / "t.db"), "--run", "99", env_extra=env)
+    assert missing.returncode == 2 and "run 99 could not be read" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_replaying_a_stored_run_through_the_adaptive_search(finished_run, tmp_path):
+    root, env, _ = finished_run
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "replay_adaptive.py")
+    r = subprocess.run([sys.executable, script, "--db", str(root / "t.db"), "--run", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, **env})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "of 9 measurements" in r.stdout and "scored on run 1" in r.stdout
+    (table,) = tmp_path.glob("*.json")
+    assert json.loads(table.read_text())["entries"][0]["tokens"] == [1, 8, 32]
+
+
 def test_evaluate_rejects_a_broken_profile_in_one_line(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{")

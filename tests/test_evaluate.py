@@ -46,3 +46,12 @@ def test_regret_of_the_table_and_of_fixed_policies_on_held_out_points(tmp_path):
     assert ev.summary()["always allgather_reducescatter"]["worst"] == pytest.approx(60 / 16 - 1)
     (worst,) = ev.worst()
     assert (worst["tokens"], worst["table_backend"], worst["best"]) == (4, "nvlink_one_sided", "nccl_all2allv")
+
+
+def test_points_where_a_policys_backend_was_not_measured_are_counted_not_hidden(tmp_path):
+    # an evaluation of a subset of the backends: the table picks nvlink, which was not measured
+    path = _table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0}, "nvlink_one_sided": {1: 10.0, 16: 30.0}})
+    ms = [SimpleNamespace(**SHAPE, backend="allgather_reducescatter", tokens_per_rank=t, median_us=60.0) for t in (4, 8)]
+    ev = evaluate(ms, path)
+    assert "table" not in ev.summary() and ev.unscored == {"table": 2}
+    assert ev.summary()["always allgather_reducescatter"] == {"mean": 0.0, "worst": 0.0, "points": 2}

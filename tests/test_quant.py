@@ -1,8 +1,22 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from a2a_tune.kernels import BackendEnv, MoEShape, get_backend
-from a2a_tune.kernels.quant import FP8_BLOCK, dequantize_fp8_blocks, quantize_fp8_blocks, scale_blocks
+from a2a_tune.kernels.quant import (
+    FP8_BLOCK,
+    dequantize_fp8_blocks,
+    quantize_fp8_blocks,
+    quantize_fp8_blocks_torch,
+    scale_blocks,
+)
+
+EMULATOR = Path(__file__).parent / "support" / "emulate_quant.py"
 
 
 @pytest.mark.parametrize("hidden", [128, 7168, 136, 1])
@@ -41,3 +55,108 @@ def test_nvlink_backends_take_fp8_and_explain_why_not_on_cpu(name):
 def test_low_latency_capacity_limit_is_a_feasibility_answer():
     ok, reason = get_backend("nvlink_low_latency").feasibility(MoEShape(256, 8, 7168, 4096), 2)
     assert not ok and "at most 1024 tokens per rank" in reason
+
+
+# ------------------------------------------------------------ the Triton kernel (CUDA path)
+
+# block_n: blocks per program (None: the GPU's choice, here 1); the interpreter pays per
+# program. T*S not a multiple of block_n leaves a masked tail (T=7 and T=130 here).
+KERNEL_CASES = [
+    {"id": f"{d}-T{t}-H{h}", "tokens": t, "hidden": h, "dtype": d, "values": "mixed", "block_n": bn}
+    for d in ("bf16", "fp32")
+    for t in (1, 7, 130)
+    for h, bn in ((128, None if t < 130 else 16), (4096, 64), (7168, 256))
+    if d == "bf16" or t != 130
+] + [{"id": "every-bf16-value", "tokens": 2560, "hidden": 128, "dtype": "bf16", "values": "all_bf16", "block_n": 256}]
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run(
+        [sys.executable, str(EMULATOR), json.dumps(KERNEL_CASES)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return {r["id"]: r for r in json.loads(out.stdout)}
+
+
+@pytest.mark.parametrize("case", [c["id"] for c in KERNEL_CASES])
+def test_triton_kernel_is_bit_exact_with_the_torch_path(interpreted, case):
+    r = interpreted[case]
+    assert r["shapes_ok"] and r["q_mismatches"] == 0 and r["scale_mismatches"] == 0, r
+
+
+def test_scales_do_not_depend_on_the_device():
+    """amax * fp32(1/448), as torch computes it on CUDA: a true division would differ here."""
+    x = torch.full((1, FP8_BLOCK), 3.0, dtype=torch.bfloat16)
+    _, s = quantize_fp8_blocks_torch(x)
+    inv = torch.tensor(1.0) / torch.tensor(448.0)
+    assert s.item() == (torch.tensor(3.0) * inv).item() != (torch.tensor(3.0) / 448.0).item()
+
+
+def test_cpu_tensors_take_the_torch_path(monkeypatch):
+    from a2a_tune.kernels import quant
+
+    monkeypatch.setattr(quant, "_kernels", lambda: pytest.fail("the Triton kernel is for CUDA tensors"))
+    x = torch.randn(3, 2 * FP8_BLOCK).to(torch.bfloat16)
+    (q, s), (q0, s0) = quantize_fp8_blocks(x), quantize_fp8_blocks_torch(x)
+    assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0)
+
+
+def test_the_kernel_takes_bf16_and_fp32_rows_of_whole_blocks():
+    pytest.importorskip("triton")
+    from a2a_tune.kernels._quant_kernels import supports
+
+    assert supports(torch.empty(2, 7168, dtype=torch.bfloat16)) and supports(torch.empty(0, 128))
+    assert not supports(torch.empty(2, 136, dtype=torch.bfloat16))  # padded blocks: the torch path
+    assert not supports(torch.empty(2, 128, dtype=torch.float16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hw_cvt", [True, False], ids=["gpu-casts", "integer-rounding"])
+def test_cuda_kernel_is_bit_exact_on_every_bf16_value(hw_cvt):
+    from a2a_tune.kernels import _quant_kernels
+    from emulate_quant import every_bf16_value, mismatches
+
+    if hw_cvt and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no fp8 conversion before sm_89")
+    x = every_bf16_value().cuda()
+    got = _quant_kernels.quantize_fp8_blocks(x, hw_cvt=hw_cvt)
+    assert mismatches(got, quantize_fp8_blocks_torch(x)) == (0, 0)
+    # the CPU reference agrees
+    assert mismatches((got[0].cpu(), got[1].cpu()), quantize_fp8_blocks_torch(x.cpu())) == (0, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,hidden", [(1, 7168), (7, 128), (130, 4096), (4096, 7168), (16384, 8192)])
+def test_cuda_kernel_matches_the_torch_path_in_one_launch(tokens, hidden):
+    from emulate_quant import mismatches
+
+    g = torch.Generator(device="cuda").manual_seed(tokens + hidden)
+    magnitudes = 10 ** torch.randn(tokens, 1, device="cuda", generator=g)  # a few decades apart
+    x = (torch.randn(tokens, hidden, device="cuda", generator=g) * magnitudes).to(torch.bfloat16)
+    x[0, :FP8_BLOCK] = 0.0
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = quantize_fp8_blocks(x)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 1 and "quantize_fp8" in kernels[0], kernels
+    assert mismatches(got, quantize_fp8_blocks_torch(x)) == (0, 0)
+
+
+@pytest.mark.gpu
+def test_cuda_kernel_is_capturable_in_a_cuda_graph():
+    from emulate_quant import mismatches
+
+    x = torch.randn(64, 7168, device="cuda").to(torch.bfloat16)
+    quantize_fp8_blocks(x)  # compiles the kernel outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, s = quantize_fp8_blocks(x)
+    for seed in range(3):  # replays read the current x
+        x.copy_(torch.randn(64, 7168, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)) * 5)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert mismatches((q, s), quantize_fp8_blocks_torch(x)) == (0, 0)

@@ -31,3 +31,34 @@ def test_summarize_single_sample():
 def test_summarize_rejects_empty():
     with pytest.raises(ValueError):
         summarize([])
+
+
+def test_each_sample_starts_after_an_untimed_lead_in(tmp_path):
+    """The lead-in (which absorbs the ranks' start skew) runs before every sample, outside its time."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from a2a_tune.tuner.timing import _timed_samples
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        backend = SimpleNamespace(device=torch.device("cpu"), group=dist.group.WORLD)
+        calls: list[str] = []
+
+        def lead_in():
+            calls.append("lead-in")
+            time.sleep(0.05)  # a late peer: 50 ms that must not show in the sample
+
+        def launch(i):
+            calls.append(f"sample {i}")
+            time.sleep(0.002)
+
+        device_us, host_us = _timed_samples(backend, iters=3, reps=2, launch=launch, lead_in=lead_in)
+    finally:
+        dist.destroy_process_group()
+    assert calls == ["lead-in", "sample 0", "lead-in", "sample 1", "lead-in", "sample 2"]
+    assert len(device_us) == len(host_us) == 3
+    assert all(500 <= us < 20_000 for us in device_us)  # ~1 ms per round trip (2 ms / R=2), never the 50 ms

@@ -92,7 +92,7 @@ def _resolve_device(device: str) -> tuple[str, int]:
 
 
 def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive=False):
-    from a2a_tune.kernels import PAYLOAD_DTYPES, UnknownBackendError, get_backend
+    from a2a_tune.kernels import PAYLOAD_DTYPES
     from a2a_tune.kernels.reference import ROUTINGS
 
     from .launch import launched_externally
@@ -120,11 +120,7 @@ def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings,
     for r in routings:
         if r not in ROUTINGS:
             raise _fail(f"unknown --routing {r!r}; choose from {', '.join(ROUTINGS)}", 2)
-    try:
-        for b in backends:
-            get_backend(b)
-    except UnknownBackendError as exc:
-        raise _fail(str(exc), 2) from None
+    _check_backends(backends)
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(shapes),
@@ -137,6 +133,16 @@ def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings,
         adaptive=adaptive,
     )
     return plan, device, world
+
+
+def _check_backends(names) -> None:
+    from a2a_tune.kernels import UnknownBackendError, get_backend
+
+    try:
+        for b in names:
+            get_backend(b)
+    except UnknownBackendError as exc:
+        raise _fail(str(exc), 2) from None
 
 
 def _print_outcome(outcome, seconds: float) -> None:
@@ -215,7 +221,7 @@ _device_opt = typer.Option("auto", help="cuda: one rank per GPU (NCCL); cpu: CPU
 _world_opt = typer.Option(None, help="Ranks to spawn [default: every GPU; 2 on cpu]. Ignored under torchrun/srun.")
 _preset_opt = typer.Option([], "--preset", help="Model shape preset, repeatable [default: all]. See `a2a-tune presets`.")
 _config_opt = typer.Option([], "--model-config", help="Hugging Face config.json of an MoE model, repeatable.")
-_tokens_opt = typer.Option(None, help="Tokens per rank, comma-separated [default: 1..16384 powers of 2 on cuda; 1,4,16,64,256 on cpu].")
+_tokens_opt = typer.Option(None, help="Tokens per rank, comma-separated [default on cuda: 1..16384, powers of 2 and 3·2^k (28 counts); on cpu: 1,4,16,64,256].")
 _dtype_opt = typer.Option([], "--dtype", help="Payload dtype, repeatable: bf16, fp16, fp32, fp8_e4m3 (block-FP8, quantized before dispatch) [default: bf16].")
 _routing_opt = typer.Option([], "--routing", help="Routing, repeatable: uniform, skewed, local [default: uniform].")
 _backend_opt = typer.Option([], "--backend", help="Backend to sweep, repeatable [default: every registered one].")
@@ -350,10 +356,13 @@ def evaluate(
     device: str = _device_opt, world: Optional[int] = _world_opt, db: Optional[str] = _db_opt,
     tokens: Optional[str] = typer.Option(None, help="Held-out tokens per rank [default: midpoints between the table's]."),
     warmup: Optional[int] = _warmup_opt, iters: Optional[int] = _iters_opt, progress: bool = _progress_opt,
-    case_timeout: float = _timeout_opt,
+    case_timeout: float = _timeout_opt, backend: List[str] = _backend_opt,
+    scored_run: Optional[int] = typer.Option(
+        None, "--run", help="Measure nothing: score the table on this stored run's points (e.g. an adaptive "
+        "sweep's table on the full grid's run, or on an earlier evaluation's held-out run)."),
 ) -> None:  # fmt: skip
     """Measure held-out token counts for the table's shapes and report its regret vs the best backend."""
-    from a2a_tune.db import open_store
+    from a2a_tune.db import StoreError, open_store
 
     from .evaluate import evaluate as run_evaluation, held_out_tokens
     from .launch import RankFailed
@@ -365,6 +374,15 @@ def evaluate(
         entries = table["entries"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _fail(f"{profile}: not a readable profile ({exc})", 2) from None
+    if scored_run is not None:
+        try:
+            with open_store(db) as store:
+                store.get_run(scored_run)
+                measured = store.measurements(scored_run)
+        except StoreError as exc:
+            raise _fail(f"run {scored_run} could not be read: {exc}", 2) from None
+        _print_evaluation(run_evaluation(measured, str(profile)), f"run {scored_run} (stored)")
+        return
     device, gpus = _resolve_device(device)
     world = world or (gpus if device == "cuda" else 2)
     entries = [e for e in entries if e.get("ep_size") == world]
@@ -372,11 +390,13 @@ def evaluate(
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
     shapes = {ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"]) for e in entries}
     held = _parse_tokens(tokens) if tokens else held_out_tokens(t for e in entries for t in e["tokens"])
+    _check_backends(backend)
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)), tokens=held,
         dtypes=tuple(sorted({e["dtype"] for e in entries})), routings=tuple(sorted({e["routing"] for e in entries})),
-        warmup=default_warmup if warmup is None else warmup, iters=default_iters if iters is None else iters,
+        backends=tuple(backend), warmup=default_warmup if warmup is None else warmup,
+        iters=default_iters if iters is None else iters,
     )  # fmt: skip
     out.print(f"evaluating {profile.name} at {len(held)} held-out token counts x {len(shapes)} shape(s)", highlight=False)
     try:
@@ -384,13 +404,20 @@ def evaluate(
     except RankFailed as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
     with open_store(db) as store:
-        ev = run_evaluation(store.measurements(outcome.run_id), str(profile))
+        _print_evaluation(run_evaluation(store.measurements(outcome.run_id), str(profile)), f"run {outcome.run_id}")
+
+
+def _print_evaluation(ev, title: str) -> None:
     from rich.table import Table
 
-    t = Table("policy", "mean regret", "worst regret", "points", title=f"run {outcome.run_id}: regret vs the best backend")
+    if not ev.points:
+        raise _fail(f"{title}: no measured point matches a shape of the table", 1)
+    t = Table("policy", "mean regret", "worst regret", "points", title=f"{title}: regret vs the best backend")
     for policy, r in sorted(ev.policies.items(), key=lambda kv: kv[1]["mean"]):
         t.add_row(policy, f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
     out.print(t)
+    for policy, n in sorted(ev.unscored.items()):
+        out.print(f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)", highlight=False)
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
         w = Table("shape (ep, H, k, E, dtype, routing)", "tokens", "table's pick", "fastest", "regret", title="worst points")

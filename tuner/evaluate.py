@@ -27,6 +27,9 @@ def held_out_tokens(table_tokens: Iterable[int]) -> tuple[int, ...]:
 class Evaluation:
     points: list[dict[str, Any]] = field(default_factory=list)  # one per (shape, tokens)
     policies: dict[str, dict[str, float]] = field(default_factory=dict)  # policy -> mean/worst regret
+    # policy -> points where its backend was not measured (a run of a subset of the backends,
+    # or a failure there): left out of its mean and worst, and said so, never silently
+    unscored: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, dict[str, float]]:
         return self.policies
@@ -66,6 +69,8 @@ def evaluate(measurements: Iterable[Any], profile: str) -> Evaluation:
         ev.points.append(row)
     for policy in ev.points[0].keys() - {"shape", "tokens", "best", "table_backend"} if ev.points else ():
         regrets = [p[policy] for p in ev.points if p.get(policy) is not None]
+        if len(regrets) < len(ev.points):
+            ev.unscored[policy] = len(ev.points) - len(regrets)
         if regrets:
             ev.policies[policy] = {"mean": sum(regrets) / len(regrets), "worst": max(regrets), "points": len(regrets)}
     return ev

@@ -122,6 +122,7 @@ def _agreed_round_trips(backend: All2AllBackend, one_us: float, most: int) -> in
 
 
 GRAPH_PROBE_ROUND_TRIPS = 4
+LEAD_IN_ROUND_TRIPS = 1  # eager: one untimed round trip before each sample aligns the ranks
 
 
 def _graph_round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[RankInputs]) -> int:
@@ -147,16 +148,24 @@ def _graph_round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[
     return _agreed_round_trips(backend, one_us, MAX_GRAPH_ROUND_TRIPS)
 
 
-def _timed_samples(backend: All2AllBackend, iters: int, reps: int, launch) -> tuple[list[float], list[float]]:
-    """Run `launch(i)` (R round trips) `iters` times between events; per-round-trip µs."""
+def _timed_samples(backend: All2AllBackend, iters: int, reps: int, launch, lead_in) -> tuple[list[float], list[float]]:
+    """Run `launch(i)` (R round trips) `iters` times between events; per-round-trip µs.
+
+    Each sample starts with `lead_in()`, untimed round trips queued before the start event:
+    the ranks leave the barrier tens of µs apart, and the first round trip of a sample waits
+    for the last rank; a round trip completes only when every rank's has, so after the lead-in
+    the ranks run in step and the timed round trips carry no start skew. Without it the skew,
+    spread over R, moved small-token medians by 10-20% between runs on 2xH200 (a property of
+    the host, not of the backend, and enough to flip the winner between two close backends)."""
     cuda = backend.device.type == "cuda"
     if cuda:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     host_us: list[float] = []
     for i in range(iters):
-        dist.barrier(group=backend.group)  # ranks start each sample together
+        dist.barrier(group=backend.group)
         _sync(backend)
+        lead_in()
         t0 = time.perf_counter()
         if cuda:
             starts[i].record()
@@ -175,7 +184,10 @@ def time_round_trips(
     """Eager: return (device_us, host_us) per sample, per round trip, max over ranks."""
     _round_trips(backend, input_sets, 0, warmup)
     reps = _round_trips_per_sample(backend, input_sets)
-    return _timed_samples(backend, iters, reps, lambda i: _round_trips(backend, input_sets, i * reps, reps))
+    return _timed_samples(
+        backend, iters, reps, lambda i: _round_trips(backend, input_sets, i * reps, reps),
+        lambda: _round_trips(backend, input_sets, 0, LEAD_IN_ROUND_TRIPS),
+    )  # fmt: skip
 
 
 def time_graph_round_trips(
@@ -195,7 +207,8 @@ def time_graph_round_trips(
     for _ in range(max(1, warmup // reps)):
         graph.replay()
     try:
-        return _timed_samples(backend, iters, reps, lambda i: graph.replay())
+        # the lead-in replays the same graph: R round trips, no second capture
+        return _timed_samples(backend, iters, reps, lambda i: graph.replay(), graph.replay)
     finally:
         del graph
 

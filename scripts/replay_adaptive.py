@@ -1,0 +1,59 @@
+"""Replay a stored full-grid run through the adaptive token search, without a GPU.
+
+The search asks for (tokens, backend) points; the answers are the full run's own medians,
+so the result isolates the search's choices from run-to-run noise. Prints how many of the
+run's measurements the search needed, writes the table built from just those, and scores it
+(`evaluate`) on the full run and on any other stored runs (e.g. held-out points).
+
+    python scripts/replay_adaptive.py --db sqlite:///a2a_tune.db --run 4 --score 5 --out /tmp/adaptive
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from a2a_tune.db import open_store
+from a2a_tune.kernels import get_backend, list_backends
+from a2a_tune.tuner.adaptive import AdaptiveSearch
+from a2a_tune.tuner.evaluate import evaluate
+from a2a_tune.tuner.select import build_profile, profile_from_store, write_profile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--run", type=int, required=True, help="the full-grid run to replay")
+    ap.add_argument("--score", type=int, action="append", default=[], help="another run to score the table on, repeatable")
+    ap.add_argument("--out", type=Path, required=True, help="directory for the replayed table")
+    a = ap.parse_args()
+    names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name,
+                 "vllm_closest": get_backend(n).vllm_closest} for n in list_backends()}  # fmt: skip
+    with open_store(a.db) as store:
+        full = store.measurements(a.run)
+        groups: dict[tuple, dict[tuple[int, str], object]] = {}
+        for m in full:
+            groups.setdefault((m.num_experts, m.topk, m.hidden, m.dtype, m.routing), {})[(m.tokens_per_rank, m.backend)] = m
+        grid = tuple(sorted({m.tokens_per_rank for m in full}))
+        kept = []
+        for points in groups.values():
+            search = AdaptiveSearch(grid, tuple(list_backends()))
+            while batch := search.next_points():
+                for t, b in batch:
+                    m = points.get((t, b))
+                    search.observe(t, b, None if m is None else m.median_us)
+                    if m is not None:
+                        kept.append(m)
+        base = profile_from_store(store, a.run, backend_names=names)  # hardware and run sections
+        profile = build_profile(kept, store.failures(a.run), hardware=base["hardware"], run=base["run"], backend_names=names)
+        path = write_profile(profile, a.out)
+        print(f"adaptive replay of run {a.run}: {len(kept)} of {len(full)} measurements "
+              f"({100 * len(kept) / len(full):.1f}%); table {path}")  # fmt: skip
+        for r in [a.run, *a.score]:
+            ev = evaluate(store.measurements(r), str(path)).policies.get("table")
+            if ev:
+                print(f"  scored on run {r}: mean regret {100 * ev['mean']:.2f}%, worst {100 * ev['worst']:.1f}% ({ev['points']} points)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Run the block-FP8 Triton kernel under Triton's interpreter, compare it with the torch path.
+
+Usage (a subprocess: TRITON_INTERPRET must be set before triton is imported):
+    TRITON_INTERPRET=1 python emulate_quant.py '<json list of cases>'
+prints a JSON list of {id, q_mismatches, scale_mismatches, shapes_ok}. Each case: tokens,
+hidden, dtype ("bf16" | "fp32"), block_n (blocks per program; the interpreter is slow per
+program), and "values": "mixed" (random magnitudes with zero, huge, tiny and negative rows) or
+"all_bf16" (every bf16 bit pattern, inf and NaN included, in blocks of 128 as they come and
+beside amaxes of 1, 3, 2^-100 and 2^100). The GPU tests import `inputs` and `mismatches`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def every_bf16_value() -> torch.Tensor:
+    """[2560, 128] bf16: all 2^16 bit patterns five times, the last four times with the first
+    element of each block set to an amax, so that small values meet a larger scale."""
+    v = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).view(-1, 128)
+    blocks = [v.clone()]
+    for amax in (1.0, 3.0, 2.0**-100, 2.0**100):
+        b = v.clone()
+        b[:, 0] = amax
+        blocks.append(b)
+    return torch.cat(blocks)
+
+
+def inputs(case: dict) -> torch.Tensor:
+    if case["values"] == "all_bf16":
+        return every_bf16_value()
+    t, h = case["tokens"], case["hidden"]
+    g = torch.Generator().manual_seed(t * 7919 + h)
+    # rows spanning 16 decades, and within each block values far below its amax: those land
+    # on e4m3's subnormal grid, or round to zero
+    x = torch.randn(t, h, generator=g) * torch.logspace(-8, 8, t)[:, None]
+    x *= torch.logspace(-6, 0, 128).repeat(h // 128)[torch.randperm(h, generator=g)]
+    x[0, :128] = 0.0  # an all-zero block: the scale clamps at 1e-12/448
+    x[0, 128:256] = -0.0
+    if t > 1:
+        x[1] = -x[1].abs()  # all negative
+    if t > 2:
+        x[2, ::3] = 3.0e38  # near the top of bf16's (and fp32's) range
+        x[2, 1::3] = -1.0e-30
+    return x.to(DTYPES[case["dtype"]])
+
+
+def mismatches(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, int]:
+    """(q elements, scales) that differ; a NaN equals a NaN, whatever their signs (inf * 0 is
+    -NaN on x86 CPUs and +NaN on GPUs, in torch as in the kernel)."""
+    (q, s), (q_ref, s_ref) = got, want
+    a, b = q.view(torch.uint8), q_ref.view(torch.uint8)
+    both_nan = ((a & 0x7F) == 0x7F) & ((b & 0x7F) == 0x7F)
+    return int(((a != b) & ~both_nan).sum()), int((~((s == s_ref) | (s.isnan() & s_ref.isnan()))).sum())
+
+
+def run_case(case: dict) -> dict:
+    from a2a_tune.kernels import _quant_kernels
+    from a2a_tune.kernels.quant import quantize_fp8_blocks_torch
+
+    x = inputs(case)
+    q, s = _quant_kernels.quantize_fp8_blocks(x, block_n=case.get("block_n"))
+    q_ref, s_ref = quantize_fp8_blocks_torch(x)
+    dq, ds = mismatches((q, s), (q_ref, s_ref))
+    return {
+        "id": case["id"],
+        "q_mismatches": dq,
+        "scale_mismatches": ds,
+        "shapes_ok": q.shape == q_ref.shape and s.shape == s_ref.shape and q.dtype == q_ref.dtype,
+    }
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1"
+    warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)  # inf * 0, as in torch
+    print(json.dumps([run_case(c) for c in json.loads(sys.argv[1])]))
