@@ -84,7 +84,7 @@ def _bench_rank(ctx, backends, tokens_list, e, k, h, warmup, iters):
         row = {"tokens": t}
         for name in backends:
             cls = get_backend(name)
-            # fixed-capacity backends are sized to the load, as an engine sizes them to its batch
+            # fixed-capacity backends are sized to the load (their best case; see tuner/sweep.py)
             if name not in shared and not cls.feasibility(MoEShape(e, k, h, t, "bf16"), ctx.world_size).ok:
                 continue
             b = shared.get(name) or cls(ctx.group, MoEShape(e, k, h, t, "bf16"), ctx.device)

@@ -183,7 +183,8 @@ class All2AllBackend(ABC):
     # Whether the backend carries quantized payloads (fp8_e4m3: x_scale travels with x).
     quantized_payloads: ClassVar[bool] = False
     # Fixed-capacity backends cost what their capacity costs: the sweep builds them with
-    # max_tokens_per_rank = the load being timed, as an engine sizes them to its batch.
+    # max_tokens_per_rank = the load being timed (their best case: an engine allocating once
+    # for its largest batch pays that capacity at smaller steps too).
     capacity_bound: ClassVar[bool] = False
     # Tunable launch parameters: name -> the values allowed (a categorical search space), and
     # the value of each the backend runs with unless `set_knobs` says otherwise.

@@ -6,6 +6,7 @@
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
 #          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
 #   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 FI_OVERHEAD=0 BENCH=1 PROFILE=0
+#   RUN_ARGS: extra `a2a-tune run` options (e.g. --capacity 8192, --backend B).
 #   DB_IN=path: start from a copy of that store (an earlier call's, carried); TABLE_IN=path: the
 #   table EVAL/KNOBS use when this call's run wrote none (copied to $OUT/profiles first).
 set -uo pipefail
@@ -70,7 +71,7 @@ fi
 if [ "${SWEEP:-1}" = 1 ]; then
   step "a2a-tune run"
   start=$(date +%s)
-  timeout ${RUN_TIMEOUT:-420} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --out "$OUT/profiles" --no-progress 2>&1 | tee -a "$LOG"
+  timeout ${RUN_TIMEOUT:-420} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --out "$OUT/profiles" --no-progress ${RUN_ARGS:-} 2>&1 | tee -a "$LOG"
   echo "a2a-tune run wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
 fi
 

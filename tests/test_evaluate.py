@@ -29,6 +29,17 @@ def test_held_out_tokens_are_geometric_midpoints_off_the_grid():
     assert held_out_tokens([1, 2]) == ()  # sqrt(2) rounds onto the grid
 
 
+def test_held_out_tokens_of_a_dense_grid_are_a_spread_of_at_most_eight():
+    from a2a_tune.tuner.sweep import DEFAULT_TOKENS
+
+    grid = DEFAULT_TOKENS["cuda"]
+    every = held_out_tokens(grid, most=None)
+    some = held_out_tokens(grid)
+    assert len(every) > 8 and len(some) == 8
+    assert set(some) <= set(every) and not set(some) & set(grid)
+    assert some[0] == every[0] and some[-1] == every[-1]  # both ends of the range kept
+
+
 def test_regret_of_the_table_and_of_fixed_policies_on_held_out_points(tmp_path):
     # The table saw nvlink win at 1 and 16 tokens; at 4 tokens (held out) nccl is in fact 25% faster.
     path = _table(tmp_path, {

@@ -27,6 +27,9 @@ CASES = [
     {"id": "w2-repeated-no-host-barrier", "world": 2, "experts": 8, "topk": 2, "hidden": 8, "tokens": [3, 4], "repeats": 4},
     {"id": "w2-zero-tokens-repeated", "world": 2, "experts": 8, "topk": 2, "hidden": 8, "tokens": [0, 3], "repeats": 3},
     {"id": "w4-bf16", "world": 4, "experts": 16, "topk": 4, "hidden": 8, "tokens": [2, 3, 0, 1], "dtype": "bf16"},
+    # EP 8, an HGX node: every rank a peer of every other (issue 7's machines)
+    {"id": "w8-skewed", "world": 8, "experts": 16, "topk": 4, "hidden": 8, "tokens": [3, 0, 1, 2, 4, 1, 0, 2], "routing": "skewed"},
+    {"id": "w8-fp8", "world": 8, "experts": 32, "topk": 8, "hidden": 128, "tokens": [1, 2, 0, 1, 1, 2, 1, 1], "dtype": "fp8_e4m3"},
     {"id": "w2-fp8-block-scales", "world": 2, "experts": 8, "topk": 2, "hidden": 256, "tokens": [3, 2], "dtype": "fp8_e4m3"},
     {"id": "w3-fp8-odd-hidden", "world": 3, "experts": 6, "topk": 2, "hidden": 136, "tokens": [2, 0, 3], "dtype": "fp8_e4m3"},
     # knobs: rows copied in several steps (N_HB > 1), combine_recv over several H blocks,

@@ -91,7 +91,8 @@ def _resolve_device(device: str) -> tuple[str, int]:
     return device, gpus
 
 
-def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive=False):
+def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive=False,
+                capacity=None):  # fmt: skip
     from a2a_tune.kernels import PAYLOAD_DTYPES
     from a2a_tune.kernels.reference import ROUTINGS
 
@@ -121,18 +122,27 @@ def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings,
         if r not in ROUTINGS:
             raise _fail(f"unknown --routing {r!r}; choose from {', '.join(ROUTINGS)}", 2)
     _check_backends(backends)
+    token_counts = _parse_tokens(tokens) if tokens else DEFAULT_TOKENS[device]
+    _check_capacity(capacity, token_counts)
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(shapes),
-        tokens=_parse_tokens(tokens) if tokens else DEFAULT_TOKENS[device],
+        tokens=token_counts,
         dtypes=tuple(dtypes) or ("bf16",),
         routings=tuple(routings) or ("uniform",),
         backends=tuple(backends),
         warmup=default_warmup if warmup is None else warmup,
         iters=default_iters if iters is None else iters,
         adaptive=adaptive,
+        capacity=capacity,
     )
     return plan, device, world
+
+
+def _check_capacity(capacity: int | None, token_counts) -> None:
+    if capacity is not None and capacity < max(token_counts):
+        raise _fail(f"--capacity {capacity} is below the largest token count {max(token_counts)}: "
+                    "a fixed-capacity backend cannot carry more tokens than it was built for", 2)  # fmt: skip
 
 
 def _check_backends(names) -> None:
@@ -160,14 +170,14 @@ def _print_outcome(outcome, seconds: float) -> None:
 
 
 def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, db, resume, progress,
-              case_timeout, adaptive=False):  # fmt: skip
+              case_timeout, adaptive=False, capacity=None):  # fmt: skip
     from a2a_tune.db import StoreError
 
     from .launch import RankFailed
     from .sweep import sweep as run_sweep
 
     plan, device, world = _build_plan(
-        device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive
+        device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive, capacity
     )
     out.print(
         f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(plan.backend_names())} "
@@ -233,6 +243,10 @@ _progress_opt = typer.Option(True, help="Show a progress bar.")
 _adaptive_opt = typer.Option(
     False, help="Measure a coarse token grid, then bisect where the winner changes, instead of every token count.",
 )
+_capacity_opt = typer.Option(
+    None, min=1, help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
+    "e.g. your engine's largest batch per rank [default: each token count's own: their best case].",
+)
 _timeout_opt = typer.Option(
     600.0, help="Seconds one case may make no progress before every rank is stopped, the case recorded "
     "as a timeout and the sweep restarted without that backend.",
@@ -245,11 +259,11 @@ def sweep(
     model_config: List[Path] = _config_opt, tokens: Optional[str] = _tokens_opt, dtype: List[str] = _dtype_opt,
     routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
     iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
-    case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt,
+    case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt, capacity: Optional[int] = _capacity_opt,
 ) -> None:  # fmt: skip
     """Check, then time, every backend over shapes x token counts; store every measurement."""
     _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
-              case_timeout, adaptive)  # fmt: skip
+              case_timeout, adaptive, capacity)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------- select
@@ -333,11 +347,11 @@ def run(
     routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
     iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."),
-    case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt,
+    case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt, capacity: Optional[int] = _capacity_opt,
 ) -> None:  # fmt: skip
     """Probe + sweep + select: the one command to run once per machine type."""
     outcome = _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
-                        case_timeout, adaptive)  # fmt: skip
+                        case_timeout, adaptive, capacity)  # fmt: skip
     if outcome is None or outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     path = _do_select(db, outcome.run_id, out_dir)
@@ -354,9 +368,11 @@ def run(
 def evaluate(
     profile: Path = typer.Option(..., help="The table to judge (a profile JSON)."),
     device: str = _device_opt, world: Optional[int] = _world_opt, db: Optional[str] = _db_opt,
-    tokens: Optional[str] = typer.Option(None, help="Held-out tokens per rank [default: midpoints between the table's]."),
+    tokens: Optional[str] = typer.Option(None, help="Held-out tokens per rank [default: up to 8 midpoints between the table's, spread over its range]."),
     warmup: Optional[int] = _warmup_opt, iters: Optional[int] = _iters_opt, progress: bool = _progress_opt,
     case_timeout: float = _timeout_opt, backend: List[str] = _backend_opt,
+    capacity: Optional[int] = typer.Option(
+        None, min=1, help="As for `sweep` [default: the capacity the table was measured with (its run.capacity)]."),
     scored_run: Optional[int] = typer.Option(
         None, "--run", help="Measure nothing: score the table on this stored run's points (e.g. an adaptive "
         "sweep's table on the full grid's run, or on an earlier evaluation's held-out run)."),
@@ -391,12 +407,15 @@ def evaluate(
     shapes = {ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"]) for e in entries}
     held = _parse_tokens(tokens) if tokens else held_out_tokens(t for e in entries for t in e["tokens"])
     _check_backends(backend)
+    if capacity is None:  # measure the held-out points as the table's own were measured
+        capacity = (table.get("run") or {}).get("capacity")
+    _check_capacity(capacity, held)
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)), tokens=held,
         dtypes=tuple(sorted({e["dtype"] for e in entries})), routings=tuple(sorted({e["routing"] for e in entries})),
         backends=tuple(backend), warmup=default_warmup if warmup is None else warmup,
-        iters=default_iters if iters is None else iters,
+        iters=default_iters if iters is None else iters, capacity=capacity,
     )  # fmt: skip
     out.print(f"evaluating {profile.name} at {len(held)} held-out token counts x {len(shapes)} shape(s)", highlight=False)
     try:
@@ -420,9 +439,11 @@ def _print_evaluation(ev, title: str) -> None:
         out.print(f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)", highlight=False)
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
-        w = Table("shape (ep, H, k, E, dtype, routing)", "tokens", "table's pick", "fastest", "regret", title="worst points")
+        w = Table("shape", "tokens", "table's pick", "fastest", "regret", title="worst points")
         for pt in worst:
-            w.add_row(" ".join(map(str, pt["shape"])), str(pt["tokens"]), pt["table_backend"], pt["best"], f"{100 * pt['table']:.1f}%")
+            ep, hidden, topk, experts, dtype, routing = pt["shape"]
+            shape = f"E{experts}-k{topk}-H{hidden} {dtype} ep{ep}" + ("" if routing == "uniform" else f" {routing}")
+            w.add_row(shape, str(pt["tokens"]), pt["table_backend"], pt["best"], f"{100 * pt['table']:.1f}%")
         out.print(w)
 
 

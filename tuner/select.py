@@ -536,7 +536,9 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
     """
     run = store.get_run(run_id)
     hw = store.hardware_for_run(run_id)
+    capacity = (_get(run, "config") or {}).get("capacity")
     run_section = {
+        **({"capacity": capacity} if capacity is not None else {}),  # fixed-capacity backends' size
         "id": _get(run, "id", run_id),
         "device_type": _get(run, "device_type"),
         "world_size": _get(run, "world_size"),

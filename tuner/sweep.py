@@ -65,6 +65,9 @@ class SweepPlan:
     input_sets: int = 3  # rotated so repeated iterations do not hit a warm cache
     seed: int = 0
     adaptive: bool = False  # tuner.adaptive: coarse grid + bisection at crossovers, not every point
+    # Tokens per rank fixed-capacity backends are built for. None: each token count's own (their
+    # best case); an engine's largest batch per rank: what that engine pays at every step.
+    capacity: int | None = None
 
     def backend_names(self) -> list[str]:
         return list(self.backends) or list_backends()
@@ -72,7 +75,13 @@ class SweepPlan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["backends"] = self.backend_names()
+        if d["capacity"] is None:
+            del d["capacity"]  # the default: plans (and resumable runs) from before it hash alike
         return d
+
+    def capacity_for(self, tokens: int) -> int:
+        """max_tokens_per_rank a fixed-capacity backend is built with to carry `tokens`."""
+        return max(tokens, 1) if self.capacity is None else max(self.capacity, tokens, 1)
 
     def config_hash(self, device_type: str, world_size: int) -> str:
         blob = json.dumps({"plan": self.to_dict(), "device": device_type, "world": world_size}, sort_keys=True)
@@ -416,10 +425,12 @@ def _measure_case(
     cls = get_backend(name)
     slot = name
     if cls.capacity_bound:
-        # Fixed-capacity backends cost what their capacity costs: size them to this load, as an
-        # engine sizes them to its batch, instead of the sweep's largest token count.
+        # Fixed-capacity backends cost what their capacity costs: by default sized to this load,
+        # not to the sweep's largest token count. That is their best case: an engine that
+        # allocates one workspace for its largest batch pays that capacity at every smaller
+        # step, which `plan.capacity` (--capacity) measures.
         tokens = inputs[0].x.shape[0]
-        shape = MoEShape(shape.num_experts, shape.topk, shape.hidden, max(tokens, 1), shape.dtype)
+        shape = MoEShape(shape.num_experts, shape.topk, shape.hidden, plan.capacity_for(tokens), shape.dtype)
         slot = (name, shape.max_tokens_per_rank)
         for old in [k for k in instances if isinstance(k, tuple) and k[0] == name and k != slot]:
             if instances[old] is not None:
