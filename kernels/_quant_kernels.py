@@ -24,6 +24,7 @@ Triton is imported here, at the top: quant.py imports this module only for a CUD
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -138,9 +139,11 @@ def quantize_fp8_blocks(
         hw_cvt = x.is_cuda and _has_fp8_conversion(x.device)
     bn = block_n or _block_n(n)
     bf16 = x.dtype == torch.bfloat16
-    _quantize_fp8_kernel[(triton.cdiv(n, bn),)](
-        x.view(torch.int16) if bf16 else x, q.view(torch.uint8), scale, n,
-        INV_MAX=1.0 / FP8_E4M3_MAX, ROUND_BITS=_ROUND_BITS[x.dtype], BF16_BITS=bf16, HW_CVT=hw_cvt,
-        BLOCK=FP8_BLOCK, BLOCK_N=bn, num_warps=4,
-    )  # fmt: skip
+    # Triton launches on the current device's stream, not x's: make x's device current
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _quantize_fp8_kernel[(triton.cdiv(n, bn),)](
+            x.view(torch.int16) if bf16 else x, q.view(torch.uint8), scale, n,
+            INV_MAX=1.0 / FP8_E4M3_MAX, ROUND_BITS=_ROUND_BITS[x.dtype], BF16_BITS=bf16, HW_CVT=hw_cvt,
+            BLOCK=FP8_BLOCK, BLOCK_N=bn, num_warps=4,
+        )  # fmt: skip
     return q, scale

@@ -4,6 +4,7 @@ activation layout), quantized before dispatch, dequantized by the expert (here: 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +36,22 @@ def quantize_fp8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     On CUDA with H % 128 == 0 (bf16 or fp32 x) one Triton kernel, bit-exact with the torch
     path below, which stays the reference and the path everywhere else."""
-    if x.is_cuda and (k := _kernels()) is not None and k.supports(x):
-        return k.quantize_fp8_blocks(x)
+    if x.is_cuda and x.device not in _TRITON_FAILED and (k := _kernels()) is not None and k.supports(x):
+        try:
+            return k.quantize_fp8_blocks(x)
+        except Exception as exc:  # compile or launch failed (ptxas, libcuda, an old driver...)
+            if torch.cuda.is_current_stream_capturing():
+                raise  # a capture cannot fall back halfway; the warm-up before it would have
+            _TRITON_FAILED.add(x.device)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            logging.getLogger(__name__).warning(
+                "a2a-tune: the Triton FP8 quantizer failed on %s (%s: %s); using the torch path there",
+                x.device, type(exc).__name__, first,
+            )  # fmt: skip
     return quantize_fp8_blocks_torch(x)
+
+
+_TRITON_FAILED: set = set()  # devices where the Triton kernel failed once: the torch path since
 
 
 def quantize_fp8_blocks_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ OUT=${OUT:-/tmp/a2a-out}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 step() { echo; echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; }
+run_id() { grep -oE "^run [0-9]+ \(completed\)" "$1" 2>/dev/null | tail -1 | grep -oE "[0-9]+"; }  # from a sweep's output
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 || { tail "$LOG"; exit 1; }
 export PYTHONPATH=/tmp/site
@@ -71,32 +72,41 @@ fi
 if [ "${SWEEP:-1}" = 1 ]; then
   step "a2a-tune run"
   start=$(date +%s)
-  timeout ${RUN_TIMEOUT:-420} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --out "$OUT/profiles" --no-progress ${RUN_ARGS:-} 2>&1 | tee -a "$LOG"
+  timeout ${RUN_TIMEOUT:-420} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --out "$OUT/profiles" --no-progress ${RUN_ARGS:-} 2>&1 | tee -a "$LOG" "$OUT/run.out"
   echo "a2a-tune run wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
+  FULL_RUN=$(run_id "$OUT/run.out"); rm -f "$OUT/run.out"
 fi
 
 if [ "${EVAL:-0}" = 1 ]; then
   step "a2a-tune evaluate (held-out token counts)"
   start=$(date +%s)
-  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$(ls "$OUT"/profiles/*.json | head -1)" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} $(for b in ${EVAL_BACKENDS:-}; do echo --backend $b; done) 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
+  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$(ls "$OUT"/profiles/*.json | head -1)" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} $(for b in ${EVAL_BACKENDS:-}; do echo --backend $b; done) 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt" "$OUT/eval.out"
+  EVAL_RUN=$(grep -oE "run [0-9]+: regret" "$OUT/eval.out" | grep -oE "[0-9]+"); rm -f "$OUT/eval.out"
   echo "evaluate wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
 fi
 
 if [ "${ADAPTIVE:-0}" = 1 ]; then
   step "a2a-tune sweep --adaptive (same plan as the run)"
   start=$(date +%s)
-  timeout ${ADAPTIVE_TIMEOUT:-200} $A2A sweep --adaptive --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
+  timeout ${ADAPTIVE_TIMEOUT:-200} $A2A sweep --adaptive --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt" "$OUT/adaptive.out"
   echo "adaptive sweep wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
-  # its table (the latest completed run), scored on the full grid's run and the held-out run
-  $A2A select --db "$DB" --out "$OUT/adaptive" 2>&1 | tail -1 | tee -a "$LOG"
-  for r in ${SCORE_RUNS:-1 2}; do
-    $A2A evaluate --profile "$(ls "$OUT"/adaptive/*.json | head -1)" --db "$DB" --run "$r" 2>&1 | head -9 | tee -a "$LOG" "$OUT/evaluate.txt"
-  done
-  rm -rf "$OUT/adaptive"
+  ADAPTIVE_RUN=$(run_id "$OUT/adaptive.out"); rm -f "$OUT/adaptive.out"
+  # its table, scored on this call's full-grid run and held-out run (SCORE_RUNS: other run ids)
+  if [ -n "$ADAPTIVE_RUN" ]; then
+    $A2A select --db "$DB" --run "$ADAPTIVE_RUN" --out "$OUT/adaptive" 2>&1 | tail -1 | tee -a "$LOG"
+    for r in ${SCORE_RUNS:-${FULL_RUN:-} ${EVAL_RUN:-}}; do
+      $A2A evaluate --profile "$(ls "$OUT"/adaptive/*.json | head -1)" --db "$DB" --run "$r" 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
+    done
+    rm -rf "$OUT/adaptive"
+  else
+    echo "the adaptive sweep did not complete: no table to score" | tee -a "$LOG"
+  fi
 fi
 
 if [ "${KNOBS:-0}" = 1 ]; then
   step "a2a-tune tune-knobs (Optuna) for nvlink_one_sided, DeepSeek-V3 shape"
+  # the table to write the knobs into: this call's (run or TABLE_IN), else the shipped one
+  [ -n "$(ls "$OUT"/profiles/*.json 2>/dev/null)" ] || { mkdir -p "$OUT/profiles"; cp profiles/h200.nvl18x2.node1.json "$OUT/profiles/"; chmod u+w "$OUT"/profiles/*; }
   start=$(date +%s)
   timeout ${KNOBS_TIMEOUT:-200} $A2A tune-knobs --backend nvlink_one_sided --preset deepseek-v3 --tokens ${KNOB_TOKENS:-1,128,8192} \
     --trials ${KNOB_TRIALS:-8} --device cuda --db "$DB" --profile "$(ls "$OUT"/profiles/*.json | head -1)" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
@@ -105,7 +115,7 @@ fi
 
 if [ "${RESELECT:-0}" = 1 ]; then
   step "select again from the store: the knobs tune-knobs stored must stay in the table"
-  $A2A select --db "$DB" --run ${RESELECT_RUN:-1} --out "$OUT/reselect" 2>&1 | tail -3 | tee -a "$LOG"
+  $A2A select --db "$DB" --run ${RESELECT_RUN:-${FULL_RUN:-1}} --out "$OUT/reselect" 2>&1 | tail -3 | tee -a "$LOG"
   python3 - "$OUT"/profiles/*.json "$OUT"/reselect/*.json <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys
 def knobs(path):

@@ -11,13 +11,15 @@ run's measurements the search needed, writes the table built from just those, an
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from a2a_tune.db import open_store
+from a2a_tune.db import StoreError, open_store
 from a2a_tune.kernels import get_backend, list_backends
 from a2a_tune.tuner.adaptive import AdaptiveSearch
 from a2a_tune.tuner.evaluate import evaluate
 from a2a_tune.tuner.select import build_profile, profile_from_store, write_profile
+from a2a_tune.tuner.table import ProfileError
 
 
 def main() -> None:
@@ -29,15 +31,26 @@ def main() -> None:
     a = ap.parse_args()
     names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name,
                  "vllm_closest": get_backend(n).vllm_closest} for n in list_backends()}  # fmt: skip
+    try:
+        replay(a, names)
+    except (StoreError, ProfileError) as exc:
+        sys.exit(f"error: {exc}")
+
+
+def replay(a: argparse.Namespace, names: dict) -> None:
     with open_store(a.db) as store:
+        run = store.get_run(a.run)
         full = store.measurements(a.run)
+        if not full:
+            sys.exit(f"error: run {a.run} has no measurements to replay")
+        backends = tuple((run.config or {}).get("backends") or list_backends())  # the run's own, in its order
         groups: dict[tuple, dict[tuple[int, str], object]] = {}
         for m in full:
             groups.setdefault((m.num_experts, m.topk, m.hidden, m.dtype, m.routing), {})[(m.tokens_per_rank, m.backend)] = m
         grid = tuple(sorted({m.tokens_per_rank for m in full}))
         kept = []
         for points in groups.values():
-            search = AdaptiveSearch(grid, tuple(list_backends()))
+            search = AdaptiveSearch(grid, backends)
             while batch := search.next_points():
                 for t, b in batch:
                     m = points.get((t, b))
@@ -50,9 +63,15 @@ def main() -> None:
         print(f"adaptive replay of run {a.run}: {len(kept)} of {len(full)} measurements "
               f"({100 * len(kept) / len(full):.1f}%); table {path}")  # fmt: skip
         for r in [a.run, *a.score]:
-            ev = evaluate(store.measurements(r), str(path)).policies.get("table")
+            store.get_run(r)
+            result = evaluate(store.measurements(r), str(path), store.failures(r))
+            ev = result.policies.get("table")
+            outside = f"; {result.outside} point(s) of other shapes not scored" if result.outside else ""
             if ev:
-                print(f"  scored on run {r}: mean regret {100 * ev['mean']:.2f}%, worst {100 * ev['worst']:.1f}% ({ev['points']} points)")
+                print(f"  scored on run {r}: mean regret {100 * ev['mean']:.2f}%, worst {100 * ev['worst']:.1f}% "
+                      f"({ev['points']} points{outside})")  # fmt: skip
+            else:
+                print(f"  run {r}: no point of the table's shapes{outside}")
 
 
 if __name__ == "__main__":

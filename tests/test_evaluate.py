@@ -66,3 +66,21 @@ def test_points_where_a_policys_backend_was_not_measured_are_counted_not_hidden(
     ev = evaluate(ms, path)
     assert "table" not in ev.summary() and ev.unscored == {"table": 2}
     assert ev.summary()["always allgather_reducescatter"] == {"mean": 0.0, "worst": 0.0, "points": 2}
+
+
+def test_points_of_shapes_the_table_lacks_are_counted_not_scored_as_its_choice(tmp_path):
+    path = _table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0}, "nvlink_one_sided": {1: 10.0, 16: 30.0}})
+    other = dict(SHAPE, hidden=128)  # not in the table: a lookup there answers a nearest shape or the fallback
+    ms = [SimpleNamespace(**other, backend=b, tokens_per_rank=4, median_us=v)
+          for b, v in (("allgather_reducescatter", 60.0), ("nvlink_one_sided", 20.0))]  # fmt: skip
+    ms += [SimpleNamespace(**SHAPE, backend="nvlink_one_sided", tokens_per_rank=4, median_us=20.0)]
+    ev = evaluate(ms, path)
+    assert ev.outside == 1 and len(ev.points) == 1 and ev.summary()["table"]["worst"] == 0.0
+
+
+def test_a_pick_that_failed_at_the_point_is_a_failure_not_an_unmeasured_point(tmp_path):
+    path = _table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0}, "nvlink_one_sided": {1: 10.0, 16: 30.0}})
+    ms = [SimpleNamespace(**SHAPE, backend="allgather_reducescatter", tokens_per_rank=4, median_us=60.0)]
+    crashed = SimpleNamespace(**SHAPE, backend="nvlink_one_sided", tokens_per_rank=4, kind="timeout")
+    ev = evaluate(ms, path, [crashed])
+    assert ev.failed == {"table": 1} and "table" not in ev.unscored and "table" not in ev.summary()

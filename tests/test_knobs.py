@@ -30,7 +30,8 @@ FAST = {"delay_ms": 1, "shortcut": False}
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'knobs.db'}"
-    plan = KnobPlan("knobbed_sleepy", SHAPE, tokens=(4,), trials=6, warmup=1, iters=4, probe_iters=2, input_sets=2, seed=0)
+    plan = KnobPlan("knobbed_sleepy", SHAPE, tokens=(4,), trials=6, warmup=1, iters=4, probe_iters=2, input_sets=2, seed=0,
+                    prune_margin=0.10)  # 40 ms vs 1 ms of sleep stays > 10% apart under any gloo overhead < 390 ms
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("A2A_TUNE_BACKEND_MODULES", "knob_backends")
         results = tune_knobs(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
@@ -201,3 +202,20 @@ def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
         pass
     assert _with_stored_knobs(profile, empty) == (profile, 0)
     assert not sqlalchemy.inspect(sqlalchemy.create_engine(empty)).has_table("studies")  # nothing created
+
+
+def test_stored_knobs_of_fixed_capacity_backends_match_the_tables_capacity(tmp_path):
+    import optuna
+
+    from a2a_tune.tuner.knobs import stored_knobs
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    attrs = {"backend": "nvlink_one_sided", "num_experts": 16, "topk": 4, "hidden": 32, "dtype": "bf16",
+             "routing": "uniform", "ep_size": 2, "tokens_per_rank": 4}  # fmt: skip
+    for capacity, knobs in ((None, {"send_num_warps": 8}), (64, {"send_num_warps": 2})):
+        study = optuna.create_study(study_name=f"a2a-tune knobs: fp.node1 nvlink_one_sided T4 cap{capacity}", storage=url)
+        for k, v in {**attrs, "capacity": capacity, "best_knobs": knobs}.items():
+            study.set_user_attr(k, v)
+    assert [k for *_, k in stored_knobs(url, "fp.node1")] == [{"send_num_warps": 8}]  # best-case sized table
+    assert [k for *_, k in stored_knobs(url, "fp.node1", capacity=64)] == [{"send_num_warps": 2}]
+    assert stored_knobs(url, "fp.node1", capacity=128) == []

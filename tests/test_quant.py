@@ -160,3 +160,30 @@ def test_cuda_kernel_is_capturable_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert mismatches((q, s), quantize_fp8_blocks_torch(x)) == (0, 0)
+
+
+def test_a_failing_triton_kernel_falls_back_to_the_torch_path_once(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from a2a_tune.kernels import quant
+
+    calls = []
+
+    def broken(x):
+        calls.append(x.shape)
+        raise RuntimeError("ptxas fatal: unsupported arch\nmore")
+
+    fake = SimpleNamespace(supports=lambda x: True, quantize_fp8_blocks=broken)
+    monkeypatch.setattr(quant, "_kernels", lambda: fake)
+    monkeypatch.setattr(quant, "_TRITON_FAILED", set())
+    x = torch.randn(2, FP8_BLOCK).to(torch.bfloat16)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # pretend: a CUDA tensor
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    q1, s1 = quant.quantize_fp8_blocks(x)
+    q2, _ = quant.quantize_fp8_blocks(x)
+    q0, s0 = quant.quantize_fp8_blocks_torch(x)
+    assert len(calls) == 1  # tried once on that device, then the torch path without retrying
+    assert torch.equal(q1.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s1, s0)
+    assert torch.equal(q2.view(torch.uint8), q0.view(torch.uint8))
+    (record,) = [r for r in caplog.records if "Triton FP8 quantizer failed" in r.getMessage()]
+    assert "RuntimeError: ptxas fatal: unsupported arch" in record.getMessage() and "more" not in record.getMessage()

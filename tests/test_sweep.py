@@ -134,3 +134,20 @@ def test_a_sweep_on_four_ranks_writes_an_ep4_table(tmp_path):
     path = write_profile(profile, tmp_path)
     assert lookup(ep_size=4, hidden=32, topk=4, num_experts=16, tokens=4, profile=path).match == "exact"
     assert lookup(ep_size=2, hidden=32, topk=4, num_experts=16, tokens=4, profile=path, quiet=True).match != "exact"
+
+
+def test_capacity_builds_fixed_capacity_backends_for_that_many_tokens(tmp_path):
+    import knob_backends  # noqa: F401  (tests/support: registers capacity_reporter here; the ranks load it by env)
+
+    url = f"sqlite:///{tmp_path / 'capacity.db'}"
+    common = dict(shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(1, 4), backends=("capacity_reporter",),
+                  warmup=0, iters=2, input_sets=1)  # fmt: skip
+    built = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("A2A_TUNE_BACKEND_MODULES", "knob_backends")
+        for capacity in (None, 64):
+            outcome = sweep(SweepPlan(**common, capacity=capacity), device_type="cpu", world_size=2, db_url=url, progress=False)
+            with open_store(url) as store:
+                built[capacity] = {m.tokens_per_rank: m.knobs["built_for_tokens"] for m in store.measurements(outcome.run_id)}
+    assert built[None] == {1: 1, 4: 4}  # default: each token count's own capacity (the best case)
+    assert built[64] == {1: 64, 4: 64}  # an engine's capacity, at every load

@@ -48,7 +48,7 @@ def test_each_sample_starts_after_an_untimed_lead_in(tmp_path):
         backend = SimpleNamespace(device=torch.device("cpu"), group=dist.group.WORLD)
         calls: list[str] = []
 
-        def lead_in():
+        def lead_in(i):
             calls.append("lead-in")
             time.sleep(0.05)  # a late peer: 50 ms that must not show in the sample
 

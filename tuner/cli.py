@@ -139,9 +139,18 @@ def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings,
     return plan, device, world
 
 
-def _check_capacity(capacity: int | None, token_counts) -> None:
-    if capacity is not None and capacity < max(token_counts):
-        raise _fail(f"--capacity {capacity} is below the largest token count {max(token_counts)}: "
+def _table_capacity(name: str, table) -> int | None:
+    """The capacity a table's points were measured with (its run.capacity), or None."""
+    run = table.get("run") if isinstance(table, dict) else None
+    capacity = run.get("capacity") if isinstance(run, dict) else None
+    if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
+        raise _fail(f"{name}: run.capacity must be a positive integer, got {capacity!r}", 2)
+    return capacity
+
+
+def _check_capacity(capacity: int | None, token_counts, source: str | None = None) -> None:
+    if capacity is not None and token_counts and capacity < max(token_counts):
+        raise _fail(f"{source or f'--capacity {capacity}'} is below the largest token count {max(token_counts)}: "
                     "a fixed-capacity backend cannot carry more tokens than it was built for", 2)  # fmt: skip
 
 
@@ -316,7 +325,7 @@ def _with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
     from .select import with_knobs
 
     try:
-        found = stored_knobs(url, profile["hardware"]["fingerprint"])
+        found = stored_knobs(url, profile["hardware"]["fingerprint"], (profile.get("run") or {}).get("capacity"))
     except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
         err.print(f"note: tuned knobs not read ({_one_line_text(exc)}); the table is written without them", highlight=False)
         return profile, 0
@@ -394,10 +403,10 @@ def evaluate(
         try:
             with open_store(db) as store:
                 store.get_run(scored_run)
-                measured = store.measurements(scored_run)
+                measured, failed = store.measurements(scored_run), store.failures(scored_run)
         except StoreError as exc:
             raise _fail(f"run {scored_run} could not be read: {exc}", 2) from None
-        _print_evaluation(run_evaluation(measured, str(profile)), f"run {scored_run} (stored)")
+        _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)")
         return
     device, gpus = _resolve_device(device)
     world = world or (gpus if device == "cuda" else 2)
@@ -406,10 +415,14 @@ def evaluate(
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
     shapes = {ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"]) for e in entries}
     held = _parse_tokens(tokens) if tokens else held_out_tokens(t for e in entries for t in e["tokens"])
+    if not held:
+        raise _fail(f"{profile.name}: its token counts leave no held-out midpoint; give --tokens", 2)
     _check_backends(backend)
     if capacity is None:  # measure the held-out points as the table's own were measured
-        capacity = (table.get("run") or {}).get("capacity")
-    _check_capacity(capacity, held)
+        capacity = _table_capacity(profile.name, table)
+        _check_capacity(capacity, held, source=f"the table's run.capacity {capacity}")
+    else:
+        _check_capacity(capacity, held)
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)), tokens=held,
@@ -423,20 +436,25 @@ def evaluate(
     except RankFailed as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
     with open_store(db) as store:
-        _print_evaluation(run_evaluation(store.measurements(outcome.run_id), str(profile)), f"run {outcome.run_id}")
+        ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
+    _print_evaluation(ev, f"run {outcome.run_id}")
 
 
 def _print_evaluation(ev, title: str) -> None:
     from rich.table import Table
 
     if not ev.points:
-        raise _fail(f"{title}: no measured point matches a shape of the table", 1)
+        raise _fail(f"{title}: no measured point of a shape the table has ({ev.outside} of other shapes)", 1)
     t = Table("policy", "mean regret", "worst regret", "points", title=f"{title}: regret vs the best backend")
     for policy, r in sorted(ev.policies.items(), key=lambda kv: kv[1]["mean"]):
         t.add_row(policy, f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
     out.print(t)
+    for policy, n in sorted(ev.failed.items()):
+        out.print(f"{policy}: its backend FAILED at {n} of {len(ev.points)} point(s) (error, timeout or wrong result)", highlight=False)
     for policy, n in sorted(ev.unscored.items()):
         out.print(f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)", highlight=False)
+    if ev.outside:
+        out.print(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", highlight=False)
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
         w = Table("shape", "tokens", "table's pick", "fastest", "regret", title="worst points")
@@ -469,6 +487,8 @@ def tune_knobs(
         None, min=1, help="Timed samples of the short first measurement that prunes hopeless settings [default: 5 cuda, 2 cpu]."),
     seed: int = typer.Option(0, help="Sampler seed."),
     progress: bool = _progress_opt,
+    capacity: Optional[int] = typer.Option(
+        None, min=1, help="As for `sweep` [default: --profile's run.capacity if it has one, else each token count's own]."),
 ) -> None:  # fmt: skip
     """Search a backend's launch knobs with Optuna, per token count; print default vs best.
 
@@ -499,11 +519,20 @@ def tune_knobs(
                                       tokens, [dtype], [routing], [backend], None, None)  # fmt: skip
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
+    source = None
+    if capacity is None and profile is not None:  # tune as the table's points were measured
+        try:
+            table = json.loads(profile.read_text())
+        except (OSError, ValueError):
+            table = {}  # an unreadable table is reported where the knobs are written
+        capacity = _table_capacity(profile.name, table)
+        source = f"the table's run.capacity {capacity}"
+    _check_capacity(capacity, plan.tokens, source)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
         backend=backend, shape=plan.shapes[0], tokens=plan.tokens, dtype=dtype, routing=routing, trials=trials,
         warmup=defaults[0] if warmup is None else warmup, iters=iters or defaults[1],
-        probe_iters=probe_iters or defaults[2], seed=seed,
+        probe_iters=probe_iters or defaults[2], seed=seed, capacity=capacity,
     )  # fmt: skip
     shape = plan.shapes[0]
     out.print(f"searching {backend} knobs at {shape.name} {dtype} ep{world}, {len(plan.tokens)} token count(s) x "

@@ -9,6 +9,7 @@ always the single backend that is fastest over all the points.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -37,9 +38,13 @@ def held_out_tokens(table_tokens: Iterable[int], most: int | None = HELD_OUT_MOS
 class Evaluation:
     points: list[dict[str, Any]] = field(default_factory=list)  # one per (shape, tokens)
     policies: dict[str, dict[str, float]] = field(default_factory=dict)  # policy -> mean/worst regret
-    # policy -> points where its backend was not measured (a run of a subset of the backends,
-    # or a failure there): left out of its mean and worst, and said so, never silently
+    # policy -> points where its backend was not measured (a run of a subset of the backends):
+    # left out of its mean and worst, and said so, never silently
     unscored: dict[str, int] = field(default_factory=dict)
+    # policy -> points where its backend failed (error, timeout, wrong result): no time, and
+    # worse than any regret; counted apart
+    failed: dict[str, int] = field(default_factory=dict)
+    outside: int = 0  # measured points of shapes the table has no entry for: not scored
 
     def summary(self) -> dict[str, dict[str, float]]:
         return self.policies
@@ -49,13 +54,30 @@ class Evaluation:
         return sorted((p for p in self.points if p.get("table")), key=lambda p: -p["table"])[:n]
 
 
-def evaluate(measurements: Iterable[Any], profile: str) -> Evaluation:
-    """Regret of the table `profile` on measured points (store measurement records)."""
+def _table_shapes(profile: str) -> set[tuple]:
+    with open(profile) as f:
+        entries = json.load(f).get("entries") or []
+    return {(e["ep_size"], e["hidden"], e["topk"], e["num_experts"], e["dtype"], e["routing"]) for e in entries}
+
+
+def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] = ()) -> Evaluation:
+    """Regret of the table `profile` on measured points (store measurement and failure records).
+
+    Only points of shapes the table has an entry for are scored (a lookup elsewhere answers
+    a nearest shape or the fallback: not the table's own choice); the others are counted."""
+    shapes = _table_shapes(profile)
+    ev = Evaluation()
     by_point: dict[tuple, dict[str, float]] = {}
     for m in measurements:
         point = (m.ep_size, m.hidden, m.topk, m.num_experts, m.dtype, m.routing, m.tokens_per_rank)
         by_point.setdefault(point, {})[m.backend] = m.median_us
-    ev = Evaluation()
+    for point in [p for p in by_point if p[:6] not in shapes]:
+        del by_point[point]
+        ev.outside += 1
+    broken = {
+        (f.backend, (f.ep_size, f.hidden, f.topk, f.num_experts, f.dtype, f.routing, f.tokens_per_rank))
+        for f in failures if f.kind in ("error", "timeout", "incorrect")
+    }  # fmt: skip
     totals: dict[str, float] = {}
     for times in by_point.values():
         for b, t in times.items():
@@ -72,15 +94,19 @@ def evaluate(measurements: Iterable[Any], profile: str) -> Evaluation:
         if best_single:
             picked[f"always {best_single}"] = best_single
         row = {"shape": (ep, hidden, topk, experts, dtype, routing), "tokens": tokens, "best": min(times, key=times.get)}
+        point = (ep, hidden, topk, experts, dtype, routing, tokens)
         for policy, backend in picked.items():
             t = times.get(backend)
-            row[policy] = (t / best - 1) if t is not None else None  # None: not measured here
+            if t is None and (backend, point) in broken:
+                ev.failed[policy] = ev.failed.get(policy, 0) + 1
+            row[policy] = (t / best - 1) if t is not None else None  # None: no time here
         row["table_backend"] = choice.backend
         ev.points.append(row)
     for policy in ev.points[0].keys() - {"shape", "tokens", "best", "table_backend"} if ev.points else ():
         regrets = [p[policy] for p in ev.points if p.get(policy) is not None]
-        if len(regrets) < len(ev.points):
-            ev.unscored[policy] = len(ev.points) - len(regrets)
+        missing = len(ev.points) - len(regrets) - ev.failed.get(policy, 0)
+        if missing:
+            ev.unscored[policy] = missing
         if regrets:
             ev.policies[policy] = {"mean": sum(regrets) / len(regrets), "worst": max(regrets), "points": len(regrets)}
     return ev

@@ -33,7 +33,7 @@ from typing import Any
 import torch.distributed as dist
 from optuna.pruners import BasePruner
 
-from a2a_tune.kernels import BackendEnv, MoEShape, get_backend
+from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, get_backend
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
@@ -63,6 +63,7 @@ class KnobPlan:
     input_sets: int = 3
     seed: int = 0
     prune_margin: float = PRUNE_MARGIN
+    capacity: int | None = None  # as SweepPlan.capacity: fixed-capacity backends' size; None: the load's
 
 
 @dataclass
@@ -92,9 +93,13 @@ class KnobResult:
         return self.default_us / self.best_us - 1
 
 
-def study_name(fingerprint: str, backend: str, shape: MoEShape, ep_size: int, tokens: int, routing: str) -> str:
+def study_name(fingerprint: str, backend: str, shape: MoEShape, ep_size: int, tokens: int, routing: str,
+               capacity: int | None = None) -> str:  # fmt: skip
+    """One study per point; a point measured at an engine's capacity (--capacity) is another
+    point than the same load in a workspace of its own size (names before it stay valid)."""
     where = "" if routing == "uniform" else f" {routing}"
-    return f"a2a-tune knobs: {fingerprint} {backend} {shape.label()} ep{ep_size} T{tokens}{where}"
+    cap = "" if capacity is None else f" cap{capacity}"
+    return f"a2a-tune knobs: {fingerprint} {backend} {shape.label()} ep{ep_size} T{tokens}{cap}{where}"
 
 
 def tune_knobs(
@@ -137,10 +142,15 @@ def _tune_rank(ctx: RankContext, plan: KnobPlan, url: str, show_progress: bool) 
 
 def _tune_point(ctx, plan: KnobPlan, cls, fingerprint: str, tokens: int, owner, bar, task) -> KnobResult:
     m = plan.shape
-    # Fixed-capacity backends are built for the load being timed, as the sweep builds them.
-    cap = tokens if cls.capacity_bound else max(plan.tokens)
+    # Fixed-capacity backends are built as the sweep builds them: for the load being timed,
+    # or for the engine's capacity when one is given.
+    if cls.capacity_bound:
+        cap = tokens if plan.capacity is None else max(plan.capacity, tokens)
+    else:
+        cap = max(plan.tokens)
     shape = MoEShape(m.num_experts, m.topk, m.hidden, max(cap, 1), plan.dtype)
-    name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing)
+    name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing,
+                      plan.capacity if cls.capacity_bound else None)  # fmt: skip
     result = KnobResult(plan.backend, tokens, name, default_knobs=dict(cls.knob_defaults))
 
     def advance(n: int, text: str) -> None:
@@ -293,6 +303,7 @@ class _StudyOwner:
             "backend": p.backend, "num_experts": p.shape.num_experts, "topk": p.shape.topk, "hidden": p.shape.hidden,
             "dtype": p.dtype, "routing": p.routing, "ep_size": world, "tokens_per_rank": result.tokens,
             "fingerprint": fingerprint, "timing": result.timing, "default_knobs": defaults,
+            "capacity": p.capacity if get_backend(p.backend).capacity_bound else None,
             "knob_space": {k: list(v) for k, v in get_backend(p.backend).knob_space.items()},
         }.items():  # fmt: skip
             study.set_user_attr(key, value)
@@ -383,11 +394,22 @@ class SlowerThanBestPruner(BasePruner):
         return trial.intermediate_values[step] > best * (1 + self.margin)
 
 
-def stored_knobs(url: str, fingerprint: str) -> list[tuple[dict[str, Any], str, int, dict[str, Any]]]:
+def _capacity_bound(backend) -> bool:
+    try:
+        return get_backend(backend).capacity_bound
+    except UnknownBackendError:  # a study of a backend not registered here: no capacity to match
+        return False
+
+
+def stored_knobs(
+    url: str, fingerprint: str, capacity: int | None = None
+) -> list[tuple[dict[str, Any], str, int, dict[str, Any]]]:
     """The best knob settings the studies in database `url` found on `fingerprint`:
     (shape keys of a table entry, backend, tokens per rank, knobs) per finished study, so
-    `a2a-tune select` keeps what `tune-knobs` found. Reads nothing (and creates no Optuna
-    tables) in a database that never held a study."""
+    `a2a-tune select` keeps what `tune-knobs` found. Only studies of fixed-capacity backends
+    built for `capacity` (None: each load's own) count: knobs tuned for another workspace
+    size are for another point. Reads nothing (and creates no Optuna tables) in a database
+    that never held a study."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(url)
@@ -404,6 +426,8 @@ def stored_knobs(url: str, fingerprint: str) -> list[tuple[dict[str, Any], str, 
         attrs = summary.user_attrs
         if not summary.study_name.startswith(f"a2a-tune knobs: {fingerprint} ") or "best_knobs" not in attrs:
             continue
+        if _capacity_bound(attrs.get("backend")) and attrs.get("capacity") != capacity:
+            continue  # tuned for another workspace size: another point than this table's
         shape = {k: attrs.get(k) for k in ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")}
         found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))
     return found

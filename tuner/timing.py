@@ -5,8 +5,9 @@ expert output (no expert compute). One sample = R round trips launched back to b
 host queued ahead of the GPU, as an engine runs its layers) between two CUDA events,
 divided by R; R is chosen so one sample lasts ~`SAMPLE_TARGET_US` and is the same on every
 rank (eager: from a warm-up's wall time, at most `MAX_ROUND_TRIPS`; graph: from the device
-time of a captured probe, at most `MAX_GRAPH_ROUND_TRIPS`, so the ranks' start skew after
-the barrier is spread over many round trips). Two modes:
+time of a captured probe, at most `MAX_GRAPH_ROUND_TRIPS`). Before each sample an untimed
+lead-in (one eager round trip, or one replay of the graph) absorbs the ranks' start skew after
+the barrier, which otherwise lands in the sample's first round trip. Two modes:
 
 * eager (`time_round_trips`): the round trips are launched from Python, as an engine's
   prefill step is. The host wall time per round trip (launch of the R round trips / R,
@@ -16,8 +17,8 @@ the barrier is spread over many round trips). Two modes:
   and each sample is one replay, as engines run decode. Only for `graph_capturable`
   backends; host time is the replay's launch cost / R.
 
-On CPU (gloo) both times are the host wall time. Ranks meet at a barrier before each
-sample and agree on one number per sample: the max over ranks (an all2all step is as slow
+On CPU (gloo) both times are the host wall time. Ranks meet at a barrier (then the lead-in)
+before each sample and agree on one number per sample: the max over ranks (an all2all step is as slow
 as its slowest rank). Several input sets rotate so repeated round trips do not replay a
 warm L2.
 """
@@ -165,7 +166,7 @@ def _timed_samples(backend: All2AllBackend, iters: int, reps: int, launch, lead_
     for i in range(iters):
         dist.barrier(group=backend.group)
         _sync(backend)
-        lead_in()
+        lead_in(i)
         t0 = time.perf_counter()
         if cuda:
             starts[i].record()
@@ -186,8 +187,16 @@ def time_round_trips(
     reps = _round_trips_per_sample(backend, input_sets)
     return _timed_samples(
         backend, iters, reps, lambda i: _round_trips(backend, input_sets, i * reps, reps),
-        lambda: _round_trips(backend, input_sets, 0, LEAD_IN_ROUND_TRIPS),
+        lambda i: _eager_lead_in(backend, input_sets, i * reps),
     )  # fmt: skip
+
+
+def _eager_lead_in(backend: All2AllBackend, input_sets: Sequence[RankInputs], first: int) -> None:
+    """Untimed round trip(s) on the input set before the sample's first (not the one it uses:
+    no warm cache), then a host sync: eager backends read counts on the host, and that read
+    would otherwise wait for the lead-in inside the timed host interval."""
+    _round_trips(backend, input_sets, first - LEAD_IN_ROUND_TRIPS, LEAD_IN_ROUND_TRIPS)
+    _sync(backend)
 
 
 def time_graph_round_trips(
@@ -207,7 +216,7 @@ def time_graph_round_trips(
     for _ in range(max(1, warmup // reps)):
         graph.replay()
     # the lead-in replays the same graph too: R round trips, no second capture
-    return _timed_samples(backend, iters, reps, lambda i: graph.replay(), graph.replay)
+    return _timed_samples(backend, iters, reps, lambda i: graph.replay(), lambda i: graph.replay())
 
 
 def _max_over_ranks(backend: All2AllBackend, device_us: list[float], host_us: list[float]) -> tuple[list[float], list[float]]:

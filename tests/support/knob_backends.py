@@ -33,3 +33,15 @@ class KnobbedSleepy(NcclAll2Allv):
             return d
         time.sleep(knobs["delay_ms"] / 1000)
         return d
+
+
+@register_backend
+class CapacityReporter(NcclAll2Allv):
+    """A fixed-capacity backend that reports the capacity it was built with among its knobs,
+    which the sweep stores with every measurement (tests/test_sweep.py: --capacity)."""
+
+    name = "capacity_reporter"
+    capacity_bound = True
+
+    def knobs(self):
+        return {"built_for_tokens": self.shape.max_tokens_per_rank}
