@@ -193,10 +193,12 @@ def time_round_trips(
 
 def _eager_lead_in(backend: All2AllBackend, input_sets: Sequence[RankInputs], first: int) -> None:
     """Untimed round trip(s) on the input set before the sample's first (not the one it uses:
-    no warm cache), then a host sync: eager backends read counts on the host, and that read
-    would otherwise wait for the lead-in inside the timed host interval."""
+    no warm cache), left queued: the start event runs on the GPU right after them, with the
+    ranks in step. A host sync here would let each rank's host wake and launch at its own
+    time again, which is the skew the lead-in removes (on 2xH200 it halved the eager NCCL
+    medians at small T). Known cost: a backend that reads counts on the host waits there for
+    the lead-in, so its host_us includes up to one lead-in / R (at R = 1, about a round trip)."""
     _round_trips(backend, input_sets, first - LEAD_IN_ROUND_TRIPS, LEAD_IN_ROUND_TRIPS)
-    _sync(backend)
 
 
 def time_graph_round_trips(
