@@ -3,7 +3,7 @@
 Layering (imports point down, never up; nothing here imports a2a_tune.tuner or a2a_tune.db):
 
     __init__            public API: MoEShape, list_backends, get_backend, ...
-      registry              @register_backend, list_backends, get_backend
+      registry              @register_backend, list_backends, get_backend, engine_names
       <backend>.py          one file per backend, registered on import
         _wire               metadata packing + collective wrappers (the torch.distributed backends)
         _flashinfer         FlashInfer found without importing it; its MNNVL setup (flashinfer_*.py)
@@ -21,7 +21,7 @@ import optional packages (FlashInfer, DeepEP...) at import time: `availability()
 
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape, PAYLOAD_DTYPES
 from .errors import KernelsError, KnobError, ShapeError, UnknownBackendError
-from .registry import get_backend, list_backends, register_backend
+from .registry import engine_names, get_backend, list_backends, register_backend
 
 # Registration order is the tie-break preference: simplest / the engines' default first, then
 # what engines already ship (FlashInfer), then our own kernels.
@@ -43,6 +43,7 @@ __all__ = [
     "PAYLOAD_DTYPES",
     "ShapeError",
     "UnknownBackendError",
+    "engine_names",
     "get_backend",
     "list_backends",
     "register_backend",

@@ -31,6 +31,9 @@ def _kernels():
     return _quant_kernels
 
 
+_TRITON_FAILED: set = set()  # devices where the Triton kernel failed once: the torch path since
+
+
 def quantize_fp8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] -> (q float8_e4m3fn [T, H], scales fp32 [T, ceil(H/128)]); x ~= q * scale.
 
@@ -50,8 +53,6 @@ def quantize_fp8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             )  # fmt: skip
     return quantize_fp8_blocks_torch(x)
 
-
-_TRITON_FAILED: set = set()  # devices where the Triton kernel failed once: the torch path since
 
 
 def quantize_fp8_blocks_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,3 +53,12 @@ def get_backend(name: str) -> type[All2AllBackend]:
         return _REGISTRY[name]
     except KeyError:
         raise UnknownBackendError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY) or 'none'}") from None
+
+
+def engine_names() -> dict[str, dict[str, str | None]]:
+    """Every registered backend -> the engines' literals for it (vllm_name, sglang_name) and
+    vLLM's closest backend where vLLM has none: what a table records per backend."""
+    return {
+        n: {"vllm_name": cls.vllm_name, "sglang_name": cls.sglang_name, "vllm_closest": cls.vllm_closest}
+        for n, cls in ((n, get_backend(n)) for n in list_backends())
+    }

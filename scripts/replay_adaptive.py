@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from a2a_tune.db import StoreError, open_store
-from a2a_tune.kernels import get_backend, list_backends
+from a2a_tune.kernels import engine_names, list_backends
 from a2a_tune.tuner.adaptive import AdaptiveSearch
 from a2a_tune.tuner.evaluate import evaluate
 from a2a_tune.tuner.select import build_profile, profile_from_store, write_profile
@@ -29,8 +29,7 @@ def main() -> None:
     ap.add_argument("--score", type=int, action="append", default=[], help="another run to score the table on, repeatable")
     ap.add_argument("--out", type=Path, required=True, help="directory for the replayed table")
     a = ap.parse_args()
-    names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name,
-                 "vllm_closest": get_backend(n).vllm_closest} for n in list_backends()}  # fmt: skip
+    names = engine_names()
     try:
         replay(a, names)
     except (StoreError, ProfileError) as exc:

@@ -139,19 +139,20 @@ def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings,
     return plan, device, world
 
 
-def _table_capacity(name: str, table) -> int | None:
-    """The capacity a table's points were measured with (its run.capacity), or None."""
-    run = table.get("run") if isinstance(table, dict) else None
-    capacity = run.get("capacity") if isinstance(run, dict) else None
-    if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
-        raise _fail(f"{name}: run.capacity must be a positive integer, got {capacity!r}", 2)
-    return capacity
-
-
-def _check_capacity(capacity: int | None, token_counts, source: str | None = None) -> None:
+def _check_capacity(capacity: int | None, token_counts, table_name: str | None = None, table=None) -> int | None:
+    """--capacity, or without it the capacity `table` was measured with (its run.capacity),
+    checked against the token counts to measure; None: each load's own."""
+    source = None
+    if capacity is None and table is not None:
+        run = table.get("run") if isinstance(table, dict) else None
+        capacity = run.get("capacity") if isinstance(run, dict) else None
+        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
+            raise _fail(f"{table_name}: run.capacity must be a positive integer, got {capacity!r}", 2)
+        source = f"the table's run.capacity {capacity}"
     if capacity is not None and token_counts and capacity < max(token_counts):
         raise _fail(f"{source or f'--capacity {capacity}'} is below the largest token count {max(token_counts)}: "
                     "a fixed-capacity backend cannot carry more tokens than it was built for", 2)  # fmt: skip
+    return capacity
 
 
 def _check_backends(names) -> None:
@@ -280,15 +281,12 @@ def sweep(
 
 def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
     from a2a_tune.db import NotFoundError, StoreError, open_store
-    from a2a_tune.kernels import get_backend, list_backends
+    from a2a_tune.kernels import engine_names
 
     from .lookup import ProfileError, user_profile_dir
     from .select import profile_from_store, write_profile
 
-    names = {
-        n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name, "vllm_closest": get_backend(n).vllm_closest}
-        for n in list_backends()
-    }
+    names = engine_names()
     try:
         with open_store(db) as store:
             if run_id is None:
@@ -418,11 +416,7 @@ def evaluate(
     if not held:
         raise _fail(f"{profile.name}: its token counts leave no held-out midpoint; give --tokens", 2)
     _check_backends(backend)
-    if capacity is None:  # measure the held-out points as the table's own were measured
-        capacity = _table_capacity(profile.name, table)
-        _check_capacity(capacity, held, source=f"the table's run.capacity {capacity}")
-    else:
-        _check_capacity(capacity, held)
+    capacity = _check_capacity(capacity, held, profile.name, table)  # measured as the table's own points
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)), tokens=held,
@@ -519,15 +513,13 @@ def tune_knobs(
                                       tokens, [dtype], [routing], [backend], None, None)  # fmt: skip
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
-    source = None
-    if capacity is None and profile is not None:  # tune as the table's points were measured
+    table = None
+    if profile is not None:  # tune as the table's points were measured
         try:
             table = json.loads(profile.read_text())
         except (OSError, ValueError):
             table = {}  # an unreadable table is reported where the knobs are written
-        capacity = _table_capacity(profile.name, table)
-        source = f"the table's run.capacity {capacity}"
-    _check_capacity(capacity, plan.tokens, source)
+    capacity = _check_capacity(capacity, plan.tokens, profile.name if profile else None, table)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
         backend=backend, shape=plan.shapes[0], tokens=plan.tokens, dtype=dtype, routing=routing, trials=trials,

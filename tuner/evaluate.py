@@ -54,6 +54,12 @@ class Evaluation:
         return sorted((p for p in self.points if p.get("table")), key=lambda p: -p["table"])[:n]
 
 
+def _point(r) -> tuple:
+    """(ep, H, k, E, dtype, routing, tokens) of a measurement or failure record: the first six
+    are a table entry's shape."""
+    return (r.ep_size, r.hidden, r.topk, r.num_experts, r.dtype, r.routing, r.tokens_per_rank)
+
+
 def _table_shapes(profile: str) -> set[tuple]:
     with open(profile) as f:
         entries = json.load(f).get("entries") or []
@@ -69,22 +75,19 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     ev = Evaluation()
     by_point: dict[tuple, dict[str, float]] = {}
     for m in measurements:
-        point = (m.ep_size, m.hidden, m.topk, m.num_experts, m.dtype, m.routing, m.tokens_per_rank)
-        by_point.setdefault(point, {})[m.backend] = m.median_us
+        by_point.setdefault(_point(m), {})[m.backend] = m.median_us
     for point in [p for p in by_point if p[:6] not in shapes]:
         del by_point[point]
         ev.outside += 1
-    broken = {
-        (f.backend, (f.ep_size, f.hidden, f.topk, f.num_experts, f.dtype, f.routing, f.tokens_per_rank))
-        for f in failures if f.kind in ("error", "timeout", "incorrect")
-    }  # fmt: skip
+    broken = {(f.backend, _point(f)) for f in failures if f.kind in ("error", "timeout", "incorrect")}
     totals: dict[str, float] = {}
     for times in by_point.values():
         for b, t in times.items():
             totals[b] = totals.get(b, 0.0) + t
     complete = [b for b in totals if all(b in t for t in by_point.values())]
     best_single = min(complete, key=totals.get) if complete else None
-    for (ep, hidden, topk, experts, dtype, routing, tokens), times in sorted(by_point.items()):
+    for point, times in sorted(by_point.items()):
+        ep, hidden, topk, experts, dtype, routing, tokens = point
         best = min(times.values())
         choice = lookup(
             ep_size=ep, hidden=hidden, topk=topk, num_experts=experts, tokens=tokens, dtype=dtype,
@@ -94,7 +97,6 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
         if best_single:
             picked[f"always {best_single}"] = best_single
         row = {"shape": (ep, hidden, topk, experts, dtype, routing), "tokens": tokens, "best": min(times, key=times.get)}
-        point = (ep, hidden, topk, experts, dtype, routing, tokens)
         for policy, backend in picked.items():
             t = times.get(backend)
             if t is None and (backend, point) in broken:

@@ -40,7 +40,7 @@ from .launch import RankContext, all_ranks_ok, one_line, run_ranks
 from .probe import Topology, merge_nodes
 from .shapes import ModelShape
 from .progress import progress_bar
-from .sweep import probe_for_device
+from .sweep import capacity_for, probe_for_device
 from .timing import summarize, time_graph_round_trips, time_round_trips
 
 DEFAULT_TRIALS = 16
@@ -64,6 +64,11 @@ class KnobPlan:
     seed: int = 0
     prune_margin: float = PRUNE_MARGIN
     capacity: int | None = None  # as SweepPlan.capacity: fixed-capacity backends' size; None: the load's
+
+    def tuned_capacity(self) -> int | None:
+        """The capacity this search builds the backend for (None: each load's own, or a backend
+        without one): it names the study and is stored with it."""
+        return self.capacity if get_backend(self.backend).capacity_bound else None
 
 
 @dataclass
@@ -144,13 +149,9 @@ def _tune_point(ctx, plan: KnobPlan, cls, fingerprint: str, tokens: int, owner, 
     m = plan.shape
     # Fixed-capacity backends are built as the sweep builds them: for the load being timed,
     # or for the engine's capacity when one is given.
-    if cls.capacity_bound:
-        cap = tokens if plan.capacity is None else max(plan.capacity, tokens)
-    else:
-        cap = max(plan.tokens)
-    shape = MoEShape(m.num_experts, m.topk, m.hidden, max(cap, 1), plan.dtype)
-    name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing,
-                      plan.capacity if cls.capacity_bound else None)  # fmt: skip
+    cap = capacity_for(plan.capacity, tokens) if cls.capacity_bound else max(max(plan.tokens), 1)
+    shape = MoEShape(m.num_experts, m.topk, m.hidden, cap, plan.dtype)
+    name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing, plan.tuned_capacity())
     result = KnobResult(plan.backend, tokens, name, default_knobs=dict(cls.knob_defaults))
 
     def advance(n: int, text: str) -> None:
@@ -303,7 +304,7 @@ class _StudyOwner:
             "backend": p.backend, "num_experts": p.shape.num_experts, "topk": p.shape.topk, "hidden": p.shape.hidden,
             "dtype": p.dtype, "routing": p.routing, "ep_size": world, "tokens_per_rank": result.tokens,
             "fingerprint": fingerprint, "timing": result.timing, "default_knobs": defaults,
-            "capacity": p.capacity if get_backend(p.backend).capacity_bound else None,
+            "capacity": p.tuned_capacity(),
             "knob_space": {k: list(v) for k, v in get_backend(p.backend).knob_space.items()},
         }.items():  # fmt: skip
             study.set_user_attr(key, value)

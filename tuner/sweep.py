@@ -53,6 +53,12 @@ DEFAULT_TOKENS = {
 DEFAULT_ITERS = {"cuda": (10, 50), "cpu": (3, 15)}  # (warm-up, timed) round trips per case
 
 
+def capacity_for(capacity: int | None, tokens: int) -> int:
+    """max_tokens_per_rank a fixed-capacity backend is built with to carry `tokens`: the load's
+    own (capacity None, their best case) or an engine's capacity."""
+    return max(tokens, 1) if capacity is None else max(capacity, tokens, 1)
+
+
 @dataclass(frozen=True)
 class SweepPlan:
     shapes: tuple[ModelShape, ...]
@@ -80,8 +86,7 @@ class SweepPlan:
         return d
 
     def capacity_for(self, tokens: int) -> int:
-        """max_tokens_per_rank a fixed-capacity backend is built with to carry `tokens`."""
-        return max(tokens, 1) if self.capacity is None else max(self.capacity, tokens, 1)
+        return capacity_for(self.capacity, tokens)
 
     def config_hash(self, device_type: str, world_size: int) -> str:
         blob = json.dumps({"plan": self.to_dict(), "device": device_type, "world": world_size}, sort_keys=True)
