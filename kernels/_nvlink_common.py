@@ -80,6 +80,9 @@ class RankState:
     done: torch.Tensor  # int32 [2], local: CTAs finished in the current send kernel
     _deltas: dict[int, torch.Tensor]
     launch: LaunchKnobs = LaunchKnobs()  # the backend's knobs (set_knobs replaces it)
+    # Slots per source rank the kernels use this step (one-sided layout: [W, rows] packed at
+    # the region's start); None: the workspace's capacity. Same on every rank in a round.
+    rows: int | None = None
 
     @classmethod
     def create(cls, rank: int, layout: Workspace, buf: torch.Tensor, peer_bases: list[int]) -> "RankState":
@@ -111,7 +114,8 @@ class RankState:
     def received_scales(self) -> torch.Tensor:
         """fp32 [rows, S]: block scales of the rows dispatch_recv returned (quantized payloads)."""
         xs = self.views["xs"]
-        return xs.view(-1, xs.shape[-1])
+        flat = xs.view(-1, xs.shape[-1])
+        return flat if self.rows is None else flat[: xs.shape[0] * self.rows]
 
     def gave_up(self) -> bool:
         """Whether a wait timed out since the workspace was made (host sync: not for hot paths)."""

@@ -170,9 +170,13 @@ def _combine_recv_kernel(
 
 
 def _geometry(st: RankState) -> tuple[int, int, int, int, torch.dtype]:
-    """(W, cap, H, k, activation dtype) from the workspace's own regions."""
+    """(W, slots per source this step, H, k, activation dtype) from the workspace's regions.
+
+    The slots are `st.rows` when the backend was told the step's size (`set_step_tokens`),
+    else the capacity: rows are addressed source * slots + index, so a smaller step packs
+    into the regions' start and every kernel's grid scales with it, not with the capacity."""
     w, cap, hidden = st.views["x"].shape
-    return w, cap, hidden, st.views["meta"].shape[2] // 2, st.views["comb"].dtype
+    return w, st.rows or cap, hidden, st.views["meta"].shape[2] // 2, st.views["comb"].dtype
 
 
 def dispatch_send(
@@ -204,8 +208,8 @@ def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     quantized: see `RankState.received_scales`), topk_ids int32 [W*cap, k] (-1 where the
     expert is elsewhere or the slot is empty), weights fp32 [W*cap, k]."""
     w, cap, hidden, k, _ = _geometry(st)
-    meta = st.views["meta"].view(w * cap, 2 * k)
-    return st.views["x"].view(w * cap, hidden), meta[:, :k], meta[:, k:].view(torch.float32)
+    meta = st.views["meta"].view(-1, 2 * k)[: w * cap]
+    return st.views["x"].view(-1, hidden)[: w * cap], meta[:, :k], meta[:, k:].view(torch.float32)
 
 
 def combine_send(st: RankState, expert_out: torch.Tensor) -> None:

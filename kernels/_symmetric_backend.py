@@ -92,6 +92,11 @@ class SymmetricMemoryBackend(All2AllBackend):
         if self.state is not None:
             self.state.launch = replace(self.state.launch, **knobs)
 
+    def set_step_tokens(self, tokens: int | None) -> None:
+        super().set_step_tokens(tokens)
+        if self.step_sized and self.state is not None:
+            self.state.rows = tokens  # the kernels' slots per source (None: the capacity)
+
     def workspace(self) -> Workspace:
         raise NotImplementedError
 

@@ -81,9 +81,9 @@ class AllGatherReduceScatter(All2AllBackend):
 
 @register_backend
 class AllGatherReduceScatterPadded(AllGatherReduceScatter):
-    """The same collectives with every rank padded to `max_tokens_per_rank`, as vLLM runs its
-    CUDA-graph decode (data-parallel ranks padded to one batch size): no count exchange, no
-    host synchronisation, so the round trip can be captured and replayed.
+    """The same collectives with every rank padded to one size (`set_step_tokens`' value, as
+    vLLM pads its data-parallel ranks to their max in CUDA-graph decode; else the capacity):
+    no count exchange, no host synchronisation, so the round trip can be captured and replayed.
 
     Padding rows travel with topk ids of -1 (no expert computes them) and are dropped from y.
     Workspace: W * max_tokens_per_rank rows each way, whatever the load: size it to the batch.
@@ -93,10 +93,11 @@ class AllGatherReduceScatterPadded(AllGatherReduceScatter):
     vllm_name = "allgather_reducescatter"  # what vLLM's decode path actually does
     graph_capturable = True
     capacity_bound = True
+    step_sized = True  # vLLM pads to the step's max over DP ranks, not to a fixed capacity
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)
-        w, s, cap = self.world_size, self.shape, self.shape.max_tokens_per_rank
+        w, s, cap = self.world_size, self.shape, self.step_capacity
         x_send = torch.zeros(cap, s.hidden, dtype=self.dtype, device=self.device)
         x_send[:tokens] = x
         ids = torch.full((cap, s.topk), -1, dtype=torch.int32, device=self.device)

@@ -183,9 +183,12 @@ class All2AllBackend(ABC):
     # Whether the backend carries quantized payloads (fp8_e4m3: x_scale travels with x).
     quantized_payloads: ClassVar[bool] = False
     # Fixed-capacity backends cost what their capacity costs: the sweep builds them with
-    # max_tokens_per_rank = the load being timed (their best case: an engine allocating once
-    # for its largest batch pays that capacity at smaller steps too).
+    # max_tokens_per_rank = the load being timed, or the engine's capacity (--capacity).
     capacity_bound: ClassVar[bool] = False
+    # Fixed-capacity backends whose kernels take the step's size at run time (FlashInfer's
+    # runtime_max_tokens_per_rank, which vLLM sets to its max over DP ranks each step): after
+    # `set_step_tokens(n)` their layout and work scale with n, not with the capacity.
+    step_sized: ClassVar[bool] = False
     # Tunable launch parameters: name -> the values allowed (a categorical search space), and
     # the value of each the backend runs with unless `set_knobs` says otherwise.
     knob_space: ClassVar[dict[str, tuple]] = {}
@@ -264,6 +267,21 @@ class All2AllBackend(ABC):
     def apply_knobs(self, knobs: dict[str, Any]) -> None:
         """Backends with a `knob_space`: make the validated full setting `knobs` take effect."""
 
+    def set_step_tokens(self, tokens: int | None) -> None:
+        """The most tokens any rank passes to the following dispatch calls (an engine's step
+        maximum over ranks; the same on every rank), or None: `max_tokens_per_rank`. A
+        `step_sized` backend then moves [W * tokens] received rows instead of [W * capacity];
+        the others ignore it. More tokens than this in a dispatch is a ShapeError."""
+        cap = self.shape.max_tokens_per_rank
+        if tokens is not None and not 1 <= tokens <= cap:
+            raise ShapeError(f"step of {tokens} tokens per rank outside 1..{cap} (max_tokens_per_rank)")
+        self._step_tokens = tokens
+
+    @property
+    def step_capacity(self) -> int:
+        """Slots per source rank this step: the step's size if set, else the capacity."""
+        return getattr(self, "_step_tokens", None) or self.shape.max_tokens_per_rank
+
     def gave_up(self) -> bool:
         """Whether a device-side wait timed out since construction (a peer never signalled):
         results since then are garbage. Host-synchronising; backends without such waits: False."""
@@ -288,6 +306,8 @@ class All2AllBackend(ABC):
             )
         if t > s.max_tokens_per_rank:
             raise ShapeError(f"{t} tokens exceed max_tokens_per_rank {s.max_tokens_per_rank}")
+        if t > self.step_capacity:
+            raise ShapeError(f"{t} tokens exceed this step's {self.step_capacity} (set_step_tokens)")
         if x.dtype != self.dtype:
             raise ShapeError(f"x is {x.dtype}, backend built for {self.dtype}")
         return t

@@ -10,8 +10,9 @@ rank) are summed — so, as our contract says, expert outputs arrive already wei
 
 Layout: received rows are [W, capacity] (slot = the token's index on its source); FlashInfer
 rewrites the ids of slots beyond a source's count to -1, and this adapter masks the ids of
-experts that live elsewhere. Capacity is the shape's `max_tokens_per_rank`, the
-`runtime_max_tokens_per_rank` an engine passes (its padded batch). No host synchronisation:
+experts that live elsewhere. The workspace holds the shape's `max_tokens_per_rank`; the
+capacity of one step (`runtime_max_tokens_per_rank`) is `set_step_tokens`' value, as vLLM
+passes its max over DP ranks each step, else the whole capacity. No host synchronisation:
 captured in CUDA graphs by the sweep, as vLLM does.
 
 Knobs (environment, read once per process by FlashInfer): TLLM_MOE_A2A_DISPATCH_BLOCK_SIZE
@@ -57,6 +58,7 @@ class FlashInferNvlinkOneSided(All2AllBackend):
     graph_capturable = True
     quantized_payloads = True  # payloads are bytes to FlashInfer: fp8 rows + fp32 block scales
     capacity_bound = True
+    step_sized = True  # runtime_max_tokens_per_rank: vLLM passes its max over DP ranks each step
 
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:
@@ -86,7 +88,7 @@ class FlashInferNvlinkOneSided(All2AllBackend):
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         self.check_inputs(x, topk_ids, topk_weights)
-        s, w, cap = self.shape, self.world_size, self.shape.max_tokens_per_rank
+        s, w, cap = self.shape, self.world_size, self.step_capacity
         ids = topk_ids.to(torch.int32).contiguous()
         q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
         payloads = [q, ids, topk_weights.to(torch.float32).contiguous()] + ([scales] if scales is not None else [])
@@ -105,7 +107,7 @@ class FlashInferNvlinkOneSided(All2AllBackend):
         return dispatched.handle
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
-        s, cap = self.shape, self.shape.max_tokens_per_rank
+        s, cap = self.shape, self.step_capacity
         out = expert_out.to(self.dtype).view(self.world_size, cap, s.hidden)
         # Written in place by the experts (combine_buffer): FlashInfer skips its staging copy.
         in_place = out.data_ptr() == dispatched.handle.data_ptr()

@@ -8,7 +8,10 @@ received row's partial sum back into its source's combine slot; the source sums 
 of the ranks it sent to. No host synchronisation anywhere, so a round trip can be captured
 in a CUDA graph (the sweep times it under graph replay at decode sizes).
 
-Received rows: a fixed W x capacity layout (slot = the token's index on its source rank);
+Received rows: a W x capacity layout (slot = the token's index on its source rank), or
+W x step after `set_step_tokens(step)` (an engine's max tokens per rank this step: FlashInfer's
+`runtime_max_tokens_per_rank`), so a workspace sized for the largest batch costs a small
+step only its own slots;
 rows beyond a source's token count, and rows of tokens with no expert here, carry topk ids
 of -1. `Dispatched.x` is a view of the workspace: valid until the next dispatch.
 
@@ -34,6 +37,7 @@ class NvlinkOneSided(SymmetricMemoryBackend):
     vllm_closest = "flashinfer_nvlink_one_sided"
     sglang_name = None
     kernels = "_one_sided_kernels"
+    step_sized = True  # slots are source * step + index: the step's size sets every grid
 
     def workspace(self) -> Workspace:
         s = self.shape

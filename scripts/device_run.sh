@@ -7,6 +7,10 @@
 #          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
 #   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 FI_OVERHEAD=0 BENCH=1 PROFILE=0
 #   RUN_ARGS: extra `a2a-tune run` options (e.g. --capacity 8192, --backend B).
+#   EVAL_MOST=N: evaluate at N held-out midpoints of the table (default 8); EVAL_TOKENS overrides.
+#   CAPACITY=N: also sweep DeepSeek-V3 bf16 with fixed-capacity backends built for N tokens/rank
+#   (CAP_TOKENS: the counts), to compare with the same counts at capacity = load.
+#   EXTRA_SWEEP="options": one more `a2a-tune sweep` with these options into the same store.
 #   DB_IN=path: start from a copy of that store (an earlier call's, carried); TABLE_IN=path: the
 #   table EVAL/KNOBS use when this call's run wrote none (copied to $OUT/profiles first).
 set -uo pipefail
@@ -80,7 +84,13 @@ fi
 if [ "${EVAL:-0}" = 1 ]; then
   step "a2a-tune evaluate (held-out token counts)"
   start=$(date +%s)
-  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$(ls "$OUT"/profiles/*.json | head -1)" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} $(for b in ${EVAL_BACKENDS:-}; do echo --backend $b; done) 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt" "$OUT/eval.out"
+  TABLE=$(ls "$OUT"/profiles/*.json | head -1)
+  if [ -z "${EVAL_TOKENS:-}" ] && [ -n "${EVAL_MOST:-}" ]; then
+    EVAL_TOKENS=$(python3 -c "import json, sys; from a2a_tune.tuner.evaluate import held_out_tokens as h
+t = h((t for e in json.load(open(sys.argv[1]))['entries'] for t in e['tokens']), most=$EVAL_MOST); print(','.join(map(str, t)))" "$TABLE")
+    echo "held-out token counts: $EVAL_TOKENS" | tee -a "$LOG"
+  fi
+  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$TABLE" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} $(for b in ${EVAL_BACKENDS:-}; do echo --backend $b; done) 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt" "$OUT/eval.out"
   EVAL_RUN=$(grep -oE "run [0-9]+: regret" "$OUT/eval.out" | grep -oE "[0-9]+"); rm -f "$OUT/eval.out"
   echo "evaluate wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
 fi
@@ -101,6 +111,24 @@ if [ "${ADAPTIVE:-0}" = 1 ]; then
   else
     echo "the adaptive sweep did not complete: no table to score" | tee -a "$LOG"
   fi
+fi
+
+if [ -n "${CAPACITY:-}" ]; then
+  step "a2a-tune sweep --capacity $CAPACITY (DeepSeek-V3 bf16; step-sized backends told each step's size)"
+  start=$(date +%s)
+  CT=${CAP_TOKENS:-1,8,64,128,256,320,384,1024,4096,16384}
+  for cap in "" "--capacity $CAPACITY"; do
+    timeout ${CAPACITY_TIMEOUT:-150} $A2A sweep --device cuda --preset deepseek-v3 --dtype bf16 --tokens $CT --no-refine \
+      --db "$DB" --no-progress $cap 2>&1 | tail -3 | tee -a "$LOG"
+  done
+  echo "capacity sweeps wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
+fi
+
+if [ -n "${EXTRA_SWEEP:-}" ]; then
+  step "a2a-tune sweep $EXTRA_SWEEP"
+  start=$(date +%s)
+  timeout ${EXTRA_TIMEOUT:-150} $A2A sweep --device cuda --db "$DB" --no-progress $EXTRA_SWEEP 2>&1 | tail -3 | tee -a "$LOG"
+  echo "extra sweep wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
 fi
 
 if [ "${KNOBS:-0}" = 1 ]; then

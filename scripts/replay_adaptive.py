@@ -46,21 +46,27 @@ def replay(a: argparse.Namespace, names: dict) -> None:
         groups: dict[tuple, dict[tuple[int, str], object]] = {}
         for m in full:
             groups.setdefault((m.num_experts, m.topk, m.hidden, m.dtype, m.routing), {})[(m.tokens_per_rank, m.backend)] = m
-        grid = tuple(sorted({m.tokens_per_rank for m in full}))
-        kept = []
+        # the run's grid (refinement counts are not grid points) and its refinement setting
+        grid = tuple(sorted((run.config or {}).get("tokens") or {m.tokens_per_rank for m in full}))
+        refine = (run.config or {}).get("refine_ratio")
+        kept, missing = [], 0
         for points in groups.values():
-            search = AdaptiveSearch(grid, backends)
+            search = AdaptiveSearch(grid, backends, refine_ratio=refine)
             while batch := search.next_points():
                 for t, b in batch:
                     m = points.get((t, b))
                     search.observe(t, b, None if m is None else m.median_us)
                     if m is not None:
                         kept.append(m)
+                    elif t not in grid:
+                        missing += 1  # a refinement count the full run did not refine: counts as failed
         base = profile_from_store(store, a.run, backend_names=names)  # hardware and run sections
         profile = build_profile(kept, store.failures(a.run), hardware=base["hardware"], run=base["run"], backend_names=names)
         path = write_profile(profile, a.out)
         print(f"adaptive replay of run {a.run}: {len(kept)} of {len(full)} measurements "
               f"({100 * len(kept) / len(full):.1f}%); table {path}")  # fmt: skip
+        if missing:
+            print(f"  {missing} refinement point(s) the search asked for are not in run {a.run} (not replayed)")
         for r in [a.run, *a.score]:
             store.get_run(r)
             result = evaluate(store.measurements(r), str(path), store.failures(r))

@@ -30,6 +30,8 @@ class Case:
     routing: str = "uniform"
     repeats: int = 1  # calls on one backend instance, fresh inputs each time
     scales: str = "index"  # "index": s[e] = e + 1; "random": a seeded random scale per expert
+    capacity: int | None = None  # max_tokens_per_rank [default: the most tokens]
+    step: int | None = None  # set_step_tokens: an engine's step max over ranks, below the capacity
 
 
 def _cases_w2(backends: list[str] = REAL_BACKENDS) -> list[Case]:
@@ -47,6 +49,9 @@ def _cases_w2(backends: list[str] = REAL_BACKENDS) -> list[Case]:
             Case(f"{b}-topk-equals-experts", b, (3, 2), experts=4, topk=4),
             Case(f"{b}-repeated-calls", b, (7, 5), repeats=4),
             Case(f"{b}-random-scales", b, (9, 9), scales="random"),
+            # a workspace for an engine's largest batch, a smaller step (set_step_tokens)
+            Case(f"{b}-step-below-capacity", b, (5, 3), capacity=32, step=6, repeats=2),
+            Case(f"{b}-more-tokens-than-the-step", b, (5, 5), capacity=32, step=4),
         ]
     if backends is not REAL_BACKENDS:
         return cases
@@ -73,9 +78,10 @@ def _cases_w3() -> list[Case]:
 def _run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
     results = {}
     for i, case in enumerate(cases):
-        shape = MoEShape(case.experts, case.topk, case.hidden, max(max(case.tokens), 1), case.dtype)
+        shape = MoEShape(case.experts, case.topk, case.hidden, case.capacity or max(max(case.tokens), 1), case.dtype)
         try:  # a backend that cannot even be built fails its case, not the whole launch
             backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
+            backend.set_step_tokens(case.step)
         except Exception as exc:  # noqa: BLE001
             results[case.id] = (False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True)
             continue
@@ -83,12 +89,17 @@ def _run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
         if case.scales == "random":
             scales = torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
         verdicts = []
-        for rep in range(case.repeats):
-            inputs = make_inputs(
-                shape, case.tokens[ctx.rank], rank=ctx.rank, world_size=ctx.world_size,
-                routing=case.routing, seed=1000 * i + rep, device=ctx.device,
-            )  # fmt: skip
-            verdicts.append(check_invariant(backend, inputs, scales=scales))
+        try:
+            for rep in range(case.repeats):
+                inputs = make_inputs(
+                    shape, case.tokens[ctx.rank], rank=ctx.rank, world_size=ctx.world_size,
+                    routing=case.routing, seed=1000 * i + rep, device=ctx.device,
+                )  # fmt: skip
+                verdicts.append(check_invariant(backend, inputs, scales=scales))
+        except ShapeError as exc:  # the caller's mistake, raised before any collective (every rank)
+            results[case.id] = (False, float("inf"), str(exc), True)
+            backend.close()
+            continue
         backend.close()
         worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
         results[case.id] = (all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed)
@@ -107,11 +118,20 @@ def results_w3():
     return run_ranks(_run_cases, 3, "cpu", _cases_w3())[0]
 
 
-@pytest.mark.parametrize("case", [c for c in _cases_w2() if not c.id.startswith("planted")], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", [c for c in _cases_w2() if not c.id.startswith("planted") and "than-the-step" not in c.id], ids=lambda c: c.id
+)
 def test_invariant_holds_on_two_ranks(results_w2, case):
     ok, err, reason, _ = results_w2[case.id]
     assert ok, reason
     assert err <= TOLERANCE[case.dtype]
+
+
+@pytest.mark.parametrize("backend", REAL_BACKENDS)
+def test_more_tokens_than_the_step_is_a_one_line_error(results_w2, backend):
+    ok, _, reason, crashed = results_w2[f"{backend}-more-tokens-than-the-step"]
+    assert not ok and crashed
+    assert "5 tokens exceed this step's 4 (set_step_tokens)" in reason
 
 
 @pytest.mark.parametrize("case", _cases_w3(), ids=lambda c: c.id)

@@ -36,22 +36,30 @@ def _gpu_cases() -> list[Case]:
                 Case(f"{b}-{p.name}-skewed-zero", b, (0, 300), p.num_experts, p.topk, p.hidden, "bf16", "skewed"),
                 Case(f"{b}-{p.name}-large-repeated", b, (large, large), p.num_experts, p.topk, p.hidden, "bf16", repeats=3),
             ]
+            # an engine's capacity, a smaller step: step-sized backends move only the step's rows
+            cases.append(Case(f"{b}-{p.name}-step-below-capacity", b, (160, 97), p.num_experts, p.topk, p.hidden, "bf16",
+                              repeats=2, capacity=large, step=192))  # fmt: skip
             fp8 = MoEShape(p.num_experts, p.topk, p.hidden, 256, "fp8_e4m3")
             if b in NVLINK and get_backend(b).feasibility(fp8, 2).ok:  # block-FP8: the NVLink backends
                 cases.append(Case(f"{b}-{p.name}-fp8", b, (256, 100), p.num_experts, p.topk, p.hidden, "fp8_e4m3", repeats=2))
+                cases.append(Case(f"{b}-{p.name}-fp8-step", b, (100, 64), p.num_experts, p.topk, p.hidden, "fp8_e4m3",
+                                  capacity=256, step=128))  # fmt: skip
     return cases
 
 
-def _graph_replays(ctx, name: str, replays: int) -> float:
-    backend = get_backend(name)(ctx.group, MoEShape(256, 8, 7168, 64, "bf16"), ctx.device)
+def _graph_replays(ctx, name: str, replays: int, capacity: int = 64) -> float:
+    backend = get_backend(name)(ctx.group, MoEShape(256, 8, 7168, capacity, "bf16"), ctx.device)
     try:
+        backend.set_step_tokens(64)  # below a larger capacity: the captured kernels use the step's rows
         return graph_replay_error(backend, 64, replays)
     finally:
         backend.close()
 
 
 def _all_gpu_work(ctx, cases):
-    return _run_cases(ctx, cases), {name: _graph_replays(ctx, name, 20) for name in GRAPH_BACKENDS}
+    graphs = {name: _graph_replays(ctx, name, 20) for name in GRAPH_BACKENDS}
+    graphs.update({f"{name}-step": _graph_replays(ctx, name, 20, capacity=512) for name in GRAPH_BACKENDS})
+    return _run_cases(ctx, cases), graphs
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +71,9 @@ def gpu_results():
         return run_ranks(_all_gpu_work, 2, "cuda", _gpu_cases())[0]
 
 
-@pytest.mark.parametrize("case", [c for c in _gpu_cases() if not c.id.startswith("planted")], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", [c for c in _gpu_cases() if not c.id.startswith("planted") and "than-the-step" not in c.id], ids=lambda c: c.id
+)
 def test_invariant_holds_on_gpus(gpu_results, case):
     ok, err, reason, _ = gpu_results[0][case.id]
     assert ok, reason
@@ -74,6 +84,6 @@ def test_planted_bugs_fail_over_nccl(gpu_results, planted):
     assert not gpu_results[0][planted][0]
 
 
-@pytest.mark.parametrize("name", GRAPH_BACKENDS)
+@pytest.mark.parametrize("name", GRAPH_BACKENDS + [f"{n}-step" for n in GRAPH_BACKENDS])
 def test_graph_replays_stay_correct_without_host_barriers(gpu_results, name):
     assert gpu_results[1][name] < 2.5e-2

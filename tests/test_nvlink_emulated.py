@@ -44,6 +44,14 @@ CASES = [
 ]
 # the same cases through the low-latency (expert-major) kernels
 CASES += [{**c, "id": "ll-" + c["id"], "backend": "low_latency"} for c in list(CASES)]
+# one-sided with a workspace larger than the step (an engine's capacity) and the step's size
+# changing between rounds (set_step_tokens): rows pack at the regions' start, nothing stale
+CASES += [
+    {"id": "w2-step-below-capacity", "world": 2, "experts": 8, "topk": 2, "hidden": 16, "tokens": [3, 2], "capacity": 12,
+     "steps": [4, 3, 8], "repeats": 3},
+    {"id": "w3-fp8-step-below-capacity", "world": 3, "experts": 6, "topk": 2, "hidden": 128, "tokens": [2, 0, 3],
+     "dtype": "fp8_e4m3", "capacity": 9, "steps": [3, 5], "repeats": 2},
+]
 
 
 @pytest.fixture(scope="module")

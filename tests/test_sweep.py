@@ -148,6 +148,33 @@ def test_capacity_builds_fixed_capacity_backends_for_that_many_tokens(tmp_path):
         for capacity in (None, 64):
             outcome = sweep(SweepPlan(**common, capacity=capacity), device_type="cpu", world_size=2, db_url=url, progress=False)
             with open_store(url) as store:
-                built[capacity] = {m.tokens_per_rank: m.knobs["built_for_tokens"] for m in store.measurements(outcome.run_id)}
-    assert built[None] == {1: 1, 4: 4}  # default: each token count's own capacity (the best case)
-    assert built[64] == {1: 64, 4: 64}  # an engine's capacity, at every load
+                built[capacity] = {m.tokens_per_rank: (m.knobs["built_for_tokens"], m.knobs["step_tokens"])
+                                   for m in store.measurements(outcome.run_id)}  # fmt: skip
+    assert built[None] == {1: (1, 1), 4: (4, 4)}  # default: each token count's own capacity
+    # an engine's capacity at every load; each step told its size, as engines tell them
+    assert built[64] == {1: (64, 1), 4: (64, 4)}
+
+
+def test_refinement_measures_between_grid_points_where_the_winner_changes(tmp_path):
+    # stepped wins up to 20 tokens, flat above (tests/support/stepped_backends.py); the grid
+    # 16, 64 only says the change is somewhere between them
+    url = f"sqlite:///{tmp_path / 'refine.db'}"
+    names = ("sleeps_stepped", "sleeps_flat")
+    plan = SweepPlan(shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(16, 64), backends=names, warmup=0, iters=3,
+                     input_sets=1, refine_ratio=1.2)  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("A2A_TUNE_BACKEND_MODULES", "stepped_backends")
+        outcome = sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
+    assert outcome.status == "completed"
+    with open_store(url) as store:
+        points = {(m.backend, m.tokens_per_rank) for m in store.measurements(outcome.run_id)}
+        profile = profile_from_store(store, outcome.run_id, backend_names={n: {} for n in names})
+    refined = {t for _, t in points} - set(plan.tokens)
+    assert refined and all(16 < t < 64 for t in refined)
+    assert {(b, t) for b in names for t in refined} <= points  # both contenders at every refinement count
+    (entry,) = profile["entries"]
+    winners = {w["tokens"]: w["backend"] for w in entry["winners"]}
+    last_stepped = max(t for t, b in winners.items() if b == "sleeps_stepped")
+    first_flat = min(t for t, b in winners.items() if b == "sleeps_flat")
+    assert last_stepped <= 20 < first_flat and first_flat / last_stepped <= 1.2  # the step, pinned
+    assert outcome.measured == len(points)  # nothing measured twice

@@ -1,15 +1,35 @@
 """Adaptive token search: find where the backends' ranking changes with few measurements.
 
 Instead of timing every backend at every token count of the grid, measure a coarse subset
-(every 5th grid point, both ends included), then bisect (over grid indices) every interval
-whose two ends have different winners, until the change is pinned between neighbouring grid
-points. Backends clearly beaten are dropped early: the two ends of the grid are measured
+(every 6th grid point, both ends included), then bisect (over grid indices) every interval
+whose two ends have different winners -- or, with refinement on, whose top two are close at
+both ends (below) -- until the change is pinned between neighbouring grid points. Backends clearly beaten are dropped early: the two ends of the grid are measured
 first, and a backend that took at least `drop_factor` × the best time at both ends is not
 measured in between (a backend's cost is close to latency + bytes / bandwidth, so its ratio
 to another backend moves monotonically with the token count); inside an interval, only
-backends within `keep_within` × the best at one of its ends are measured. Their curves keep gaps there, and the lookup never picks a backend where it has
-none. The risk: a winner change that reverses inside one coarse interval is missed; the
-`evaluate` command measures held-out points to bound that regret.
+backends within `keep_within` × the best at one of its ends are measured. Their curves keep
+gaps there, and the lookup never picks a backend where it has none. The risk: a winner
+change that reverses inside one coarse interval is missed; the race rule below bounds it
+for close races, and the `evaluate` command measures held-out points to bound the rest.
+
+**Refinement beyond the grid** (``refine_ratio``; on by default for GPU sweeps, full grid or
+adaptive): where neighbouring measured counts still disagree on the winner, one of them by
+more than ``refine_margin``, and are more than ``refine_ratio`` apart, the search measures
+the contenders at a token count between them (their geometric mean, rounded to a coarse
+multiple: 320 between 256 and 384), and again inside the half that still disagrees. A
+backend's cost can step between grid points (on 2xH200 FlashInfer's one-sided round trip
+is 5% above the log-log interpolation of its 256- and 384-token times at 320), and
+interpolation cannot see a step; bisection pins it
+to within ``refine_ratio``. Where neighbouring grid points agree but the top two are
+within ``contest_margin`` (the tie cap, 3%) at both, the table's choice in between rests on
+the tie rule and on interpolation, so the contenders are measured between them too, down to
+``refine_ratio`` (a coarse interval counts as a race up to 3% × (1 + log2 of the grid steps
+it spans): it has more room to hide a reversal):
+on 2xH200 FlashInfer's round trip steps up just past every 264 tokens per rank (measured
+every 16 tokens: 256 -> 272, 528 -> 544, 784 -> 800; waves of 2 x 132 SMs would do that),
+right after the power-of-2 grid points where it ties with ours, and is 4-9% slower than
+ours for the next ~100 tokens. Elsewhere nothing is refined: a few
+measurements per crossover or close race, not per grid point.
 
 Pure logic: the caller measures. `next_points()` says what to measure next; `observe()`
 takes the medians back. All ranks run the same search on the same (all-reduced) numbers, so
@@ -18,7 +38,13 @@ they take the same decisions without talking.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from .estimate import TIE_MAX_MARGIN
+
+#: Default ``refine_ratio`` of GPU sweeps: stop splitting a crossover once its ends are <= 20% apart.
+REFINE_RATIO = 1.2
 
 
 @dataclass
@@ -26,11 +52,14 @@ class AdaptiveSearch:
     grid: tuple[int, ...]  # ascending token counts the full sweep would measure
     backends: tuple[str, ...]
     keep_within: float = 1.3
-    drop_factor: float = 2.0
-    coarse_step: int = 5
+    drop_factor: float = 1.5
+    coarse_step: int = 6
+    refine_ratio: float | None = None  # split neighbouring grid points (off-grid counts) while hi/lo > this
+    refine_margin: float = 0.01  # ... and the winner beats the runner-up by more than this at one end
+    contest_margin: float = TIE_MAX_MARGIN  # or the top two are this close at both grid ends: measure between once
     medians: dict[tuple[int, str], float | None] = field(default_factory=dict)  # (tokens, backend) -> µs; None: failed
     _pending: list[tuple[int, str]] = field(default_factory=list)
-    _intervals: list[tuple[int, int]] = field(default_factory=list)  # grid index pairs still to split
+    _intervals: list[tuple[int, int]] = field(default_factory=list)  # token-count pairs still to split
     _coarse_done: int = 0  # coarse points handed out so far
 
     def coarse(self) -> list[int]:
@@ -47,24 +76,61 @@ class AdaptiveSearch:
             alive = self.backends if self._coarse_done <= 2 else self._alive(coarse[0], coarse[-1])
             self._pending = [(t, b) for b in alive if (t, b) not in self.medians]
             if self._coarse_done == len(order):
-                idx = [self.grid.index(c) for c in coarse]
-                self._intervals = list(zip(idx, idx[1:]))
+                self._intervals = list(zip(coarse, coarse[1:]))
             if self._pending:
                 return list(self._pending)
         while True:
             self._pending = []
             split: list[tuple[int, int]] = []
             for lo, hi in self._intervals:
-                if hi - lo < 2 or self.winner(self.grid[lo]) == self.winner(self.grid[hi]):
+                disagree = self.winner(lo) != self.winner(hi)
+                contested = self._contested(lo, hi)
+                if not (disagree or contested) or (mid := self._midpoint(lo, hi, contested)) is None:
                     continue
-                mid = (lo + hi) // 2
                 split += [(lo, mid), (mid, hi)]
-                for b in self.contenders(self.grid[lo], self.grid[hi]):
-                    if (self.grid[mid], b) not in self.medians:
-                        self._pending.append((self.grid[mid], b))
+                for b in self.contenders(lo, hi, self._race_margin(lo, hi) if contested else None):
+                    if (mid, b) not in self.medians:
+                        self._pending.append((mid, b))
             self._intervals = split
             if self._pending or not split:
                 return list(self._pending)
+
+    def _midpoint(self, lo: int, hi: int, contested: bool = False) -> int | None:
+        """Where to split a disagreeing or contested interval: its middle grid point; between
+        neighbouring grid points, a refinement count (module docstring); None: pinned down."""
+        inside = [t for t in self.grid if lo < t < hi]
+        if inside:
+            return inside[(len(inside) - 1) // 2]
+        if self.refine_ratio is None or hi <= self.refine_ratio * lo:
+            return None
+        if not contested and max(self.margin(lo), self.margin(hi)) <= self.refine_margin:
+            return None  # a flip inside the noise, met again off the grid: not chased further
+        mid = refinement_count(lo, hi)
+        return mid if lo < mid < hi else None
+
+    def _contested(self, lo: int, hi: int) -> bool:
+        """At both ends the runner-up within `_race_margin` of the winner: the table's choice
+        in between rests on the tie rule and on interpolation, which a backend whose cost
+        steps in between fools (module docstring). Only with refinement on."""
+        if self.refine_ratio is None:
+            return False
+        race = self._race_margin(lo, hi)
+        return all(self._ranked(t) >= 2 and self.margin(t) <= race for t in (lo, hi))
+
+    def _race_margin(self, lo: int, hi: int) -> float:
+        """`contest_margin` between neighbouring grid points, growing with the log of the grid
+        steps an interval spans: a coarse interval hides more (on 2xH200 FlashInfer leads ours
+        by 4% at 256 and 1536 tokens and trails it by up to 9% in between)."""
+        steps = 1 + sum(1 for t in self.grid if lo < t < hi)
+        return self.contest_margin * (1 + math.log2(steps))
+
+    def _ranked(self, tokens: int) -> int:
+        return sum(1 for (t, _), m in self.medians.items() if t == tokens and m is not None)
+
+    def margin(self, tokens: int) -> float:
+        """Runner-up / winner - 1 at a measured count (0 with fewer than two backends timed)."""
+        times = sorted(m for (t, _), m in self.medians.items() if t == tokens and m is not None)
+        return times[1] / times[0] - 1 if len(times) > 1 and times[0] > 0 else 0.0
 
     def observe(self, tokens: int, backend: str, median_us: float | None) -> None:
         self.medians[(tokens, backend)] = median_us
@@ -85,14 +151,16 @@ class AdaptiveSearch:
                 alive.append(b)
         return alive
 
-    def contenders(self, lo_tokens: int, hi_tokens: int) -> list[str]:
-        """Backends worth measuring between two measured points: close to the best at either end."""
+    def contenders(self, lo_tokens: int, hi_tokens: int, within: float | None = None) -> list[str]:
+        """Backends worth measuring between two measured points: within `keep_within` (or
+        1 + `within`) of the best at either end."""
+        factor = self.keep_within if within is None else 1 + within
         keep = []
         for b in self.backends:
             for t in (lo_tokens, hi_tokens):
                 best = self._best(t)
                 mine = self.medians.get((t, b))
-                if best is not None and mine is not None and mine <= self.keep_within * best:
+                if best is not None and mine is not None and mine <= factor * best:
                     keep.append(b)
                     break
         return keep
@@ -103,3 +171,14 @@ class AdaptiveSearch:
 
     def measured(self) -> int:
         return len(self.medians)
+
+
+def refinement_count(lo: int, hi: int) -> int:
+    """The geometric mean of lo and hi, rounded to a multiple of the largest power of two
+    <= 1/8 of it (320 between 256 and 384, 896 between 768 and 1024): counts engines pad
+    batches to, and a token count the table can name; the plain rounded mean when that
+    multiple falls outside (lo, hi)."""
+    g = math.sqrt(lo * hi)
+    step = 2 ** max(0, math.floor(math.log2(g / 8))) if g >= 8 else 1
+    mid = round(g / step) * step
+    return mid if lo < mid < hi else round(g)

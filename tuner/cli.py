@@ -92,12 +92,13 @@ def _resolve_device(device: str) -> tuple[str, int]:
 
 
 def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive=False,
-                capacity=None):  # fmt: skip
+                capacity=None, refine=None):  # fmt: skip
     from a2a_tune.kernels import PAYLOAD_DTYPES
     from a2a_tune.kernels.reference import ROUTINGS
 
     from .launch import launched_externally
     from .shapes import ShapeSpecError, from_model_config, preset, presets as all_presets
+    from .adaptive import REFINE_RATIO
     from .sweep import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
 
     device, gpus = _resolve_device(device)
@@ -135,6 +136,8 @@ def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings,
         iters=default_iters if iters is None else iters,
         adaptive=adaptive,
         capacity=capacity,
+        # on by default where timings resolve few-% differences (GPUs); gloo noise would chase flips
+        refine_ratio=REFINE_RATIO if (device == "cuda" if refine is None else refine) else None,
     )
     return plan, device, world
 
@@ -180,14 +183,14 @@ def _print_outcome(outcome, seconds: float) -> None:
 
 
 def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, db, resume, progress,
-              case_timeout, adaptive=False, capacity=None):  # fmt: skip
+              case_timeout, adaptive=False, capacity=None, refine=None):  # fmt: skip
     from a2a_tune.db import StoreError
 
     from .launch import RankFailed
     from .sweep import sweep as run_sweep
 
     plan, device, world = _build_plan(
-        device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive, capacity
+        device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive, capacity, refine
     )
     out.print(
         f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(plan.backend_names())} "
@@ -255,7 +258,13 @@ _adaptive_opt = typer.Option(
 )
 _capacity_opt = typer.Option(
     None, min=1, help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
-    "e.g. your engine's largest batch per rank [default: each token count's own: their best case].",
+    "e.g. your engine's largest batch per rank; each step still tells them its own size, as engines do "
+    "[default: each token count's own].",
+)
+_refine_opt = typer.Option(
+    None, "--refine/--no-refine", help="Where the winner changes between neighbouring token counts, also measure the "
+    "contenders between them (bisecting until <= 20% apart): a backend whose cost steps between grid points is "
+    "caught, at a few measurements per crossover [default: on for cuda, off for cpu, where gloo noise flips winners].",
 )
 _timeout_opt = typer.Option(
     600.0, help="Seconds one case may make no progress before every rank is stopped, the case recorded "
@@ -270,10 +279,11 @@ def sweep(
     routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
     iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
     case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt, capacity: Optional[int] = _capacity_opt,
+    refine: Optional[bool] = _refine_opt,
 ) -> None:  # fmt: skip
     """Check, then time, every backend over shapes x token counts; store every measurement."""
     _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
-              case_timeout, adaptive, capacity)  # fmt: skip
+              case_timeout, adaptive, capacity, refine)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------- select
@@ -355,10 +365,11 @@ def run(
     iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."),
     case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt, capacity: Optional[int] = _capacity_opt,
+    refine: Optional[bool] = _refine_opt,
 ) -> None:  # fmt: skip
     """Probe + sweep + select: the one command to run once per machine type."""
     outcome = _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
-                        case_timeout, adaptive, capacity)  # fmt: skip
+                        case_timeout, adaptive, capacity, refine)  # fmt: skip
     if outcome is None or outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     path = _do_select(db, outcome.run_id, out_dir)

@@ -173,6 +173,8 @@ def _tune_point(ctx, plan: KnobPlan, cls, fingerprint: str, tokens: int, owner, 
         advance(plan.trials, result.skipped)
         return result
     try:
+        if tokens:
+            backend.set_step_tokens(tokens)  # every rank has `tokens`: the step's size, as in the sweep
         inputs = [
             make_inputs(shape, tokens, rank=ctx.rank, world_size=ctx.world_size, routing=plan.routing,
                         seed=plan.seed + i, device=ctx.device)

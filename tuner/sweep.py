@@ -74,6 +74,9 @@ class SweepPlan:
     # Tokens per rank fixed-capacity backends are built for. None: each token count's own (their
     # best case); an engine's largest batch per rank: what that engine pays at every step.
     capacity: int | None = None
+    # Refine crossovers between neighbouring token counts (tuner.adaptive) while they are more
+    # than this ratio apart; None: measure the grid only.
+    refine_ratio: float | None = None
 
     def backend_names(self) -> list[str]:
         return list(self.backends) or list_backends()
@@ -81,8 +84,9 @@ class SweepPlan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["backends"] = self.backend_names()
-        if d["capacity"] is None:
-            del d["capacity"]  # the default: plans (and resumable runs) from before it hash alike
+        for optional in ("capacity", "refine_ratio"):
+            if d[optional] is None:
+                del d[optional]  # the default: plans (and resumable runs) from before it hash alike
         return d
 
     def capacity_for(self, tokens: int) -> int:
@@ -364,30 +368,49 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
                 if backend is not None:
                     backend.close()
         instances = built.setdefault((model, dtype), {})
+        label = f"{model.name} {dtype} {routing}"
+
+        def measure(search: AdaptiveSearch) -> int:
+            """Run `search` to its end; how many grid points (tokens, backend) it handed out."""
+            points = 0
+            while batch := search.next_points():
+                for tokens in sorted({t for t, _ in batch}):
+                    names = [b for t, b in batch if t == tokens]
+                    if tokens not in plan.tokens and bar is not None:
+                        bar.update(task, total=bar.tasks[0].total + len(names))  # beyond the grid's total
+                    for b, median in _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, advance).items():
+                        search.observe(tokens, b, median)
+                    points += len(names) if tokens in plan.tokens else 0
+            return points
+
         if not plan.adaptive:
+            # the whole grid is the coarse pass; the search then only refines crossovers
+            search = AdaptiveSearch(plan.tokens, tuple(usable), coarse_step=1, refine_ratio=plan.refine_ratio)
             for tokens in plan.tokens:
-                advance(skipped_backends, f"{model.name} {dtype} {routing} T={tokens}")
-                _run_point(ctx, plan, rec, model, dtype, routing, tokens, usable, instances, advance)
-            continue
-        search = AdaptiveSearch(plan.tokens, tuple(usable))
-        for (backend, experts, topk, hidden, dt, _, tokens, rt), median in rec.medians.items():
-            # a resumed run: what is stored counts
-            same = (experts, topk, hidden, dt, rt) == (model.num_experts, model.topk, model.hidden, dtype, routing)
-            if same and backend in usable and tokens in plan.tokens:
-                search.observe(tokens, backend, median)
-        points = 0
-        while batch := search.next_points():
-            for tokens in sorted({t for t, _ in batch}):
-                names = [b for t, b in batch if t == tokens]
-                for b, median in _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, advance).items():
+                advance(skipped_backends, f"{label} T={tokens}")
+                for b, median in _run_point(ctx, plan, rec, model, dtype, routing, tokens, usable, instances, advance).items():
                     search.observe(tokens, b, median)
-                points += len(names)
+            if plan.refine_ratio is not None:
+                measure(search)
+            continue
+        search = AdaptiveSearch(plan.tokens, tuple(usable), refine_ratio=plan.refine_ratio)
+        _observe_stored(search, rec, model, dtype, routing, usable, plan.tokens)  # a resumed run: what is stored counts
+        points = measure(search)
         rec.outcome.adaptive_saved += len(plan.tokens) * len(usable) - points
-        advance(len(plan.tokens) * len(plan.backend_names()) - points, f"{model.name} {dtype} {routing}")
+        advance(len(plan.tokens) * len(plan.backend_names()) - points, label)
     for instances in built.values():
         for backend in instances.values():
             if backend is not None:
                 backend.close()
+
+
+def _observe_stored(search: AdaptiveSearch, rec, model, dtype: str, routing: str, usable: list[str], grid) -> None:
+    """Feed `search` the medians a resumed run stored for one shape group, refinement counts
+    between the grid's ends included."""
+    group = (model.num_experts, model.topk, model.hidden, dtype, routing)
+    for (backend, experts, topk, hidden, dt, _, tokens, rt), median in rec.medians.items():
+        if (experts, topk, hidden, dt, rt) == group and backend in usable and grid[0] <= tokens <= grid[-1]:
+            search.observe(tokens, backend, median)
 
 
 def _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, advance) -> dict[str, float | None]:
@@ -429,12 +452,13 @@ def _measure_case(
     """Gate, then time one case; returns its median µs (the same on every rank) or None."""
     cls = get_backend(name)
     slot = name
+    tokens = inputs[0].x.shape[0]  # on every rank: the step's max over ranks
     if cls.capacity_bound:
         # Fixed-capacity backends cost what their capacity costs: by default sized to this load,
         # not to the sweep's largest token count. That is their best case: an engine that
         # allocates one workspace for its largest batch pays that capacity at every smaller
-        # step, which `plan.capacity` (--capacity) measures.
-        tokens = inputs[0].x.shape[0]
+        # step, which `plan.capacity` (--capacity) measures -- except in the backends that take
+        # the step's size at run time (`step_sized`), told it below as an engine tells them.
         shape = MoEShape(shape.num_experts, shape.topk, shape.hidden, plan.capacity_for(tokens), shape.dtype)
         slot = (name, shape.max_tokens_per_rank)
         for old in [k for k in instances if isinstance(k, tuple) and k[0] == name and k != slot]:
@@ -459,6 +483,8 @@ def _measure_case(
     if backend is None:  # construction failed earlier for this shape
         rec.failure(name, "error", "construction failed (see the first failure of this shape)", key)
         return None
+    if tokens:
+        backend.set_step_tokens(tokens)
     gate = check_invariant(backend, inputs[0])
     if not gate.ok:
         rec.failure(name, "error" if gate.crashed else "incorrect", gate.reason, key)

@@ -5,6 +5,8 @@ Usage (a subprocess, because TRITON_INTERPRET must be set before triton is impor
 prints a JSON list of {id, ok, max_rel_error, reason}. Each case: world, experts, topk,
 hidden, dtype, tokens (per rank), routing, repeats, and optionally "plant": a bug to plant,
 and "knobs": LaunchKnobs fields to launch the kernels with (the backends' set_knobs).
+One-sided only: "capacity" (the workspace's slots per source; default the most tokens) and
+"steps" (slots per source used in each repeat, cycled: the backends' set_step_tokens).
 Ranks run each phase in turn (all sends, then all receives), which is one legal schedule
 of the real concurrent run, so the flags are already raised when a receiver waits.
 """
@@ -39,7 +41,8 @@ def run_case(case: dict) -> dict:
     w, e, topk, h = case["world"], case["experts"], case["topk"], case["hidden"]
     tokens = case["tokens"]
     dtype = case.get("dtype", "fp32")
-    cap = max(max(tokens), 1)
+    cap = case.get("capacity", max(max(tokens), 1))
+    steps = case.get("steps", [None])
     shape = MoEShape(e, topk, h, cap, dtype)
     shape.validate(w)
     epr = e // w
@@ -57,6 +60,9 @@ def run_case(case: dict) -> dict:
     scales = expert_scales(e)
     worst, reason = 0.0, ""
     for rep in range(case.get("repeats", 1)):
+        step = steps[rep % len(steps)]
+        for st in states:
+            st.rows = step
         inputs = [
             make_inputs(shape, tokens[r], rank=r, world_size=w, routing=case.get("routing", "uniform"), seed=rep)
             for r in range(w)
@@ -77,6 +83,9 @@ def run_case(case: dict) -> dict:
                 rx, rids, rw = ll.dispatch_recv(states[r], outs_buf[r], epr)
             else:
                 rx, rids, rw = k.dispatch_recv(states[r])
+                if rx.shape[0] != w * (step or cap):
+                    return {"id": case["id"], "ok": False, "max_rel_error": float("inf"),
+                            "reason": f"rank {r}: {rx.shape[0]} received rows, expected {w * (step or cap)}"}  # fmt: skip
             lo, hi = r * epr, (r + 1) * epr
             if bool(((rids != -1) & ((rids < lo) | (rids >= hi))).any()):
                 return {"id": case["id"], "ok": False, "max_rel_error": float("inf"), "reason": f"rank {r}: non-local ids"}

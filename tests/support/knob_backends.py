@@ -37,11 +37,13 @@ class KnobbedSleepy(NcclAll2Allv):
 
 @register_backend
 class CapacityReporter(NcclAll2Allv):
-    """A fixed-capacity backend that reports the capacity it was built with among its knobs,
-    which the sweep stores with every measurement (tests/test_sweep.py: --capacity)."""
+    """A fixed-capacity backend that reports the capacity it was built with, and the step size
+    it was told, among its knobs, which the sweep stores with every measurement
+    (tests/test_sweep.py: --capacity)."""
 
     name = "capacity_reporter"
     capacity_bound = True
+    step_sized = True
 
     def knobs(self):
-        return {"built_for_tokens": self.shape.max_tokens_per_rank}
+        return {"built_for_tokens": self.shape.max_tokens_per_rank, "step_tokens": self.step_capacity}

@@ -1,0 +1,35 @@
+"""Two gloo backends whose costs cross with a step, for crossover refinement (tests/test_sweep.py).
+
+Imported in every rank through A2A_TUNE_BACKEND_MODULES=stepped_backends. `sleeps_stepped`
+sleeps 5 ms per dispatch up to 20 tokens per rank and 250 ms above (a kernel changing its
+launch shape); `sleeps_flat` sleeps 80 ms. Gloo's own cost on a loaded 2-core CI machine
+(up to tens of ms a round trip, and noisy) stays well inside those gaps, so the winner at
+every token count is known: stepped up to 20 tokens, flat above.
+"""
+
+from __future__ import annotations
+
+import time
+
+from a2a_tune.kernels import register_backend
+from a2a_tune.kernels.nccl_all2allv import NcclAll2Allv
+
+STEP_AT = 20
+
+
+@register_backend
+class SleepsStepped(NcclAll2Allv):
+    name = "sleeps_stepped"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        time.sleep(0.005 if x.shape[0] <= STEP_AT else 0.250)
+        return super().dispatch(x, topk_ids, topk_weights)
+
+
+@register_backend
+class SleepsFlat(NcclAll2Allv):
+    name = "sleeps_flat"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        time.sleep(0.080)
+        return super().dispatch(x, topk_ids, topk_weights)
