@@ -11,6 +11,7 @@ import torch
 
 from ._nvlink_common import LaunchKnobs, RankState, Workspace
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
+from .errors import ShapeError
 from .quant import quantize_fp8_blocks
 
 
@@ -49,6 +50,7 @@ def rendezvous_workspace(nbytes: int, group, device: torch.device) -> tuple[torc
 class _Handle:
     topk_ids: torch.Tensor  # [T, k] the source tokens' ids: combine sums what came back for them
     tokens: int
+    rows: int | None  # slots per source the dispatch used (set_step_tokens): combine must match
 
 
 class SymmetricMemoryBackend(All2AllBackend):
@@ -112,7 +114,7 @@ class SymmetricMemoryBackend(All2AllBackend):
         ids = topk_ids.contiguous()  # the kernels index rows densely: combine needs the same tensor
         self._k.dispatch_send(self.state, q, ids, topk_weights.contiguous(), self.experts_per_rank, scales)
         rx, rids, rw = self.receive()
-        handle = _Handle(ids, tokens)
+        handle = _Handle(ids, tokens, self.state.rows)
         if self.wire_dtype is None:
             return Dispatched(x=rx, topk_ids=rids, topk_weights=rw, handle=handle)
         x_scale = self.state.received_scales()
@@ -120,6 +122,8 @@ class SymmetricMemoryBackend(All2AllBackend):
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         h: _Handle = dispatched.handle
+        if h.rows != self.state.rows:  # the kernels address rows by the step: it cannot change mid-trip
+            raise ShapeError(f"set_step_tokens changed between dispatch ({h.rows}) and combine ({self.state.rows})")
         out = expert_out.to(self.dtype).contiguous()  # [N, H]
         self._k.combine_send(self.state, out)
         y = torch.empty(h.tokens, self.shape.hidden, dtype=self.dtype, device=self.device)

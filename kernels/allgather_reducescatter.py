@@ -86,7 +86,7 @@ class AllGatherReduceScatterPadded(AllGatherReduceScatter):
     no count exchange, no host synchronisation, so the round trip can be captured and replayed.
 
     Padding rows travel with topk ids of -1 (no expert computes them) and are dropped from y.
-    Workspace: W * max_tokens_per_rank rows each way, whatever the load: size it to the batch.
+    Buffers: W * step rows each way (the step's size, else max_tokens_per_rank), allocated per call.
     """
 
     name = "allgather_reducescatter_padded"

@@ -271,7 +271,8 @@ class All2AllBackend(ABC):
         """The most tokens any rank passes to the following dispatch calls (an engine's step
         maximum over ranks; the same on every rank), or None: `max_tokens_per_rank`. A
         `step_sized` backend then moves [W * tokens] received rows instead of [W * capacity];
-        the others ignore it. More tokens than this in a dispatch is a ShapeError."""
+        the others keep their layout. Every backend refuses a dispatch of more tokens than
+        this (ShapeError). Set it between round trips, never between a dispatch and its combine."""
         cap = self.shape.max_tokens_per_rank
         if tokens is not None and not 1 <= tokens <= cap:
             raise ShapeError(f"step of {tokens} tokens per rank outside 1..{cap} (max_tokens_per_rank)")

@@ -107,7 +107,8 @@ class FlashInferNvlinkOneSided(All2AllBackend):
         return dispatched.handle
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
-        s, cap = self.shape, self.step_capacity
+        s = self.shape
+        cap = dispatched.x.shape[0] // self.world_size  # the dispatch's step, whatever was set since
         out = expert_out.to(self.dtype).view(self.world_size, cap, s.hidden)
         # Written in place by the experts (combine_buffer): FlashInfer skips its staging copy.
         in_place = out.data_ptr() == dispatched.handle.data_ptr()

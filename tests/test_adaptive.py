@@ -104,7 +104,7 @@ def test_refinement_pins_a_step_between_grid_points():
     assert max(regret_on(refined, stepped, t) for t in held_out if not lo < t < hi) == 0
 
 
-def test_refinement_leaves_clear_leads_alone_and_measures_close_races_once():
+def test_refinement_leaves_clear_leads_alone_and_measures_close_races_down_to_the_ratio():
     # no crossover and a clear lead everywhere: nothing beyond the grid
     s = run(AdaptiveSearch(GRID, ("a", "b"), refine_ratio=1.2), measure=lambda t: {"a": 1.0 + t, "b": 1.5 + 1.6 * t})
     assert {t for t, _ in s.medians} <= set(GRID)
@@ -167,3 +167,44 @@ def regret_on(search: AdaptiveSearch, curve, t: int) -> float:
 
     chosen = min(search.backends, key=at)
     return curve(t)[chosen] / min(curve(t).values()) - 1
+
+
+def reversal_inside_a_coarse_interval(t: int) -> dict[str, float]:
+    # `a` leads by 4% at the coarse counts 96 and 768 of the GPU grid (every 6th count) but
+    # trails by 8% from 150 to 600 tokens: both ends agree, neither is a close race by the
+    # 3% of neighbouring counts
+    base = 10 + 0.1 * t
+    return {"a": base * (1.08 if 150 < t < 600 else 0.96), "b": base}
+
+
+def test_a_coarse_interval_is_a_race_up_to_a_wider_margin():
+    grid = DEFAULT_TOKENS["cuda"]
+    held_out = range(170, 590, 10)  # away from the two steps, which refinement pins to <= 1.2x
+    s = run(AdaptiveSearch(grid, ("a", "b"), refine_ratio=1.2), measure=reversal_inside_a_coarse_interval)
+    assert max(regret_on(s, reversal_inside_a_coarse_interval, t) for t in held_out) < 0.01
+
+    class NarrowRaces(AdaptiveSearch):  # the 3% of neighbouring counts for every interval
+        def _race_margin(self, lo, hi):
+            return self.contest_margin
+
+    narrow = run(NarrowRaces(grid, ("a", "b"), refine_ratio=1.2), measure=reversal_inside_a_coarse_interval)
+    assert max(regret_on(narrow, reversal_inside_a_coarse_interval, t) for t in held_out) > 0.05
+
+
+def test_a_change_of_winner_measures_every_close_backend_a_race_only_the_racers():
+    # a and b cross between 256 and 512; c trails the winner by 10% everywhere
+    def crossing(t: int) -> dict[str, float]:
+        a, b = 10 + 0.5 * t, 150 + 0.05 * t
+        return {"a": a, "b": b, "c": 1.10 * min(a, b)}
+
+    s = run(AdaptiveSearch(GRID, ("a", "b", "c"), coarse_step=1, refine_ratio=1.2), measure=crossing)
+    refined = {t for t, _ in s.medians} - set(GRID)
+    assert refined and all((t, "c") in s.medians for t in refined)  # within 1.3x: measured where the winner changes
+
+    def racing(t: int) -> dict[str, float]:
+        a = 10 + 0.1 * t
+        return {"a": a, "b": a * 1.01, "c": a * 1.10}
+
+    s = run(AdaptiveSearch(GRID, ("a", "b", "c"), coarse_step=1, refine_ratio=1.2), measure=racing)
+    refined = {t for t, _ in s.medians} - set(GRID)
+    assert refined and not any((t, "c") in s.medians for t in refined)  # 10% behind: not in the race

@@ -159,22 +159,29 @@ def test_refinement_measures_between_grid_points_where_the_winner_changes(tmp_pa
     # stepped wins up to 20 tokens, flat above (tests/support/stepped_backends.py); the grid
     # 16, 64 only says the change is somewhere between them
     url = f"sqlite:///{tmp_path / 'refine.db'}"
-    names = ("sleeps_stepped", "sleeps_flat")
-    plan = SweepPlan(shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(16, 64), backends=names, warmup=0, iters=3,
+    names = ("sleeps_stepped", "sleeps_flat", "sleeps_long")
+    plan = SweepPlan(shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(16, 64), backends=names, warmup=0, iters=2,
                      input_sets=1, refine_ratio=1.2)  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("A2A_TUNE_BACKEND_MODULES", "stepped_backends")
         outcome = sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
+        with open_store(url) as store:
+            store.finish_run(outcome.run_id, "interrupted")  # as a killed sweep leaves it
+        resumed = sweep(plan, device_type="cpu", world_size=2, db_url=url, resume=True, progress=False)
     assert outcome.status == "completed"
     with open_store(url) as store:
         points = {(m.backend, m.tokens_per_rank) for m in store.measurements(outcome.run_id)}
         profile = profile_from_store(store, outcome.run_id, backend_names={n: {} for n in names})
     refined = {t for _, t in points} - set(plan.tokens)
     assert refined and all(16 < t < 64 for t in refined)
-    assert {(b, t) for b in names for t in refined} <= points  # both contenders at every refinement count
+    # every backend at every refinement count, the never-competitive one too: no gaps in the table
+    assert {(b, t) for b in names for t in refined} <= points
     (entry,) = profile["entries"]
+    assert all(v is not None for b in names for v in entry["backends"][b]["median_us"])
     winners = {w["tokens"]: w["backend"] for w in entry["winners"]}
     last_stepped = max(t for t, b in winners.items() if b == "sleeps_stepped")
     first_flat = min(t for t, b in winners.items() if b == "sleeps_flat")
     assert last_stepped <= 20 < first_flat and first_flat / last_stepped <= 1.2  # the step, pinned
     assert outcome.measured == len(points)  # nothing measured twice
+    # resumed: the stored refinement points are the search's answers; nothing is measured again
+    assert (resumed.run_id, resumed.measured, resumed.skipped) == (outcome.run_id, 0, len(points))

@@ -13,8 +13,8 @@ change that reverses inside one coarse interval is missed; the race rule below b
 for close races, and the `evaluate` command measures held-out points to bound the rest.
 
 **Refinement beyond the grid** (``refine_ratio``; on by default for GPU sweeps, full grid or
-adaptive): where neighbouring measured counts still disagree on the winner, one of them by
-more than ``refine_margin``, and are more than ``refine_ratio`` apart, the search measures
+adaptive): where neighbouring measured counts still disagree on the winner and are more
+than ``refine_ratio`` apart, the search measures
 the contenders at a token count between them (their geometric mean, rounded to a coarse
 multiple: 320 between 256 and 384), and again inside the half that still disagrees. A
 backend's cost can step between grid points (on 2xH200 FlashInfer's one-sided round trip
@@ -55,8 +55,8 @@ class AdaptiveSearch:
     drop_factor: float = 1.5
     coarse_step: int = 6
     refine_ratio: float | None = None  # split neighbouring grid points (off-grid counts) while hi/lo > this
-    refine_margin: float = 0.01  # ... and the winner beats the runner-up by more than this at one end
-    contest_margin: float = TIE_MAX_MARGIN  # or the top two are this close at both grid ends: measure between once
+    # ... or whose top two are this close at both ends (a race: wider for coarse intervals)
+    contest_margin: float = TIE_MAX_MARGIN
     medians: dict[tuple[int, str], float | None] = field(default_factory=dict)  # (tokens, backend) -> µs; None: failed
     _pending: list[tuple[int, str]] = field(default_factory=list)
     _intervals: list[tuple[int, int]] = field(default_factory=list)  # token-count pairs still to split
@@ -85,26 +85,26 @@ class AdaptiveSearch:
             for lo, hi in self._intervals:
                 disagree = self.winner(lo) != self.winner(hi)
                 contested = self._contested(lo, hi)
-                if not (disagree or contested) or (mid := self._midpoint(lo, hi, contested)) is None:
+                if not (disagree or contested) or (mid := self._midpoint(lo, hi)) is None:
                     continue
                 split += [(lo, mid), (mid, hi)]
-                for b in self.contenders(lo, hi, self._race_margin(lo, hi) if contested else None):
+                # a race alone: only the racers; a change of winner: every backend close to it
+                race_only = contested and not disagree
+                for b in self.contenders(lo, hi, self._race_margin(lo, hi) if race_only else None):
                     if (mid, b) not in self.medians:
                         self._pending.append((mid, b))
             self._intervals = split
             if self._pending or not split:
                 return list(self._pending)
 
-    def _midpoint(self, lo: int, hi: int, contested: bool = False) -> int | None:
-        """Where to split a disagreeing or contested interval: its middle grid point; between
+    def _midpoint(self, lo: int, hi: int) -> int | None:
+        """Where to split a disagreeing or racing interval: its middle grid point; between
         neighbouring grid points, a refinement count (module docstring); None: pinned down."""
         inside = [t for t in self.grid if lo < t < hi]
         if inside:
             return inside[(len(inside) - 1) // 2]
         if self.refine_ratio is None or hi <= self.refine_ratio * lo:
             return None
-        if not contested and max(self.margin(lo), self.margin(hi)) <= self.refine_margin:
-            return None  # a flip inside the noise, met again off the grid: not chased further
         mid = refinement_count(lo, hi)
         return mid if lo < mid < hi else None
 

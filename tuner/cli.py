@@ -258,13 +258,14 @@ _adaptive_opt = typer.Option(
 )
 _capacity_opt = typer.Option(
     None, min=1, help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
-    "e.g. your engine's largest batch per rank; each step still tells them its own size, as engines do "
-    "[default: each token count's own].",
+    "e.g. your engine's largest batch per rank; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
+    "told each step's size as engines tell them, the others pay the capacity [default: each token count's own].",
 )
 _refine_opt = typer.Option(
-    None, "--refine/--no-refine", help="Where the winner changes between neighbouring token counts, also measure the "
-    "contenders between them (bisecting until <= 20% apart): a backend whose cost steps between grid points is "
-    "caught, at a few measurements per crossover [default: on for cuda, off for cpu, where gloo noise flips winners].",
+    None, "--refine/--no-refine", help="Where the winner changes between neighbouring token counts, or the top two "
+    "are within 3% at both, also measure between them (bisecting until <= 20% apart): a backend whose cost steps "
+    "between grid points is caught, at a few measurements per crossover or close race [default: on for cuda, off "
+    "for cpu, where gloo noise makes every pair a race].",
 )
 _timeout_opt = typer.Option(
     600.0, help="Seconds one case may make no progress before every rank is stopped, the case recorded "

@@ -74,8 +74,8 @@ class SweepPlan:
     # Tokens per rank fixed-capacity backends are built for. None: each token count's own (their
     # best case); an engine's largest batch per rank: what that engine pays at every step.
     capacity: int | None = None
-    # Refine crossovers between neighbouring token counts (tuner.adaptive) while they are more
-    # than this ratio apart; None: measure the grid only.
+    # Refine crossovers and close races between neighbouring token counts (tuner.adaptive)
+    # while they are more than this ratio apart; None: measure the grid only.
     refine_ratio: float | None = None
 
     def backend_names(self) -> list[str]:
@@ -371,13 +371,20 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
         label = f"{model.name} {dtype} {routing}"
 
         def measure(search: AdaptiveSearch) -> int:
-            """Run `search` to its end; how many grid points (tokens, backend) it handed out."""
+            """Run `search` to its end; how many grid points (tokens, backend) it handed out.
+
+            A full-grid sweep times every usable backend at a refinement count, not only the
+            contenders the search asks for: its table has no gaps, so every backend stays in
+            lookups over ranges that span the count (an engine's default among them)."""
             points = 0
             while batch := search.next_points():
                 for tokens in sorted({t for t, _ in batch}):
                     names = [b for t, b in batch if t == tokens]
-                    if tokens not in plan.tokens and bar is not None:
-                        bar.update(task, total=bar.tasks[0].total + len(names))  # beyond the grid's total
+                    if tokens not in plan.tokens:
+                        if not plan.adaptive:
+                            names = [b for b in usable if (tokens, b) not in search.medians]
+                        if bar is not None:  # beyond the grid's total
+                            bar.update(task, total=next(t.total for t in bar.tasks if t.id == task) + len(names))
                     for b, median in _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, advance).items():
                         search.observe(tokens, b, median)
                     points += len(names) if tokens in plan.tokens else 0

@@ -1,10 +1,11 @@
-"""Two gloo backends whose costs cross with a step, for crossover refinement (tests/test_sweep.py).
+"""Gloo backends whose costs cross with a step, for crossover refinement (tests/test_sweep.py).
 
 Imported in every rank through A2A_TUNE_BACKEND_MODULES=stepped_backends. `sleeps_stepped`
 sleeps 5 ms per dispatch up to 20 tokens per rank and 250 ms above (a kernel changing its
-launch shape); `sleeps_flat` sleeps 80 ms. Gloo's own cost on a loaded 2-core CI machine
-(up to tens of ms a round trip, and noisy) stays well inside those gaps, so the winner at
-every token count is known: stepped up to 20 tokens, flat above.
+launch shape); `sleeps_flat` sleeps 80 ms; `sleeps_long` 200 ms (never a contender: over
+1.3x the best at both ends). Gloo's own cost on a loaded 2-core CI machine (up to tens of ms
+a round trip, and noisy) stays well inside those gaps, so the winner at every token count is
+known: stepped up to 20 tokens, flat above.
 """
 
 from __future__ import annotations
@@ -32,4 +33,13 @@ class SleepsFlat(NcclAll2Allv):
 
     def dispatch(self, x, topk_ids, topk_weights):
         time.sleep(0.080)
+        return super().dispatch(x, topk_ids, topk_weights)
+
+
+@register_backend
+class SleepsLong(NcclAll2Allv):
+    name = "sleeps_long"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        time.sleep(0.200)
         return super().dispatch(x, topk_ids, topk_weights)
