@@ -18,28 +18,36 @@ from a2a_tune.kernels.nccl_all2allv import NcclAll2Allv
 STEP_AT = 20
 
 
+class _Sleeps(NcclAll2Allv):
+    """Sleeps `seconds(tokens)` in every dispatch, then moves the tokens over gloo."""
+
+    def seconds(self, tokens: int) -> float:
+        raise NotImplementedError
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        time.sleep(self.seconds(x.shape[0]))
+        return super().dispatch(x, topk_ids, topk_weights)
+
+
 @register_backend
-class SleepsStepped(NcclAll2Allv):
+class SleepsStepped(_Sleeps):
     name = "sleeps_stepped"
 
-    def dispatch(self, x, topk_ids, topk_weights):
-        time.sleep(0.005 if x.shape[0] <= STEP_AT else 0.250)
-        return super().dispatch(x, topk_ids, topk_weights)
+    def seconds(self, tokens: int) -> float:
+        return 0.005 if tokens <= STEP_AT else 0.250
 
 
 @register_backend
-class SleepsFlat(NcclAll2Allv):
+class SleepsFlat(_Sleeps):
     name = "sleeps_flat"
 
-    def dispatch(self, x, topk_ids, topk_weights):
-        time.sleep(0.080)
-        return super().dispatch(x, topk_ids, topk_weights)
+    def seconds(self, tokens: int) -> float:
+        return 0.080
 
 
 @register_backend
-class SleepsLong(NcclAll2Allv):
+class SleepsLong(_Sleeps):
     name = "sleeps_long"
 
-    def dispatch(self, x, topk_ids, topk_weights):
-        time.sleep(0.200)
-        return super().dispatch(x, topk_ids, topk_weights)
+    def seconds(self, tokens: int) -> float:
+        return 0.200
