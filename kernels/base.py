@@ -206,6 +206,7 @@ class All2AllBackend(ABC):
         self.experts_per_rank = shape.experts_per_rank(self.world_size)
         self.dtype = torch_dtype(shape.dtype)  # activations
         self.wire_dtype = wire_dtype(shape.dtype)  # None unless the payload is quantized
+        self._step_tokens: int | None = None  # set_step_tokens
 
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:
@@ -281,7 +282,7 @@ class All2AllBackend(ABC):
     @property
     def step_capacity(self) -> int:
         """Slots per source rank this step: the step's size if set, else the capacity."""
-        return getattr(self, "_step_tokens", None) or self.shape.max_tokens_per_rank
+        return self._step_tokens or self.shape.max_tokens_per_rank
 
     def gave_up(self) -> bool:
         """Whether a device-side wait timed out since construction (a peer never signalled):

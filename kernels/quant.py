@@ -54,7 +54,6 @@ def quantize_fp8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_fp8_blocks_torch(x)
 
 
-
 def quantize_fp8_blocks_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_fp8_blocks in torch ops (~8 kernels): any device, dtype and H."""
     t, h = x.shape

@@ -3,33 +3,32 @@
 Instead of timing every backend at every token count of the grid, measure a coarse subset
 (every 6th grid point, both ends included), then bisect (over grid indices) every interval
 whose two ends have different winners -- or, with refinement on, whose top two are close at
-both ends (below) -- until the change is pinned between neighbouring grid points. Backends clearly beaten are dropped early: the two ends of the grid are measured
-first, and a backend that took at least `drop_factor` × the best time at both ends is not
-measured in between (a backend's cost is close to latency + bytes / bandwidth, so its ratio
-to another backend moves monotonically with the token count); inside an interval, only
-backends within `keep_within` × the best at one of its ends are measured. Their curves keep
+both ends (below) -- until the change is pinned between neighbouring grid points. Backends
+clearly beaten are dropped early: the two ends of the grid are measured first, and a
+backend that took at least `drop_factor` × the best time at both ends is not measured in
+between (a backend's cost is close to latency + bytes / bandwidth, so its ratio to another
+backend moves monotonically with the token count); inside an interval, only backends within
+`keep_within` × the best at one of its ends are measured. Their curves keep
 gaps there, and the lookup never picks a backend where it has none. The risk: a winner
 change that reverses inside one coarse interval is missed; the race rule below bounds it
 for close races, and the `evaluate` command measures held-out points to bound the rest.
 
 **Refinement beyond the grid** (``refine_ratio``; on by default for GPU sweeps, full grid or
 adaptive): where neighbouring measured counts still disagree on the winner and are more
-than ``refine_ratio`` apart, the search measures
-the contenders at a token count between them (their geometric mean, rounded to a coarse
-multiple: 320 between 256 and 384), and again inside the half that still disagrees. A
-backend's cost can step between grid points (on 2xH200 FlashInfer's one-sided round trip
-is 5% above the log-log interpolation of its 256- and 384-token times at 320), and
-interpolation cannot see a step; bisection pins it
-to within ``refine_ratio``. Where neighbouring grid points agree but the top two are
-within ``contest_margin`` (the tie cap, 3%) at both, the table's choice in between rests on
-the tie rule and on interpolation, so the contenders are measured between them too, down to
+than ``refine_ratio`` apart, the search measures the contenders at a token count between
+them (their geometric mean, rounded to a coarse multiple: 320 between 256 and 384), and
+again inside the half that still disagrees. A backend's cost can step between grid points
+(on 2xH200 FlashInfer's one-sided round trip is 5% above the log-log interpolation of its
+256- and 384-token times at 320), and interpolation cannot see a step; bisection pins it to
+within ``refine_ratio``. Where neighbouring grid points agree but the top two are within
+``contest_margin`` (the tie cap, 3%) at both, the table's choice in between rests on the tie
+rule and on interpolation, so the racers are measured between them too, down to
 ``refine_ratio`` (a coarse interval counts as a race up to 3% × (1 + log2 of the grid steps
-it spans): it has more room to hide a reversal):
-on 2xH200 FlashInfer's round trip steps up just past every 264 tokens per rank (measured
-every 16 tokens: 256 -> 272, 528 -> 544, 784 -> 800; waves of 2 x 132 SMs would do that),
-right after the power-of-2 grid points where it ties with ours, and is 4-9% slower than
-ours for the next ~100 tokens. Elsewhere nothing is refined: a few
-measurements per crossover or close race, not per grid point.
+it spans): it has more room to hide a reversal). On 2xH200 FlashInfer's round trip steps up
+just past every 264 tokens per rank (measured every 16 tokens: 256 -> 272, 528 -> 544,
+784 -> 800; waves of 2 x 132 SMs would do that), right after the power-of-2 grid points where
+it ties with ours, and is 4-9% slower than ours for the next ~100 tokens. Elsewhere nothing
+is refined: a few measurements per crossover or close race, not per grid point.
 
 Pure logic: the caller measures. `next_points()` says what to measure next; `observe()`
 takes the medians back. All ranks run the same search on the same (all-reduced) numbers, so
@@ -115,7 +114,7 @@ class AdaptiveSearch:
         if self.refine_ratio is None:
             return False
         race = self._race_margin(lo, hi)
-        return all(self._ranked(t) >= 2 and self.margin(t) <= race for t in (lo, hi))
+        return all(len(self._times(t)) >= 2 and self.margin(t) <= race for t in (lo, hi))
 
     def _race_margin(self, lo: int, hi: int) -> float:
         """`contest_margin` between neighbouring grid points, growing with the log of the grid
@@ -124,19 +123,20 @@ class AdaptiveSearch:
         steps = 1 + sum(1 for t in self.grid if lo < t < hi)
         return self.contest_margin * (1 + math.log2(steps))
 
-    def _ranked(self, tokens: int) -> int:
-        return sum(1 for (t, _), m in self.medians.items() if t == tokens and m is not None)
+    def _times(self, tokens: int) -> dict[str, float]:
+        """backend -> median at one measured count, failed backends left out."""
+        return {b: m for (t, b), m in self.medians.items() if t == tokens and m is not None}
 
     def margin(self, tokens: int) -> float:
         """Runner-up / winner - 1 at a measured count (0 with fewer than two backends timed)."""
-        times = sorted(m for (t, _), m in self.medians.items() if t == tokens and m is not None)
+        times = sorted(self._times(tokens).values())
         return times[1] / times[0] - 1 if len(times) > 1 and times[0] > 0 else 0.0
 
     def observe(self, tokens: int, backend: str, median_us: float | None) -> None:
         self.medians[(tokens, backend)] = median_us
 
     def winner(self, tokens: int) -> str | None:
-        times = {b: m for (t, b), m in self.medians.items() if t == tokens and m is not None}
+        times = self._times(tokens)
         return min(times, key=lambda b: (times[b], b)) if times else None
 
     def _alive(self, first: int, last: int) -> list[str]:
@@ -166,8 +166,7 @@ class AdaptiveSearch:
         return keep
 
     def _best(self, tokens: int) -> float | None:
-        times = [m for (t, _), m in self.medians.items() if t == tokens and m is not None]
-        return min(times) if times else None
+        return min(self._times(tokens).values(), default=None)
 
     def measured(self) -> int:
         return len(self.medians)

@@ -391,7 +391,7 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
             return points
 
         if not plan.adaptive:
-            # the whole grid is the coarse pass; the search then only refines crossovers
+            # the whole grid is the coarse pass; the search then only refines crossovers and races
             search = AdaptiveSearch(plan.tokens, tuple(usable), coarse_step=1, refine_ratio=plan.refine_ratio)
             for tokens in plan.tokens:
                 advance(skipped_backends, f"{label} T={tokens}")
