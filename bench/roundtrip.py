@@ -80,7 +80,9 @@ def _bench_rank(ctx, backends, tokens_list, e, k, h, warmup, iters):
     shared = {n: get_backend(n)(ctx.group, shape, ctx.device) for n in backends if not get_backend(n).capacity_bound}
     floor = NcclFloor(ctx.group, shape, ctx.device, ctx.world_size)
     for t in tokens_list:
-        inputs = [make_inputs(shape, t, rank=ctx.rank, world_size=ctx.world_size, seed=s, device=ctx.device) for s in range(3)]
+        inputs = [
+            make_inputs(shape, t, rank=ctx.rank, world_size=ctx.world_size, seed=s, device=ctx.device) for s in range(3)
+        ]
         row = {"tokens": t}
         for name in backends:
             cls = get_backend(name)
@@ -94,12 +96,21 @@ def _bench_rank(ctx, backends, tokens_list, e, k, h, warmup, iters):
             else:
                 dev, host = time_round_trips(b, inputs, warmup=warmup, iters=iters)
                 ds, hs = summarize(dev), summarize(host)
-                row[name] = {"median_us": ds.median_us, "p10_us": ds.p10_us, "p90_us": ds.p90_us, "host_us": hs.median_us}
+                row[name] = {
+                    "median_us": ds.median_us,
+                    "p10_us": ds.p10_us,
+                    "p90_us": ds.p90_us,
+                    "host_us": hs.median_us,
+                }
                 if cls.graph_capturable and ctx.device.type == "cuda":
                     gdev, ghost = time_graph_round_trips(b, inputs, warmup=warmup, iters=iters)
                     gs = summarize(gdev)
-                    row[name + " [graph]"] = {"median_us": gs.median_us, "p10_us": gs.p10_us, "p90_us": gs.p90_us,
-                                              "host_us": summarize(ghost).median_us}  # fmt: skip
+                    row[name + " [graph]"] = {
+                        "median_us": gs.median_us,
+                        "p10_us": gs.p10_us,
+                        "p90_us": gs.p90_us,
+                        "host_us": summarize(ghost).median_us,
+                    }
             if name not in shared:
                 b.close()
         dev, host = time_round_trips(floor, inputs, warmup=warmup, iters=iters)
@@ -136,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
 
     bw = copy_bandwidth_gbs() if args.device == "cuda" else None
     start = time.perf_counter()
-    rows = run_ranks(_bench_rank, world, args.device, backends, tokens, args.experts, args.topk, args.hidden, args.warmup, args.iters)[0]
+    rows = run_ranks(
+        _bench_rank, world, args.device, backends, tokens, args.experts, args.topk, args.hidden, args.warmup, args.iters
+    )[0]
     wall = time.perf_counter() - start
 
     frac = remote_fraction(args.experts, args.topk, world)

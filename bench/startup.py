@@ -92,22 +92,36 @@ def make_table(directory: Path) -> Path:
     for ep in (2, 4, 8):
         for hidden in (2048, 2880, 4096, 5120, 7168):
             for topk, experts in ((2, 8), (4, 128), (8, 256)):
-                shapes.append(dict(ep_size=ep, hidden=hidden, topk=topk, num_experts=experts, dtype="bf16", routing="uniform"))
+                shapes.append(
+                    dict(ep_size=ep, hidden=hidden, topk=topk, num_experts=experts, dtype="bf16", routing="uniform")
+                )
     shapes += [dict(s, routing="skewed") for s in shapes[:5]]  # 45 + 5 = 50 distinct shapes
     measurements = []
     for si, shape in enumerate(shapes):
         for bi, b in enumerate(BACKENDS):
             for t in TOKENS:
                 med = (20 + 7 * bi + si % 5) + t * shape["hidden"] * shape["topk"] * (0.4 + 0.13 * ((bi * 7) % 6)) / 1e6
-                measurements.append(dict(shape, backend=b, tokens_per_rank=t, timing="graph" if bi == 3 else "eager",
-                                         median_us=med, p10_us=med * 0.97, p90_us=med * 1.05))  # fmt: skip
+                measurements.append(
+                    dict(
+                        shape,
+                        backend=b,
+                        tokens_per_rank=t,
+                        timing="graph" if bi == 3 else "eager",
+                        median_us=med,
+                        p10_us=med * 0.97,
+                        p90_us=med * 1.05,
+                    )
+                )
     profile = build_profile(
-        measurements, [],
+        measurements,
+        [],
         hardware={"fingerprint": FP, "facts_hash": "0" * 16, "facts": {"generated": "bench/startup.py"}},
         run={"id": 1, "device_type": "cuda", "world_size": 8, "versions": {}},
         backend_names={b: {"vllm_name": None, "sglang_name": None} for b in BACKENDS},
-    )  # fmt: skip
-    assert len(profile["entries"]) == 50 and all(len(e["tokens"]) == 20 and len(e["backends"]) == 6 for e in profile["entries"])
+    )
+    assert len(profile["entries"]) == 50 and all(
+        len(e["tokens"]) == 20 and len(e["backends"]) == 6 for e in profile["entries"]
+    )
     return write_profile(profile, directory)
 
 
@@ -144,28 +158,62 @@ def main(argv: list[str] | None = None) -> int:
     us = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
     heavy = sorted({m for r in runs for m in r["heavy"]})
     rows = [
-        ("import a2a_tune.tuner.lookup", f"{ms([r['import_s'] for r in runs]):.2f} ms",
-         f"{min(r['import_s'] for r in runs) * 1e3:.2f} .. {max(r['import_s'] for r in runs) * 1e3:.2f} ms", "< 30 ms",
-         ms([r["import_s"] for r in runs]) < 30),
+        (
+            "import a2a_tune.tuner.lookup",
+            f"{ms([r['import_s'] for r in runs]):.2f} ms",
+            f"{min(r['import_s'] for r in runs) * 1e3:.2f} .. {max(r['import_s'] for r in runs) * 1e3:.2f} ms",
+            "< 30 ms",
+            ms([r["import_s"] for r in runs]) < 30,
+        ),
         ("heavy modules imported", ", ".join(heavy) or "none", "", "none", not heavy),
-        ("(import without cached bytecode: sources compiled)", f"{ms([r['import_s'] for r in source_runs]):.2f} ms",
-         f"{min(r['import_s'] for r in source_runs) * 1e3:.2f} .. {max(r['import_s'] for r in source_runs) * 1e3:.2f} ms",
-         "-", True),
-        ("warm lookup, tokens=200", f"{us([r['warm_s']['tokens'] for r in runs]):.2f} us", "", "< 50 us",
-         us([r["warm_s"]["tokens"] for r in runs]) < 50),
-        ("warm lookup, phase=decode max_tokens=256", f"{us([r['warm_s']['decode'] for r in runs]):.2f} us", "", "< 50 us",
-         us([r["warm_s"]["decode"] for r in runs]) < 50),
-        ("warm lookup, workload file (12 points)", f"{us([r['warm_s']['workload'] for r in runs]):.2f} us", "", "< 50 us",
-         us([r["warm_s"]["workload"] for r in runs]) < 50),
-        (f"cold lookup, 50x20x6 table ({size_kb:.0f} KiB), clear_cache() + 1 lookup",
-         f"{ms([r['cold_s'] for r in runs]):.2f} ms", "", "< 20 ms", ms([r["cold_s"] for r in runs]) < 20),
-        ("first lookup in a fresh interpreter (import excluded)", f"{ms([r['first_s'] for r in runs]):.2f} ms",
-         f"{min(r['first_s'] for r in runs) * 1e3:.2f} .. {max(r['first_s'] for r in runs) * 1e3:.2f} ms", "< 20 ms",
-         ms([r["first_s"] for r in runs]) < 20),
-    ]  # fmt: skip
-    load = " load average %.2f %.2f %.2f," % os.getloadavg() if hasattr(os, "getloadavg") else ""
-    print(f"{dt.date.today().isoformat()}  {platform.node()}  {platform.machine()}, {os.cpu_count()} CPUs,{load} "
-          f"{platform.platform()}, Python {platform.python_version()}  ({args.runs} fresh interpreters)")  # fmt: skip
+        (
+            "(import without cached bytecode: sources compiled)",
+            f"{ms([r['import_s'] for r in source_runs]):.2f} ms",
+            f"{min(r['import_s'] for r in source_runs) * 1e3:.2f} .. {max(r['import_s'] for r in source_runs) * 1e3:.2f} ms",
+            "-",
+            True,
+        ),
+        (
+            "warm lookup, tokens=200",
+            f"{us([r['warm_s']['tokens'] for r in runs]):.2f} us",
+            "",
+            "< 50 us",
+            us([r["warm_s"]["tokens"] for r in runs]) < 50,
+        ),
+        (
+            "warm lookup, phase=decode max_tokens=256",
+            f"{us([r['warm_s']['decode'] for r in runs]):.2f} us",
+            "",
+            "< 50 us",
+            us([r["warm_s"]["decode"] for r in runs]) < 50,
+        ),
+        (
+            "warm lookup, workload file (12 points)",
+            f"{us([r['warm_s']['workload'] for r in runs]):.2f} us",
+            "",
+            "< 50 us",
+            us([r["warm_s"]["workload"] for r in runs]) < 50,
+        ),
+        (
+            f"cold lookup, 50x20x6 table ({size_kb:.0f} KiB), clear_cache() + 1 lookup",
+            f"{ms([r['cold_s'] for r in runs]):.2f} ms",
+            "",
+            "< 20 ms",
+            ms([r["cold_s"] for r in runs]) < 20,
+        ),
+        (
+            "first lookup in a fresh interpreter (import excluded)",
+            f"{ms([r['first_s'] for r in runs]):.2f} ms",
+            f"{min(r['first_s'] for r in runs) * 1e3:.2f} .. {max(r['first_s'] for r in runs) * 1e3:.2f} ms",
+            "< 20 ms",
+            ms([r["first_s"] for r in runs]) < 20,
+        ),
+    ]
+    load = " load average {:.2f} {:.2f} {:.2f},".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
+    print(
+        f"{dt.date.today().isoformat()}  {platform.node()}  {platform.machine()}, {os.cpu_count()} CPUs,{load} "
+        f"{platform.platform()}, Python {platform.python_version()}  ({args.runs} fresh interpreters)"
+    )
     print()
     print("| measurement | median | range | target | met |")
     print("|---|---:|---:|---:|:---:|")

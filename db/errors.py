@@ -25,8 +25,7 @@ class StoreOutdatedError(StoreError):
         self.head = head
         at = f"revision {current}" if current else "the base revision (no schema)"
         super().__init__(
-            f"database {url} is at schema {at}, this a2a-tune needs {head}; "
-            f"run: a2a-tune db upgrade --db {url}"
+            f"database {url} is at schema {at}, this a2a-tune needs {head}; run: a2a-tune db upgrade --db {url}"
         )
 
 

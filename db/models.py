@@ -111,9 +111,7 @@ class Hardware(Base):
     the human-readable fingerprint does not show (driver, a degraded link...)."""
 
     __tablename__ = "hardware"
-    __table_args__ = (
-        UniqueConstraint("fingerprint", "facts_hash", name="uq_hardware_fingerprint_facts_hash"),
-    )
+    __table_args__ = (UniqueConstraint("fingerprint", "facts_hash", name="uq_hardware_fingerprint_facts_hash"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     fingerprint: Mapped[str] = mapped_column(String(200), index=True)
@@ -150,9 +148,7 @@ class Measurement(Base):
     raw per-iteration device times; ``knobs`` backend-specific settings used."""
 
     __tablename__ = "measurements"
-    __table_args__ = (
-        UniqueConstraint("run_id", *KEY_FIELDS, "timing", name="uq_measurements_key"),
-    )
+    __table_args__ = (UniqueConstraint("run_id", *KEY_FIELDS, "timing", name="uq_measurements_key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)

@@ -258,8 +258,7 @@ def _check_or_migrate(engine: Engine, url: str, *, allow_upgrade: bool) -> tuple
         )
     if before.state == "unmanaged":
         raise StoreError(
-            f"database {shown} holds a2a-tune tables but no {VERSION_TABLE} table; "
-            f"it was not created by a2a-tune"
+            f"database {shown} holds a2a-tune tables but no {VERSION_TABLE} table; it was not created by a2a-tune"
         )
     if before.state == "outdated" and not allow_upgrade:
         raise StoreOutdatedError(shown, before.current, head)
@@ -533,9 +532,7 @@ class Store:
         _str("fingerprint", fingerprint)
         _str("facts_hash", facts_hash)
         _json("facts", facts)
-        query = select(Hardware.id).where(
-            Hardware.fingerprint == fingerprint, Hardware.facts_hash == facts_hash
-        )
+        query = select(Hardware.id).where(Hardware.fingerprint == fingerprint, Hardware.facts_hash == facts_hash)
         try:
             with self._session("recording hardware", conflicts=True) as s:
                 found = s.scalar(query)
@@ -795,10 +792,7 @@ class Store:
             self._run_or_raise(s, run_id)
             keys = {MeasurementKey(*r) for r in s.execute(select(*m_cols).where(Measurement.run_id == run_id))}
             shaped = [getattr(Failure, f).is_not(None) for f in SHAPE_FIELDS]
-            keys.update(
-                MeasurementKey(*r)
-                for r in s.execute(select(*f_cols).where(Failure.run_id == run_id, *shaped))
-            )
+            keys.update(MeasurementKey(*r) for r in s.execute(select(*f_cols).where(Failure.run_id == run_id, *shaped)))
         return keys
 
     def measurements(self, run_id: int) -> list[MeasurementRecord]:

@@ -19,10 +19,11 @@ Backends are imported here so that registration happens once; a backend module m
 import optional packages (FlashInfer, DeepEP...) at import time: `availability()` looks.
 """
 
-from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape, PAYLOAD_DTYPES
+from .base import PAYLOAD_DTYPES, All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
 from .errors import KernelsError, KnobError, ShapeError, UnknownBackendError
 from .registry import engine_names, get_backend, list_backends, register_backend
 
+# isort: off
 # Registration order is the tie-break preference: simplest / the engines' default first, then
 # what engines already ship (FlashInfer), then our own kernels.
 from . import allgather_reducescatter as _allgather_reducescatter  # noqa: E402,F401
@@ -31,6 +32,7 @@ from . import flashinfer_nvlink_one_sided as _flashinfer_one_sided  # noqa: E402
 from . import flashinfer_nvlink_two_sided as _flashinfer_two_sided  # noqa: E402,F401
 from . import nvlink_one_sided as _nvlink_one_sided  # noqa: E402,F401
 from . import nvlink_low_latency as _nvlink_low_latency  # noqa: E402,F401
+# isort: on
 
 __all__ = [
     "All2AllBackend",

@@ -43,7 +43,13 @@ META = 4  # int32 per slot: weight bits, epoch tag, j (top-k position at the sou
 
 
 def workspace(
-    world: int, cap: int, hidden: int, topk: int, local_experts: int, dtype: torch.dtype, wire: torch.dtype | None = None
+    world: int,
+    cap: int,
+    hidden: int,
+    topk: int,
+    local_experts: int,
+    dtype: torch.dtype,
+    wire: torch.dtype | None = None,
 ) -> Workspace:
     """x [E_local, W, cap, H] (bytes of `wire` when quantized) + xs [E_local, W, cap, S] fp32
     scales (quantized only), meta [E_local, W, cap, 4] int32, comb [cap, k, H], flags [2, W]."""
@@ -68,12 +74,32 @@ class Outputs:
 
 @triton.jit
 def _dispatch_send_kernel(
-    x_ptr, xs_ptr, ids_ptr, w_ptr, n_tokens,
-    x_ws, xs_ws, meta_ws, flags_ws, d_elem, d_i32, epoch_ptr, done_ptr,
-    me, cap, hidden, n_scales, experts_per_rank,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
-    QUANT: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    xs_ptr,
+    ids_ptr,
+    w_ptr,
+    n_tokens,
+    x_ws,
+    xs_ws,
+    meta_ws,
+    flags_ws,
+    d_elem,
+    d_i32,
+    epoch_ptr,
+    done_ptr,
+    me,
+    cap,
+    hidden,
+    n_scales,
+    experts_per_rank,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    N_HB: tl.constexpr,
+    QUANT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     t = tl.program_id(0)
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr) + 1
@@ -99,9 +125,20 @@ def _dispatch_send_kernel(
 
 @triton.jit
 def _dispatch_recv_kernel(
-    meta_ptr, flags_ptr, epoch_ptr, ids_out, w_out, n_rows, rows_per_expert, me, experts_per_rank,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-):  # fmt: skip
+    meta_ptr,
+    flags_ptr,
+    epoch_ptr,
+    ids_out,
+    w_out,
+    n_rows,
+    rows_per_expert,
+    me,
+    experts_per_rank,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     wait_flags(flags_ptr, epoch, epoch_ptr + 1, W)
@@ -122,10 +159,22 @@ def _dispatch_recv_kernel(
 
 @triton.jit
 def _combine_send_kernel(
-    out_ptr, meta_ptr, comb_ws, flags_ws, d_elem, d_i32, epoch_ptr, done_ptr,
-    me, cap, hidden,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
-):  # fmt: skip
+    out_ptr,
+    meta_ptr,
+    comb_ws,
+    flags_ws,
+    d_elem,
+    d_i32,
+    epoch_ptr,
+    done_ptr,
+    me,
+    cap,
+    hidden,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    N_HB: tl.constexpr,
+):
     r = tl.program_id(0)  # one received slot: (local expert, source s, token slot t)
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr)
@@ -140,9 +189,17 @@ def _combine_send_kernel(
 
 @triton.jit
 def _combine_recv_kernel(
-    y_ptr, comb_ptr, ids_ptr, flags_ptr, epoch_ptr, hidden,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-):  # fmt: skip
+    y_ptr,
+    comb_ptr,
+    ids_ptr,
+    flags_ptr,
+    epoch_ptr,
+    hidden,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     t = tl.program_id(0)
     hb = tl.program_id(1)
     wait_flags(flags_ptr + W, tl.load(epoch_ptr), epoch_ptr + 1, W)
@@ -180,23 +237,56 @@ def dispatch_send(
     t = x.shape[0]
     a = payload_args(st, x, x_scale)
     _dispatch_send_kernel[(max(t, 1),)](
-        a["x"], a["xs"], topk_ids, topk_weights, t,
-        v["x"], a["xs_ws"], v["meta"], v["flags"], a["d_x"], st.delta(4), st.epoch, st.done,
-        st.rank, cap, hidden, a["n_scales"], experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), **a["constexprs"], num_warps=st.launch.send_num_warps,
-    )  # fmt: skip
+        a["x"],
+        a["xs"],
+        topk_ids,
+        topk_weights,
+        t,
+        v["x"],
+        a["xs_ws"],
+        v["meta"],
+        v["flags"],
+        a["d_x"],
+        st.delta(4),
+        st.epoch,
+        st.done,
+        st.rank,
+        cap,
+        hidden,
+        a["n_scales"],
+        experts_per_rank,
+        W=w,
+        K=k,
+        BLOCK_K=block_k(k),
+        **a["constexprs"],
+        num_warps=st.launch.send_num_warps,
+    )
 
 
-def dispatch_recv(st: RankState, out: Outputs, experts_per_rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def dispatch_recv(
+    st: RankState, out: Outputs, experts_per_rank: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (x [E_local*W*cap, H] workspace view, ids int64 [rows, k], weights fp32 [rows, k])."""
     local_experts, w, cap, hidden, k, _ = _geometry(st)
     v = st.views
     rows = local_experts * w * cap
     block_r = st.launch.recv_block_rows
     _dispatch_recv_kernel[(triton.cdiv(rows, block_r),)](
-        v["meta"], v["flags"], st.epoch, out.ids, out.weights, rows, w * cap, st.rank, experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), BLOCK_R=block_r, num_warps=st.launch.recv_num_warps,
-    )  # fmt: skip
+        v["meta"],
+        v["flags"],
+        st.epoch,
+        out.ids,
+        out.weights,
+        rows,
+        w * cap,
+        st.rank,
+        experts_per_rank,
+        W=w,
+        K=k,
+        BLOCK_K=block_k(k),
+        BLOCK_R=block_r,
+        num_warps=st.launch.recv_num_warps,
+    )
     return v["x"].view(rows, hidden), out.ids, out.weights
 
 
@@ -204,10 +294,22 @@ def combine_send(st: RankState, expert_out: torch.Tensor) -> None:
     local_experts, w, cap, hidden, k, dtype = _geometry(st)
     v = st.views
     _combine_send_kernel[(local_experts * w * cap,)](
-        expert_out, v["meta"], v["comb"], v["flags"], st.delta(dtype.itemsize), st.delta(4), st.epoch, st.done,
-        st.rank, cap, hidden,
-        W=w, K=k, **row_blocks(hidden, dtype.itemsize, st.launch.row_block_bytes), num_warps=st.launch.send_num_warps,
-    )  # fmt: skip
+        expert_out,
+        v["meta"],
+        v["comb"],
+        v["flags"],
+        st.delta(dtype.itemsize),
+        st.delta(4),
+        st.epoch,
+        st.done,
+        st.rank,
+        cap,
+        hidden,
+        W=w,
+        K=k,
+        **row_blocks(hidden, dtype.itemsize, st.launch.row_block_bytes),
+        num_warps=st.launch.send_num_warps,
+    )
 
 
 def combine_recv(st: RankState, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -218,8 +320,16 @@ def combine_recv(st: RankState, topk_ids: torch.Tensor, y: torch.Tensor) -> torc
         return y
     block_h = min(triton.next_power_of_2(hidden), st.launch.recv_block_h)
     _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](
-        y, st.views["comb"], topk_ids, st.views["flags"], st.epoch, hidden,
-        W=w, K=k, BLOCK_K=block_k(k), BLOCK_H=block_h, num_warps=st.launch.recv_num_warps,
-    )  # fmt: skip
+        y,
+        st.views["comb"],
+        topk_ids,
+        st.views["flags"],
+        st.epoch,
+        hidden,
+        W=w,
+        K=k,
+        BLOCK_K=block_k(k),
+        BLOCK_H=block_h,
+        num_warps=st.launch.recv_num_warps,
+    )
     return y
-

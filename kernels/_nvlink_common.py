@@ -85,7 +85,7 @@ class RankState:
     rows: int | None = None
 
     @classmethod
-    def create(cls, rank: int, layout: Workspace, buf: torch.Tensor, peer_bases: list[int]) -> "RankState":
+    def create(cls, rank: int, layout: Workspace, buf: torch.Tensor, peer_bases: list[int]) -> RankState:
         """`peer_bases[d]`: the address of rank d's workspace as mapped in this process."""
         dev = buf.device
         views = layout.views(buf)

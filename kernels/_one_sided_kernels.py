@@ -79,12 +79,34 @@ def workspace(
 
 @triton.jit
 def _dispatch_send_kernel(
-    x_ptr, xs_ptr, ids_ptr, w_ptr, n_tokens,
-    x_ws, xs_ws, meta_ws, count_ws, flags_ws, d_elem, d_i32, epoch_ptr, done_ptr,
-    me, cap, hidden, n_scales, experts_per_rank,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
-    QUANT: tl.constexpr, BLOCK_S: tl.constexpr, FUSED_WAIT: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    xs_ptr,
+    ids_ptr,
+    w_ptr,
+    n_tokens,
+    x_ws,
+    xs_ws,
+    meta_ws,
+    count_ws,
+    flags_ws,
+    d_elem,
+    d_i32,
+    epoch_ptr,
+    done_ptr,
+    me,
+    cap,
+    hidden,
+    n_scales,
+    experts_per_rank,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    N_HB: tl.constexpr,
+    QUANT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    FUSED_WAIT: tl.constexpr,
+):
     t = tl.program_id(0)  # one slot of this rank's capacity: a token, or an empty slot to mark
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr) + 1  # every CTA reads before the last one stores it back
@@ -124,10 +146,24 @@ def _dispatch_send_kernel(
 
 @triton.jit
 def _combine_send_kernel(
-    out_ptr, meta_ptr, count_ptr, comb_ws, flags_ws, d_elem, d_i32, epoch_ptr, done_ptr,
-    me, cap, hidden,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
-):  # fmt: skip
+    out_ptr,
+    meta_ptr,
+    count_ptr,
+    comb_ws,
+    flags_ws,
+    d_elem,
+    d_i32,
+    epoch_ptr,
+    done_ptr,
+    me,
+    cap,
+    hidden,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    N_HB: tl.constexpr,
+):
     r = tl.program_id(0)  # one received row: source s, slot i
     n_prog = tl.num_programs(0)
     s = r // cap
@@ -144,9 +180,22 @@ def _combine_send_kernel(
 
 @triton.jit
 def _combine_recv_kernel(
-    y_ptr, comb_ptr, out_ptr, ids_ptr, flags_ptr, epoch_ptr, n_tokens, me, cap, hidden, experts_per_rank,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-):  # fmt: skip
+    y_ptr,
+    comb_ptr,
+    out_ptr,
+    ids_ptr,
+    flags_ptr,
+    epoch_ptr,
+    n_tokens,
+    me,
+    cap,
+    hidden,
+    experts_per_rank,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     t = tl.program_id(0)
     hb = tl.program_id(1)
     wait_flags(flags_ptr + W, tl.load(epoch_ptr), epoch_ptr + 1, W)
@@ -196,11 +245,32 @@ def dispatch_send(
     v = st.views
     a = payload_args(st, x, x_scale)
     _dispatch_send_kernel[(cap,)](
-        a["x"], a["xs"], topk_ids, topk_weights, x.shape[0],
-        v["x"], a["xs_ws"], v["meta"], v["count"], v["flags"], a["d_x"], st.delta(4), st.epoch, st.done,
-        st.rank, cap, hidden, a["n_scales"], experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), FUSED_WAIT=wait, **a["constexprs"], num_warps=st.launch.send_num_warps,
-    )  # fmt: skip
+        a["x"],
+        a["xs"],
+        topk_ids,
+        topk_weights,
+        x.shape[0],
+        v["x"],
+        a["xs_ws"],
+        v["meta"],
+        v["count"],
+        v["flags"],
+        a["d_x"],
+        st.delta(4),
+        st.epoch,
+        st.done,
+        st.rank,
+        cap,
+        hidden,
+        a["n_scales"],
+        experts_per_rank,
+        W=w,
+        K=k,
+        BLOCK_K=block_k(k),
+        FUSED_WAIT=wait,
+        **a["constexprs"],
+        num_warps=st.launch.send_num_warps,
+    )
 
 
 def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -216,11 +286,24 @@ def combine_send(st: RankState, expert_out: torch.Tensor) -> None:
     w, cap, hidden, k, dtype = _geometry(st)
     v = st.views
     _combine_send_kernel[(w * cap,)](
-        expert_out, v["meta"], v["count"], v["comb"], v["flags"], st.delta(dtype.itemsize), st.delta(4), st.epoch, st.done,
-        st.rank, cap, hidden,
-        W=w, K=k, BLOCK_K=block_k(k), **row_blocks(hidden, dtype.itemsize, st.launch.row_block_bytes),
+        expert_out,
+        v["meta"],
+        v["count"],
+        v["comb"],
+        v["flags"],
+        st.delta(dtype.itemsize),
+        st.delta(4),
+        st.epoch,
+        st.done,
+        st.rank,
+        cap,
+        hidden,
+        W=w,
+        K=k,
+        BLOCK_K=block_k(k),
+        **row_blocks(hidden, dtype.itemsize, st.launch.row_block_bytes),
         num_warps=st.launch.send_num_warps,
-    )  # fmt: skip
+    )
 
 
 def combine_recv(
@@ -234,8 +317,21 @@ def combine_recv(
         return y
     block_h = min(triton.next_power_of_2(hidden), st.launch.recv_block_h)
     _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](
-        y, v["comb"], expert_out, topk_ids, v["flags"], st.epoch, t, st.rank, cap, hidden, experts_per_rank,
-        W=w, K=k, BLOCK_K=block_k(k), BLOCK_H=block_h, num_warps=st.launch.recv_num_warps,
-    )  # fmt: skip
+        y,
+        v["comb"],
+        expert_out,
+        topk_ids,
+        v["flags"],
+        st.epoch,
+        t,
+        st.rank,
+        cap,
+        hidden,
+        experts_per_rank,
+        W=w,
+        K=k,
+        BLOCK_K=block_k(k),
+        BLOCK_H=block_h,
+        num_warps=st.launch.recv_num_warps,
+    )
     return y
-

@@ -59,10 +59,17 @@ def _round_bits(u, DROP: tl.constexpr):
 
 @triton.jit
 def _quantize_fp8_kernel(
-    x_ptr, q_ptr, s_ptr, n_blocks,
-    INV_MAX: tl.constexpr, ROUND_BITS: tl.constexpr, BF16_BITS: tl.constexpr, HW_CVT: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    n_blocks,
+    INV_MAX: tl.constexpr,
+    ROUND_BITS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    HW_CVT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_blocks
     offs = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
@@ -142,8 +149,16 @@ def quantize_fp8_blocks(
     # Triton launches on the current device's stream, not x's: make x's device current
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _quantize_fp8_kernel[(triton.cdiv(n, bn),)](
-            x.view(torch.int16) if bf16 else x, q.view(torch.uint8), scale, n,
-            INV_MAX=1.0 / FP8_E4M3_MAX, ROUND_BITS=_ROUND_BITS[x.dtype], BF16_BITS=bf16, HW_CVT=hw_cvt,
-            BLOCK=FP8_BLOCK, BLOCK_N=bn, num_warps=4,
-        )  # fmt: skip
+            x.view(torch.int16) if bf16 else x,
+            q.view(torch.uint8),
+            scale,
+            n,
+            INV_MAX=1.0 / FP8_E4M3_MAX,
+            ROUND_BITS=_ROUND_BITS[x.dtype],
+            BF16_BITS=bf16,
+            HW_CVT=hw_cvt,
+            BLOCK=FP8_BLOCK,
+            BLOCK_N=bn,
+            num_warps=4,
+        )
     return q, scale

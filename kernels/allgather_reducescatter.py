@@ -57,7 +57,10 @@ class AllGatherReduceScatter(All2AllBackend):
         valid = None
         if any(c != max_tokens for c in counts_host):
             valid = torch.cat(
-                [torch.arange(r * max_tokens, r * max_tokens + c, device=self.device) for r, c in enumerate(counts_host)]
+                [
+                    torch.arange(r * max_tokens, r * max_tokens + c, device=self.device)
+                    for r, c in enumerate(counts_host)
+                ]
             )
             rx, meta = rx.index_select(0, valid), meta.index_select(0, valid)
         rids, rw = unpack_meta(meta, s.topk)
@@ -110,4 +113,6 @@ class AllGatherReduceScatterPadded(AllGatherReduceScatter):
         all_gather_flat(meta, pack_meta(ids, weights), self.group)
         rids, rw = unpack_meta(meta, s.topk)
         lo, hi = self.local_expert_range()
-        return Dispatched(x=rx, topk_ids=mask_nonlocal(rids, lo, hi), topk_weights=rw, handle=_Handle(tokens, cap, None))
+        return Dispatched(
+            x=rx, topk_ids=mask_nonlocal(rids, lo, hi), topk_weights=rw, handle=_Handle(tokens, cap, None)
+        )

@@ -65,14 +65,14 @@ def _dtype_entry(name: str) -> tuple[str, str | None]:
         raise ShapeError(f"unknown payload dtype {name!r}; choose one of {', '.join(PAYLOAD_DTYPES)}") from None
 
 
-def torch_dtype(name: str) -> "torch.dtype":
+def torch_dtype(name: str) -> torch.dtype:
     """The activation dtype of payload `name` (x, expert outputs, y)."""
     import torch
 
     return getattr(torch, _dtype_entry(name)[0])
 
 
-def wire_dtype(name: str) -> "torch.dtype | None":
+def wire_dtype(name: str) -> torch.dtype | None:
     """The quantized dtype payload `name` travels in, or None when it travels as is."""
     import torch
 
@@ -132,16 +132,14 @@ class BackendEnv:
         return importlib.util.find_spec(name) is not None
 
     @classmethod
-    def local(cls, world_size: int, device_type: str) -> "BackendEnv":
+    def local(cls, world_size: int, device_type: str) -> BackendEnv:
         """Describe this process's machine for `world_size` ranks on `device_type`."""
         if device_type != "cuda":
             return cls(world_size=world_size, device_type="cpu", dist_backend="gloo")
         import torch
 
         n = torch.cuda.device_count()
-        peer = n >= 2 and all(
-            torch.cuda.can_device_access_peer(a, b) for a in range(n) for b in range(n) if a != b
-        )
+        peer = n >= 2 and all(torch.cuda.can_device_access_peer(a, b) for a in range(n) for b in range(n) if a != b)
         return cls(
             world_size=world_size,
             device_type="cuda",
@@ -156,11 +154,11 @@ class BackendEnv:
 class Dispatched:
     """What `dispatch` returns: the received rows and what `combine` needs to send them back."""
 
-    x: "torch.Tensor"  # [N, H] payload dtype
-    topk_ids: "torch.Tensor"  # [N, k] global expert ids, -1 where not local
-    topk_weights: "torch.Tensor"  # [N, k] fp32
+    x: torch.Tensor  # [N, H] payload dtype
+    topk_ids: torch.Tensor  # [N, k] global expert ids, -1 where not local
+    topk_weights: torch.Tensor  # [N, k] fp32
     handle: Any = None
-    x_scale: "torch.Tensor | None" = None  # quantized payloads only
+    x_scale: torch.Tensor | None = None  # quantized payloads only
 
 
 class All2AllBackend(ABC):
@@ -194,7 +192,7 @@ class All2AllBackend(ABC):
     knob_space: ClassVar[dict[str, tuple]] = {}
     knob_defaults: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, group: "dist.ProcessGroup | None", shape: MoEShape, device: "torch.device") -> None:
+    def __init__(self, group: dist.ProcessGroup | None, shape: MoEShape, device: torch.device) -> None:
         import torch.distributed as dist
 
         self.group = group
@@ -228,14 +226,14 @@ class All2AllBackend(ABC):
         return Availability(True)
 
     @abstractmethod
-    def dispatch(self, x: "torch.Tensor", topk_ids: "torch.Tensor", topk_weights: "torch.Tensor") -> Dispatched:
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         """Send every token to the ranks owning its experts (see the module docstring)."""
 
     @abstractmethod
-    def combine(self, expert_out: "torch.Tensor", dispatched: Dispatched) -> "torch.Tensor":
+    def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         """Return y[T_r, H]: the sum of the expert outputs of each source token."""
 
-    def combine_buffer(self, dispatched: Dispatched) -> "torch.Tensor | None":
+    def combine_buffer(self, dispatched: Dispatched) -> torch.Tensor | None:
         """[N, H] activation-dtype buffer the expert computation may write its output into, so
         that `combine` skips a staging copy (FlashInfer's workspace); None (default): combine
         reads expert outputs wherever they are. Valid between this dispatch and its combine."""
@@ -256,7 +254,9 @@ class All2AllBackend(ABC):
                 raise KnobError(f"{cls.name}: unknown knob {name!r} (knobs: {known})")
             allowed = cls.knob_space[name]
             if value not in allowed or type(value) is not type(cls.knob_defaults[name]):
-                raise KnobError(f"{cls.name}: knob {name}={value!r} not allowed (one of {', '.join(map(repr, allowed))})")
+                raise KnobError(
+                    f"{cls.name}: knob {name}={value!r} not allowed (one of {', '.join(map(repr, allowed))})"
+                )
         return {**cls.knob_defaults, **knobs}
 
     def set_knobs(self, knobs: dict[str, Any]) -> None:
@@ -265,7 +265,7 @@ class All2AllBackend(ABC):
         self._knobs = type(self).check_knobs(knobs)
         self.apply_knobs(self._knobs)
 
-    def apply_knobs(self, knobs: dict[str, Any]) -> None:
+    def apply_knobs(self, knobs: dict[str, Any]) -> None:  # noqa: B027
         """Backends with a `knob_space`: make the validated full setting `knobs` take effect."""
 
     def set_step_tokens(self, tokens: int | None) -> None:
@@ -289,14 +289,14 @@ class All2AllBackend(ABC):
         results since then are garbage. Host-synchronising; backends without such waits: False."""
         return False
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027
         """Free workspaces. Safe to call twice."""
 
     def local_expert_range(self) -> tuple[int, int]:
         lo = self.rank * self.experts_per_rank
         return lo, lo + self.experts_per_rank
 
-    def check_inputs(self, x: "torch.Tensor", topk_ids: "torch.Tensor", topk_weights: "torch.Tensor") -> int:
+    def check_inputs(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> int:
         """Validate one rank's inputs against the shape; return T_r."""
         t = x.shape[0]
         s = self.shape
@@ -314,7 +314,7 @@ class All2AllBackend(ABC):
             raise ShapeError(f"x is {x.dtype}, backend built for {self.dtype}")
         return t
 
-    def __enter__(self) -> "All2AllBackend":
+    def __enter__(self) -> All2AllBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:

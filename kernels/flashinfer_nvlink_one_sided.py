@@ -33,7 +33,10 @@ from .base import All2AllBackend, Availability, BackendEnv, Dispatched
 from .quant import quantize_fp8_blocks, scale_blocks
 from .registry import register_backend
 
-KNOB_ENV = {"dispatch_block_size": "TLLM_MOE_A2A_DISPATCH_BLOCK_SIZE", "combine_block_size": "TLLM_MOE_A2A_COMBINE_BLOCK_SIZE"}
+KNOB_ENV = {
+    "dispatch_block_size": "TLLM_MOE_A2A_DISPATCH_BLOCK_SIZE",
+    "combine_block_size": "TLLM_MOE_A2A_COMBINE_BLOCK_SIZE",
+}
 DEFAULT_BLOCK_SIZE = 256
 
 
@@ -71,16 +74,24 @@ class FlashInferNvlinkOneSided(All2AllBackend):
         mapping, config = ep_mapping(group, self.rank, self.world_size)
         wire_bytes = (self.wire_dtype or self.dtype).itemsize
         scale_bytes = scale_blocks(s.hidden) * 4 if self.wire_dtype is not None else 0
-        workspace = a2a.moe_a2a_get_workspace_size_per_rank(
-            self.world_size,
-            s.max_tokens_per_rank,
-            s.hidden * wire_bytes + 2 * s.topk * 4 + scale_bytes,  # dispatch bytes per token
-            s.hidden * self.dtype.itemsize,  # combine bytes per token
-        ) + 128 * 8  # FlashInfer aligns each payload's region to 128 bytes
+        workspace = (
+            a2a.moe_a2a_get_workspace_size_per_rank(
+                self.world_size,
+                s.max_tokens_per_rank,
+                s.hidden * wire_bytes + 2 * s.topk * 4 + scale_bytes,  # dispatch bytes per token
+                s.hidden * self.dtype.itemsize,  # combine bytes per token
+            )
+            + 128 * 8
+        )  # FlashInfer aligns each payload's region to 128 bytes
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # 0.7.1+ points to moe_ep, which wraps it
             self._a2a = a2a.MoeAlltoAll(
-                mapping, s.max_tokens_per_rank, s.topk, s.num_experts, workspace_size_per_rank=workspace, mnnvl_config=config
+                mapping,
+                s.max_tokens_per_rank,
+                s.topk,
+                s.num_experts,
+                workspace_size_per_rank=workspace,
+                mnnvl_config=config,
             )
 
     def knobs(self) -> dict[str, int]:
@@ -99,9 +110,12 @@ class FlashInferNvlinkOneSided(All2AllBackend):
         # The handle is the workspace region combine reads: where the experts may write (combine_buffer).
         buffer = self._a2a.get_combine_payload_tensor_in_workspace(cap, s.hidden, self.dtype).view(w * cap, s.hidden)
         return Dispatched(
-            x=received[0].view(w * cap, s.hidden), topk_ids=rids, topk_weights=received[2].view(w * cap, s.topk),
-            handle=buffer, x_scale=x_scale,
-        )  # fmt: skip
+            x=received[0].view(w * cap, s.hidden),
+            topk_ids=rids,
+            topk_weights=received[2].view(w * cap, s.topk),
+            handle=buffer,
+            x_scale=x_scale,
+        )
 
     def combine_buffer(self, dispatched: Dispatched) -> torch.Tensor:
         return dispatched.handle

@@ -45,9 +45,13 @@ class FlashInferNvlinkTwoSided(All2AllBackend):
         if shape.num_experts % 4:
             return Availability(False, f"FlashInfer's two-sided kernels need experts % 4 == 0, got {shape.num_experts}")
         wire = wire_dtype(shape.dtype) or torch_dtype(shape.dtype)
-        row_bytes = [shape.hidden * wire.itemsize] + ([scale_blocks(shape.hidden) * 4] if wire_dtype(shape.dtype) else [])
+        row_bytes = [shape.hidden * wire.itemsize] + (
+            [scale_blocks(shape.hidden) * 4] if wire_dtype(shape.dtype) else []
+        )
         if any(b % 16 for b in row_bytes):
-            return Availability(False, f"FlashInfer's two-sided kernels move 16-byte vectors: rows of {row_bytes} bytes")
+            return Availability(
+                False, f"FlashInfer's two-sided kernels move 16-byte vectors: rows of {row_bytes} bytes"
+            )
         return super().feasibility(shape, world_size)
 
     def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
@@ -69,22 +73,36 @@ class FlashInferNvlinkTwoSided(All2AllBackend):
         tokens = self.check_inputs(x, topk_ids, topk_weights)
         s = self.shape
         info, rids, rw, _ = self._moe.mnnvl_moe_alltoallv_prepare_without_allgather(
-            topk_ids.to(torch.int32).contiguous(), topk_weights.to(torch.float32).contiguous(), None,
-            self._prepare_workspace, s.max_tokens_per_rank, self.rank, self.world_size,
-            s.num_experts, s.num_experts, s.topk,
-        )  # fmt: skip
+            topk_ids.to(torch.int32).contiguous(),
+            topk_weights.to(torch.float32).contiguous(),
+            None,
+            self._prepare_workspace,
+            s.max_tokens_per_rank,
+            self.rank,
+            self.world_size,
+            s.num_experts,
+            s.num_experts,
+            s.topk,
+        )
         lo, hi = self.local_expert_range()
         rids = mask_nonlocal(rids, lo, hi)  # also turns the empty-row marker (id E) into -1
         q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
         x_scale = self._exchange(scales, info) if scales is not None else None
-        return Dispatched(x=self._exchange(q, info), topk_ids=rids, topk_weights=rw, handle=(info, tokens), x_scale=x_scale)
+        return Dispatched(
+            x=self._exchange(q, info), topk_ids=rids, topk_weights=rw, handle=(info, tokens), x_scale=x_scale
+        )
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         info, tokens = dispatched.handle
         return self._moe.mnnvl_moe_alltoallv_combine(
-            expert_out.to(self.dtype).contiguous(), info, self._workspace,
-            ep_rank=self.rank, ep_size=self.world_size, top_k=self.shape.topk, token_count=tokens,
-        )  # fmt: skip
+            expert_out.to(self.dtype).contiguous(),
+            info,
+            self._workspace,
+            ep_rank=self.rank,
+            ep_size=self.world_size,
+            top_k=self.shape.topk,
+            token_count=tokens,
+        )
 
     def close(self) -> None:
         # The workspaces are FlashInfer's process-wide singletons: nothing of ours to free.

@@ -71,7 +71,9 @@ class NcclAll2Allv(All2AllBackend):
         h: _Handle = dispatched.handle
         hidden = self.shape.hidden
         back = torch.empty(len(h.source_token), hidden, dtype=self.dtype, device=self.device)
-        dist.all_to_all_single(back, expert_out.to(self.dtype).contiguous(), h.send_splits, h.recv_splits, group=self.group)
+        dist.all_to_all_single(
+            back, expert_out.to(self.dtype).contiguous(), h.send_splits, h.recv_splits, group=self.group
+        )
         # At most one partial sum per destination rank meets here; summing them in the payload
         # dtype rounds as often as a reduce-scatter does, and saves an fp32 copy of every row.
         y = torch.zeros(h.tokens, hidden, dtype=self.dtype, device=self.device)

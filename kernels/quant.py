@@ -49,8 +49,10 @@ def quantize_fp8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             first = (str(exc).strip().splitlines() or [""])[0]
             logging.getLogger(__name__).warning(
                 "a2a-tune: the Triton FP8 quantizer failed on %s (%s: %s); using the torch path there",
-                x.device, type(exc).__name__, first,
-            )  # fmt: skip
+                x.device,
+                type(exc).__name__,
+                first,
+            )
     return quantize_fp8_blocks_torch(x)
 
 
@@ -74,4 +76,4 @@ def quantize_fp8_blocks_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def dequantize_fp8_blocks(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """(q [N, H], scales [N, S]) -> fp32 [N, H]."""
     n, h = q.shape
-    return (q.float().view(n, h) * scale.repeat_interleave(FP8_BLOCK, dim=1)[:, :h])
+    return q.float().view(n, h) * scale.repeat_interleave(FP8_BLOCK, dim=1)[:, :h]

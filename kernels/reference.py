@@ -126,7 +126,9 @@ def check_invariant(
         d = backend.dispatch(inputs.x, inputs.topk_ids, inputs.topk_weights)
         ids = d.topk_ids
         if ids.shape[0] != d.x.shape[0] or d.topk_weights.shape != ids.shape:
-            reason = f"dispatch returned {d.x.shape[0]} rows but ids {list(ids.shape)}, weights {list(d.topk_weights.shape)}"
+            reason = (
+                f"dispatch returned {d.x.shape[0]} rows but ids {list(ids.shape)}, weights {list(d.topk_weights.shape)}"
+            )
         elif bool(((ids != -1) & ((ids < lo) | (ids >= hi))).any()):
             reason = f"dispatch returned expert ids outside this rank's [{lo}, {hi}) that are not -1"
         else:

@@ -17,7 +17,6 @@ import json
 import sys
 import time
 
-
 from a2a_tune.kernels import MoEShape, get_backend
 from a2a_tune.kernels.reference import check_invariant, graph_replay_error, make_inputs
 from a2a_tune.tuner.launch import RankFailed, run_ranks
@@ -55,26 +54,49 @@ def _check_backend(ctx, name: str) -> list[dict]:
         verdicts = []
         for rep in range(repeats):
             inputs = make_inputs(
-                shape, tokens[ctx.rank], rank=ctx.rank, world_size=ctx.world_size, routing=routing,
-                seed=1000 * i + rep, device=ctx.device,
-            )  # fmt: skip
+                shape,
+                tokens[ctx.rank],
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                routing=routing,
+                seed=1000 * i + rep,
+                device=ctx.device,
+            )
             verdicts.append(check_invariant(backend, inputs))
         backend.close()
         worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
-        rows.append({"case": cid, "tokens": list(tokens), "dtype": dtype, "ok": all(v.ok for v in verdicts),
-                     "max_rel_error": worst.max_rel_error, "reason": worst.reason,
-                     "seconds": round(time.perf_counter() - t0, 2)})  # fmt: skip
+        rows.append(
+            {
+                "case": cid,
+                "tokens": list(tokens),
+                "dtype": dtype,
+                "ok": all(v.ok for v in verdicts),
+                "max_rel_error": worst.max_rel_error,
+                "reason": worst.reason,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
     if get_backend(name).graph_capturable:
         err = _graph_check(ctx, name, 5)
-        rows.append({"case": "graph-replays", "tokens": [64] * ctx.world_size, "dtype": "bf16", "ok": err < 2.5e-2,
-                     "max_rel_error": err, "reason": "" if err < 2.5e-2 else f"replay error {err:.3g}"})  # fmt: skip
+        rows.append(
+            {
+                "case": "graph-replays",
+                "tokens": [64] * ctx.world_size,
+                "dtype": "bf16",
+                "ok": err < 2.5e-2,
+                "max_rel_error": err,
+                "reason": "" if err < 2.5e-2 else f"replay error {err:.3g}",
+            }
+        )
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--w1", default="", help="backends to check on 1 GPU (comma-separated)")
-    ap.add_argument("--w2", default="flashinfer_nvlink_one_sided,flashinfer_nvlink_two_sided", help="backends to check on 2 GPUs")
+    ap.add_argument(
+        "--w2", default="flashinfer_nvlink_one_sided,flashinfer_nvlink_two_sided", help="backends to check on 2 GPUs"
+    )
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per backend before its ranks are killed")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -82,7 +104,7 @@ def main() -> None:
     for world, names in ((1, args.w1), (2, args.w2)):
         for name in filter(None, names.split(",")):
             deadline = time.monotonic() + args.timeout
-            stalled = lambda: "timed out" if time.monotonic() > deadline else None  # noqa: E731
+            stalled = lambda: "timed out" if time.monotonic() > deadline else None  # noqa: B023, E731
             try:
                 rows = run_ranks(_check_backend, world, "cuda", name, stalled=stalled)[0]
             except RankFailed as exc:
@@ -91,8 +113,11 @@ def main() -> None:
                 row.update(backend=name, world=world)
                 report.append(row)
                 verdict = "ok  " if row["ok"] else "FAIL"
-                print(f"{verdict} W={world} {name:30s} {row['case']:16s} "
-                      f"err={row.get('max_rel_error', float('nan')):.3g} {row.get('seconds', '')}s {row['reason']}", flush=True)  # fmt: skip
+                print(
+                    f"{verdict} W={world} {name:30s} {row['case']:16s} "
+                    f"err={row.get('max_rel_error', float('nan')):.3g} {row.get('seconds', '')}s {row['reason']}",
+                    flush=True,
+                )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

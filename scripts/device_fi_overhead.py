@@ -31,7 +31,11 @@ class _Unmasked(FlashInferNvlinkOneSided):
         invalid = dict(invalid_token_expert_id=-1, expert_id_payload_index=1) if self.sanitize else {}
         received = self._a2a.dispatch(topk_ids, [x, topk_ids, topk_weights], cap, **invalid)
         buffer = self._a2a.get_combine_payload_tensor_in_workspace(cap, s.hidden, self.dtype).view(w * cap, s.hidden)
-        rows = [received[0].view(w * cap, s.hidden), received[1].view(w * cap, s.topk), received[2].view(w * cap, s.topk)]
+        rows = [
+            received[0].view(w * cap, s.hidden),
+            received[1].view(w * cap, s.topk),
+            received[2].view(w * cap, s.topk),
+        ]
         return Dispatched(*rows, handle=buffer)
 
 

@@ -26,7 +26,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
     ap.add_argument("--run", type=int, required=True, help="the full-grid run to replay")
-    ap.add_argument("--score", type=int, action="append", default=[], help="another run to score the table on, repeatable")
+    ap.add_argument(
+        "--score", type=int, action="append", default=[], help="another run to score the table on, repeatable"
+    )
     ap.add_argument("--out", type=Path, required=True, help="directory for the replayed table")
     a = ap.parse_args()
     names = engine_names()
@@ -45,7 +47,9 @@ def replay(a: argparse.Namespace, names: dict) -> None:
         backends = tuple((run.config or {}).get("backends") or list_backends())  # the run's own, in its order
         groups: dict[tuple, dict[tuple[int, str], object]] = {}
         for m in full:
-            groups.setdefault((m.num_experts, m.topk, m.hidden, m.dtype, m.routing), {})[(m.tokens_per_rank, m.backend)] = m
+            groups.setdefault((m.num_experts, m.topk, m.hidden, m.dtype, m.routing), {})[
+                (m.tokens_per_rank, m.backend)
+            ] = m
         # the run's grid (refinement counts are not grid points) and its refinement setting
         grid = tuple(sorted((run.config or {}).get("tokens") or {m.tokens_per_rank for m in full}))
         refine = (run.config or {}).get("refine_ratio")
@@ -61,10 +65,14 @@ def replay(a: argparse.Namespace, names: dict) -> None:
                     elif t not in grid:
                         missing += 1  # a refinement count the full run did not refine: counts as failed
         base = profile_from_store(store, a.run, backend_names=names)  # hardware and run sections
-        profile = build_profile(kept, store.failures(a.run), hardware=base["hardware"], run=base["run"], backend_names=names)
+        profile = build_profile(
+            kept, store.failures(a.run), hardware=base["hardware"], run=base["run"], backend_names=names
+        )
         path = write_profile(profile, a.out)
-        print(f"adaptive replay of run {a.run}: {len(kept)} of {len(full)} measurements "
-              f"({100 * len(kept) / len(full):.1f}%); table {path}")  # fmt: skip
+        print(
+            f"adaptive replay of run {a.run}: {len(kept)} of {len(full)} measurements "
+            f"({100 * len(kept) / len(full):.1f}%); table {path}"
+        )
         if missing:
             print(f"  {missing} refinement point(s) the search asked for are not in run {a.run} (not replayed)")
         for r in [a.run, *a.score]:
@@ -73,8 +81,10 @@ def replay(a: argparse.Namespace, names: dict) -> None:
             ev = result.policies.get("table")
             outside = f"; {result.outside} point(s) of other shapes not scored" if result.outside else ""
             if ev:
-                print(f"  scored on run {r}: mean regret {100 * ev['mean']:.2f}%, worst {100 * ev['worst']:.1f}% "
-                      f"({ev['points']} points{outside})")  # fmt: skip
+                print(
+                    f"  scored on run {r}: mean regret {100 * ev['mean']:.2f}%, worst {100 * ev['worst']:.1f}% "
+                    f"({ev['points']} points{outside})"
+                )
             else:
                 print(f"  run {r}: no point of the table's shapes{outside}")
 

@@ -68,7 +68,12 @@ def pip_download(spec: str, dest: Path, *, python_version: str | None, binary_pl
     if python_version:
         cmd += ["--python-version", python_version, "--implementation", "cp"]
     if binary_platforms:
-        for plat in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64"):
+        for plat in (
+            "manylinux_2_28_x86_64",
+            "manylinux_2_27_x86_64",
+            "manylinux_2_24_x86_64",
+            "manylinux_2_17_x86_64",
+        ):
             cmd += ["--platform", plat]
     log("downloading " + spec)
     subprocess.run(cmd, check=True)
@@ -108,7 +113,9 @@ def cuda_home() -> Path:
     for c in filter(None, candidates):
         if (Path(c) / "lib64" / "libcudart.so").exists() and (Path(c) / "bin" / "nvcc").exists():
             return Path(c)
-    sys.exit("[stage_flashinfer] no CUDA toolkit found (set CUDA_HOME to a folder with bin/nvcc and lib64/libcudart.so)")
+    sys.exit(
+        "[stage_flashinfer] no CUDA toolkit found (set CUDA_HOME to a folder with bin/nvcc and lib64/libcudart.so)"
+    )
 
 
 def cublas_include(explicit: str | None) -> Path:
@@ -168,18 +175,26 @@ def build_aot(env: dict[str, str], arch: str) -> dict[str, Path]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default=".flashinfer", help="output folder (ignored by git); PYTHONPATH=<out>/site")
     ap.add_argument("--wheel-dir", default=str(CACHE), help="where the wheels are, or are downloaded to")
     ap.add_argument("--arch", default="9.0a", help="CUDA arch of the GPUs that will run it (9.0a: H100/H200)")
-    ap.add_argument("--python-version", default="3.12", help="Python of the machine that will run it (tvm-ffi is compiled)")
+    ap.add_argument(
+        "--python-version", default="3.12", help="Python of the machine that will run it (tvm-ffi is compiled)"
+    )
     ap.add_argument("--cublas-include", help="folder holding cublasLt.h")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 
     wheels = Path(args.wheel_dir)
-    fi_wheel = pip_download(f"flashinfer-python=={FLASHINFER_VERSION}", wheels, python_version=None, binary_platforms=False)
-    tvm_target = pip_download(f"apache-tvm-ffi=={TVM_FFI_VERSION}", wheels, python_version=args.python_version, binary_platforms=True)
+    fi_wheel = pip_download(
+        f"flashinfer-python=={FLASHINFER_VERSION}", wheels, python_version=None, binary_platforms=False
+    )
+    tvm_target = pip_download(
+        f"apache-tvm-ffi=={TVM_FFI_VERSION}", wheels, python_version=args.python_version, binary_platforms=True
+    )
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     tvm_here = pip_download(f"apache-tvm-ffi=={TVM_FFI_VERSION}", wheels, python_version=here, binary_platforms=True)
 
@@ -194,7 +209,19 @@ def main() -> None:
             (site / rel).write_text(text)
         # What importing flashinfer.jit needs here to build (already on the GPU image).
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--target", str(scratch / "deps"), str(tvm_here), "requests", "numpy", "cuda-bindings"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--target",
+                str(scratch / "deps"),
+                str(tvm_here),
+                "requests",
+                "numpy",
+                "cuda-bindings",
+            ],
             check=True,
         )
         (scratch / "EXTRACTED").write_text(fi_wheel.name)

@@ -92,9 +92,14 @@ def _run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
         try:
             for rep in range(case.repeats):
                 inputs = make_inputs(
-                    shape, case.tokens[ctx.rank], rank=ctx.rank, world_size=ctx.world_size,
-                    routing=case.routing, seed=1000 * i + rep, device=ctx.device,
-                )  # fmt: skip
+                    shape,
+                    case.tokens[ctx.rank],
+                    rank=ctx.rank,
+                    world_size=ctx.world_size,
+                    routing=case.routing,
+                    seed=1000 * i + rep,
+                    device=ctx.device,
+                )
                 verdicts.append(check_invariant(backend, inputs, scales=scales))
         except ShapeError as exc:  # the caller's mistake, raised before any collective (every rank)
             results[case.id] = (False, float("inf"), str(exc), True)
@@ -119,7 +124,9 @@ def results_w3():
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in _cases_w2() if not c.id.startswith("planted") and "than-the-step" not in c.id], ids=lambda c: c.id
+    "case",
+    [c for c in _cases_w2() if not c.id.startswith("planted") and "than-the-step" not in c.id],
+    ids=lambda c: c.id,
 )
 def test_invariant_holds_on_two_ranks(results_w2, case):
     ok, err, reason, _ = results_w2[case.id]
@@ -164,7 +171,10 @@ def test_registry_lists_the_real_backends_first():
 
 
 def test_unknown_backend_error_names_the_known_ones():
-    with pytest.raises(KeyError, match="unknown backend 'nope'; known: allgather_reducescatter, allgather_reducescatter_padded, nccl_all2allv"):
+    with pytest.raises(
+        KeyError,
+        match="unknown backend 'nope'; known: allgather_reducescatter, allgather_reducescatter_padded, nccl_all2allv",
+    ):
         get_backend("nope")
 
 
@@ -210,7 +220,9 @@ def test_make_inputs_is_reproducible_and_differs_per_rank():
 
 def test_skewed_routing_concentrates_on_few_experts():
     shape = MoEShape(64, 4, 8, 4096)
-    uniform = make_inputs(shape, 4096, rank=0, world_size=2, routing="uniform").topk_ids.flatten().bincount(minlength=64)
+    uniform = (
+        make_inputs(shape, 4096, rank=0, world_size=2, routing="uniform").topk_ids.flatten().bincount(minlength=64)
+    )
     skewed = make_inputs(shape, 4096, rank=0, world_size=2, routing="skewed").topk_ids.flatten().bincount(minlength=64)
     top8 = lambda counts: counts.sort(descending=True).values[:8].sum().item() / counts.sum().item()  # noqa: E731
     assert top8(skewed) > 2 * top8(uniform)
@@ -237,8 +249,13 @@ def test_a_backend_module_that_does_not_import_is_one_line(monkeypatch):
     import sys
 
     env = {**__import__("os").environ, "A2A_TUNE_BACKEND_MODULES": "no_such_backend_module"}
-    r = subprocess.run([sys.executable, "-m", "a2a_tune.tuner.cli", "backends", "--device", "cpu"],
-                       capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "a2a_tune.tuner.cli", "backends", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "A2A_TUNE_BACKEND_MODULES: cannot import 'no_such_backend_module'" in r.stderr
     assert "Traceback" not in r.stderr

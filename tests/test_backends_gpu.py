@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_backends import REAL_BACKENDS, Case, _cases_w2, _run_cases
 
 from a2a_tune.kernels import MoEShape, get_backend
 from a2a_tune.kernels._flashinfer import flashinfer_version
 from a2a_tune.kernels.reference import graph_replay_error
 from a2a_tune.tuner.launch import run_ranks
 from a2a_tune.tuner.shapes import presets
-
-from test_backends import REAL_BACKENDS, Case, _cases_w2, _run_cases
 
 pytestmark = pytest.mark.gpu
 
@@ -34,16 +33,50 @@ def _gpu_cases() -> list[Case]:
             cases += [
                 Case(f"{b}-{p.name}-uniform", b, (128, 77), p.num_experts, p.topk, p.hidden, "bf16"),
                 Case(f"{b}-{p.name}-skewed-zero", b, (0, 300), p.num_experts, p.topk, p.hidden, "bf16", "skewed"),
-                Case(f"{b}-{p.name}-large-repeated", b, (large, large), p.num_experts, p.topk, p.hidden, "bf16", repeats=3),
+                Case(
+                    f"{b}-{p.name}-large-repeated",
+                    b,
+                    (large, large),
+                    p.num_experts,
+                    p.topk,
+                    p.hidden,
+                    "bf16",
+                    repeats=3,
+                ),
             ]
             # an engine's capacity, a smaller step: step-sized backends move only the step's rows
-            cases.append(Case(f"{b}-{p.name}-step-below-capacity", b, (160, 97), p.num_experts, p.topk, p.hidden, "bf16",
-                              repeats=2, capacity=large, step=192))  # fmt: skip
+            cases.append(
+                Case(
+                    f"{b}-{p.name}-step-below-capacity",
+                    b,
+                    (160, 97),
+                    p.num_experts,
+                    p.topk,
+                    p.hidden,
+                    "bf16",
+                    repeats=2,
+                    capacity=large,
+                    step=192,
+                )
+            )
             fp8 = MoEShape(p.num_experts, p.topk, p.hidden, 256, "fp8_e4m3")
             if b in NVLINK and get_backend(b).feasibility(fp8, 2).ok:  # block-FP8: the NVLink backends
-                cases.append(Case(f"{b}-{p.name}-fp8", b, (256, 100), p.num_experts, p.topk, p.hidden, "fp8_e4m3", repeats=2))
-                cases.append(Case(f"{b}-{p.name}-fp8-step", b, (100, 64), p.num_experts, p.topk, p.hidden, "fp8_e4m3",
-                                  capacity=256, step=128))  # fmt: skip
+                cases.append(
+                    Case(f"{b}-{p.name}-fp8", b, (256, 100), p.num_experts, p.topk, p.hidden, "fp8_e4m3", repeats=2)
+                )
+                cases.append(
+                    Case(
+                        f"{b}-{p.name}-fp8-step",
+                        b,
+                        (100, 64),
+                        p.num_experts,
+                        p.topk,
+                        p.hidden,
+                        "fp8_e4m3",
+                        capacity=256,
+                        step=128,
+                    )
+                )
     return cases
 
 
@@ -72,7 +105,9 @@ def gpu_results():
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in _gpu_cases() if not c.id.startswith("planted") and "than-the-step" not in c.id], ids=lambda c: c.id
+    "case",
+    [c for c in _gpu_cases() if not c.id.startswith("planted") and "than-the-step" not in c.id],
+    ids=lambda c: c.id,
 )
 def test_invariant_holds_on_gpus(gpu_results, case):
     ok, err, reason, _ = gpu_results[0][case.id]

@@ -9,14 +9,18 @@ import sys
 
 import pytest
 
-
 CPU_BACKENDS = {"allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"}
 
 
 def a2a(*args: str, env_extra: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
     return subprocess.run(
-        [sys.executable, "-m", "a2a_tune.tuner.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+        [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
     )
 
 
@@ -26,9 +30,25 @@ def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     env = {"XDG_DATA_HOME": str(root / "xdg")}
     r = a2a(
-        "run", "--device", "cpu", "--world", "2", "--preset", "mixtral-8x7b", "--tokens", "1,8,32",
-        "--warmup", "1", "--iters", "3", "--db", str(root / "t.db"), "--no-progress", env_extra=env, cwd=root,
-    )  # fmt: skip
+        "run",
+        "--device",
+        "cpu",
+        "--world",
+        "2",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1,8,32",
+        "--warmup",
+        "1",
+        "--iters",
+        "3",
+        "--db",
+        str(root / "t.db"),
+        "--no-progress",
+        env_extra=env,
+        cwd=root,
+    )
     return root, env, r
 
 
@@ -43,22 +63,52 @@ def test_run_writes_a_table_the_lookup_finds_by_fingerprint(finished_run):
     assert profile["schema"] == 2 and profile["entries"][0]["tokens"] == [1, 8, 32]
     assert {c["timing"] for c in profile["entries"][0]["backends"].values()} == {"eager"}
 
-    look = a2a("lookup", "--ep-size", "2", "--hidden", "4096", "--topk", "2", "--experts", "8", "--tokens", "16", env_extra=env)
+    look = a2a(
+        "lookup", "--ep-size", "2", "--hidden", "4096", "--topk", "2", "--experts", "8", "--tokens", "16", env_extra=env
+    )
     assert look.returncode == 0, look.stderr
     assert look.stdout.strip() in CPU_BACKENDS
     assert look.stderr.startswith("exact:")
 
     as_json = json.loads(
-        a2a("lookup", "--ep-size", "2", "--hidden", "4096", "--topk", "2", "--experts", "8", "--tokens", "16",
-            "--format", "json", env_extra=env).stdout  # fmt: skip
+        a2a(
+            "lookup",
+            "--ep-size",
+            "2",
+            "--hidden",
+            "4096",
+            "--topk",
+            "2",
+            "--experts",
+            "8",
+            "--tokens",
+            "16",
+            "--format",
+            "json",
+            env_extra=env,
+        ).stdout
     )
     assert as_json["match"] == "exact" and set(as_json["expected_us"]) == CPU_BACKENDS
 
 
 def test_vllm_format_only_prints_a_literal_vllm_accepts(finished_run):
     root, env, _ = finished_run
-    r = a2a("lookup", "--ep-size", "2", "--hidden", "4096", "--topk", "2", "--experts", "8", "--tokens", "8",
-            "--format", "vllm", env_extra=env)  # fmt: skip
+    r = a2a(
+        "lookup",
+        "--ep-size",
+        "2",
+        "--hidden",
+        "4096",
+        "--topk",
+        "2",
+        "--experts",
+        "8",
+        "--tokens",
+        "8",
+        "--format",
+        "vllm",
+        env_extra=env,
+    )
     assert r.returncode == 0
     assert r.stdout.strip() == "--all2all-backend allgather_reducescatter"  # nccl_all2allv has no vLLM literal
 
@@ -72,8 +122,25 @@ def test_select_again_from_the_database(finished_run, tmp_path):
 
 def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
     root, env, _ = finished_run
-    r = a2a("sweep", "--device", "cpu", "--preset", "mixtral-8x7b", "--tokens", "1", "--iters", "2", "--warmup", "0",
-            "--backend", "nccl_all2allv", "--db", str(root / "t.db"), "--no-progress", env_extra=env)  # fmt: skip
+    r = a2a(
+        "sweep",
+        "--device",
+        "cpu",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1",
+        "--iters",
+        "2",
+        "--warmup",
+        "0",
+        "--backend",
+        "nccl_all2allv",
+        "--db",
+        str(root / "t.db"),
+        "--no-progress",
+        env_extra=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "run 2 (completed)" in r.stdout and "1 measured" in r.stdout
 
@@ -86,20 +153,90 @@ def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
         (("sweep", "--device", "cpu", "--tokens", "1,x"), "--tokens must be comma-separated integers"),
         (("sweep", "--device", "cpu", "--world", "1"), "--world must be at least 2"),
         (("sweep", "--device", "cpu", "--dtype", "int3"), "unknown --dtype 'int3'"),
-        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--tokens", "1", "--format", "x"),
-         "--format must be"),
-        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2"),
-         "give exactly one of --tokens, --phase or --workload (got none)"),
-        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--tokens", "1", "--phase", "decode"),
-         "give exactly one of --tokens, --phase or --workload (got --tokens, --phase)"),
-        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "decode"),
-         "--phase decode needs --max-batch N"),
-        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "decode",
-          "--max-tokens", "8"), "--max-tokens goes with --phase prefill"),
-        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "mixed"),
-         "--phase must be decode or prefill"),
-        (("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "prefill",
-          "--max-tokens", "0"), "--max-tokens must be >= 1"),
+        (
+            (
+                "lookup",
+                "--ep-size",
+                "2",
+                "--hidden",
+                "1",
+                "--topk",
+                "1",
+                "--experts",
+                "2",
+                "--tokens",
+                "1",
+                "--format",
+                "x",
+            ),
+            "--format must be",
+        ),
+        (
+            ("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2"),
+            "give exactly one of --tokens, --phase or --workload (got none)",
+        ),
+        (
+            (
+                "lookup",
+                "--ep-size",
+                "2",
+                "--hidden",
+                "1",
+                "--topk",
+                "1",
+                "--experts",
+                "2",
+                "--tokens",
+                "1",
+                "--phase",
+                "decode",
+            ),
+            "give exactly one of --tokens, --phase or --workload (got --tokens, --phase)",
+        ),
+        (
+            ("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "decode"),
+            "--phase decode needs --max-batch N",
+        ),
+        (
+            (
+                "lookup",
+                "--ep-size",
+                "2",
+                "--hidden",
+                "1",
+                "--topk",
+                "1",
+                "--experts",
+                "2",
+                "--phase",
+                "decode",
+                "--max-tokens",
+                "8",
+            ),
+            "--max-tokens goes with --phase prefill",
+        ),
+        (
+            ("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "mixed"),
+            "--phase must be decode or prefill",
+        ),
+        (
+            (
+                "lookup",
+                "--ep-size",
+                "2",
+                "--hidden",
+                "1",
+                "--topk",
+                "1",
+                "--experts",
+                "2",
+                "--phase",
+                "prefill",
+                "--max-tokens",
+                "0",
+            ),
+            "--max-tokens must be >= 1",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -171,8 +308,9 @@ def test_lookup_env_format_is_shell_lines(tmp_path):
         "export A2A_TUNE_MATCH=exact",
     ]
     assert "a2a-tune:" not in r.stderr  # engines without a literal here are no warning
-    sh = subprocess.run(["bash", "-c", f"eval \"$(cat)\"; echo $A2A_TUNE_BACKEND"], input=r.stdout,
-                        capture_output=True, text=True)  # fmt: skip
+    sh = subprocess.run(
+        ["bash", "-c", 'eval "$(cat)"; echo $A2A_TUNE_BACKEND'], input=r.stdout, capture_output=True, text=True
+    )
     assert sh.stdout.strip() == "nvlink_one_sided"
 
 
@@ -187,7 +325,21 @@ def test_lookup_with_a_bad_workload_file_still_prints_the_default(tmp_path):
 def test_lookup_with_a_garbled_table_falls_back_with_one_warning(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"schema": 1, "entries": [')
-    r = a2a("lookup", "--profile", str(bad), "--ep-size", "2", "--hidden", "64", "--topk", "2", "--experts", "8", "--tokens", "4")
+    r = a2a(
+        "lookup",
+        "--profile",
+        str(bad),
+        "--ep-size",
+        "2",
+        "--hidden",
+        "64",
+        "--topk",
+        "2",
+        "--experts",
+        "8",
+        "--tokens",
+        "4",
+    )
     assert r.returncode == 0
     assert r.stdout.strip() == "allgather_reducescatter"
     assert len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr
@@ -210,8 +362,21 @@ def test_help_explains_the_flow():
 def test_evaluate_reports_the_tables_regret_on_held_out_points(finished_run):
     root, env, _ = finished_run
     (table,) = (root / "xdg" / "a2a-tune" / "profiles").glob("cpu-*.json")
-    r = a2a("evaluate", "--profile", str(table), "--device", "cpu", "--db", str(root / "t.db"), "--warmup", "0",
-            "--iters", "3", "--no-progress", env_extra=env)  # fmt: skip
+    r = a2a(
+        "evaluate",
+        "--profile",
+        str(table),
+        "--device",
+        "cpu",
+        "--db",
+        str(root / "t.db"),
+        "--warmup",
+        "0",
+        "--iters",
+        "3",
+        "--no-progress",
+        env_extra=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "at 2 held-out token counts" in r.stdout  # midpoints of 1, 8, 32: 3 and 16
     assert "table" in r.stdout and "always allgather_reducescatter" in r.stdout and "mean regret" in r.stdout
@@ -229,14 +394,21 @@ def test_evaluate_scores_a_table_on_a_stored_run_without_measuring(finished_run)
     assert 0.0 <= mean <= worst <= 3.0, row
 
     missing = a2a("evaluate", "--profile", str(table), "--db", str(root / "t.db"), "--run", "99", env_extra=env)
-    assert missing.returncode == 2 and "run 99 could not be read" in missing.stderr and "Traceback" not in missing.stderr
+    assert (
+        missing.returncode == 2 and "run 99 could not be read" in missing.stderr and "Traceback" not in missing.stderr
+    )
 
 
 def test_replaying_a_stored_run_through_the_adaptive_search(finished_run, tmp_path):
     root, env, _ = finished_run
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "replay_adaptive.py")
-    r = subprocess.run([sys.executable, script, "--db", str(root / "t.db"), "--run", "1", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, **env})  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, script, "--db", str(root / "t.db"), "--run", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert r.returncode == 0, r.stderr
     assert "of 9 measurements" in r.stdout and "scored on run 1" in r.stdout
     (table,) = tmp_path.glob("*.json")
@@ -253,8 +425,21 @@ def test_evaluate_rejects_a_broken_profile_in_one_line(tmp_path):
 
 def test_capacity_builds_fixed_capacity_backends_for_the_engines_largest_batch(tmp_path):
     env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
-    common = ("--device", "cpu", "--preset", "mixtral-8x7b", "--warmup", "0", "--iters", "2", "--no-progress",
-              "--backend", "allgather_reducescatter_padded", "--db", str(tmp_path / "t.db"))  # fmt: skip
+    common = (
+        "--device",
+        "cpu",
+        "--preset",
+        "mixtral-8x7b",
+        "--warmup",
+        "0",
+        "--iters",
+        "2",
+        "--no-progress",
+        "--backend",
+        "allgather_reducescatter_padded",
+        "--db",
+        str(tmp_path / "t.db"),
+    )
     r = a2a("run", *common, "--tokens", "1,8", "--capacity", "32", "--out", str(tmp_path / "p"), env_extra=env)
     assert r.returncode == 0, r.stderr
     assert "2 measured" in r.stdout  # the invariant held with 1 and 8 tokens in 32-token slots

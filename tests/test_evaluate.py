@@ -10,17 +10,28 @@ from a2a_tune.tuner.evaluate import evaluate, held_out_tokens
 from a2a_tune.tuner.select import build_profile, write_profile
 
 SHAPE = dict(ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform")
-NAMES = {b: {"vllm_name": None, "sglang_name": None} for b in ("allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided")}
+NAMES = {
+    b: {"vllm_name": None, "sglang_name": None}
+    for b in ("allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided")
+}
 
 
 def _rows(curves: dict[str, dict[int, float]]) -> list[dict]:
-    return [dict(SHAPE, backend=b, tokens_per_rank=t, timing="eager", median_us=v, p10_us=v * 0.99, p90_us=v * 1.01)
-            for b, c in curves.items() for t, v in c.items()]  # fmt: skip
+    return [
+        dict(SHAPE, backend=b, tokens_per_rank=t, timing="eager", median_us=v, p10_us=v * 0.99, p90_us=v * 1.01)
+        for b, c in curves.items()
+        for t, v in c.items()
+    ]
 
 
 def _table(tmp_path, curves) -> str:
-    profile = build_profile(_rows(curves), [], hardware={"fingerprint": "test.fixture.node1", "facts_hash": "0", "facts": {}},
-                            run={"id": 1, "device_type": "cpu", "world_size": 2, "versions": {}}, backend_names=NAMES)  # fmt: skip
+    profile = build_profile(
+        _rows(curves),
+        [],
+        hardware={"fingerprint": "test.fixture.node1", "facts_hash": "0", "facts": {}},
+        run={"id": 1, "device_type": "cpu", "world_size": 2, "versions": {}},
+        backend_names=NAMES,
+    )
     return str(write_profile(profile, tmp_path))
 
 
@@ -42,14 +53,23 @@ def test_held_out_tokens_of_a_dense_grid_are_a_spread_of_at_most_eight():
 
 def test_regret_of_the_table_and_of_fixed_policies_on_held_out_points(tmp_path):
     # The table saw nvlink win at 1 and 16 tokens; at 4 tokens (held out) nccl is in fact 25% faster.
-    path = _table(tmp_path, {
-        "allgather_reducescatter": {1: 50.0, 16: 90.0},
-        "nccl_all2allv": {1: 40.0, 16: 60.0},
-        "nvlink_one_sided": {1: 10.0, 16: 30.0},
-    })  # fmt: skip
-    held = {4: {"allgather_reducescatter": 60.0, "nccl_all2allv": 16.0, "nvlink_one_sided": 20.0},
-            8: {"allgather_reducescatter": 70.0, "nccl_all2allv": 30.0, "nvlink_one_sided": 24.0}}  # fmt: skip
-    ms = [SimpleNamespace(**SHAPE, backend=b, tokens_per_rank=t, median_us=v) for t, c in held.items() for b, v in c.items()]
+    path = _table(
+        tmp_path,
+        {
+            "allgather_reducescatter": {1: 50.0, 16: 90.0},
+            "nccl_all2allv": {1: 40.0, 16: 60.0},
+            "nvlink_one_sided": {1: 10.0, 16: 30.0},
+        },
+    )
+    held = {
+        4: {"allgather_reducescatter": 60.0, "nccl_all2allv": 16.0, "nvlink_one_sided": 20.0},
+        8: {"allgather_reducescatter": 70.0, "nccl_all2allv": 30.0, "nvlink_one_sided": 24.0},
+    }
+    ms = [
+        SimpleNamespace(**SHAPE, backend=b, tokens_per_rank=t, median_us=v)
+        for t, c in held.items()
+        for b, v in c.items()
+    ]
     ev = evaluate(ms, path)
     table = ev.summary()["table"]
     assert table["points"] == 2
@@ -62,7 +82,9 @@ def test_regret_of_the_table_and_of_fixed_policies_on_held_out_points(tmp_path):
 def test_points_where_a_policys_backend_was_not_measured_are_counted_not_hidden(tmp_path):
     # an evaluation of a subset of the backends: the table picks nvlink, which was not measured
     path = _table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0}, "nvlink_one_sided": {1: 10.0, 16: 30.0}})
-    ms = [SimpleNamespace(**SHAPE, backend="allgather_reducescatter", tokens_per_rank=t, median_us=60.0) for t in (4, 8)]
+    ms = [
+        SimpleNamespace(**SHAPE, backend="allgather_reducescatter", tokens_per_rank=t, median_us=60.0) for t in (4, 8)
+    ]
     ev = evaluate(ms, path)
     assert "table" not in ev.summary() and ev.unscored == {"table": 2}
     assert ev.summary()["always allgather_reducescatter"] == {"mean": 0.0, "worst": 0.0, "points": 2}
@@ -71,8 +93,10 @@ def test_points_where_a_policys_backend_was_not_measured_are_counted_not_hidden(
 def test_points_of_shapes_the_table_lacks_are_counted_not_scored_as_its_choice(tmp_path):
     path = _table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0}, "nvlink_one_sided": {1: 10.0, 16: 30.0}})
     other = dict(SHAPE, hidden=128)  # not in the table: a lookup there answers a nearest shape or the fallback
-    ms = [SimpleNamespace(**other, backend=b, tokens_per_rank=4, median_us=v)
-          for b, v in (("allgather_reducescatter", 60.0), ("nvlink_one_sided", 20.0))]  # fmt: skip
+    ms = [
+        SimpleNamespace(**other, backend=b, tokens_per_rank=4, median_us=v)
+        for b, v in (("allgather_reducescatter", 60.0), ("nvlink_one_sided", 20.0))
+    ]
     ms += [SimpleNamespace(**SHAPE, backend="nvlink_one_sided", tokens_per_rank=4, median_us=20.0)]
     ev = evaluate(ms, path)
     assert ev.outside == 1 and len(ev.points) == 1 and ev.summary()["table"]["worst"] == 0.0

@@ -11,11 +11,12 @@ import sys
 
 import pytest
 
-from a2a_tune.kernels import BackendEnv, MoEShape, get_backend, list_backends
-from a2a_tune.kernels import _flashinfer
+from a2a_tune.kernels import BackendEnv, MoEShape, _flashinfer, get_backend, list_backends
 
 FLASHINFER = ["flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided"]
-H200 = BackendEnv(world_size=2, device_type="cuda", dist_backend="nccl", gpu_name="H200", compute_capability=(9, 0), peer_access=True)
+H200 = BackendEnv(
+    world_size=2, device_type="cuda", dist_backend="nccl", gpu_name="H200", compute_capability=(9, 0), peer_access=True
+)
 
 
 def _fake_flashinfer(tmp_path, version: str):
@@ -70,8 +71,14 @@ def test_version_is_read_without_import_from_a_staged_copy(tmp_path, monkeypatch
     "env, reason",
     [
         (BackendEnv(2, "cpu", "gloo"), "needs CUDA GPUs (FlashInfer's NVLink kernels)"),
-        (BackendEnv(2, "cuda", "nccl", "A100", (8, 0), True), "FlashInfer's NVLink all2all needs compute capability >= 9.0, found 8.0"),
-        (BackendEnv(2, "cuda", "nccl", "H200", (9, 0), False), "needs peer access between every pair of GPUs (one NVLink island)"),
+        (
+            BackendEnv(2, "cuda", "nccl", "A100", (8, 0), True),
+            "FlashInfer's NVLink all2all needs compute capability >= 9.0, found 8.0",
+        ),
+        (
+            BackendEnv(2, "cuda", "nccl", "H200", (9, 0), False),
+            "needs peer access between every pair of GPUs (one NVLink island)",
+        ),
     ],
 )
 def test_unsupported_machines_get_one_line_reasons(tmp_path, monkeypatch, no_metadata, env, reason):
@@ -104,7 +111,10 @@ def test_two_sided_shape_limits_are_infeasible_not_failures(shape, ok, why):
 
 def test_importing_a2a_tune_never_imports_flashinfer():
     code = "import a2a_tune.kernels, a2a_tune.tuner.lookup, sys; print('flashinfer' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_block_size_knobs_follow_flashinfers_sanitising(monkeypatch):

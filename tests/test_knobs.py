@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import pytest
-
 import knob_backends  # noqa: F401  (tests/support: registers knobbed_sleepy here; the ranks load it by env)
+import pytest
 
 from a2a_tune.db import open_store
 from a2a_tune.kernels import KnobError, get_backend
@@ -30,8 +29,18 @@ FAST = {"delay_ms": 1, "shortcut": False}
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'knobs.db'}"
-    plan = KnobPlan("knobbed_sleepy", SHAPE, tokens=(4,), trials=6, warmup=1, iters=4, probe_iters=2, input_sets=2, seed=0,
-                    prune_margin=0.10)  # 40 ms vs 1 ms of sleep stays > 10% apart under any gloo overhead < 390 ms
+    plan = KnobPlan(
+        "knobbed_sleepy",
+        SHAPE,
+        tokens=(4,),
+        trials=6,
+        warmup=1,
+        iters=4,
+        probe_iters=2,
+        input_sets=2,
+        seed=0,
+        prune_margin=0.10,
+    )  # 40 ms vs 1 ms of sleep stays > 10% apart under any gloo overhead < 390 ms
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("A2A_TUNE_BACKEND_MODULES", "knob_backends")
         results = tune_knobs(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
@@ -59,8 +68,13 @@ def test_check_knobs_fills_defaults_and_refuses_unknown_names_and_values():
 def test_nvlink_defaults_are_the_launch_parameters_used_before_knobs():
     # Past measurements stay comparable: the kernels launch as they did without knobs.
     launch = LaunchKnobs()
-    assert (launch.send_num_warps, launch.recv_num_warps, launch.row_block_bytes, launch.recv_block_h, launch.recv_block_rows) == (
-        4, 4, 16384, 2048, 64)
+    assert (
+        launch.send_num_warps,
+        launch.recv_num_warps,
+        launch.row_block_bytes,
+        launch.recv_block_h,
+        launch.recv_block_rows,
+    ) == (4, 4, 16384, 2048, 64)
     for name in ("nvlink_one_sided", "nvlink_low_latency"):
         cls = get_backend(name)
         assert all(cls.knob_defaults[k] in v for k, v in cls.knob_space.items())
@@ -134,12 +148,30 @@ def _table(tmp_path):
     rows = []
     for backend, base in (("allgather_reducescatter", 100.0), ("knobbed_sleepy", 50.0)):
         for t in (4, 16, 64):
-            rows.append(dict(backend=backend, ep_size=2, hidden=32, topk=4, num_experts=16, dtype="bf16",
-                             routing="uniform", tokens_per_rank=t, timing="eager", median_us=base + t,
-                             p10_us=base + t - 1, p90_us=base + t + 1))  # fmt: skip
+            rows.append(
+                dict(
+                    backend=backend,
+                    ep_size=2,
+                    hidden=32,
+                    topk=4,
+                    num_experts=16,
+                    dtype="bf16",
+                    routing="uniform",
+                    tokens_per_rank=t,
+                    timing="eager",
+                    median_us=base + t,
+                    p10_us=base + t - 1,
+                    p90_us=base + t + 1,
+                )
+            )
     names = {b: {"vllm_name": None, "sglang_name": None} for b in ("allgather_reducescatter", "knobbed_sleepy")}
-    profile = build_profile(rows, [], hardware={"fingerprint": "cpu-x86_64.node1", "facts_hash": "x", "facts": {}},
-                            run={"id": 1, "device_type": "cpu", "world_size": 2, "versions": {}}, backend_names=names)  # fmt: skip
+    profile = build_profile(
+        rows,
+        [],
+        hardware={"fingerprint": "cpu-x86_64.node1", "facts_hash": "x", "facts": {}},
+        run={"id": 1, "device_type": "cpu", "world_size": 2, "versions": {}},
+        backend_names=names,
+    )
     return write_profile(profile, tmp_path)
 
 
@@ -158,7 +190,9 @@ def test_best_knobs_are_written_into_the_table_and_lookup_returns_them(searched,
     assert dict(lookup(phase="decode", max_tokens=16, **ask).knobs) == FAST  # log-midpoint 4
     assert lookup(tokens=5, **ask).to_dict()["knobs"] == FAST
     _, notes = with_knobs(updated, {**shape, "hidden": 64}, "knobbed_sleepy", {4: FAST})
-    assert notes == ["the table has no entry for ep_size=2, hidden=64, topk=4, num_experts=16, dtype=bf16, routing=uniform"]
+    assert notes == [
+        "the table has no entry for ep_size=2, hidden=64, topk=4, num_experts=16, dtype=bf16, routing=uniform"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -210,10 +244,20 @@ def test_stored_knobs_of_fixed_capacity_backends_match_the_tables_capacity(tmp_p
     from a2a_tune.tuner.knobs import stored_knobs
 
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    attrs = {"backend": "nvlink_one_sided", "num_experts": 16, "topk": 4, "hidden": 32, "dtype": "bf16",
-             "routing": "uniform", "ep_size": 2, "tokens_per_rank": 4}  # fmt: skip
+    attrs = {
+        "backend": "nvlink_one_sided",
+        "num_experts": 16,
+        "topk": 4,
+        "hidden": 32,
+        "dtype": "bf16",
+        "routing": "uniform",
+        "ep_size": 2,
+        "tokens_per_rank": 4,
+    }
     for capacity, knobs in ((None, {"send_num_warps": 8}), (64, {"send_num_warps": 2})):
-        study = optuna.create_study(study_name=f"a2a-tune knobs: fp.node1 nvlink_one_sided T4 cap{capacity}", storage=url)
+        study = optuna.create_study(
+            study_name=f"a2a-tune knobs: fp.node1 nvlink_one_sided T4 cap{capacity}", storage=url
+        )
         for k, v in {**attrs, "capacity": capacity, "best_knobs": knobs}.items():
             study.set_user_attr(k, v)
     assert [k for *_, k in stored_knobs(url, "fp.node1")] == [{"send_num_warps": 8}]  # best-case sized table

@@ -90,7 +90,9 @@ def write(dirpath: Path, data, name: str = f"{FP}.json") -> Path:
 def test_exact_shape_on_a_measured_token_count(fixture_dir, caplog):
     c = lookup(fingerprint=FP, tokens=64, **A)
     assert (c.backend, c.match) == ("nvlink_one_sided", "exact")
-    assert c.reason.startswith(f"profile {FP}.json, exact shape, at 64 tokens/rank (measured): nvlink_one_sided 50.000 us")
+    assert c.reason.startswith(
+        f"profile {FP}.json, exact shape, at 64 tokens/rank (measured): nvlink_one_sided 50.000 us"
+    )
     assert c.source == str(FIXTURES / f"{FP}.json")
     assert dict(c.expected_us) == {"allgather_reducescatter": 100.0, "nccl_all2allv": 75.0, "nvlink_one_sided": 50.0}
     assert c.entry_shape._asdict() == A
@@ -194,7 +196,11 @@ def test_choice_is_frozen_and_serialisable(fixture_dir):
     c = lookup(fingerprint=FP, tokens=200, **A)
     d = json.loads(json.dumps(c.to_dict()))
     assert d["backend"] == "nvlink_one_sided" and d["match"] == "exact"
-    assert d["entry_shape"] == A and set(d["expected_us"]) == {"allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided"}
+    assert d["entry_shape"] == A and set(d["expected_us"]) == {
+        "allgather_reducescatter",
+        "nccl_all2allv",
+        "nvlink_one_sided",
+    }
     with pytest.raises(AttributeError):
         c.backend = "x"
     with pytest.raises(TypeError):
@@ -211,7 +217,10 @@ def test_nearest_shape_is_named_in_the_reason(fixture_dir):
     assert c.entry_shape._asdict() == B
     assert c.backend == "allgather_reducescatter"
     # |log2(5120/4096)| = 0.32
-    assert "nearest shape ep_size=2 hidden=4096 topk=6 num_experts=64 dtype=bf16 routing=uniform (distance 0.32)" in c.reason
+    assert (
+        "nearest shape ep_size=2 hidden=4096 topk=6 num_experts=64 dtype=bf16 routing=uniform (distance 0.32)"
+        in c.reason
+    )
     assert "requested ep_size=2 hidden=5120" in c.reason
 
 
@@ -375,8 +384,9 @@ BAD_TABLES = {
     "schema_missing": (_mutated(lambda d: d.pop("schema")), "schema: missing"),
     "empty_entries": (_mutated(lambda d: d.__setitem__("entries", [])), "entries: empty table"),
     "nan_bare_token": (
-        lambda: _text().replace('"median_us": [20.0, 21.0, 25.0, 50.0, 195.0, null]',
-                                '"median_us": [20.0, NaN, 25.0, 50.0, 195.0, null]'),
+        lambda: _text().replace(
+            '"median_us": [20.0, 21.0, 25.0, 50.0, 195.0, null]', '"median_us": [20.0, NaN, 25.0, 50.0, 195.0, null]'
+        ),
         "entries[1].backends.nvlink_one_sided.median_us[1]: not a positive finite number",
     ),
     "infinity_token": (
@@ -409,7 +419,10 @@ BAD_TABLES = {
         "tie_preference[0]: unknown backend 'mystery_backend'",
     ),
     "schema_1_as_string": (_mutated(lambda d: d.__setitem__("schema", "1")), "schema: unsupported version '1'"),
-    "schema_3": (_mutated(lambda d: d.__setitem__("schema", 3)), "schema: unsupported version 3 (this a2a-tune reads schemas 1, 2"),
+    "schema_3": (
+        _mutated(lambda d: d.__setitem__("schema", 3)),
+        "schema: unsupported version 3 (this a2a-tune reads schemas 1, 2",
+    ),
     "nan_p90": (
         lambda: _text().replace('"p90_us": [41.2, 72.1, 309.0]', '"p90_us": [41.2, NaN, 309.0]'),
         "entries[0].backends.nccl_all2allv.p90_us[1]: not a positive finite number",
@@ -426,7 +439,10 @@ BAD_TABLES = {
         _mutated(lambda d: d["entries"][0]["winners"][0].__setitem__("tie", "yes")),
         "entries[0].winners[0].tie: expected true or false",
     ),
-    "unsorted_tokens": (_mutated(lambda d: d["entries"][0].__setitem__("tokens", [64, 1, 1024])), "entries[0].tokens[1]"),
+    "unsorted_tokens": (
+        _mutated(lambda d: d["entries"][0].__setitem__("tokens", [64, 1, 1024])),
+        "entries[0].tokens[1]",
+    ),
     "other_fingerprint": (
         _mutated(lambda d: d["hardware"].__setitem__("fingerprint", "h100.nvl18x8.node1")),
         "profile is for 'h100.nvl18x8.node1', this machine is 'test.fixture.node1'",
@@ -671,7 +687,10 @@ def test_decode_expectation_is_the_log_uniform_mean_of_the_curve(fixture_dir):
 
     grid = [1, 4, 16, 64, 256, 1024]
     n = 20000  # midpoint rule over u = ln t, uniform on [0, ln 200]
-    for b, med in {"nvlink_one_sided": [20, 21, 25, 50, 195], "allgather_reducescatter": [30, 31, 35, 100, 400, 1500]}.items():
+    for b, med in {
+        "nvlink_one_sided": [20, 21, 25, 50, 195],
+        "allgather_reducescatter": [30, 31, 35, 100, 400, 1500],
+    }.items():
         us = [(i + 0.5) / n * math.log(200) for i in range(n)]
         mean = sum(curve(math.exp(u), grid[: len(med)], med) for u in us) / n
         assert c.expected_us[b] == pytest.approx(mean, rel=1e-5)
@@ -702,7 +721,9 @@ def test_workload_mapping_json_and_csv_agree(fixture_dir, tmp_path):
     as_pairs = tmp_path / "pairs.json"
     as_pairs.write_text(json.dumps([[k, v] for k, v in hist.items()]))
     as_csv = tmp_path / "w.csv"
-    as_csv.write_text("# tokens per rank per step, steps seen\ntokens,steps\n" + "".join(f"{k},{v}\n" for k, v in hist.items()))
+    as_csv.write_text(
+        "# tokens per rank per step, steps seen\ntokens,steps\n" + "".join(f"{k},{v}\n" for k, v in hist.items())
+    )
     answers = [lookup(fingerprint=FP, workload=w, **B) for w in (hist, as_json, str(as_pairs), as_csv)]
     assert {c.backend for c in answers} == {answers[0].backend}
     assert all(dict(c.expected_us) == dict(answers[0].expected_us) for c in answers)
@@ -711,7 +732,9 @@ def test_workload_mapping_json_and_csv_agree(fixture_dir, tmp_path):
     # Expected time = weighted mean of the point estimates.
     points = {t: lookup(fingerprint=FP, tokens=t, **B).expected_us for t in hist}
     for b in c.expected_us:
-        assert c.expected_us[b] == pytest.approx(sum(hist[t] * points[t][b] for t in hist) / sum(hist.values()), abs=1e-3)
+        assert c.expected_us[b] == pytest.approx(
+            sum(hist[t] * points[t][b] for t in hist) / sum(hist.values()), abs=1e-3
+        )
 
 
 def test_workload_file_is_reread_when_it_changes(fixture_dir, tmp_path):
@@ -806,7 +829,11 @@ def test_same_gpus_and_nvlink_domain_on_more_nodes_borrow_the_table(tmp_path, mo
     assert (exact.hardware_match, exact.match, exact.backend) == ("exact", "exact", "nvlink_one_sided")
 
     borrowed = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
-    assert (borrowed.hardware_match, borrowed.match, borrowed.backend) == ("same-gpu-domain", "exact", "nvlink_one_sided")
+    assert (borrowed.hardware_match, borrowed.match, borrowed.backend) == (
+        "same-gpu-domain",
+        "exact",
+        "nvlink_one_sided",
+    )
     assert borrowed.profile_fingerprint == "h200.nvl18x2.node1"
     assert "(measured on h200.nvl18x2.node1: same GPUs and NVLink domain as h200.nvl18x2.nodes2)" in borrowed.reason
     # EP across the two nodes: the one-node table has no such entry -> engine default.
@@ -878,7 +905,10 @@ def test_a_file_named_for_this_machine_with_a_sibling_table_inside_is_refused(tm
     write(tmp_path, data, "h200.nvl18x2.nodes2.json")
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     c = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
-    assert c.match == "fallback" and "profile is for 'h200.nvl18x2.node1', this machine is 'h200.nvl18x2.nodes2'" in c.reason
+    assert (
+        c.match == "fallback"
+        and "profile is for 'h200.nvl18x2.node1', this machine is 'h200.nvl18x2.nodes2'" in c.reason
+    )
 
 
 def test_engine_literal_table():

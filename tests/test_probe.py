@@ -137,9 +137,7 @@ def test_hgx_h100_fabric_not_supported_is_recorded_not_a_domain() -> None:
 def test_degraded_gpu_is_reported_with_its_four_down_links() -> None:
     topo = probe_fixture("h100_degraded.json")
     assert topo.fingerprint == "h100-sxm.nvl18x8-degraded.node1"
-    assert topo.degraded == (
-        DegradedGpu(gpu=3, active_links=14, expected_links=18, down_links=(4, 5, 6, 7)),
-    )
+    assert topo.degraded == (DegradedGpu(gpu=3, active_links=14, expected_links=18, down_links=(4, 5, 6, 7)),)
     assert topo.islands[0].link_counts == (18, 18, 18, 14, 18, 18, 18, 18)
     assert topo.islands[0].links_per_gpu == 18
 
@@ -555,7 +553,6 @@ def test_a_crashing_nvml_child_gives_cpu_only_with_one_warning(
 
 
 def test_live_probe_child_answers_in_the_recording_format(monkeypatch: pytest.MonkeyPatch) -> None:
-    import a2a_tune.tuner.nvml as nvml_mod
 
     recording = load("h200_nv18x2.json")
     answered = SimpleNamespace(returncode=0, stdout=json.dumps(recording), stderr="")

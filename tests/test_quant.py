@@ -116,8 +116,9 @@ def test_the_kernel_takes_bf16_and_fp32_rows_of_whole_blocks():
 @pytest.mark.gpu
 @pytest.mark.parametrize("hw_cvt", [True, False], ids=["gpu-casts", "integer-rounding"])
 def test_cuda_kernel_is_bit_exact_on_every_bf16_value(hw_cvt):
-    from a2a_tune.kernels import _quant_kernels
     from emulate_quant import every_bf16_value, mismatches
+
+    from a2a_tune.kernels import _quant_kernels
 
     if hw_cvt and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("no fp8 conversion before sm_89")

@@ -33,16 +33,24 @@ NO_SHAPE = dict(ep_size=None, hidden=None, topk=None, num_experts=None, dtype=No
 # nearest bucket (256) says nccl_all2allv. flashinfer_nvlink_one_sided is fastest
 # everywhere but fails the correctness check, so it must never win.
 CURVES = {
-    "A": (SHAPE_A, [1, 4, 16, 64, 256, 1024], {
-        "allgather_reducescatter": [30, 31, 35, 100, 400, 1500],
-        "nccl_all2allv": [45, 46, 50, 75, 190, 420],
-        "nvlink_one_sided": [20, 21, 25, 50, 195, None],
-        "flashinfer_nvlink_one_sided": [5, 5, 5, 5, 5, 5],
-    }),
-    "B": (SHAPE_B, [1, 64, 1024], {
-        "allgather_reducescatter": [20, 60, 600],
-        "nccl_all2allv": [40, 70, 300],
-    }),
+    "A": (
+        SHAPE_A,
+        [1, 4, 16, 64, 256, 1024],
+        {
+            "allgather_reducescatter": [30, 31, 35, 100, 400, 1500],
+            "nccl_all2allv": [45, 46, 50, 75, 190, 420],
+            "nvlink_one_sided": [20, 21, 25, 50, 195, None],
+            "flashinfer_nvlink_one_sided": [5, 5, 5, 5, 5, 5],
+        },
+    ),
+    "B": (
+        SHAPE_B,
+        [1, 64, 1024],
+        {
+            "allgather_reducescatter": [20, 60, 600],
+            "nccl_all2allv": [40, 70, 300],
+        },
+    ),
 }
 
 BACKEND_NAMES = {
@@ -76,24 +84,55 @@ def measurements_from(curves=CURVES, timing=None):
             for t, v in zip(tokens, values):
                 if v is not None:
                     mode = timing or TIMINGS.get(backend, "eager")
-                    out.append(dict(shape, backend=backend, tokens_per_rank=t, timing=mode,
-                                    median_us=float(v), p10_us=v * 0.98, p90_us=v * 1.03, n=50))
+                    out.append(
+                        dict(
+                            shape,
+                            backend=backend,
+                            tokens_per_rank=t,
+                            timing=mode,
+                            median_us=float(v),
+                            p10_us=v * 0.98,
+                            p90_us=v * 1.03,
+                            n=50,
+                        )
+                    )
     return out
 
 
 FAILURES = [
-    dict(SHAPE_A, backend="flashinfer_nvlink_one_sided", kind="incorrect", tokens_per_rank=256,
-         reason="max abs error 0.5 > tol 0.016 (bf16)"),
-    dict(SHAPE_A, backend="nvlink_one_sided", kind="timeout", tokens_per_rank=1024,
-         reason="no completion flag after 10 s"),
-    dict(NO_SHAPE, backend="deepep_low_latency", kind="unavailable", tokens_per_rank=None,
-         reason="package deep_ep not installed"),
+    dict(
+        SHAPE_A,
+        backend="flashinfer_nvlink_one_sided",
+        kind="incorrect",
+        tokens_per_rank=256,
+        reason="max abs error 0.5 > tol 0.016 (bf16)",
+    ),
+    dict(
+        SHAPE_A,
+        backend="nvlink_one_sided",
+        kind="timeout",
+        tokens_per_rank=1024,
+        reason="no completion flag after 10 s",
+    ),
+    dict(
+        NO_SHAPE,
+        backend="deepep_low_latency",
+        kind="unavailable",
+        tokens_per_rank=None,
+        reason="package deep_ep not installed",
+    ),
 ]
 
 
 def fixture_profile() -> dict:
-    return build_profile(measurements_from(), FAILURES, hardware=HARDWARE, run=RUN,
-                         backend_names=BACKEND_NAMES, generated_at="2026-11-30T15:00:00Z")
+    return build_profile(
+        measurements_from(),
+        FAILURES,
+        hardware=HARDWARE,
+        run=RUN,
+        backend_names=BACKEND_NAMES,
+        generated_at="2026-11-30T15:00:00Z",
+    )
 
 
 def entry(profile, **shape):
@@ -106,11 +145,22 @@ def entry(profile, **shape):
 
 def test_winners_follow_the_crossover_with_margins():
     p = build_profile(
-        measurements_from({"X": (SHAPE_B, [1, 8, 64], {
-            "allgather_reducescatter": [10, 20, 80],
-            "nccl_all2allv": [20, 22, 40],
-        })}),
-        [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES,
+        measurements_from(
+            {
+                "X": (
+                    SHAPE_B,
+                    [1, 8, 64],
+                    {
+                        "allgather_reducescatter": [10, 20, 80],
+                        "nccl_all2allv": [20, 22, 40],
+                    },
+                )
+            }
+        ),
+        [],
+        hardware=HARDWARE,
+        run=RUN,
+        backend_names=BACKEND_NAMES,
     )
     (e,) = p["entries"]
     assert p["schema"] == 2
@@ -124,24 +174,35 @@ def test_winners_follow_the_crossover_with_margins():
     assert [w["median_us"] for w in e["winners"]] == [10.0, 20.0, 40.0]
     assert e["failed"] == {}
     assert "timing" not in p["run"]  # per backend now
-    assert {b: c["timing"] for b, c in e["backends"].items()} == {"allgather_reducescatter": "eager", "nccl_all2allv": "eager"}
+    assert {b: c["timing"] for b, c in e["backends"].items()} == {
+        "allgather_reducescatter": "eager",
+        "nccl_all2allv": "eager",
+    }
     validate_profile(p)
 
 
 def test_tie_goes_to_the_engine_default_then_registry_order(tmp_path):
     """A runner-up inside the fastest's p10..p90 is a tie: the measurement cannot tell them
     apart, so the tie preference (engine default first, then registry order) decides."""
-    curves = {"X": (SHAPE_B, [1, 8, 64], {
-        "nccl_all2allv": [10.0, 20.0, 40.0],            # fastest everywhere; p90 = 1.03 x median
-        "allgather_reducescatter": [10.2, 30.0, 41.0],  # within 3% at 1 and 64 tokens
-        "nvlink_one_sided": [10.1, 20.4, 80.0],         # within 3% at 1 and 8 tokens
-    })}
-    p = build_profile(measurements_from(curves, timing="eager"), [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
+    curves = {
+        "X": (
+            SHAPE_B,
+            [1, 8, 64],
+            {
+                "nccl_all2allv": [10.0, 20.0, 40.0],  # fastest everywhere; p90 = 1.03 x median
+                "allgather_reducescatter": [10.2, 30.0, 41.0],  # within 3% at 1 and 64 tokens
+                "nvlink_one_sided": [10.1, 20.4, 80.0],  # within 3% at 1 and 8 tokens
+            },
+        )
+    }
+    p = build_profile(
+        measurements_from(curves, timing="eager"), [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES
+    )
     (e,) = p["entries"]
     assert p["tie_preference"] == ["allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided"]
     assert [(w["tokens"], w["backend"], w["fastest"], w["tie"]) for w in e["winners"]] == [
-        (1, "allgather_reducescatter", "nccl_all2allv", True),   # engine default wins the 3-way tie
-        (8, "nccl_all2allv", "nccl_all2allv", True),             # registered before nvlink_one_sided
+        (1, "allgather_reducescatter", "nccl_all2allv", True),  # engine default wins the 3-way tie
+        (8, "nccl_all2allv", "nccl_all2allv", True),  # registered before nvlink_one_sided
         (64, "allgather_reducescatter", "nccl_all2allv", True),
     ]
     w1 = e["winners"][0]
@@ -152,8 +213,10 @@ def test_tie_goes_to_the_engine_default_then_registry_order(tmp_path):
         c = lookup(profile=out, tokens=w["tokens"], **SHAPE_B)
         assert (c.backend, c.tie) == (w["backend"], w["tie"])
     reason = lookup(profile=out, tokens=1, **SHAPE_B).reason
-    assert ("allgather_reducescatter 10.200 us (+2.0%), fastest nccl_all2allv 10.000 us; tie: nvlink_one_sided, "
-            "allgather_reducescatter within nccl_all2allv's p10..p90, preferring allgather_reducescatter") in reason
+    assert (
+        "allgather_reducescatter 10.200 us (+2.0%), fastest nccl_all2allv 10.000 us; tie: nvlink_one_sided, "
+        "allgather_reducescatter within nccl_all2allv's p10..p90, preferring allgather_reducescatter"
+    ) in reason
 
 
 def test_timing_mode_is_per_backend_and_one_per_curve():
@@ -161,8 +224,10 @@ def test_timing_mode_is_per_backend_and_one_per_curve():
     p = fixture_profile()
     a = entry(p, hidden=7168)
     assert {b: c["timing"] for b, c in a["backends"].items()} == {
-        "allgather_reducescatter": "eager", "flashinfer_nvlink_one_sided": "eager",
-        "nccl_all2allv": "eager", "nvlink_one_sided": "graph",
+        "allgather_reducescatter": "eager",
+        "flashinfer_nvlink_one_sided": "eager",
+        "nccl_all2allv": "eager",
+        "nvlink_one_sided": "graph",
     }
     # A backend timed both ways keeps ONE mode per entry: the one covering more token counts
     # (graph on a draw), never a patchwork curve.
@@ -205,8 +270,12 @@ def test_timeout_leaves_a_null_point_only():
     assert a["backends"]["nvlink_one_sided"]["p90_us"][-1] is None
     assert "nvlink_one_sided" not in a["failed"]
     assert [w["backend"] for w in a["winners"]] == [
-        "nvlink_one_sided", "nvlink_one_sided", "nvlink_one_sided", "nvlink_one_sided",
-        "nccl_all2allv", "nccl_all2allv",
+        "nvlink_one_sided",
+        "nvlink_one_sided",
+        "nvlink_one_sided",
+        "nvlink_one_sided",
+        "nccl_all2allv",
+        "nccl_all2allv",
     ]
 
 
@@ -219,8 +288,19 @@ def test_backend_that_only_errored_on_a_shape_is_explained():
 
 def test_duplicate_point_keeps_lower_median_and_accepts_objects():
     ms = [SimpleNamespace(**m) for m in measurements_from({"X": (SHAPE_B, [1], {"nccl_all2allv": [30]})})]
-    ms.append(SimpleNamespace(**dict(SHAPE_B, backend="nccl_all2allv", tokens_per_rank=1, timing="eager",
-                                     median_us=25.0, p10_us=24.0, p90_us=26.0)))
+    ms.append(
+        SimpleNamespace(
+            **dict(
+                SHAPE_B,
+                backend="nccl_all2allv",
+                tokens_per_rank=1,
+                timing="eager",
+                median_us=25.0,
+                p10_us=24.0,
+                p90_us=26.0,
+            )
+        )
+    )
     p = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
     assert p["entries"][0]["backends"]["nccl_all2allv"]["median_us"] == [25.0]
 
@@ -291,22 +371,31 @@ def test_upgrade_schema1_to_schema2():
     [
         (lambda p: p.__setitem__("schema", 3), "schema"),
         (lambda p: p.__setitem__("schema", "2"), "schema"),
-        (lambda p: p["entries"][1]["backends"]["nvlink_one_sided"].__setitem__("timing", "cuda_graph"),
-         "entries[1].backends.nvlink_one_sided.timing"),
+        (
+            lambda p: p["entries"][1]["backends"]["nvlink_one_sided"].__setitem__("timing", "cuda_graph"),
+            "entries[1].backends.nvlink_one_sided.timing",
+        ),
         (lambda p: p["entries"][0]["winners"][0].__setitem__("tie", "no"), "entries[0].winners[0].tie"),
         (lambda p: p["tie_preference"].append("mystery"), "tie_preference[5]"),
         (lambda p: p.pop("tie_preference"), "top level"),
         # p10 above the median (a broken spread) is caught by the reader's own checks:
-        (lambda p: p["entries"][0]["backends"]["nccl_all2allv"]["p10_us"].__setitem__(0, 45.0),
-         "entries[0].backends.nccl_all2allv.median_us[0]"),
+        (
+            lambda p: p["entries"][0]["backends"]["nccl_all2allv"]["p10_us"].__setitem__(0, 45.0),
+            "entries[0].backends.nccl_all2allv.median_us[0]",
+        ),
         (lambda p: p["hardware"].__setitem__("fingerprint", "Bad/FP"), "hardware.fingerprint"),
-        (lambda p: p["entries"][1]["backends"]["nccl_all2allv"]["median_us"].__setitem__(2, -1.0),
-         "entries[1].backends.nccl_all2allv.median_us[2]"),
+        (
+            lambda p: p["entries"][1]["backends"]["nccl_all2allv"]["median_us"].__setitem__(2, -1.0),
+            "entries[1].backends.nccl_all2allv.median_us[2]",
+        ),
         (lambda p: p["entries"][0]["winners"][0].__setitem__("margin", "big"), "entries[0].winners[0].margin"),
         (lambda p: p["entries"][0].pop("tokens"), "entries[0]"),
         (lambda p: p.__setitem__("entries", []), "entries"),
         # Cross-field rules (not expressible in JSON Schema) are checked too:
-        (lambda p: p["entries"][0]["backends"]["nccl_all2allv"]["median_us"].pop(), "entries[0].backends.nccl_all2allv.median_us"),
+        (
+            lambda p: p["entries"][0]["backends"]["nccl_all2allv"]["median_us"].pop(),
+            "entries[0].backends.nccl_all2allv.median_us",
+        ),
         (lambda p: p["entries"][0]["winners"][0].__setitem__("backend", "mystery"), "entries[0].winners[0].backend"),
     ],
 )
@@ -387,9 +476,15 @@ class FakeStore:
         return [SimpleNamespace(**f) for f in FAILURES]
 
     def get_run(self, run_id):
-        return SimpleNamespace(id=run_id, device_type="cuda", world_size=2, versions={"torch": "2.11.0"},
-                               started_at=dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.timezone.utc),
-                               finished_at=None, status="done")
+        return SimpleNamespace(
+            id=run_id,
+            device_type="cuda",
+            world_size=2,
+            versions={"torch": "2.11.0"},
+            started_at=dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.timezone.utc),
+            finished_at=None,
+            status="done",
+        )
 
     def hardware_for_run(self, run_id):
         return SimpleNamespace(fingerprint=FIXTURE_FP, facts_hash="f" * 16, facts={"gpus": []})
@@ -412,13 +507,27 @@ if __name__ == "__main__":  # regenerate the checked-in fixture
 
 
 def test_backends_without_a_vllm_literal_name_the_closest_one():
-    names = {**BACKEND_NAMES, "nccl_all2allv": {"vllm_name": None, "sglang_name": None, "vllm_closest": "flashinfer_nvlink_two_sided"},
-             "allgather_reducescatter": {"vllm_name": "allgather_reducescatter", "sglang_name": None, "vllm_closest": "ignored"}}
+    names = {
+        **BACKEND_NAMES,
+        "nccl_all2allv": {"vllm_name": None, "sglang_name": None, "vllm_closest": "flashinfer_nvlink_two_sided"},
+        "allgather_reducescatter": {
+            "vllm_name": "allgather_reducescatter",
+            "sglang_name": None,
+            "vllm_closest": "ignored",
+        },
+    }
     p = build_profile(
         measurements_from({"X": (SHAPE_B, [1, 8], {"allgather_reducescatter": [10, 20], "nccl_all2allv": [20, 22]})}),
-        [], hardware=HARDWARE, run=RUN, backend_names=names,
-    )  # fmt: skip
-    assert p["backends"]["nccl_all2allv"] == {"vllm_name": None, "sglang_name": None, "vllm_closest": "flashinfer_nvlink_two_sided"}
+        [],
+        hardware=HARDWARE,
+        run=RUN,
+        backend_names=names,
+    )
+    assert p["backends"]["nccl_all2allv"] == {
+        "vllm_name": None,
+        "sglang_name": None,
+        "vllm_closest": "flashinfer_nvlink_two_sided",
+    }
     assert "vllm_closest" not in p["backends"]["allgather_reducescatter"]  # it has a literal of its own
     validate_profile(p)
 
@@ -426,16 +535,29 @@ def test_backends_without_a_vllm_literal_name_the_closest_one():
 def test_a_wide_spread_never_ties_a_backend_more_than_3_percent_slower():
     """Graph replays on a shared host can have p90 = 2x median: the spread alone would call a
     25%-slower engine default a tie and cost 25%. The cap keeps a tie's cost within 3%."""
-    ms = measurements_from({"X": (SHAPE_B, [16], {
-        "nccl_all2allv": [37.6],             # fastest, but a noisy one
-        "allgather_reducescatter": [46.9],   # 25% slower, inside the fastest's p10..p90
-        "nvlink_one_sided": [38.5],          # 2.4% slower: still a tie
-    })}, timing="eager")  # fmt: skip
+    ms = measurements_from(
+        {
+            "X": (
+                SHAPE_B,
+                [16],
+                {
+                    "nccl_all2allv": [37.6],  # fastest, but a noisy one
+                    "allgather_reducescatter": [46.9],  # 25% slower, inside the fastest's p10..p90
+                    "nvlink_one_sided": [38.5],  # 2.4% slower: still a tie
+                },
+            )
+        },
+        timing="eager",
+    )
     for m in ms:
         m["p90_us"] = m["median_us"] * 1.3
     (e,) = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
     (w,) = e["winners"]
-    assert (w["backend"], w["fastest"], w["tie"]) == ("nccl_all2allv", "nccl_all2allv", True)  # registered first of the two
+    assert (w["backend"], w["fastest"], w["tie"]) == (
+        "nccl_all2allv",
+        "nccl_all2allv",
+        True,
+    )  # registered first of the two
     ms_no_close = [m for m in ms if m["backend"] != "nvlink_one_sided"]
     (e,) = build_profile(ms_no_close, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
     assert (e["winners"][0]["backend"], e["winners"][0]["tie"]) == ("nccl_all2allv", False)

@@ -21,10 +21,25 @@ def test_unknown_preset_lists_the_known_ones():
 @pytest.mark.parametrize(
     "config, expected",
     [
-        ({"model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8, "hidden_size": 7168}, (256, 8, 7168)),
-        ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 4096}, (8, 2, 4096)),
-        ({"model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "hidden_size": 4096}, (128, 8, 4096)),
-        ({"model_type": "llama4", "text_config": {"num_local_experts": 16, "num_experts_per_tok": 1, "hidden_size": 5120}}, (16, 1, 5120)),
+        (
+            {"model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8, "hidden_size": 7168},
+            (256, 8, 7168),
+        ),
+        (
+            {"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 4096},
+            (8, 2, 4096),
+        ),
+        (
+            {"model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "hidden_size": 4096},
+            (128, 8, 4096),
+        ),
+        (
+            {
+                "model_type": "llama4",
+                "text_config": {"num_local_experts": 16, "num_experts_per_tok": 1, "hidden_size": 5120},
+            },
+            (16, 1, 5120),
+        ),
     ],
 )
 def test_model_config_families(tmp_path, config, expected):

@@ -427,7 +427,7 @@ def test_database_at_base_revision_is_outdated_and_upgrade_fixes_it(db_path):
         _new_run(s)
 
 
-NEXT_REVISION = '''
+NEXT_REVISION = """
 import sqlalchemy as sa
 from alembic import op
 
@@ -447,7 +447,7 @@ def upgrade():
 def downgrade():
     with op.batch_alter_table("runs", recreate="always") as batch:
         batch.drop_column("note")
-'''
+"""
 
 
 def test_older_schema_is_refused_until_upgraded_with_data_intact(db_path, tmp_path, monkeypatch):
@@ -482,7 +482,7 @@ def test_older_schema_is_refused_until_upgraded_with_data_intact(db_path, tmp_pa
     con.close()
 
 
-FAILING_REVISION = '''
+FAILING_REVISION = """
 import sqlalchemy as sa
 from alembic import op
 
@@ -500,7 +500,7 @@ def upgrade():
 
 def downgrade():
     pass
-'''
+"""
 
 
 def test_a_failing_migration_leaves_the_database_as_it_was(db_path, tmp_path, monkeypatch):

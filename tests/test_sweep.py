@@ -82,14 +82,20 @@ def test_a_completed_run_is_not_resumed_but_measured_anew(swept):
     url, first, _ = swept
     again = sweep(
         SweepPlan(shapes=PLAN.shapes[:1], tokens=(4,), backends=BACKENDS[:1], warmup=1, iters=2),
-        device_type="cpu", world_size=2, db_url=url, resume=True, progress=False,
-    )  # fmt: skip
+        device_type="cpu",
+        world_size=2,
+        db_url=url,
+        resume=True,
+        progress=False,
+    )
     assert again.run_id != first.run_id and again.measured == 1
 
 
 def test_profile_from_the_sweep_selects_only_correct_backends(swept, tmp_path):
     url, first, _ = swept
-    names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in BACKENDS[:2]}
+    names = {
+        n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in BACKENDS[:2]
+    }
     with open_store(url) as store:
         profile = profile_from_store(store, first.run_id, backend_names=names)
     path = write_profile(profile, tmp_path)
@@ -108,9 +114,14 @@ def test_profile_from_the_sweep_selects_only_correct_backends(swept, tmp_path):
 def test_adaptive_sweep_measures_fewer_points_and_still_covers_both_ends(tmp_path):
     url = f"sqlite:///{tmp_path / 'adaptive.db'}"
     plan = SweepPlan(
-        shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-        backends=BACKENDS[:2], warmup=1, iters=3, input_sets=1, adaptive=True,
-    )  # fmt: skip
+        shapes=(ModelShape("tiny", 16, 4, 32),),
+        tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        backends=BACKENDS[:2],
+        warmup=1,
+        iters=3,
+        input_sets=1,
+        adaptive=True,
+    )
     outcome = sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
     assert outcome.status == "completed"
     grid = len(plan.tokens) * 2
@@ -124,10 +135,14 @@ def test_adaptive_sweep_measures_fewer_points_and_still_covers_both_ends(tmp_pat
 
 def test_a_sweep_on_four_ranks_writes_an_ep4_table(tmp_path):
     url = f"sqlite:///{tmp_path / 'w4.db'}"
-    plan = SweepPlan(shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(2, 8), backends=BACKENDS[:2], warmup=1, iters=3, input_sets=1)
+    plan = SweepPlan(
+        shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(2, 8), backends=BACKENDS[:2], warmup=1, iters=3, input_sets=1
+    )
     outcome = sweep(plan, device_type="cpu", world_size=4, db_url=url, progress=False)
     assert (outcome.status, outcome.measured) == ("completed", 4)
-    names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in BACKENDS[:2]}
+    names = {
+        n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in BACKENDS[:2]
+    }
     with open_store(url) as store:
         assert {m.ep_size for m in store.measurements(outcome.run_id)} == {4}
         profile = profile_from_store(store, outcome.run_id, backend_names=names)
@@ -140,16 +155,26 @@ def test_capacity_builds_fixed_capacity_backends_for_that_many_tokens(tmp_path):
     import knob_backends  # noqa: F401  (tests/support: registers capacity_reporter here; the ranks load it by env)
 
     url = f"sqlite:///{tmp_path / 'capacity.db'}"
-    common = dict(shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(1, 4), backends=("capacity_reporter",),
-                  warmup=0, iters=2, input_sets=1)  # fmt: skip
+    common = dict(
+        shapes=(ModelShape("tiny", 16, 4, 32),),
+        tokens=(1, 4),
+        backends=("capacity_reporter",),
+        warmup=0,
+        iters=2,
+        input_sets=1,
+    )
     built = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("A2A_TUNE_BACKEND_MODULES", "knob_backends")
         for capacity in (None, 64):
-            outcome = sweep(SweepPlan(**common, capacity=capacity), device_type="cpu", world_size=2, db_url=url, progress=False)
+            outcome = sweep(
+                SweepPlan(**common, capacity=capacity), device_type="cpu", world_size=2, db_url=url, progress=False
+            )
             with open_store(url) as store:
-                built[capacity] = {m.tokens_per_rank: (m.knobs["built_for_tokens"], m.knobs["step_tokens"])
-                                   for m in store.measurements(outcome.run_id)}  # fmt: skip
+                built[capacity] = {
+                    m.tokens_per_rank: (m.knobs["built_for_tokens"], m.knobs["step_tokens"])
+                    for m in store.measurements(outcome.run_id)
+                }
     assert built[None] == {1: (1, 1), 4: (4, 4)}  # default: each token count's own capacity
     # an engine's capacity at every load; each step told its size, as engines tell them
     assert built[64] == {1: (64, 1), 4: (64, 4)}
@@ -160,8 +185,15 @@ def test_refinement_measures_between_grid_points_where_the_winner_changes(tmp_pa
     # 16, 64 only says the change is somewhere between them
     url = f"sqlite:///{tmp_path / 'refine.db'}"
     names = ("sleeps_stepped", "sleeps_flat", "sleeps_long")
-    plan = SweepPlan(shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(16, 64), backends=names, warmup=0, iters=2,
-                     input_sets=1, refine_ratio=1.2)  # fmt: skip
+    plan = SweepPlan(
+        shapes=(ModelShape("tiny", 16, 4, 32),),
+        tokens=(16, 64),
+        backends=names,
+        warmup=0,
+        iters=2,
+        input_sets=1,
+        refine_ratio=1.2,
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("A2A_TUNE_BACKEND_MODULES", "stepped_backends")
         outcome = sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)

@@ -9,8 +9,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from a2a_tune.db import open_store
 from a2a_tune.tuner.shapes import ModelShape
 from a2a_tune.tuner.sweep import SweepPlan, sweep
@@ -21,9 +19,13 @@ def test_a_hung_backend_times_out_and_the_sweep_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv("A2A_TUNE_COLLECTIVE_TIMEOUT_S", "600")  # the watchdog must act, not gloo's timeout
     url = f"sqlite:///{tmp_path / 'hang.db'}"
     plan = SweepPlan(
-        shapes=(ModelShape("tiny", 8, 2, 16),), tokens=(2, 4), backends=("planted_hang", "allgather_reducescatter"),
-        warmup=1, iters=2, input_sets=1,
-    )  # fmt: skip
+        shapes=(ModelShape("tiny", 8, 2, 16),),
+        tokens=(2, 4),
+        backends=("planted_hang", "allgather_reducescatter"),
+        warmup=1,
+        iters=2,
+        input_sets=1,
+    )
     start = time.monotonic()
     outcome = sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False, case_timeout=6)
     assert time.monotonic() - start < 120
@@ -49,10 +51,27 @@ def _count(db) -> int:
 
 
 SWEEP_ARGS = [
-    "sweep", "--device", "cpu", "--world", "2", "--preset", "mixtral-8x7b", "--preset", "gpt-oss-120b",
-    "--tokens", "1,2,4,8,16,32", "--warmup", "0", "--iters", "3", "--no-progress",
-    "--backend", "allgather_reducescatter", "--backend", "nccl_all2allv",
-]  # fmt: skip
+    "sweep",
+    "--device",
+    "cpu",
+    "--world",
+    "2",
+    "--preset",
+    "mixtral-8x7b",
+    "--preset",
+    "gpt-oss-120b",
+    "--tokens",
+    "1,2,4,8,16,32",
+    "--warmup",
+    "0",
+    "--iters",
+    "3",
+    "--no-progress",
+    "--backend",
+    "allgather_reducescatter",
+    "--backend",
+    "nccl_all2allv",
+]
 
 
 def test_sigkill_halfway_then_resume_loses_and_repeats_nothing(tmp_path):
@@ -85,9 +104,13 @@ def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
     # A shell running the suite in the background ignores SIGINT, and children inherit that:
     # give the sweep the default disposition a terminal's foreground job has.
     first = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 240
     while _count(db) < 3 and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.05)

@@ -26,7 +26,9 @@ from a2a_tune.tuner.views import ViewError, diff_views, load_profile_view, load_
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # plot / report need the optional extra a2a-tune[plot] (CI installs it).
-needs_matplotlib = pytest.mark.skipif(find_spec("matplotlib") is None, reason="matplotlib not installed (a2a-tune[plot])")
+needs_matplotlib = pytest.mark.skipif(
+    find_spec("matplotlib") is None, reason="matplotlib not installed (a2a-tune[plot])"
+)
 DASH = "\u2013"
 
 S1 = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
@@ -36,16 +38,24 @@ T2 = [1, 64, 1024]
 # S1: allgather wins 1-64 (margins 100, 91, 83, 25 %), nccl_all2allv 256-1024 (60, 200 %);
 # flashinfer is fastest everywhere but failed its correctness check: never a winner.
 CURVES = {
-    "S1": (S1, T1, {
-        "allgather_reducescatter": [10, 11, 12, 20, 80, 300],
-        "nccl_all2allv": [20, 21, 22, 25, 50, 100],
-        "flashinfer_nvlink_one_sided": [2, 2, 2, 2, 2, 2],
-    }),
-    "S2": (S2, T2, {
-        "allgather_reducescatter": [20, 60, 600],
-        "nccl_all2allv": [40, 70, 300],
-    }),
-}  # fmt: skip
+    "S1": (
+        S1,
+        T1,
+        {
+            "allgather_reducescatter": [10, 11, 12, 20, 80, 300],
+            "nccl_all2allv": [20, 21, 22, 25, 50, 100],
+            "flashinfer_nvlink_one_sided": [2, 2, 2, 2, 2, 2],
+        },
+    ),
+    "S2": (
+        S2,
+        T2,
+        {
+            "allgather_reducescatter": [20, 60, 600],
+            "nccl_all2allv": [40, 70, 300],
+        },
+    ),
+}
 INCORRECT = "max abs error 0.5 > tol 0.016 (bf16)"
 UNAVAILABLE = "package deep_ep not installed"
 H200_FACTS = {
@@ -54,15 +64,22 @@ H200_FACTS = {
     "hostnames": ["gpu-node-7"],
     "driver_versions": ["580.159.04"],
     "gpus": [
-        {"index": i, "node": 0, "name": "NVIDIA H200", "compute_capability": [9, 0], "memory_total_bytes": 150754820096,
-         "pci_bus_id": f"00000000:00:0{6 + i}.0", "links": [{"index": j, "active": True, "speed_mbps": 26562} for j in range(18)]}
+        {
+            "index": i,
+            "node": 0,
+            "name": "NVIDIA H200",
+            "compute_capability": [9, 0],
+            "memory_total_bytes": 150754820096,
+            "pci_bus_id": f"00000000:00:0{6 + i}.0",
+            "links": [{"index": j, "active": True, "speed_mbps": 26562} for j in range(18)],
+        }
         for i in range(2)
     ],
     "islands": [{"gpus": [0, 1], "link_counts": [18, 18], "speed_mbps": 26562, "via_switch": True, "nodes": [0]}],
     "fabric_domains": [],
     "degraded": [],
     "pcie_only_pairs": [],
-}  # fmt: skip
+}
 
 
 def _winners(tokens, per_backend, failed):
@@ -81,24 +98,41 @@ def make_profile(curves=CURVES, *, spread=0.05, fingerprint="h200.nvl18x2.node1"
         failed = {"deepep_low_latency": f"unavailable: {UNAVAILABLE}"}
         if "flashinfer_nvlink_one_sided" in per_backend:
             failed["flashinfer_nvlink_one_sided"] = f"incorrect at 256 tokens/rank: {INCORRECT}"
-        entries.append(dict(
-            shape, source="measured", tokens=list(tokens), failed=failed,
-            backends={b: {"median_us": [float(x) for x in v], "p10_us": [x * (1 - spread) for x in v],
-                          "p90_us": [x * (1 + spread) for x in v]} for b, v in per_backend.items()},
-            winners=_winners(tokens, per_backend, failed),
-        ))  # fmt: skip
+        entries.append(
+            dict(
+                shape,
+                source="measured",
+                tokens=list(tokens),
+                failed=failed,
+                backends={
+                    b: {
+                        "median_us": [float(x) for x in v],
+                        "p10_us": [x * (1 - spread) for x in v],
+                        "p90_us": [x * (1 + spread) for x in v],
+                    }
+                    for b, v in per_backend.items()
+                },
+                winners=_winners(tokens, per_backend, failed),
+            )
+        )
     names = {b for _, _, pb in curves.values() for b in pb} | {"deepep_low_latency"}
     return {
         "schema": schema,
         "generated_by": "a2a-tune 0.1.0",
         "generated_at": "2026-11-30T15:30:00Z",
         "hardware": {"fingerprint": fingerprint, "facts_hash": "9558368b0d85f2c4", "facts": H200_FACTS},
-        "run": {"id": 1, "device_type": "cuda", "world_size": 2, "timing": "eager",
-                "versions": versions or {"torch": "2.11.0", "nccl": "2.28.9"},
-                "started_at": "2026-11-30T15:00:00Z", "finished_at": "2026-11-30T15:29:00Z"},
+        "run": {
+            "id": 1,
+            "device_type": "cuda",
+            "world_size": 2,
+            "timing": "eager",
+            "versions": versions or {"torch": "2.11.0", "nccl": "2.28.9"},
+            "started_at": "2026-11-30T15:00:00Z",
+            "finished_at": "2026-11-30T15:29:00Z",
+        },
         "backends": {b: {"vllm_name": None, "sglang_name": None} for b in sorted(names)},
         "entries": entries,
-    }  # fmt: skip
+    }
 
 
 def write(path: Path, profile: dict) -> Path:
@@ -117,8 +151,14 @@ def planted(factor: float, backend: str, shape: str, tokens: list) -> dict:
 
 def a2a(*args: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "a2a_tune.tuner.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def one_line_error(r: subprocess.CompletedProcess) -> str:
@@ -137,13 +177,30 @@ def profile_a(tmp_path):
 
 
 def _store_run(store, hw, *, curves, versions, failures=(), spread=0.05):
-    rid = store.start_run(hw, device_type="cuda", world_size=2, versions=versions, git_sha="0123abc",
-                          config={"warmup": 10, "iters": 50, "argv": ["run", "--device", "cuda"]}, config_hash="h")  # fmt: skip
+    rid = store.start_run(
+        hw,
+        device_type="cuda",
+        world_size=2,
+        versions=versions,
+        git_sha="0123abc",
+        config={"warmup": 10, "iters": 50, "argv": ["run", "--device", "cuda"]},
+        config_hash="h",
+    )
     for shape, tokens, per_backend in curves.values():
         for b, values in per_backend.items():
             for t, v in zip(tokens, values):
-                store.add_measurement(rid, backend=b, tokens_per_rank=t, timing="eager", median_us=v,
-                                      p10_us=v * (1 - spread), p90_us=v * (1 + spread), n=3, samples=[v] * 3, **shape)  # fmt: skip
+                store.add_measurement(
+                    rid,
+                    backend=b,
+                    tokens_per_rank=t,
+                    timing="eager",
+                    median_us=v,
+                    p10_us=v * (1 - spread),
+                    p90_us=v * (1 + spread),
+                    n=3,
+                    samples=[v] * 3,
+                    **shape,
+                )
     for f in failures:
         store.add_failure(rid, **f)
     store.finish_run(rid, "completed")
@@ -161,12 +218,21 @@ def two_run_db(tmp_path):
         hw = s.get_or_create_hardware("h200.nvl18x2.node1", "9558368b0d85f2c4", H200_FACTS)
         run1 = {k: v for k, v in CURVES.items()}
         shapeless = dict(backend="deepep_low_latency", kind="unavailable", reason=UNAVAILABLE)
-        incorrect = dict(backend="flashinfer_nvlink_one_sided", kind="incorrect", reason=INCORRECT, tokens_per_rank=256, **S1)
+        incorrect = dict(
+            backend="flashinfer_nvlink_one_sided", kind="incorrect", reason=INCORRECT, tokens_per_rank=256, **S1
+        )
         _store_run(s, hw, curves=run1, versions={"torch": "2.11.0", "nccl": "2.28.9"}, failures=[shapeless, incorrect])
         run2 = planted(3.0, "allgather_reducescatter", "S1", [256, 1024])
-        new_bad = dict(backend="nccl_all2allv", kind="incorrect", reason="rows delivered to the wrong expert",
-                       tokens_per_rank=64, **S2)  # fmt: skip
-        _store_run(s, hw, curves=run2, versions={"torch": "2.11.0", "nccl": "2.29.1"}, failures=[shapeless, incorrect, new_bad])
+        new_bad = dict(
+            backend="nccl_all2allv",
+            kind="incorrect",
+            reason="rows delivered to the wrong expert",
+            tokens_per_rank=64,
+            **S2,
+        )
+        _store_run(
+            s, hw, curves=run2, versions={"torch": "2.11.0", "nccl": "2.29.1"}, failures=[shapeless, incorrect, new_bad]
+        )
     return path
 
 
@@ -237,7 +303,12 @@ def test_show_names_the_fastest_when_a_tie_went_to_the_preferred_backend(tmp_pat
     [w64] = [w for w in view.shapes[0].winners if w.tokens == 64]
     assert w64.other == "nccl_all2allv"
     first = winner_ranges(view.shapes[0])[0]
-    assert (first.lo, first.hi, first.backend, first.runners_up) == (1, 64, "allgather_reducescatter", ["nccl_all2allv"])
+    assert (first.lo, first.hi, first.backend, first.runners_up) == (
+        1,
+        64,
+        "allgather_reducescatter",
+        ["nccl_all2allv"],
+    )
 
 
 def test_views_read_what_select_writes(tmp_path):
@@ -249,18 +320,37 @@ def test_views_read_what_select_writes(tmp_path):
     for shape, tokens, per_backend in CURVES.values():
         for b, values in per_backend.items():
             for t, v in zip(tokens, values):
-                ms.append(dict(shape, backend=b, tokens_per_rank=t, timing="graph" if b == "nccl_all2allv" else "eager",
-                               median_us=float(v), p10_us=v * 0.95, p90_us=v * 1.05))  # fmt: skip
+                ms.append(
+                    dict(
+                        shape,
+                        backend=b,
+                        tokens_per_rank=t,
+                        timing="graph" if b == "nccl_all2allv" else "eager",
+                        median_us=float(v),
+                        p10_us=v * 0.95,
+                        p90_us=v * 1.05,
+                    )
+                )
     fails = [dict(S1, backend="flashinfer_nvlink_one_sided", kind="incorrect", reason=INCORRECT, tokens_per_rank=256)]
-    names = {b: {"vllm_name": None, "sglang_name": None} for b in ("allgather_reducescatter", "nccl_all2allv", "flashinfer_nvlink_one_sided")}
-    profile = build_profile(ms, fails, hardware={"fingerprint": "h200.nvl18x2.node1", "facts_hash": "x", "facts": H200_FACTS},
-                            run={"id": 4, "device_type": "cuda", "world_size": 2, "versions": {"nccl": "2.28.9"}},
-                            backend_names=names)  # fmt: skip
+    names = {
+        b: {"vllm_name": None, "sglang_name": None}
+        for b in ("allgather_reducescatter", "nccl_all2allv", "flashinfer_nvlink_one_sided")
+    }
+    profile = build_profile(
+        ms,
+        fails,
+        hardware={"fingerprint": "h200.nvl18x2.node1", "facts_hash": "x", "facts": H200_FACTS},
+        run={"id": 4, "device_type": "cuda", "world_size": 2, "versions": {"nccl": "2.28.9"}},
+        backend_names=names,
+    )
     view = load_profile_view(write(tmp_path / "sel.json", profile))
     assert view.notes == []
     s1 = view.shape(tuple(S1.values()))
     assert s1.curves["nccl_all2allv"].timing == "graph" and s1.curves["allgather_reducescatter"].timing == "eager"
-    assert [(r.tokens, r.backend) for r in winner_ranges(s1)] == [(f"1{DASH}64", "allgather_reducescatter"), (f"256{DASH}1024", "nccl_all2allv")]
+    assert [(r.tokens, r.backend) for r in winner_ranges(s1)] == [
+        (f"1{DASH}64", "allgather_reducescatter"),
+        (f"256{DASH}1024", "nccl_all2allv"),
+    ]
     assert "flashinfer_nvlink_one_sided" in s1.failed and INCORRECT in s1.failed["flashinfer_nvlink_one_sided"]
     assert "graph: nccl_all2allv" in views.timing_summary(view)
 
@@ -273,8 +363,18 @@ def test_a_run_timed_in_two_modes_shows_one_curve_per_backend(tmp_path):
         hw = s.get_or_create_hardware("h200.nvl18x2.node1", "x", H200_FACTS)
         rid = _store_run(s, hw, curves={"S2": CURVES["S2"]}, versions={})
     with open_store(str(path)) as s:
-        s.add_measurement(rid, backend="nccl_all2allv", tokens_per_rank=1, timing="graph", median_us=5.0, p10_us=4.9,
-                          p90_us=5.1, n=3, samples=[5.0] * 3, **S2)  # fmt: skip
+        s.add_measurement(
+            rid,
+            backend="nccl_all2allv",
+            tokens_per_rank=1,
+            timing="graph",
+            median_us=5.0,
+            p10_us=4.9,
+            p90_us=5.1,
+            n=3,
+            samples=[5.0] * 3,
+            **S2,
+        )
     view = load_run_view(str(path), rid)
     [shape] = view.shapes
     assert set(shape.curves) == {"allgather_reducescatter", "nccl_all2allv"}
@@ -305,11 +405,19 @@ def test_diff_of_a_table_with_itself_is_clean(profile_a):
 
 
 def test_diff_catches_a_planted_regression_and_reports_the_ratio(tmp_path, profile_a):
-    b = write(tmp_path / "b.json", make_profile(planted(3.0, "allgather_reducescatter", "S1", [1, 4]), versions={"torch": "2.11.0", "nccl": "2.29.1"}))
+    b = write(
+        tmp_path / "b.json",
+        make_profile(
+            planted(3.0, "allgather_reducescatter", "S1", [1, 4]), versions={"torch": "2.11.0", "nccl": "2.29.1"}
+        ),
+    )
     r = a2a("diff", str(profile_a), str(b), "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     data = json.loads(r.stdout)
-    assert [(x["backend"], x["tokens"]) for x in data["regressions"]] == [("allgather_reducescatter", 1), ("allgather_reducescatter", 4)]
+    assert [(x["backend"], x["tokens"]) for x in data["regressions"]] == [
+        ("allgather_reducescatter", 1),
+        ("allgather_reducescatter", 4),
+    ]
     assert all(x["ratio"] == pytest.approx(3.0) for x in data["regressions"])
     assert data["version_changes"] == {"nccl": ["2.28.9", "2.29.1"]}
     assert data["failing"] == ["regressions"]
@@ -340,7 +448,12 @@ def test_diff_winner_change_exit_codes_follow_fail_on(tmp_path, profile_a):
     assert r.returncode == 0, r.stdout
     data = json.loads(r.stdout)
     [change] = data["winner_changes"]
-    assert (change["tokens"], change["a_winner"], change["b_winner"], change["noise"]) == (16, "allgather_reducescatter", "nccl_all2allv", False)
+    assert (change["tokens"], change["a_winner"], change["b_winner"], change["noise"]) == (
+        16,
+        "allgather_reducescatter",
+        "nccl_all2allv",
+        False,
+    )
     assert data["regressions"] == [] and len(data["improvements"]) == 1
     assert a2a("diff", str(profile_a), str(b), "--fail-on", "winner-change").returncode == 1
     assert a2a("diff", str(profile_a), str(b), "--fail-on", "regressions").returncode == 0
@@ -430,7 +543,9 @@ def test_copy_bound_takes_nvlink_bandwidth_from_the_probe_facts(profile_a):
     miss = 1.0
     for i in range(8):
         miss *= (128 - i) / (256 - i)
-    assert remote_ranks(256, 8, 2) == pytest.approx(1 - miss) and remote_ranks(256, 8, 2) == pytest.approx(0.9965, abs=1e-4)
+    assert remote_ranks(256, 8, 2) == pytest.approx(1 - miss) and remote_ranks(256, 8, 2) == pytest.approx(
+        0.9965, abs=1e-4
+    )
     # 1024 tokens x 7168 x 2 B x 0.9965 x 2 (dispatch + combine) / 478.1 GB/s = 61.2 µs
     assert bound.us(1024) == pytest.approx(1024 * 7168 * 2 * (1 - miss) * 2 / 478.116e9 * 1e6, rel=1e-6)
     assert bound.us(1024) == pytest.approx(61.2, abs=0.1)
@@ -460,8 +575,16 @@ def test_report_is_one_self_contained_html_file_with_the_plots_inside(tmp_path):
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
     assert len(images) == 2
     assert all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
-    for needle in ("h200.nvl18x2.node1", "NVIDIA H200", "18 links/GPU", "2.28.9", INCORRECT, UNAVAILABLE,
-                   "allgather_reducescatter", f"1{DASH}64"):  # fmt: skip
+    for needle in (
+        "h200.nvl18x2.node1",
+        "NVIDIA H200",
+        "18 links/GPU",
+        "2.28.9",
+        INCORRECT,
+        UNAVAILABLE,
+        "allgather_reducescatter",
+        f"1{DASH}64",
+    ):
         assert html.escape(needle) in text, needle
 
 

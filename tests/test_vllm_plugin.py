@@ -16,12 +16,12 @@ import json
 import logging
 import subprocess
 import sys
-import tomllib
 import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import tomllib
 
 from a2a_tune.tuner import vllm_plugin
 from a2a_tune.tuner.lookup import clear_cache
@@ -45,7 +45,9 @@ def make_vllm(calls: list):
         max_num_seqs: int = 64
         max_num_batched_tokens: int = 1024
         kv_role: str | None = None
-        hf: dict = dataclasses.field(default_factory=lambda: {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256})
+        hf: dict = dataclasses.field(
+            default_factory=lambda: {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256}
+        )
 
         def create_engine_config(self, usage_context=None):
             calls.append(self.all2all_backend)
@@ -54,14 +56,18 @@ def make_vllm(calls: list):
             return SimpleNamespace(
                 model_config=SimpleNamespace(hf_config=SimpleNamespace(**self.hf), dtype="torch.bfloat16"),
                 parallel_config=SimpleNamespace(
-                    all2all_backend=self.all2all_backend, enable_expert_parallel=self.enable_expert_parallel,
-                    data_parallel_size=self.data_parallel_size, tensor_parallel_size=self.tensor_parallel_size,
+                    all2all_backend=self.all2all_backend,
+                    enable_expert_parallel=self.enable_expert_parallel,
+                    data_parallel_size=self.data_parallel_size,
+                    tensor_parallel_size=self.tensor_parallel_size,
                     prefill_context_parallel_size=1,
                 ),
-                scheduler_config=SimpleNamespace(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens),
+                scheduler_config=SimpleNamespace(
+                    max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens
+                ),
                 kv_transfer_config=SimpleNamespace(kv_role=self.kv_role) if self.kv_role else None,
                 usage_context=usage_context,
-            )  # fmt: skip
+            )
 
     vllm = types.ModuleType("vllm")
     engine = types.ModuleType("vllm.engine")
@@ -106,9 +112,11 @@ def test_sets_the_tables_backend_and_logs_one_line(fake_vllm, caplog):
     assert fake_vllm.calls == ["allgather_reducescatter", "deepep_low_latency"]  # rebuilt by vLLM with the choice
     ((level, msg),) = lines(caplog)
     assert level == "INFO"
-    assert msg.startswith("a2a-tune: sets --all2all-backend deepep_low_latency (was 'allgather_reducescatter') for "
-                          "ep_size=2 hidden=7168 topk=8 experts=256 bf16, decode, 1..64 tokens/rank "
-                          "(default for an engine serving both phases) [hardware exact]: profile test.fixture.node1.json")
+    assert msg.startswith(
+        "a2a-tune: sets --all2all-backend deepep_low_latency (was 'allgather_reducescatter') for "
+        "ep_size=2 hidden=7168 topk=8 experts=256 bf16, decode, 1..64 tokens/rank "
+        "(default for an engine serving both phases) [hardware exact]: profile test.fixture.node1.json"
+    )
     assert "\n" not in msg
 
 
@@ -123,7 +131,10 @@ def test_prefill_engine_of_disaggregated_serving_gets_its_own_answer(fake_vllm, 
     assert level == "INFO" and "keeps --all2all-backend allgather_reducescatter" in msg
     assert "prefill, 1024 tokens/rank per step (a kv_producer (prefill) engine)" in msg
     # ... and the decode side of the pair picks the decode backend.
-    assert fake_vllm.EngineArgs(kv_role="kv_consumer").create_engine_config().parallel_config.all2all_backend == "deepep_low_latency"
+    assert (
+        fake_vllm.EngineArgs(kv_role="kv_consumer").create_engine_config().parallel_config.all2all_backend
+        == "deepep_low_latency"
+    )
 
 
 def test_phase_and_workload_from_the_environment(fake_vllm, monkeypatch, caplog):
@@ -178,14 +189,22 @@ FAILURES = {
     "truncated_table": (lambda f, mp: (f.dir / f"{FP}.json").write_text('{"schema": 2, "entries": ['), {}),
     "schema_99": (lambda f, mp: (f.dir / f"{FP}.json").write_text('{"schema": 99}'), {}),
     "unreadable_table": (lambda f, mp: _deny_reading(f.dir / f"{FP}.json", mp), {}),
-    "probe_fails": (lambda f, mp: (mp.delenv("A2A_TUNE_FINGERPRINT"),
-                                   mp.setitem(sys.modules, "a2a_tune.tuner.probe", _broken_probe())), {}),
+    "probe_fails": (
+        lambda f, mp: (
+            mp.delenv("A2A_TUNE_FINGERPRINT"),
+            mp.setitem(sys.modules, "a2a_tune.tuner.probe", _broken_probe()),
+        ),
+        {},
+    ),
     "dense_model": (lambda f, mp: None, {"hf": {"hidden_size": 4096}}),
     "shape_not_in_table": (lambda f, mp: None, {"data_parallel_size": 8}),
     "bad_phase_env": (lambda f, mp: mp.setenv("A2A_TUNE_PHASE", "mixed"), {}),
     "bad_workload_env": (lambda f, mp: mp.setenv("A2A_TUNE_WORKLOAD", str(f.dir / "missing.csv")), {}),
     "no_scheduler_limits": (lambda f, mp: None, {"max_num_seqs": None}),
-    "vllm_rejects_choice": (lambda f, mp: mp.setattr(sys.modules[__name__], "ACCEPTED", ACCEPTED - {"deepep_low_latency"}), {}),
+    "vllm_rejects_choice": (
+        lambda f, mp: mp.setattr(sys.modules[__name__], "ACCEPTED", ACCEPTED - {"deepep_low_latency"}),
+        {},
+    ),
 }
 
 

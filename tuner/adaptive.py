@@ -144,7 +144,9 @@ class AdaptiveSearch:
         alive = []
         for b in self.backends:
             beaten = all(
-                (m := self.medians.get((t, b))) is None or (best := self._best(t)) is None or m >= self.drop_factor * best
+                (m := self.medians.get((t, b))) is None
+                or (best := self._best(t)) is None
+                or m >= self.drop_factor * best
                 for t in (first, last)
             )
             if not beaten:

@@ -8,7 +8,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -34,7 +33,7 @@ err = Console(stderr=True)
 DB_HELP = "SQLAlchemy URL or SQLite file path [env: A2A_TUNE_DB; default: sqlite:///a2a_tune.db]."
 
 
-def _fail(message: str, code: int = 1) -> "typer.Exit":
+def _fail(message: str, code: int = 1) -> typer.Exit:
     # messages quote user input and file names: never rich markup
     err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
@@ -46,18 +45,20 @@ def _fail(message: str, code: int = 1) -> "typer.Exit":
 @app.command()
 def probe(
     as_json: bool = typer.Option(False, "--json", help="Print the full facts and the fingerprint as JSON."),
-    record: Optional[Path] = typer.Option(None, help="Also save the raw NVML answers to FILE (a test fixture)."),
+    record: Path | None = typer.Option(None, help="Also save the raw NVML answers to FILE (a test fixture)."),
 ) -> None:
     """Detect GPUs, NVLink islands, fabric domains and degraded links; print the fingerprint."""
-    from .probe import probe as run_probe, render_summary
+    from .probe import probe as run_probe
+    from .probe import render_summary
 
     if record is not None:
-        from .nvml import RealNvml, record as record_nvml
+        from .nvml import RealNvml
+        from .nvml import record as record_nvml
 
         try:
             record.write_text(json.dumps(record_nvml(RealNvml()), indent=2))
         except Exception as exc:  # no NVML here: nothing to record
-            raise _fail(f"cannot record NVML answers: {exc}")
+            raise _fail(f"cannot record NVML answers: {exc}") from None
     topo = run_probe()
     if as_json:
         out.print_json(json.dumps(topo.to_dict()))
@@ -91,14 +92,28 @@ def _resolve_device(device: str) -> tuple[str, int]:
     return device, gpus
 
 
-def _build_plan(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive=False,
-                capacity=None, refine=None):  # fmt: skip
+def _build_plan(
+    device,
+    world,
+    presets,
+    model_configs,
+    tokens,
+    dtypes,
+    routings,
+    backends,
+    warmup,
+    iters,
+    adaptive=False,
+    capacity=None,
+    refine=None,
+):
     from a2a_tune.kernels import PAYLOAD_DTYPES
     from a2a_tune.kernels.reference import ROUTINGS
 
-    from .launch import launched_externally
-    from .shapes import ShapeSpecError, from_model_config, preset, presets as all_presets
     from .adaptive import REFINE_RATIO
+    from .launch import launched_externally
+    from .shapes import ShapeSpecError, from_model_config, preset
+    from .shapes import presets as all_presets
     from .sweep import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
 
     device, gpus = _resolve_device(device)
@@ -153,8 +168,11 @@ def _check_capacity(capacity: int | None, token_counts, table_name: str | None =
             raise _fail(f"{table_name}: run.capacity must be a positive integer, got {capacity!r}", 2)
         source = f"the table's run.capacity {capacity}"
     if capacity is not None and token_counts and capacity < max(token_counts):
-        raise _fail(f"{source or f'--capacity {capacity}'} is below the largest token count {max(token_counts)}: "
-                    "a fixed-capacity backend cannot carry more tokens than it was built for", 2)  # fmt: skip
+        raise _fail(
+            f"{source or f'--capacity {capacity}'} is below the largest token count {max(token_counts)}: "
+            "a fixed-capacity backend cannot carry more tokens than it was built for",
+            2,
+        )
     return capacity
 
 
@@ -182,15 +200,44 @@ def _print_outcome(outcome, seconds: float) -> None:
         out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False)
 
 
-def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, db, resume, progress,
-              case_timeout, adaptive=False, capacity=None, refine=None):  # fmt: skip
+def _do_sweep(
+    device,
+    world,
+    presets,
+    model_configs,
+    tokens,
+    dtypes,
+    routings,
+    backends,
+    warmup,
+    iters,
+    db,
+    resume,
+    progress,
+    case_timeout,
+    adaptive=False,
+    capacity=None,
+    refine=None,
+):
     from a2a_tune.db import StoreError
 
     from .launch import RankFailed
     from .sweep import sweep as run_sweep
 
     plan, device, world = _build_plan(
-        device, world, presets, model_configs, tokens, dtypes, routings, backends, warmup, iters, adaptive, capacity, refine
+        device,
+        world,
+        presets,
+        model_configs,
+        tokens,
+        dtypes,
+        routings,
+        backends,
+        warmup,
+        iters,
+        adaptive,
+        capacity,
+        refine,
     )
     out.print(
         f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(plan.backend_names())} "
@@ -200,12 +247,20 @@ def _do_sweep(device, world, presets, model_configs, tokens, dtypes, routings, b
     start = time.perf_counter()
     try:
         outcome = run_sweep(
-            plan, device_type=device, world_size=world, db_url=db, resume=resume, progress=progress, case_timeout=case_timeout
+            plan,
+            device_type=device,
+            world_size=world,
+            db_url=db,
+            resume=resume,
+            progress=progress,
+            case_timeout=case_timeout,
         )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt:
-        raise _fail(f"interrupted after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total())}", 130) from None
+        raise _fail(
+            f"interrupted after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total())}", 130
+        ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
     _print_outcome(outcome, time.perf_counter() - start)
@@ -240,12 +295,23 @@ def _one_line_text(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-_device_opt = typer.Option("auto", help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo; auto: cuda if >= 2 GPUs.")
+_device_opt = typer.Option(
+    "auto", help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo; auto: cuda if >= 2 GPUs."
+)
 _world_opt = typer.Option(None, help="Ranks to spawn [default: every GPU; 2 on cpu]. Ignored under torchrun/srun.")
-_preset_opt = typer.Option([], "--preset", help="Model shape preset, repeatable [default: all]. See `a2a-tune presets`.")
+_preset_opt = typer.Option(
+    [], "--preset", help="Model shape preset, repeatable [default: all]. See `a2a-tune presets`."
+)
 _config_opt = typer.Option([], "--model-config", help="Hugging Face config.json of an MoE model, repeatable.")
-_tokens_opt = typer.Option(None, help="Tokens per rank, comma-separated [default on cuda: 1..16384, powers of 2 and 3·2^k (28 counts); on cpu: 1,4,16,64,256].")
-_dtype_opt = typer.Option([], "--dtype", help="Payload dtype, repeatable: bf16, fp16, fp32, fp8_e4m3 (block-FP8, quantized before dispatch) [default: bf16].")
+_tokens_opt = typer.Option(
+    None,
+    help="Tokens per rank, comma-separated [default on cuda: 1..16384, powers of 2 and 3·2^k (28 counts); on cpu: 1,4,16,64,256].",
+)
+_dtype_opt = typer.Option(
+    [],
+    "--dtype",
+    help="Payload dtype, repeatable: bf16, fp16, fp32, fp8_e4m3 (block-FP8, quantized before dispatch) [default: bf16].",
+)
 _routing_opt = typer.Option([], "--routing", help="Routing, repeatable: uniform, skewed, local [default: uniform].")
 _backend_opt = typer.Option([], "--backend", help="Backend to sweep, repeatable [default: every registered one].")
 _warmup_opt = typer.Option(None, min=0, help="Warm-up round trips per case [default: 10 cuda, 3 cpu].")
@@ -254,37 +320,71 @@ _db_opt = typer.Option(None, "--db", help=DB_HELP)
 _resume_opt = typer.Option(False, help="Continue the latest unfinished run with the same plan; skip what it stored.")
 _progress_opt = typer.Option(True, help="Show a progress bar.")
 _adaptive_opt = typer.Option(
-    False, help="Measure a coarse token grid, then bisect where the winner changes, instead of every token count.",
+    False,
+    help="Measure a coarse token grid, then bisect where the winner changes, instead of every token count.",
 )
 _capacity_opt = typer.Option(
-    None, min=1, help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
+    None,
+    min=1,
+    help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
     "e.g. your engine's largest batch per rank; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
     "told each step's size as engines tell them, the others pay the capacity [default: each token count's own].",
 )
 _refine_opt = typer.Option(
-    None, "--refine/--no-refine", help="Where the winner changes between neighbouring token counts, or the top two "
+    None,
+    "--refine/--no-refine",
+    help="Where the winner changes between neighbouring token counts, or the top two "
     "are within 3% at both, also measure between them (bisecting until <= 20% apart): a backend whose cost steps "
     "between grid points is caught, at a few measurements per crossover or close race [default: on for cuda, off "
     "for cpu, where gloo noise makes every pair a race].",
 )
 _timeout_opt = typer.Option(
-    600.0, help="Seconds one case may make no progress before every rank is stopped, the case recorded "
+    600.0,
+    help="Seconds one case may make no progress before every rank is stopped, the case recorded "
     "as a timeout and the sweep restarted without that backend.",
 )
 
 
 @app.command()
 def sweep(
-    device: str = _device_opt, world: Optional[int] = _world_opt, preset: List[str] = _preset_opt,
-    model_config: List[Path] = _config_opt, tokens: Optional[str] = _tokens_opt, dtype: List[str] = _dtype_opt,
-    routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
-    iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
-    case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt, capacity: Optional[int] = _capacity_opt,
-    refine: Optional[bool] = _refine_opt,
-) -> None:  # fmt: skip
+    device: str = _device_opt,
+    world: int | None = _world_opt,
+    preset: list[str] = _preset_opt,
+    model_config: list[Path] = _config_opt,
+    tokens: str | None = _tokens_opt,
+    dtype: list[str] = _dtype_opt,
+    routing: list[str] = _routing_opt,
+    backend: list[str] = _backend_opt,
+    warmup: int | None = _warmup_opt,
+    iters: int | None = _iters_opt,
+    db: str | None = _db_opt,
+    resume: bool = _resume_opt,
+    progress: bool = _progress_opt,
+    case_timeout: float = _timeout_opt,
+    adaptive: bool = _adaptive_opt,
+    capacity: int | None = _capacity_opt,
+    refine: bool | None = _refine_opt,
+) -> None:
     """Check, then time, every backend over shapes x token counts; store every measurement."""
-    _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
-              case_timeout, adaptive, capacity, refine)  # fmt: skip
+    _do_sweep(
+        device,
+        world,
+        preset,
+        model_config,
+        tokens,
+        dtype,
+        routing,
+        backend,
+        warmup,
+        iters,
+        db,
+        resume,
+        progress,
+        case_timeout,
+        adaptive,
+        capacity,
+        refine,
+    )
 
 
 # --------------------------------------------------------------------------------- select
@@ -317,13 +417,20 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
     if not profile["entries"]:
         raise _fail(f"run {run_id} has no measurements to select from")
     profile, kept = _with_stored_knobs(profile, url)
-    directory = out_dir or Path(os.environ.get("A2A_TUNE_PROFILE_DIR", "").split(os.pathsep)[0] or user_profile_dir()).expanduser()
+    directory = (
+        out_dir
+        or Path(os.environ.get("A2A_TUNE_PROFILE_DIR", "").split(os.pathsep)[0] or user_profile_dir()).expanduser()
+    )
     try:
         path = write_profile(profile, directory)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
     knobs_note = f", with the knobs of {kept} tuned point(s)" if kept else ""
-    out.print(f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}", highlight=False, markup=False)
+    out.print(
+        f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}",
+        highlight=False,
+        markup=False,
+    )
     return path
 
 
@@ -336,7 +443,9 @@ def _with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
     try:
         found = stored_knobs(url, profile["hardware"]["fingerprint"], (profile.get("run") or {}).get("capacity"))
     except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
-        err.print(f"note: tuned knobs not read ({_one_line_text(exc)}); the table is written without them", highlight=False)
+        err.print(
+            f"note: tuned knobs not read ({_one_line_text(exc)}); the table is written without them", highlight=False
+        )
         return profile, 0
     kept = 0
     for shape, backend, tokens, knobs in found:
@@ -347,9 +456,11 @@ def _with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
 
 @app.command()
 def select(
-    db: Optional[str] = _db_opt,
-    run: Optional[int] = typer.Option(None, help="Run id [default: the latest completed run]."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."),
+    db: str | None = _db_opt,
+    run: int | None = typer.Option(None, help="Run id [default: the latest completed run]."),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="Directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."
+    ),
 ) -> None:
     """Turn a run's measurements into the selection table profiles/<fingerprint>.json."""
     _do_select(db, run, out_dir)
@@ -360,24 +471,56 @@ def select(
 
 @app.command()
 def run(
-    device: str = _device_opt, world: Optional[int] = _world_opt, preset: List[str] = _preset_opt,
-    model_config: List[Path] = _config_opt, tokens: Optional[str] = _tokens_opt, dtype: List[str] = _dtype_opt,
-    routing: List[str] = _routing_opt, backend: List[str] = _backend_opt, warmup: Optional[int] = _warmup_opt,
-    iters: Optional[int] = _iters_opt, db: Optional[str] = _db_opt, resume: bool = _resume_opt, progress: bool = _progress_opt,
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."),
-    case_timeout: float = _timeout_opt, adaptive: bool = _adaptive_opt, capacity: Optional[int] = _capacity_opt,
-    refine: Optional[bool] = _refine_opt,
-) -> None:  # fmt: skip
+    device: str = _device_opt,
+    world: int | None = _world_opt,
+    preset: list[str] = _preset_opt,
+    model_config: list[Path] = _config_opt,
+    tokens: str | None = _tokens_opt,
+    dtype: list[str] = _dtype_opt,
+    routing: list[str] = _routing_opt,
+    backend: list[str] = _backend_opt,
+    warmup: int | None = _warmup_opt,
+    iters: int | None = _iters_opt,
+    db: str | None = _db_opt,
+    resume: bool = _resume_opt,
+    progress: bool = _progress_opt,
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."
+    ),
+    case_timeout: float = _timeout_opt,
+    adaptive: bool = _adaptive_opt,
+    capacity: int | None = _capacity_opt,
+    refine: bool | None = _refine_opt,
+) -> None:
     """Probe + sweep + select: the one command to run once per machine type."""
-    outcome = _do_sweep(device, world, preset, model_config, tokens, dtype, routing, backend, warmup, iters, db, resume, progress,
-                        case_timeout, adaptive, capacity, refine)  # fmt: skip
+    outcome = _do_sweep(
+        device,
+        world,
+        preset,
+        model_config,
+        tokens,
+        dtype,
+        routing,
+        backend,
+        warmup,
+        iters,
+        db,
+        resume,
+        progress,
+        case_timeout,
+        adaptive,
+        capacity,
+        refine,
+    )
     if outcome is None or outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     path = _do_select(db, outcome.run_id, out_dir)
     out.print(
         f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T  (table: {path})",
-        highlight=False, markup=False, soft_wrap=True,
-    )  # fmt: skip
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 # ------------------------------------------------------------------------------- evaluate
@@ -386,23 +529,36 @@ def run(
 @app.command()
 def evaluate(
     profile: Path = typer.Option(..., help="The table to judge (a profile JSON)."),
-    device: str = _device_opt, world: Optional[int] = _world_opt, db: Optional[str] = _db_opt,
-    tokens: Optional[str] = typer.Option(None, help="Held-out tokens per rank [default: up to 8 midpoints between the table's, spread over its range]."),
-    warmup: Optional[int] = _warmup_opt, iters: Optional[int] = _iters_opt, progress: bool = _progress_opt,
-    case_timeout: float = _timeout_opt, backend: List[str] = _backend_opt,
-    capacity: Optional[int] = typer.Option(
-        None, min=1, help="As for `sweep` [default: the capacity the table was measured with (its run.capacity)]."),
-    scored_run: Optional[int] = typer.Option(
-        None, "--run", help="Measure nothing: score the table on this stored run's points (e.g. an adaptive "
-        "sweep's table on the full grid's run, or on an earlier evaluation's held-out run)."),
-) -> None:  # fmt: skip
+    device: str = _device_opt,
+    world: int | None = _world_opt,
+    db: str | None = _db_opt,
+    tokens: str | None = typer.Option(
+        None, help="Held-out tokens per rank [default: up to 8 midpoints between the table's, spread over its range]."
+    ),
+    warmup: int | None = _warmup_opt,
+    iters: int | None = _iters_opt,
+    progress: bool = _progress_opt,
+    case_timeout: float = _timeout_opt,
+    backend: list[str] = _backend_opt,
+    capacity: int | None = typer.Option(
+        None, min=1, help="As for `sweep` [default: the capacity the table was measured with (its run.capacity)]."
+    ),
+    scored_run: int | None = typer.Option(
+        None,
+        "--run",
+        help="Measure nothing: score the table on this stored run's points (e.g. an adaptive "
+        "sweep's table on the full grid's run, or on an earlier evaluation's held-out run).",
+    ),
+) -> None:
     """Measure held-out token counts for the table's shapes and report its regret vs the best backend."""
     from a2a_tune.db import StoreError, open_store
 
-    from .evaluate import evaluate as run_evaluation, held_out_tokens
+    from .evaluate import evaluate as run_evaluation
+    from .evaluate import held_out_tokens
     from .launch import RankFailed
     from .shapes import ModelShape
-    from .sweep import DEFAULT_ITERS, SweepPlan, sweep as run_sweep
+    from .sweep import DEFAULT_ITERS, SweepPlan
+    from .sweep import sweep as run_sweep
 
     try:
         table = json.loads(profile.read_text())
@@ -423,7 +579,10 @@ def evaluate(
     entries = [e for e in entries if e.get("ep_size") == world]
     if not entries:
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
-    shapes = {ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"]) for e in entries}
+    shapes = {
+        ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"])
+        for e in entries
+    }
     held = _parse_tokens(tokens) if tokens else held_out_tokens(t for e in entries for t in e["tokens"])
     if not held:
         raise _fail(f"{profile.name}: its token counts leave no held-out midpoint; give --tokens", 2)
@@ -431,14 +590,22 @@ def evaluate(
     capacity = _check_capacity(capacity, held, profile.name, table)  # measured as the table's own points
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
-        shapes=tuple(sorted(shapes, key=lambda s: s.name)), tokens=held,
-        dtypes=tuple(sorted({e["dtype"] for e in entries})), routings=tuple(sorted({e["routing"] for e in entries})),
-        backends=tuple(backend), warmup=default_warmup if warmup is None else warmup,
-        iters=default_iters if iters is None else iters, capacity=capacity,
-    )  # fmt: skip
-    out.print(f"evaluating {profile.name} at {len(held)} held-out token counts x {len(shapes)} shape(s)", highlight=False)
+        shapes=tuple(sorted(shapes, key=lambda s: s.name)),
+        tokens=held,
+        dtypes=tuple(sorted({e["dtype"] for e in entries})),
+        routings=tuple(sorted({e["routing"] for e in entries})),
+        backends=tuple(backend),
+        warmup=default_warmup if warmup is None else warmup,
+        iters=default_iters if iters is None else iters,
+        capacity=capacity,
+    )
+    out.print(
+        f"evaluating {profile.name} at {len(held)} held-out token counts x {len(shapes)} shape(s)", highlight=False
+    )
     try:
-        outcome = run_sweep(plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout)
+        outcome = run_sweep(
+            plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout
+        )
     except RankFailed as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
     with open_store(db) as store:
@@ -456,9 +623,15 @@ def _print_evaluation(ev, title: str) -> None:
         t.add_row(policy, f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
     out.print(t)
     for policy, n in sorted(ev.failed.items()):
-        out.print(f"{policy}: its backend FAILED at {n} of {len(ev.points)} point(s) (error, timeout or wrong result)", highlight=False)
+        out.print(
+            f"{policy}: its backend FAILED at {n} of {len(ev.points)} point(s) (error, timeout or wrong result)",
+            highlight=False,
+        )
     for policy, n in sorted(ev.unscored.items()):
-        out.print(f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)", highlight=False)
+        out.print(
+            f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)",
+            highlight=False,
+        )
     if ev.outside:
         out.print(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", highlight=False)
     worst = ev.worst(5)
@@ -476,26 +649,42 @@ def _print_evaluation(ev, title: str) -> None:
 
 @app.command("tune-knobs")
 def tune_knobs(
-    backend: str = typer.Option(..., help="The backend whose knobs to search (see its knob_space; `a2a-tune backends`)."),
-    preset: Optional[str] = typer.Option(None, help="Model shape preset (see `a2a-tune presets`). Or --model-config."),
-    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json of an MoE model."),
+    backend: str = typer.Option(
+        ..., help="The backend whose knobs to search (see its knob_space; `a2a-tune backends`)."
+    ),
+    preset: str | None = typer.Option(None, help="Model shape preset (see `a2a-tune presets`). Or --model-config."),
+    model_config: Path | None = typer.Option(None, "--model-config", help="Hugging Face config.json of an MoE model."),
     tokens: str = typer.Option(..., help="Tokens per rank, comma-separated: one study each."),
     trials: int = typer.Option(16, min=1, help="Settings measured per token count, the defaults included."),
     dtype: str = typer.Option("bf16", help="Payload dtype."),
     routing: str = typer.Option("uniform", help="Routing: uniform, skewed, local."),
-    device: str = _device_opt, world: Optional[int] = _world_opt, db: Optional[str] = _db_opt,
-    profile: Optional[Path] = typer.Option(
-        None, help="A table (profile JSON) to write the best knobs into, per token count it has for this shape; "
-        "rewritten atomically."),
-    warmup: Optional[int] = typer.Option(None, min=0, help="Warm-up round trips per measurement [default: 10 cuda, 1 cpu]."),
-    iters: Optional[int] = typer.Option(None, min=1, help="Timed samples of a full measurement [default: 30 cuda, 6 cpu]."),
-    probe_iters: Optional[int] = typer.Option(
-        None, min=1, help="Timed samples of the short first measurement that prunes hopeless settings [default: 5 cuda, 2 cpu]."),
+    device: str = _device_opt,
+    world: int | None = _world_opt,
+    db: str | None = _db_opt,
+    profile: Path | None = typer.Option(
+        None,
+        help="A table (profile JSON) to write the best knobs into, per token count it has for this shape; "
+        "rewritten atomically.",
+    ),
+    warmup: int | None = typer.Option(
+        None, min=0, help="Warm-up round trips per measurement [default: 10 cuda, 1 cpu]."
+    ),
+    iters: int | None = typer.Option(
+        None, min=1, help="Timed samples of a full measurement [default: 30 cuda, 6 cpu]."
+    ),
+    probe_iters: int | None = typer.Option(
+        None,
+        min=1,
+        help="Timed samples of the short first measurement that prunes hopeless settings [default: 5 cuda, 2 cpu].",
+    ),
     seed: int = typer.Option(0, help="Sampler seed."),
     progress: bool = _progress_opt,
-    capacity: Optional[int] = typer.Option(
-        None, min=1, help="As for `sweep` [default: --profile's run.capacity if it has one, else each token count's own]."),
-) -> None:  # fmt: skip
+    capacity: int | None = typer.Option(
+        None,
+        min=1,
+        help="As for `sweep` [default: --profile's run.capacity if it has one, else each token count's own].",
+    ),
+) -> None:
     """Search a backend's launch knobs with Optuna, per token count; print default vs best.
 
     Each setting is first checked with the invariant (a wrong one fails its trial and is never
@@ -508,7 +697,8 @@ def tune_knobs(
     from a2a_tune.db import StoreError, resolve_url
     from a2a_tune.kernels import UnknownBackendError, get_backend
 
-    from .knobs import DEFAULT_ITERS, KnobPlan, tune_knobs as run_search
+    from .knobs import DEFAULT_ITERS, KnobPlan
+    from .knobs import tune_knobs as run_search
     from .launch import RankFailed
     from .lookup import ProfileError
     from .select import SHAPE_KEYS, with_knobs, write_profile_to
@@ -518,11 +708,24 @@ def tune_knobs(
     except UnknownBackendError as exc:
         raise _fail(str(exc), 2) from None
     if not cls.knob_space:
-        out.print(f"{backend} declares no knobs that can change within a process: nothing to search",
-                  highlight=False, markup=False)
+        out.print(
+            f"{backend} declares no knobs that can change within a process: nothing to search",
+            highlight=False,
+            markup=False,
+        )
         return
-    plan, device, world = _build_plan(device, world, [preset] if preset else [], [model_config] if model_config else [],
-                                      tokens, [dtype], [routing], [backend], None, None)  # fmt: skip
+    plan, device, world = _build_plan(
+        device,
+        world,
+        [preset] if preset else [],
+        [model_config] if model_config else [],
+        tokens,
+        [dtype],
+        [routing],
+        [backend],
+        None,
+        None,
+    )
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
     table = None
@@ -534,13 +737,25 @@ def tune_knobs(
     capacity = _check_capacity(capacity, plan.tokens, profile.name if profile else None, table)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
-        backend=backend, shape=plan.shapes[0], tokens=plan.tokens, dtype=dtype, routing=routing, trials=trials,
-        warmup=defaults[0] if warmup is None else warmup, iters=iters or defaults[1],
-        probe_iters=probe_iters or defaults[2], seed=seed, capacity=capacity,
-    )  # fmt: skip
+        backend=backend,
+        shape=plan.shapes[0],
+        tokens=plan.tokens,
+        dtype=dtype,
+        routing=routing,
+        trials=trials,
+        warmup=defaults[0] if warmup is None else warmup,
+        iters=iters or defaults[1],
+        probe_iters=probe_iters or defaults[2],
+        seed=seed,
+        capacity=capacity,
+    )
     shape = plan.shapes[0]
-    out.print(f"searching {backend} knobs at {shape.name} {dtype} ep{world}, {len(plan.tokens)} token count(s) x "
-              f"{trials} trials on {world} {device} rank(s); studies in {resolve_url(db)}", highlight=False, markup=False)  # fmt: skip
+    out.print(
+        f"searching {backend} knobs at {shape.name} {dtype} ep{world}, {len(plan.tokens)} token count(s) x "
+        f"{trials} trials on {world} {device} rank(s); studies in {resolve_url(db)}",
+        highlight=False,
+        markup=False,
+    )
     try:
         results = run_search(knob_plan, device_type=device, world_size=world, db_url=db, progress=progress)
     except (RankFailed, StoreError) as exc:
@@ -549,8 +764,17 @@ def tune_knobs(
         raise typer.Exit(0)
     from rich.table import Table
 
-    t = Table("tokens/rank", "default us", "best us", "gain", "best knobs", "trials", "pruned", "failed",
-              title=f"{backend} knobs, {shape.name} {dtype} ep{world}")  # fmt: skip
+    t = Table(
+        "tokens/rank",
+        "default us",
+        "best us",
+        "gain",
+        "best knobs",
+        "trials",
+        "pruned",
+        "failed",
+        title=f"{backend} knobs, {shape.name} {dtype} ep{world}",
+    )
     for r in results:
         if r.skipped:
             t.add_row(str(r.tokens), "-", "-", "-", escape(r.skipped), "0", "0", "0")
@@ -558,8 +782,16 @@ def tune_knobs(
         gain = f"{100 * r.gain:+.1f}%" if r.gain is not None else "-"
         fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
         knobs = ", ".join(f"{k}={v}" for k, v in r.best_knobs.items() if r.default_knobs.get(k) != v) or "defaults"
-        t.add_row(str(r.tokens), fmt(r.default_us), fmt(r.best_us), gain, escape(knobs),
-                  str(r.trials - r.repeats), str(r.pruned), str(r.failed))  # fmt: skip
+        t.add_row(
+            str(r.tokens),
+            fmt(r.default_us),
+            fmt(r.best_us),
+            gain,
+            escape(knobs),
+            str(r.trials - r.repeats),
+            str(r.pruned),
+            str(r.failed),
+        )
     out.print(t)
     if profile is None:
         return
@@ -588,25 +820,36 @@ def lookup(
     hidden: int = typer.Option(..., help="Hidden size H of the token rows."),
     topk: int = typer.Option(..., help="Experts per token."),
     experts: int = typer.Option(..., help="Number of routed experts E."),
-    tokens: Optional[int] = typer.Option(None, help="Tokens per rank per step (one point). Or use --phase / --workload."),
-    phase: Optional[str] = typer.Option(
-        None, help="decode (with --max-batch) or prefill (with --max-tokens): the backend for an engine's whole life "
-        "in that phase, e.g. one engine each in disaggregated serving."),
-    max_batch: Optional[int] = typer.Option(
-        None, help="--phase decode: the engine's max batch per rank (vLLM max_num_seqs); tokens per rank are taken "
-        "log-uniform over 1..N."),
-    max_tokens: Optional[int] = typer.Option(
-        None, help="--phase prefill: tokens per rank per prefill step (vLLM max_num_batched_tokens, the chunk size)."),
-    workload: Optional[Path] = typer.Option(
-        None, help="Histogram of tokens per rank per step: JSON {\"tokens\": weight} or CSV lines tokens,weight."),
+    tokens: int | None = typer.Option(None, help="Tokens per rank per step (one point). Or use --phase / --workload."),
+    phase: str | None = typer.Option(
+        None,
+        help="decode (with --max-batch) or prefill (with --max-tokens): the backend for an engine's whole life "
+        "in that phase, e.g. one engine each in disaggregated serving.",
+    ),
+    max_batch: int | None = typer.Option(
+        None,
+        help="--phase decode: the engine's max batch per rank (vLLM max_num_seqs); tokens per rank are taken "
+        "log-uniform over 1..N.",
+    ),
+    max_tokens: int | None = typer.Option(
+        None, help="--phase prefill: tokens per rank per prefill step (vLLM max_num_batched_tokens, the chunk size)."
+    ),
+    workload: Path | None = typer.Option(
+        None, help='Histogram of tokens per rank per step: JSON {"tokens": weight} or CSV lines tokens,weight.'
+    ),
     dtype: str = typer.Option("bf16", help="Payload dtype."),
     routing: str = typer.Option("uniform", help="Routing the table was measured with."),
-    profile: Optional[Path] = typer.Option(None, help="Profile JSON \\[default: found by this machine's fingerprint]."),
-    fingerprint: Optional[str] = typer.Option(None, help="Hardware fingerprint \\[default: $A2A_TUNE_FINGERPRINT, else probed]."),
-    engine: Optional[str] = typer.Option(None, help="Only backends this engine (vllm, sglang) can be told \\[default: "
-                                                    "implied by --format vllm/sglang, else any]."),
+    profile: Path | None = typer.Option(None, help="Profile JSON \\[default: found by this machine's fingerprint]."),
+    fingerprint: str | None = typer.Option(
+        None, help="Hardware fingerprint \\[default: $A2A_TUNE_FINGERPRINT, else probed]."
+    ),
+    engine: str | None = typer.Option(
+        None,
+        help="Only backends this engine (vllm, sglang) can be told \\[default: "
+        "implied by --format vllm/sglang, else any].",
+    ),
     fmt: str = typer.Option("name", "--format", help="name | vllm | sglang | env | json"),
-) -> None:  # fmt: skip
+) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
 
     A missing or broken table or workload file is not an error: it prints the engine default and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` always starts.
@@ -639,10 +882,21 @@ def lookup(
 
     def ask(for_engine, quiet=False):
         return do_lookup(
-            ep_size=ep_size, hidden=hidden, topk=topk, num_experts=experts, tokens=tokens, phase=phase,
-            max_tokens=size, workload=workload, dtype=dtype, routing=routing, fingerprint=fingerprint,
-            profile=profile, engine=for_engine, quiet=quiet,
-        )  # fmt: skip
+            ep_size=ep_size,
+            hidden=hidden,
+            topk=topk,
+            num_experts=experts,
+            tokens=tokens,
+            phase=phase,
+            max_tokens=size,
+            workload=workload,
+            dtype=dtype,
+            routing=routing,
+            fingerprint=fingerprint,
+            profile=profile,
+            engine=for_engine,
+            quiet=quiet,
+        )
 
     choice = ask(fmt if fmt in engines.ENGINES else engine)
     if fmt == "json":
@@ -659,7 +913,7 @@ def lookup(
             vllm.vllm_name if vllm.match != "fallback" else None,
             sglang.sglang_name if sglang.match != "fallback" else None,
             choice.match,
-        ):  # fmt: skip
+        ):
             print(line)
     else:
         print(choice.backend)
@@ -674,15 +928,19 @@ def lookup(
 
 _profile_in_opt = typer.Option(None, "--profile", help="A profile JSON (selection table) to read.")
 _db_in_opt = typer.Option(
-    None, "--db", help="Read a sweep run from this database instead: SQLAlchemy URL or SQLite file path "
+    None,
+    "--db",
+    help="Read a sweep run from this database instead: SQLAlchemy URL or SQLite file path "
     "(env A2A_TUNE_DB; default sqlite:///a2a_tune.db). Never created or changed here.",
-)  # fmt: skip
+)
 _run_in_opt = typer.Option(None, "--run", help="Run id in --db (default: the latest completed run).")
 _link_opt = typer.Option(
-    None, "--link-gbs", min=0.001,
+    None,
+    "--link-gbs",
+    min=0.001,
     help="GB/s one rank can send to the others (all its links together), for the copy-bound line "
     "(default: NVLink links x per-link speed from the probe facts; no line when unknown).",
-)  # fmt: skip
+)
 
 
 def _help(*paragraphs: str) -> str:
@@ -691,12 +949,12 @@ def _help(*paragraphs: str) -> str:
     return "\n\n".join(paragraphs)
 
 
-def _view_fail(exc: Exception) -> "typer.Exit":
+def _view_fail(exc: Exception) -> typer.Exit:
     """Exit 2 with the one-line message (`_fail` escapes it: paths and reasons may hold "[...]")."""
     return _fail(str(exc), 2)
 
 
-def _load_view(profile: Optional[Path], db: Optional[str], run_id: Optional[int]):
+def _load_view(profile: Path | None, db: str | None, run_id: int | None):
     from .views import ViewError, load_view
 
     try:
@@ -715,9 +973,11 @@ def _load_view(profile: Optional[Path], db: Optional[str], run_id: Optional[int]
     )
 )
 def show(
-    profile: Optional[Path] = _profile_in_opt, db: Optional[str] = _db_in_opt, run: Optional[int] = _run_in_opt,
+    profile: Path | None = _profile_in_opt,
+    db: str | None = _db_in_opt,
+    run: int | None = _run_in_opt,
     as_json: bool = typer.Option(False, "--json", help="Print the same content as JSON."),
-) -> None:  # fmt: skip
+) -> None:
     from .views import render_show, show_data
 
     view = _load_view(profile, db, run)
@@ -743,16 +1003,27 @@ def show(
     )
 )
 def diff(
-    sources: List[str] = typer.Argument(None, metavar="A B", show_default=False,
-        help="Profile JSON files or SQLite database files (a database: its latest completed run)."),
-    db: Optional[str] = typer.Option(None, "--db", help="Database for --run: SQLAlchemy URL or SQLite file path (env A2A_TUNE_DB)."),
-    runs: List[int] = typer.Option([], "--run", help="Run id in --db, repeatable: --run 3 --run 5 (the first is A)."),
-    fail_on: List[str] = typer.Option(["regressions"], "--fail-on",
-        help="What makes the exit code 1, repeatable: regressions | winner-change | none."),
-    tolerance: float = typer.Option(0.0, "--tolerance", min=0.0,
-        help="A slowdown must also exceed this fraction of A's median (0.05 = 5%) to count."),
+    sources: list[str] = typer.Argument(
+        None,
+        metavar="A B",
+        show_default=False,
+        help="Profile JSON files or SQLite database files (a database: its latest completed run).",
+    ),
+    db: str | None = typer.Option(
+        None, "--db", help="Database for --run: SQLAlchemy URL or SQLite file path (env A2A_TUNE_DB)."
+    ),
+    runs: list[int] = typer.Option([], "--run", help="Run id in --db, repeatable: --run 3 --run 5 (the first is A)."),
+    fail_on: list[str] = typer.Option(
+        ["regressions"], "--fail-on", help="What makes the exit code 1, repeatable: regressions | winner-change | none."
+    ),
+    tolerance: float = typer.Option(
+        0.0,
+        "--tolerance",
+        min=0.0,
+        help="A slowdown must also exceed this fraction of A's median (0.05 = 5%) to count.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
-) -> None:  # fmt: skip
+) -> None:
     from .views import ViewError, diff_views, load_run_view, load_source, render_diff
 
     modes = set(fail_on) or {"regressions"}
@@ -767,8 +1038,9 @@ def diff(
     if len(runs) + len(sources) != 2:
         raise _fail(
             f"diff needs exactly two inputs (A and B), got {len(runs) + len(sources)}: "
-            "two files, --db URL --run A --run B, or --db URL --run A FILE", 2,
-        )  # fmt: skip
+            "two files, --db URL --run A --run B, or --db URL --run A FILE",
+            2,
+        )
     try:
         views = [load_run_view(db, r) for r in runs] + [load_source(s) for s in sources]
     except ViewError as exc:
@@ -800,10 +1072,12 @@ def diff(
     )
 )
 def plot(
-    profile: Optional[Path] = _profile_in_opt, db: Optional[str] = _db_in_opt, run: Optional[int] = _run_in_opt,
+    profile: Path | None = _profile_in_opt,
+    db: str | None = _db_in_opt,
+    run: int | None = _run_in_opt,
     out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
-    link_gbs: Optional[float] = _link_opt,
-) -> None:  # fmt: skip
+    link_gbs: float | None = _link_opt,
+) -> None:
     from .plot import plot_view
     from .views import ViewError
 
@@ -824,10 +1098,14 @@ def plot(
     )
 )
 def report(
-    profile: Optional[Path] = _profile_in_opt, db: Optional[str] = _db_in_opt, run: Optional[int] = _run_in_opt,
-    out_file: Optional[Path] = typer.Option(None, "--out", help="HTML file to write (default: a2a-tune-report.<fingerprint>.html in the current directory)."),
-    link_gbs: Optional[float] = _link_opt,
-) -> None:  # fmt: skip
+    profile: Path | None = _profile_in_opt,
+    db: str | None = _db_in_opt,
+    run: int | None = _run_in_opt,
+    out_file: Path | None = typer.Option(
+        None, "--out", help="HTML file to write (default: a2a-tune-report.<fingerprint>.html in the current directory)."
+    ),
+    link_gbs: float | None = _link_opt,
+) -> None:
     from .report import write_report
     from .views import ViewError
 
@@ -846,7 +1124,7 @@ def report(
 @app.command()
 def backends(
     device: str = typer.Option("auto", help="Judge availability for cuda or cpu ranks."),
-    world: Optional[int] = typer.Option(None, help="Ranks [default: every GPU; 2 on cpu]."),
+    world: int | None = typer.Option(None, help="Ranks [default: every GPU; 2 on cpu]."),
 ) -> None:
     """List the registered backends, their engine names, and whether they can run here."""
     from rich.table import Table
@@ -875,7 +1153,7 @@ def presets() -> None:
 
 
 @db_app.command("upgrade")
-def db_upgrade(db: Optional[str] = _db_opt) -> None:
+def db_upgrade(db: str | None = _db_opt) -> None:
     """Migrate a database made by an older a2a-tune to the current schema."""
     from a2a_tune.db import StoreError, resolve_url, upgrade
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from .lookup import FALLBACK_BACKEND, lookup
-
 
 HELD_OUT_MOST = 8  # default held-out counts: ~2 minutes for 4 shapes x 2 dtypes on 2xH200
 
@@ -90,13 +90,24 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
         ep, hidden, topk, experts, dtype, routing, tokens = point
         best = min(times.values())
         choice = lookup(
-            ep_size=ep, hidden=hidden, topk=topk, num_experts=experts, tokens=tokens, dtype=dtype,
-            routing=routing, profile=profile, quiet=True,
-        )  # fmt: skip
+            ep_size=ep,
+            hidden=hidden,
+            topk=topk,
+            num_experts=experts,
+            tokens=tokens,
+            dtype=dtype,
+            routing=routing,
+            profile=profile,
+            quiet=True,
+        )
         picked = {"table": choice.backend, f"always {FALLBACK_BACKEND}": FALLBACK_BACKEND}
         if best_single:
             picked[f"always {best_single}"] = best_single
-        row = {"shape": (ep, hidden, topk, experts, dtype, routing), "tokens": tokens, "best": min(times, key=times.get)}
+        row = {
+            "shape": (ep, hidden, topk, experts, dtype, routing),
+            "tokens": tokens,
+            "best": min(times, key=times.get),
+        }
         for policy, backend in picked.items():
             t = times.get(backend)
             if t is None and (backend, point) in broken:

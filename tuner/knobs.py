@@ -38,8 +38,8 @@ from a2a_tune.kernels.reference import check_invariant, make_inputs
 
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
 from .probe import Topology, merge_nodes
-from .shapes import ModelShape
 from .progress import progress_bar
+from .shapes import ModelShape
 from .sweep import capacity_for, probe_for_device
 from .timing import summarize, time_graph_round_trips, time_round_trips
 
@@ -98,8 +98,15 @@ class KnobResult:
         return self.default_us / self.best_us - 1
 
 
-def study_name(fingerprint: str, backend: str, shape: MoEShape, ep_size: int, tokens: int, routing: str,
-               capacity: int | None = None) -> str:  # fmt: skip
+def study_name(
+    fingerprint: str,
+    backend: str,
+    shape: MoEShape,
+    ep_size: int,
+    tokens: int,
+    routing: str,
+    capacity: int | None = None,
+) -> str:
     """One study per point; a point measured at an engine's capacity (--capacity) is another
     point than the same load in a workspace of its own size (names before it stay valid)."""
     where = "" if routing == "uniform" else f" {routing}"
@@ -176,10 +183,17 @@ def _tune_point(ctx, plan: KnobPlan, cls, fingerprint: str, tokens: int, owner, 
         if tokens:
             backend.set_step_tokens(tokens)  # every rank has `tokens`: the step's size, as in the sweep
         inputs = [
-            make_inputs(shape, tokens, rank=ctx.rank, world_size=ctx.world_size, routing=plan.routing,
-                        seed=plan.seed + i, device=ctx.device)
+            make_inputs(
+                shape,
+                tokens,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                routing=plan.routing,
+                seed=plan.seed + i,
+                device=ctx.device,
+            )
             for i in range(plan.input_sets)
-        ]  # fmt: skip
+        ]
         graph = cls.graph_capturable and ctx.device.type == "cuda"
         result.timing = "graph" if graph else "eager"
         study = owner.study(name, result, fingerprint, ctx.world_size) if owner else None
@@ -286,7 +300,7 @@ class _StudyOwner:
         self.storage = optuna.storages.RDBStorage(url)
         self.plan = plan
 
-    def study(self, name: str, result: KnobResult, fingerprint: str, world: int) -> "_Study":
+    def study(self, name: str, result: KnobResult, fingerprint: str, world: int) -> _Study:
         import optuna
 
         study = optuna.create_study(
@@ -303,16 +317,24 @@ class _StudyOwner:
                 study.enqueue_trial(setting)
         p = self.plan
         for key, value in {
-            "backend": p.backend, "num_experts": p.shape.num_experts, "topk": p.shape.topk, "hidden": p.shape.hidden,
-            "dtype": p.dtype, "routing": p.routing, "ep_size": world, "tokens_per_rank": result.tokens,
-            "fingerprint": fingerprint, "timing": result.timing, "default_knobs": defaults,
+            "backend": p.backend,
+            "num_experts": p.shape.num_experts,
+            "topk": p.shape.topk,
+            "hidden": p.shape.hidden,
+            "dtype": p.dtype,
+            "routing": p.routing,
+            "ep_size": world,
+            "tokens_per_rank": result.tokens,
+            "fingerprint": fingerprint,
+            "timing": result.timing,
+            "default_knobs": defaults,
             "capacity": p.tuned_capacity(),
             "knob_space": {k: list(v) for k, v in get_backend(p.backend).knob_space.items()},
-        }.items():  # fmt: skip
+        }.items():
             study.set_user_attr(key, value)
         return _Study(study, result)
 
-    def finish(self, study: "_Study", result: KnobResult) -> None:
+    def finish(self, study: _Study, result: KnobResult) -> None:
         s = study.study
         s.set_user_attr("default_us", result.default_us)
         s.set_user_attr("best_knobs", result.best_knobs)

@@ -12,8 +12,9 @@ import os
 import queue
 import socket
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -95,7 +96,11 @@ def _rank_main(rank: int, world_size: int, device_type: str, port: int, fn: Call
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, device_type: str, *args: Any, stalled: Callable[[], str | None] | None = None
+    fn: Callable[..., Any],
+    world_size: int,
+    device_type: str,
+    *args: Any,
+    stalled: Callable[[], str | None] | None = None,
 ) -> list[Any]:
     """Run `fn(ctx, *args)` on `world_size` ranks and return their results by rank.
 

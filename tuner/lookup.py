@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import math
 import os
-from functools import lru_cache
+from functools import cache
 from types import MappingProxyType
 
 from a2a_tune.tuner import engines
@@ -159,15 +159,46 @@ class Choice:
     inspect), which every engine would pay at start-up.
     """
 
-    _FIELDS = ("backend", "vllm_name", "sglang_name", "match", "reason", "source", "expected_us", "entry_shape",
-               "hardware_match", "profile_fingerprint", "phase", "alternatives", "regret", "tie", "timing",
-               "knobs")  # fmt: skip
+    _FIELDS = (
+        "backend",
+        "vllm_name",
+        "sglang_name",
+        "match",
+        "reason",
+        "source",
+        "expected_us",
+        "entry_shape",
+        "hardware_match",
+        "profile_fingerprint",
+        "phase",
+        "alternatives",
+        "regret",
+        "tie",
+        "timing",
+        "knobs",
+    )
     _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs")
     __slots__ = _FIELDS
 
-    def __init__(self, backend: str, vllm_name, sglang_name, match: str, reason: str, source=None, expected_us=None,
-                 entry_shape=None, hardware_match: str = HW_DEFAULT, profile_fingerprint=None, phase: str = "tokens",
-                 alternatives=None, regret: float = 0.0, tie: bool = False, timing=None, knobs=None):  # fmt: skip
+    def __init__(
+        self,
+        backend: str,
+        vllm_name,
+        sglang_name,
+        match: str,
+        reason: str,
+        source=None,
+        expected_us=None,
+        entry_shape=None,
+        hardware_match: str = HW_DEFAULT,
+        profile_fingerprint=None,
+        phase: str = "tokens",
+        alternatives=None,
+        regret: float = 0.0,
+        tie: bool = False,
+        timing=None,
+        knobs=None,
+    ):
         values = dict(locals())
         for name in self._FIELDS:
             value = values[name]
@@ -210,7 +241,7 @@ def profile_filename(fingerprint: str) -> str:
     return f"{normalize_fingerprint(fingerprint)}.json"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _packaged_dir() -> str | None:
     """Directory of the packaged profiles (``a2a_tune.profiles``), or None.
 
@@ -325,10 +356,7 @@ def _find_same_domain(fingerprint: str, dirs: list):
 def _miss_message(fingerprint: str, tried: list) -> str:
     key = domain_key(fingerprint)
     relaxed = f" (nor one for {key[0]}.{key[1]}.*)" if key else ""
-    return (
-        f"no profile for fingerprint {fingerprint!r}{relaxed}; "
-        f"searched: {', '.join(tried) or '(no directories)'}"
-    )
+    return f"no profile for fingerprint {fingerprint!r}{relaxed}; searched: {', '.join(tried) or '(no directories)'}"
 
 
 def find_profile(fingerprint: str):
@@ -406,9 +434,7 @@ def _read_and_parse(path: str) -> Profile:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ProfileError(
-                f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=path
-            ) from None
+            raise ProfileError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=path) from None
         except RecursionError:
             raise ProfileError("invalid JSON: nested too deeply", path=path) from None
         return parse_profile(data, path)
@@ -461,8 +487,14 @@ def _warn_once(message: str) -> None:
         logging.getLogger("a2a_tune").warning("a2a-tune: %s", message)
 
 
-def _fallback(problem: str, source: str | None = None, *, hardware_match: str = HW_DEFAULT,
-              profile_fingerprint: str | None = None, phase: str = "tokens") -> Choice:  # fmt: skip
+def _fallback(
+    problem: str,
+    source: str | None = None,
+    *,
+    hardware_match: str = HW_DEFAULT,
+    profile_fingerprint: str | None = None,
+    phase: str = "tokens",
+) -> Choice:
     return Choice(
         backend=FALLBACK_BACKEND,
         vllm_name=FALLBACK_BACKEND,
@@ -487,8 +519,13 @@ def _resolve_fingerprint(fingerprint):
 
                 _PROBED.append((normalize_fingerprint(probe().fingerprint), None))
             except Exception as exc:
-                _PROBED.append((None, f"hardware probe failed ({type(exc).__name__}: {exc}); "
-                                      f"pass fingerprint= or set {FINGERPRINT_ENV}"))  # fmt: skip
+                _PROBED.append(
+                    (
+                        None,
+                        f"hardware probe failed ({type(exc).__name__}: {exc}); "
+                        f"pass fingerprint= or set {FINGERPRINT_ENV}",
+                    )
+                )
         return _PROBED[0]
     try:
         return normalize_fingerprint(fingerprint), None
@@ -534,10 +571,11 @@ def _request(tokens, phase, max_tokens, workload):
     given = [n for n, v in (("tokens", tokens), ("phase", phase), ("workload", workload)) if v is not None]
     if len(given) != 1:
         return (
-            "give exactly one of tokens=, phase= (with max_tokens=) or workload= "
-            f"(got {', '.join(given) or 'none'})",
-            None, None, None,
-        )  # fmt: skip
+            f"give exactly one of tokens=, phase= (with max_tokens=) or workload= (got {', '.join(given) or 'none'})",
+            None,
+            None,
+            None,
+        )
     if tokens is not None:
         if max_tokens is not None:
             return "max_tokens= goes with phase=, not with tokens=", None, None, None
@@ -573,7 +611,12 @@ def _request(tokens, phase, max_tokens, workload):
         path = os.fspath(workload)
         st = os.stat(path)
     except TypeError:
-        return f"invalid lookup argument workload={workload!r} (expected a file path or a mapping)", "workload", None, None
+        return (
+            f"invalid lookup argument workload={workload!r} (expected a file path or a mapping)",
+            "workload",
+            None,
+            None,
+        )
     except OSError as exc:
         return f"workload {path}: cannot read: {exc.strerror or exc}", "workload", None, None
     key = ("workload-file", path, st.st_mtime_ns, st.st_size, st.st_ino)
@@ -609,8 +652,21 @@ def lookup(
     fallback warning (the caller reports ``Choice.reason``).
     """
     try:
-        choice = _lookup(ep_size, hidden, topk, num_experts, tokens, dtype, routing, fingerprint, profile,
-                         engine, phase, max_tokens, workload)  # fmt: skip
+        choice = _lookup(
+            ep_size,
+            hidden,
+            topk,
+            num_experts,
+            tokens,
+            dtype,
+            routing,
+            fingerprint,
+            profile,
+            engine,
+            phase,
+            max_tokens,
+            workload,
+        )
     except Exception as exc:  # never crash the engine
         choice = _fallback(f"internal error in a2a-tune lookup ({type(exc).__name__}: {exc})")
     if choice.match == "fallback" and not quiet:
@@ -618,16 +674,36 @@ def lookup(
     return choice
 
 
-def _lookup(ep_size, hidden, topk, num_experts, tokens, dtype, routing, fingerprint, profile, engine, phase,
-            max_tokens, workload) -> Choice:  # fmt: skip
-    if (type(ep_size) is int and type(hidden) is int and type(topk) is int and type(num_experts) is int
-            and min(ep_size, hidden, topk, num_experts) >= 1 and type(dtype) is str and type(routing) is str):
+def _lookup(
+    ep_size,
+    hidden,
+    topk,
+    num_experts,
+    tokens,
+    dtype,
+    routing,
+    fingerprint,
+    profile,
+    engine,
+    phase,
+    max_tokens,
+    workload,
+) -> Choice:
+    if (
+        type(ep_size) is int
+        and type(hidden) is int
+        and type(topk) is int
+        and type(num_experts) is int
+        and min(ep_size, hidden, topk, num_experts) >= 1
+        and type(dtype) is str
+        and type(routing) is str
+    ):
         problem, ints = None, (ep_size, hidden, topk, num_experts)  # the common case, fast
     else:
         problem, ints = _check_args(
             {"ep_size": ep_size, "hidden": hidden, "topk": topk, "num_experts": num_experts},
             {"dtype": dtype, "routing": routing},
-        )  # fmt: skip
+        )
     if problem is None and engine is not None and engine not in engines.ENGINES:
         problem = (
             f"invalid lookup argument engine={engine!r} "
@@ -671,8 +747,10 @@ def _lookup(ep_size, hidden, topk, num_experts, tokens, dtype, routing, fingerpr
         if not same_domain or named_for_us:
             return _fallback(
                 f"{path}: hardware.fingerprint: profile is for {prof.fingerprint!r}, this machine is {expected_fp!r}",
-                path, profile_fingerprint=prof.fingerprint, phase=phase_label,
-            )  # fmt: skip
+                path,
+                profile_fingerprint=prof.fingerprint,
+                phase=phase_label,
+            )
         hw = HW_SAME_DOMAIN
 
     key = (ep_size, hidden, topk, num_experts, dtype, routing, engine, dist_key, hw, expected_fp)
@@ -722,8 +800,9 @@ def _pick_entry(prof: Profile, want: Shape):
     return entry, "nearest-shape", text
 
 
-def _choose(prof: Profile, path: str, want: Shape, dist, phase: str, engine: str | None, hw: str,
-            machine_fp: str | None) -> Choice:  # fmt: skip
+def _choose(
+    prof: Profile, path: str, want: Shape, dist, phase: str, engine: str | None, hw: str, machine_fp: str | None
+) -> Choice:
     fname = os.path.basename(path)
     common = dict(hardware_match=hw, profile_fingerprint=prof.fingerprint, phase=phase)
     entry, match, shape_text = _pick_entry(prof, want)
@@ -744,22 +823,24 @@ def _choose(prof: Profile, path: str, want: Shape, dist, phase: str, engine: str
         return _fallback(
             f"{path}: {shape_text}: no usable backend{f' with a {engine} name' if engine else ''} {where}"
             + (f" (failed: {', '.join(sorted(entry.failed))})" if entry.failed else ""),
-            path, **common,
-        )  # fmt: skip
+            path,
+            **common,
+        )
     spread_of = lambda curves_by_b: expected(entry.tokens, {b: curves_by_b[b] for b in medians}, dist)  # noqa: E731
     chosen, fastest, tied = decide(medians, spread_of(entry.p10_us), spread_of(entry.p90_us), prof.tie_preference)
     best = medians[fastest]
     verb = "expected " if phase != "tokens" else ""
     if chosen != fastest:
-        vs = (f"{chosen} {verb}{medians[chosen]:.3f} us (+{(medians[chosen] / best - 1) * 100:.1f}%), "
-              f"fastest {fastest} {best:.3f} us; tie: {', '.join(tied[1:])} within {fastest}'s p10..p90, "
-              f"preferring {chosen} (tie preference)")  # fmt: skip
+        vs = (
+            f"{chosen} {verb}{medians[chosen]:.3f} us (+{(medians[chosen] / best - 1) * 100:.1f}%), "
+            f"fastest {fastest} {best:.3f} us; tie: {', '.join(tied[1:])} within {fastest}'s p10..p90, "
+            f"preferring {chosen} (tie preference)"
+        )
     else:
         others = sorted((v, b) for b, v in medians.items() if b != chosen)
         if others:
             ru_us, ru = others[0]
-            vs = (f"{chosen} {verb}{best:.3f} us, runner-up {ru} {ru_us:.3f} us "
-                  f"(+{(ru_us / best - 1) * 100:.1f}%)")  # fmt: skip
+            vs = f"{chosen} {verb}{best:.3f} us, runner-up {ru} {ru_us:.3f} us (+{(ru_us / best - 1) * 100:.1f}%)"
         else:
             vs = f"{chosen} {verb}{best:.3f} us, no other backend competes"
         if len(tied) > 1:
@@ -767,7 +848,11 @@ def _choose(prof: Profile, path: str, want: Shape, dist, phase: str, engine: str
     modes = {b: entry.timing.get(b, "eager") for b in medians}
     if len(set(modes.values())) > 1:
         vs += " [timing: " + ", ".join(f"{b} {m}" for b, m in sorted(modes.items())) + "]"
-    hw_text = "" if hw != HW_SAME_DOMAIN else f" (measured on {prof.fingerprint}: same GPUs and NVLink domain as {machine_fp})"
+    hw_text = (
+        ""
+        if hw != HW_SAME_DOMAIN
+        else f" (measured on {prof.fingerprint}: same GPUs and NVLink domain as {machine_fp})"
+    )
     vllm_name, sglang_name = prof.backends[chosen]
     return Choice(
         backend=chosen,

@@ -40,12 +40,12 @@ recording is one file per node (see tests/fixtures/nvml/gb200_nvl72_slice/).
 from __future__ import annotations
 
 import ctypes
-
 import json
 import platform
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypedDict, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 RECORD_FORMAT = "a2a-tune/nvml-record"
 RECORD_VERSION = 1
@@ -130,7 +130,7 @@ def _nvml_error_name(exc: BaseException) -> str:
     """NVML error name of a pynvml exception: NVMLError_InvalidArgument -> InvalidArgument."""
     cls_name = type(exc).__name__
     if cls_name.startswith("NVMLError_"):
-        return cls_name[len("NVMLError_"):]
+        return cls_name[len("NVMLError_") :]
     if cls_name == "NVMLLibraryMismatchError":
         return "FunctionNotFound"
     # A bare NVMLError carries an unmapped numeric code.
@@ -143,7 +143,7 @@ def _return_code_name(pynvml: Any, code: int) -> str:
     if code == 0:
         return "Success"
     cls = pynvml.NVMLError._valClassMapping.get(code)
-    return cls.__name__[len("NVMLError_"):] if cls is not None else f"Code{code}"
+    return cls.__name__[len("NVMLError_") :] if cls is not None else f"Code{code}"
 
 
 def _format_fabric_uuid(raw: Any) -> str:
@@ -296,16 +296,12 @@ class RealNvml:
 
     def nvlink_remote_pci_bus_id(self, device: int, link: int) -> str:
         nvml, handle = self._nvml(), self._handle(device)
-        return self._query(
-            lambda: _as_str(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
-        )
+        return self._query(lambda: _as_str(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
 
     def nvlink_remote_device_type(self, device: int, link: int) -> str:
         nvml, handle = self._nvml(), self._handle(device)
         return self._query(
-            lambda: _REMOTE_DEVICE_TYPES.get(
-                int(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)), "unknown"
-            )
+            lambda: _REMOTE_DEVICE_TYPES.get(int(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)), "unknown")
         )
 
     def nvlink_speed_mbps(self, device: int, link: int) -> int | None:
@@ -333,7 +329,7 @@ class RealNvml:
         errors: list[str] = []
         for field in candidates:
             try:
-                speed = self._query(lambda: read(field))
+                speed = self._query(lambda: read(field))  # noqa: B023
             except NvmlQueryError as exc:
                 errors.append(exc.code_name)
                 continue

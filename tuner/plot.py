@@ -170,7 +170,9 @@ def _edges(tokens: list) -> list:
     return [first, *mids, last]
 
 
-def render_png(view: TableView, shape: ShapeView, *, link_gbs: float | None = None, colors: dict | None = None, dpi: int = 110) -> bytes:
+def render_png(
+    view: TableView, shape: ShapeView, *, link_gbs: float | None = None, colors: dict | None = None, dpi: int = 110
+) -> bytes:
     """The figure of one shape as PNG bytes."""
     plt = _pyplot()
     from matplotlib.patches import Patch
@@ -201,21 +203,44 @@ def render_png(view: TableView, shape: ShapeView, *, link_gbs: float | None = No
             med_all += med
         name = label + (f" ({c.timing})" if mixed and c.timing else "")
         name += f"  (failed: {shape.failed[c.backend].split(':')[0]}; never selected)" if failed else ""
-        (line,) = ax.plot(xs, med, marker="o", ms=4, lw=2 if not failed else 1.3, color=color,
-                          ls=":" if failed else "-", label=name, zorder=3)  # fmt: skip
+        (line,) = ax.plot(
+            xs,
+            med,
+            marker="o",
+            ms=4,
+            lw=2 if not failed else 1.3,
+            color=color,
+            ls=":" if failed else "-",
+            label=name,
+            zorder=3,
+        )
         handles.append(line)
         band = [(p[0], p[2], p[3]) for p in pts if p[2] is not None and p[3] is not None]
         if band and not failed:
-            ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band],
-                            color=color, alpha=0.18, lw=0, zorder=2)  # fmt: skip
+            ax.fill_between(
+                [b[0] for b in band],
+                [b[1] for b in band],
+                [b[2] for b in band],
+                color=color,
+                alpha=0.18,
+                lw=0,
+                zorder=2,
+            )
             ys += [b[1] for b in band] + [b[2] for b in band]
 
     bound, why_not = copy_bound(view, shape, link_gbs)
     if bound is not None:
         xs = [edges[0], *tokens, edges[-1]]
         bl = [bound.us(x) for x in xs]
-        (bline,) = ax.plot(xs, bl, ls="--", color="black", lw=1.4, zorder=4,
-                           label=f"copy bound at {bound.gbs:.0f} GB/s (physical limit)")  # fmt: skip
+        (bline,) = ax.plot(
+            xs,
+            bl,
+            ls="--",
+            color="black",
+            lw=1.4,
+            zorder=4,
+            label=f"copy bound at {bound.gbs:.0f} GB/s (physical limit)",
+        )
         handles.append(bline)
         ys += [v for v in bl if v > 0]
 
@@ -238,8 +263,18 @@ def render_png(view: TableView, shape: ShapeView, *, link_gbs: float | None = No
         backend = shape.curves[w.backend].backend if w.backend in shape.curves else w.backend
         color = colors.get(backend, "#333333")
         ax.axvspan(edges[j], edges[j + 1], ymin=0, ymax=1, color=color, alpha=0.06, lw=0, zorder=0)
-        ax.axvspan(edges[j], edges[j + 1], ymin=0, ymax=0.035, facecolor=color, alpha=0.85 if not w.tie else 0.45,
-                   hatch="///" if w.tie else None, edgecolor="white", lw=0.6, zorder=1)  # fmt: skip
+        ax.axvspan(
+            edges[j],
+            edges[j + 1],
+            ymin=0,
+            ymax=0.035,
+            facecolor=color,
+            alpha=0.85 if not w.tie else 0.45,
+            hatch="///" if w.tie else None,
+            edgecolor="white",
+            lw=0.6,
+            zorder=1,
+        )
         seen.setdefault(w.backend, color)
     strip = [Patch(facecolor=c, alpha=0.85, label=f"winner: {b}") for b, c in seen.items()]
     if any(w.tie for w in shape.winners):
@@ -263,10 +298,18 @@ def render_png(view: TableView, shape: ShapeView, *, link_gbs: float | None = No
     top_in, axes_in, xlabel_in, legend_in, foot_in = 0.95, 3.9, 0.55, 0.2 * rows + 0.1, 0.42
     height = top_in + axes_in + xlabel_in + legend_in + foot_in
     fig.set_size_inches(10.5, height)
-    fig.subplots_adjust(left=0.085, right=0.985, top=1 - top_in / height, bottom=(xlabel_in + legend_in + foot_in) / height)
+    fig.subplots_adjust(
+        left=0.085, right=0.985, top=1 - top_in / height, bottom=(xlabel_in + legend_in + foot_in) / height
+    )
 
-    fig.suptitle(shape_label(shape) + ("  [predicted]" if shape.source != "measured" else ""),
-                 fontsize=13, fontweight="bold", x=0.085, ha="left", y=1 - 0.22 / height)  # fmt: skip
+    fig.suptitle(
+        shape_label(shape) + ("  [predicted]" if shape.source != "measured" else ""),
+        fontsize=13,
+        fontweight="bold",
+        x=0.085,
+        ha="left",
+        y=1 - 0.22 / height,
+    )
     run = view.run
     sub = [view.fingerprint or "unknown hardware"]
     if run.get("id") is not None:
@@ -281,8 +324,17 @@ def render_png(view: TableView, shape: ShapeView, *, link_gbs: float | None = No
     sub.append("lines: median, bands: p10-p90")
     fig.text(0.085, 1 - 0.58 / height, "  ·  ".join(sub), fontsize=9, color="#444444", ha="left")
 
-    fig.legend(handles=handles + strip, loc="lower left", bbox_to_anchor=(0.085, foot_in / height), ncol=2,
-               fontsize=8.5, frameon=False, handlelength=2.4, columnspacing=2.0, borderaxespad=0)  # fmt: skip
+    fig.legend(
+        handles=handles + strip,
+        loc="lower left",
+        bbox_to_anchor=(0.085, foot_in / height),
+        ncol=2,
+        fontsize=8.5,
+        frameon=False,
+        handlelength=2.4,
+        columnspacing=2.0,
+        borderaxespad=0,
+    )
     note = bound.assumption if bound is not None else why_not
     fig.text(0.085, 0.06 / height, note, fontsize=7.5, color="#555555", ha="left", va="bottom", wrap=True)
 

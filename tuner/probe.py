@@ -55,9 +55,10 @@ import platform
 import re
 import socket
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from itertools import combinations
-from typing import Any, Iterable
+from typing import Any
 
 from a2a_tune.tuner.nvml import NvmlQueryError, NvmlSource, record, record_live
 
@@ -457,9 +458,7 @@ def topology_from_record(recording: dict[str, Any], *, hostname: str | None = No
     """Interpret one node's recording (see :mod:`a2a_tune.tuner.nvml`) as a Topology."""
     host = hostname or _answer(recording.get("hostname")) or socket.gethostname()
     machine = _answer(recording.get("machine")) or platform.machine()
-    gpus = [
-        _gpu_from_record(raw, index=i, node=0) for i, raw in enumerate(recording.get("devices", []))
-    ]
+    gpus = [_gpu_from_record(raw, index=i, node=0) for i, raw in enumerate(recording.get("devices", []))]
     return build_topology(
         gpus,
         hostnames=[host],
@@ -726,18 +725,12 @@ def island_lines(topo: Topology) -> list[str]:
             where = f" over {len(island.nodes)} nodes" if len(island.nodes) > 1 else ""
             line = f"{_gpu_span(island.gpus)} via NVSwitch{where}: {links} links/GPU"
             if island.speed_mbps:
-                line += (
-                    f" x {_gbps(island.speed_mbps)} GB/s"
-                    f" = {round(links * island.speed_mbps / 1000)} GB/s per GPU"
-                )
+                line += f" x {_gbps(island.speed_mbps)} GB/s = {round(links * island.speed_mbps / 1000)} GB/s per GPU"
             lines.append(line)
         for pair in island.direct_pairs:
             line = f"GPU{pair.a}<->GPU{pair.b}: {pair.links} links"
             if pair.speed_mbps:
-                line += (
-                    f" x {_gbps(pair.speed_mbps)} GB/s"
-                    f" = {round(pair.links * pair.speed_mbps / 1000)} GB/s"
-                )
+                line += f" x {_gbps(pair.speed_mbps)} GB/s = {round(pair.links * pair.speed_mbps / 1000)} GB/s"
             lines.append(line)
     return lines
 

@@ -9,7 +9,14 @@ def progress_bar(enabled: bool, label: str):
     """A rich Progress (context manager) labelled `label`, or a null context when disabled."""
     if not enabled:
         return nullcontext(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(
         TextColumn(f"[bold]{label}[/bold] {{task.description}}"),

@@ -13,6 +13,7 @@ import html
 from pathlib import Path
 
 from .views import (
+    EN_DASH,
     TableView,
     ViewError,
     fmt_us,
@@ -22,7 +23,6 @@ from .views import (
     shape_slug,
     timing_summary,
     winner_ranges,
-    EN_DASH,
 )
 
 __all__ = ["render_report", "write_report"]
@@ -89,8 +89,14 @@ def _facts_section(view: TableView) -> str:
         for g in gpus:
             links = [link for link in g.get("links") or [] if isinstance(link, dict)]
             active = [link for link in links if link.get("active")]
-            speeds = sorted({link.get("speed_mbps") for link in active if isinstance(link.get("speed_mbps"), (int, float))})
-            link_txt = f"{len(active)}/{len(links)}" + (f" × {speeds[0] / 1000:g} GB/s" if len(speeds) == 1 else "") if links else "-"
+            speeds = sorted(
+                {link.get("speed_mbps") for link in active if isinstance(link.get("speed_mbps"), (int, float))}
+            )
+            link_txt = (
+                f"{len(active)}/{len(links)}" + (f" × {speeds[0] / 1000:g} GB/s" if len(speeds) == 1 else "")
+                if links
+                else "-"
+            )
             cc = g.get("compute_capability")
             cc_txt = ".".join(str(x) for x in cc) if isinstance(cc, list) else cc
             fab = g.get("fabric") if isinstance(g.get("fabric"), dict) else {}
@@ -98,11 +104,12 @@ def _facts_section(view: TableView) -> str:
             node = g.get("node")
             node_txt = hostnames[node] if multi and isinstance(node, int) and node < len(hostnames) else node
             rows.append(
-                "<tr>" + (f"<td>{_e(node_txt)}</td>" if multi else "")
+                "<tr>"
+                + (f"<td>{_e(node_txt)}</td>" if multi else "")
                 + f'<td class="num">{_e(g.get("index"))}</td><td>{_e(g.get("name"))}</td>'
                 f'<td class="num">{_gib(g.get("memory_total_bytes"))}</td><td>{_e(cc_txt)}</td>'
                 f'<td class="mono">{_e(g.get("pci_bus_id"))}</td><td>{_e(link_txt)}</td><td>{_e(fab_txt)}</td></tr>'
-            )  # fmt: skip
+            )
         parts.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
     islands = []
     for isl in f.get("islands") or []:
@@ -129,7 +136,9 @@ def _facts_section(view: TableView) -> str:
             degraded.append(_e(f"GPU{d.get('gpu')}: {d.get('active_links')}/{d.get('expected_links')} links active"))
         else:
             degraded.append(_e(d))
-    pcie = ", ".join(f"GPU{p[0]}–GPU{p[1]}" for p in f.get("pcie_only_pairs") or [] if isinstance(p, list) and len(p) == 2)
+    pcie = ", ".join(
+        f"GPU{p[0]}–GPU{p[1]}" for p in f.get("pcie_only_pairs") or [] if isinstance(p, list) and len(p) == 2
+    )
     drivers = ", ".join(sorted({str(d) for d in f.get("driver_versions") or [] if d})) or "-"
     kv = [
         ("fingerprint", f"<code>{_e(view.fingerprint)}</code>"),
@@ -139,7 +148,10 @@ def _facts_section(view: TableView) -> str:
         ("driver", _e(drivers)),
         ("NVLink islands", "<br>".join(islands) or "none"),
         ("fabric domains", "<br>".join(domains) or "none"),
-        ("degraded links", ('<span class="fail">' + "<br>".join(degraded) + "</span>") if degraded else '<span class="ok">none</span>'),
+        (
+            "degraded links",
+            ('<span class="fail">' + "<br>".join(degraded) + "</span>") if degraded else '<span class="ok">none</span>',
+        ),
         ("PCIe-only pairs", _e(pcie or "none")),
     ]
     return _kv(kv) + "".join(parts)
@@ -163,15 +175,17 @@ def _summary(view: TableView) -> str:
     if f.get("node_count"):
         hw += f" on {f['node_count']} node(s)"
     run = view.run
-    run_bits = [f"run {run['id']}" if run.get("id") is not None else None, run.get("status"),
-                f"{run.get('world_size')} {run.get('device_type')} rank(s)" if run.get("device_type") else None,
-                f"timing {timing_summary(view)}" if timing_summary(view) else None,
-                str(run.get("started_at") or "")[:16].replace("T", " ")]  # fmt: skip
+    run_bits = [
+        f"run {run['id']}" if run.get("id") is not None else None,
+        run.get("status"),
+        f"{run.get('world_size')} {run.get('device_type')} rank(s)" if run.get("device_type") else None,
+        f"timing {timing_summary(view)}" if timing_summary(view) else None,
+        str(run.get("started_at") or "")[:16].replace("T", " "),
+    ]
     versions = run.get("versions") or {}
     sw = " · ".join(f"{k} {versions[k]}" for k in ("torch", "nccl", "cuda", "driver") if versions.get(k))
     kv = [("hardware", _e(hw)), ("run", _e(" · ".join(b for b in run_bits if b) or "-")), ("software", _e(sw or "-"))]
     return f'<section class="card">{_kv(kv)}</section>'
-
 
 
 def _winners_section(view: TableView) -> str:
@@ -180,10 +194,16 @@ def _winners_section(view: TableView) -> str:
         rows = []
         for r in winner_ranges(s):
             if r.backend is None:
-                rows.append(f'<tr><td class="num">{_e(r.tokens)}</td><td colspan="4" class="muted">no backend measured</td></tr>')
+                rows.append(
+                    f'<tr><td class="num">{_e(r.tokens)}</td><td colspan="4" class="muted">no backend measured</td></tr>'
+                )
                 continue
             tie = f' <span class="tie">tie at {_e(", ".join(map(str, r.ties)))}</span>' if r.ties else ""
-            med = fmt_us(r.median_lo) if r.median_lo == r.median_hi else f"{fmt_us(r.median_lo)}{EN_DASH}{fmt_us(r.median_hi)}"
+            med = (
+                fmt_us(r.median_lo)
+                if r.median_lo == r.median_hi
+                else f"{fmt_us(r.median_lo)}{EN_DASH}{fmt_us(r.median_hi)}"
+            )
             rows.append(
                 f'<tr><td class="num">{_e(r.tokens)}</td><td class="winner">{_e(r.backend)}</td>'
                 f'<td class="num">{_e(r.margin)}{tie}</td><td>{_e(", ".join(r.runners_up) or "none (only backend)")}</td>'
@@ -191,7 +211,9 @@ def _winners_section(view: TableView) -> str:
             )
         failed = ""
         if s.failed:
-            failed = '<p><span class="fail">never selected here:</span> ' + _e(", ".join(s.failed)) + " (see failures)</p>"
+            failed = (
+                '<p><span class="fail">never selected here:</span> ' + _e(", ".join(s.failed)) + " (see failures)</p>"
+            )
         src = "" if s.source == "measured" else f'<span class="pill">{_e(s.source)}</span>'
         out.append(
             f'<h3 id="w-{_e(shape_slug(s))}">{_e(shape_label(s))}{src}</h3>'
@@ -256,7 +278,7 @@ tell them apart (the table then prefers the engine default).</p>
 <h2 id="facts">Probe facts</h2><section>{_facts_section(view)}</section>
 <h2 id="provenance">Run provenance</h2><section>{_provenance_section(view)}</section>
 <h2 id="plots">Plots</h2>
-{''.join(figures) or '<p class="muted">No plots.</p>'}
+{"".join(figures) or '<p class="muted">No plots.</p>'}
 </main></body></html>
 """
 

@@ -47,7 +47,7 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from a2a_tune.tuner.estimate import decide
@@ -342,10 +342,11 @@ def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: li
 # ----------------------------------------------------------------- validate / write
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(version: int):
-    import jsonschema
     from importlib.resources import files
+
+    import jsonschema
 
     text = files("a2a_tune.profiles").joinpath(f"schema-v{version}.json").read_text(encoding="utf-8")
     schema = json.loads(text)
@@ -400,9 +401,11 @@ def upgrade_profile(profile: dict) -> dict:
     out["run"] = _run_section(out.get("run") or {})
     out["tie_preference"] = list(loaded.tie_preference)
     for raw, e in zip(out["entries"], loaded.entries):
-        for b, curve in raw["backends"].items():
-            cols = [_stats(m, lo, hi) if m is not None else (None, None, None)
-                    for m, lo, hi in zip(e.median_us[b], e.p10_us[b], e.p90_us[b])]  # fmt: skip
+        for b in raw["backends"]:
+            cols = [
+                _stats(m, lo, hi) if m is not None else (None, None, None)
+                for m, lo, hi in zip(e.median_us[b], e.p10_us[b], e.p90_us[b])
+            ]
             raw["backends"][b] = {
                 "timing": e.timing[b],
                 "median_us": [c[0] for c in cols],
@@ -495,7 +498,9 @@ def _write_atomic(profile: dict, target: Path) -> Path:
     return target
 
 
-def with_knobs(profile: dict, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]) -> tuple[dict, list[str]]:
+def with_knobs(
+    profile: dict, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]
+) -> tuple[dict, list[str]]:
     """A copy of ``profile`` whose entry for ``shape`` (the :data:`SHAPE_KEYS`) holds
     ``knobs_by_tokens`` (token count -> knob setting) in ``backend``'s ``knobs`` array, which
     is aligned with the entry's ``tokens``. Returns (the copy, one line per token count or

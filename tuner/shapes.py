@@ -58,7 +58,11 @@ def from_model_config(path: str | Path) -> ModelShape:
     if not isinstance(config, dict):
         raise ShapeSpecError(f"{path}: expected a JSON object")
     for candidate in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
-        experts, topk, hidden = _first(candidate, _EXPERT_KEYS), _first(candidate, _TOPK_KEYS), _first(candidate, _HIDDEN_KEYS)
+        experts, topk, hidden = (
+            _first(candidate, _EXPERT_KEYS),
+            _first(candidate, _TOPK_KEYS),
+            _first(candidate, _HIDDEN_KEYS),
+        )
         if experts and topk and hidden:
             name = str(candidate.get("_name_or_path") or config.get("model_type") or path.parent.name or path.stem)
             return ModelShape(name, experts, topk, hidden)

@@ -22,10 +22,11 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,11 +36,11 @@ from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list
 from a2a_tune.kernels._flashinfer import flashinfer_version
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
+from .adaptive import AdaptiveSearch
 from .launch import RankContext, RankFailed, RanksStalled, all_ranks_ok, launched_externally, one_line, run_ranks
 from .probe import Topology, cpu_topology, merge_nodes, probe
 from .progress import progress_bar
 from .shapes import ModelShape
-from .adaptive import AdaptiveSearch
 from .timing import summarize, time_graph_round_trips, time_round_trips
 
 DEFAULT_TOKENS = {
@@ -176,9 +177,17 @@ def sweep(
         for _ in range(MAX_RESTARTS + 1):
             try:
                 results = run_ranks(
-                    _sweep_rank, world_size, device_type, plan, db_url, resume, progress, str(beat), dict(skip),
+                    _sweep_rank,
+                    world_size,
+                    device_type,
+                    plan,
+                    db_url,
+                    resume,
+                    progress,
+                    str(beat),
+                    dict(skip),
                     stalled=stalled,
-                )  # fmt: skip
+                )
             except RanksStalled:
                 run_id, key = _last_beat(beat)
                 beat.unlink()  # the restarted ranks start a fresh heartbeat
@@ -216,9 +225,18 @@ def _record_timeout(db_url: str | None, run_id: int, key: tuple, reason: str) ->
     backend, experts, topk, hidden, dtype, ep, tokens, routing = key
     with open_store(db_url) as store:
         store.add_failure(
-            run_id, backend=backend, kind="timeout", reason=reason, num_experts=experts, topk=topk, hidden=hidden,
-            dtype=dtype, ep_size=ep, tokens_per_rank=tokens, routing=routing,
-        )  # fmt: skip
+            run_id,
+            backend=backend,
+            kind="timeout",
+            reason=reason,
+            num_experts=experts,
+            topk=topk,
+            hidden=hidden,
+            dtype=dtype,
+            ep_size=ep,
+            tokens_per_rank=tokens,
+            routing=routing,
+        )
 
 
 def _case_key(backend: str, shape: MoEShape, ep_size: int, tokens: int, routing: str) -> tuple:
@@ -229,7 +247,9 @@ def _case_key(backend: str, shape: MoEShape, ep_size: int, tokens: int, routing:
 class _Recorder:
     """Rank 0's side of the store; other ranks hold a recorder that writes nothing."""
 
-    def __init__(self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, beat: str):
+    def __init__(
+        self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, beat: str
+    ):
         self.is_writer = ctx.rank == 0
         self.beat_path = beat
         self.store = None
@@ -273,7 +293,12 @@ class _Recorder:
         recorded = {f.backend for f in failures if f.kind == "unavailable"}
         medians = {tuple(m.key): m.median_us for m in self.store.measurements(run_id)}
         medians.update({tuple(f.key): None for f in failures if f.key is not None})
-        return {"run_id": run_id, "done": self.store.done_keys(run_id), "unavailable_recorded": recorded, "medians": medians}
+        return {
+            "run_id": run_id,
+            "done": self.store.done_keys(run_id),
+            "unavailable_recorded": recorded,
+            "medians": medians,
+        }
 
     def measurement(self, key: tuple, timing: str, device_us: list[float], host_us: list[float], knobs: dict) -> None:
         self.outcome.measured += 1
@@ -284,12 +309,25 @@ class _Recorder:
         backend, experts, topk, hidden, dtype, ep, tokens, routing = key
         self.store.add_measurement(
             self.run_id,
-            backend=backend, num_experts=experts, topk=topk, hidden=hidden, dtype=dtype, ep_size=ep,
-            tokens_per_rank=tokens, routing=routing, timing=timing,
-            median_us=stats.median_us, p10_us=stats.p10_us, p90_us=stats.p90_us,
-            ci_low_us=stats.ci_low_us, ci_high_us=stats.ci_high_us, n=stats.n,
-            host_median_us=summarize(host_us).median_us, samples=[round(s, 3) for s in device_us], knobs=knobs,
-        )  # fmt: skip
+            backend=backend,
+            num_experts=experts,
+            topk=topk,
+            hidden=hidden,
+            dtype=dtype,
+            ep_size=ep,
+            tokens_per_rank=tokens,
+            routing=routing,
+            timing=timing,
+            median_us=stats.median_us,
+            p10_us=stats.p10_us,
+            p90_us=stats.p90_us,
+            ci_low_us=stats.ci_low_us,
+            ci_high_us=stats.ci_high_us,
+            n=stats.n,
+            host_median_us=summarize(host_us).median_us,
+            samples=[round(s, 3) for s in device_us],
+            knobs=knobs,
+        )
 
     def beat(self, key: tuple | None) -> None:
         """Tell the watching parent which case runs now (None: between cases)."""
@@ -311,14 +349,24 @@ class _Recorder:
         if key is not None:
             _, experts, topk, hidden, dtype, ep, tokens, routing = key
             shape_fields = dict(
-                num_experts=experts, topk=topk, hidden=hidden, dtype=dtype, ep_size=ep, tokens_per_rank=tokens, routing=routing
+                num_experts=experts,
+                topk=topk,
+                hidden=hidden,
+                dtype=dtype,
+                ep_size=ep,
+                tokens_per_rank=tokens,
+                routing=routing,
             )
         self.store.add_failure(self.run_id, backend=backend, kind=kind, reason=reason[:500], **shape_fields)
 
     def finish(self, status: str) -> None:
         self.outcome.status = status
         if self.store is not None:
-            summary = {"measured": self.outcome.measured, "skipped": self.outcome.skipped, "failed": self.outcome.failed}
+            summary = {
+                "measured": self.outcome.measured,
+                "skipped": self.outcome.skipped,
+                "failed": self.outcome.failed,
+            }
             self.store.finish_run(self.run_id, status, summary=summary)
             self.store.close()
 
@@ -370,7 +418,7 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
         instances = built.setdefault((model, dtype), {})
         label = f"{model.name} {dtype} {routing}"
 
-        def measure(search: AdaptiveSearch) -> int:
+        def measure(search: AdaptiveSearch, model=model, dtype=dtype, routing=routing, instances=instances) -> int:
             """Run `search` to its end; how many grid points (tokens, backend) it handed out.
 
             A full-grid sweep times every usable backend at a refinement count, not only the
@@ -385,7 +433,18 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
                             names = [b for b in usable if (tokens, b) not in search.medians]
                         if bar is not None:  # beyond the grid's total
                             bar.update(task, total=next(t.total for t in bar.tasks if t.id == task) + len(names))
-                    for b, median in _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, advance).items():
+                    for b, median in _run_point(
+                        ctx,
+                        plan,
+                        rec,
+                        model,
+                        dtype,
+                        routing,
+                        tokens,
+                        names,
+                        instances,
+                        advance,
+                    ).items():
                         search.observe(tokens, b, median)
                     points += len(names) if tokens in plan.tokens else 0
             return points
@@ -395,7 +454,9 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list
             search = AdaptiveSearch(plan.tokens, tuple(usable), coarse_step=1, refine_ratio=plan.refine_ratio)
             for tokens in plan.tokens:
                 advance(skipped_backends, f"{label} T={tokens}")
-                for b, median in _run_point(ctx, plan, rec, model, dtype, routing, tokens, usable, instances, advance).items():
+                for b, median in _run_point(
+                    ctx, plan, rec, model, dtype, routing, tokens, usable, instances, advance
+                ).items():
                     search.observe(tokens, b, median)
             if plan.refine_ratio is not None:
                 measure(search)
@@ -435,7 +496,9 @@ def _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, 
     try:
         shape.validate(world)
         inputs = [
-            make_inputs(shape, tokens, rank=ctx.rank, world_size=world, routing=routing, seed=plan.seed + i, device=ctx.device)
+            make_inputs(
+                shape, tokens, rank=ctx.rank, world_size=world, routing=routing, seed=plan.seed + i, device=ctx.device
+            )
             for i in range(plan.input_sets)
         ]
     except ShapeError as exc:

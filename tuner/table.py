@@ -339,7 +339,9 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
         else:
             mode = curve.get("timing")
             if mode not in TIMING_MODES:
-                raise ProfileError(f"expected one of {', '.join(map(repr, TIMING_MODES))}, got {mode!r}", field=f"{bwhere}.timing")
+                raise ProfileError(
+                    f"expected one of {', '.join(map(repr, TIMING_MODES))}, got {mode!r}", field=f"{bwhere}.timing"
+                )
             timings[name] = mode
             lo, lo_complete = _curve(curve.get("p10_us"), n, bwhere, "p10_us")
             hi, hi_complete = _curve(curve.get("p90_us"), n, bwhere, "p90_us")
@@ -347,7 +349,9 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
             if not (med_complete and lo_complete and hi_complete and all(map(_le, lo, med)) and all(map(_le, med, hi))):
                 for j, (a, m, b) in enumerate(zip(lo, med, hi)):
                     if m is not None and ((a is not None and a > m) or (b is not None and b < m)):
-                        raise ProfileError(f"median {m} outside its p10..p90 spread [{a}, {b}]", field=f"{bwhere}.median_us[{j}]")
+                        raise ProfileError(
+                            f"median {m} outside its p10..p90 spread [{a}, {b}]", field=f"{bwhere}.median_us[{j}]"
+                        )
         medians[name], p10s[name], p90s[name] = med, lo, hi
         if "knobs" in curve:
             knobs[name] = _knobs(curve["knobs"], n, f"{bwhere}.knobs")
@@ -386,10 +390,14 @@ def _knobs(raw, n: int, where: str) -> tuple:
             out.append(None)
             continue
         if type(setting) is not dict:
-            raise ProfileError(f"expected an object of knob settings or null, got {_jtype(setting)}", field=f"{where}[{j}]")
+            raise ProfileError(
+                f"expected an object of knob settings or null, got {_jtype(setting)}", field=f"{where}[{j}]"
+            )
         for k, v in setting.items():
             if not k or type(v) not in _KNOB_VALUE_TYPES or (type(v) is float and not -_INF < v < _INF):
-                raise ProfileError(f"knob {k!r}: expected a number, string or boolean, got {_jtype(v)}", field=f"{where}[{j}]")
+                raise ProfileError(
+                    f"knob {k!r}: expected a number, string or boolean, got {_jtype(v)}", field=f"{where}[{j}]"
+                )
         out.append(MappingProxyType(dict(setting)))
     return tuple(out)
 
@@ -406,13 +414,16 @@ def _check_winners(winners, where: str, token_set: set, medians: dict, failed: d
         if type(w) is dict:
             t, b, mu, ru, m = w.get("tokens"), w.get("backend"), w.get("median_us"), w.get("runner_up"), w.get("margin")
             if (
-                type(t) is int and t in token_set
-                and type(b) is str and b in live
-                and (type(mu) is float or type(mu) is int) and 0 < mu < _INF
+                type(t) is int
+                and t in token_set
+                and type(b) is str
+                and b in live
+                and (type(mu) is float or type(mu) is int)
+                and 0 < mu < _INF
                 and (ru is None or (type(ru) is str and ru in medians))
                 and (m is None or ((type(m) is float or type(m) is int) and 0 <= m < _INF))
                 and (v1 or (type(w.get("fastest")) is str and w["fastest"] in live and type(w.get("tie")) is bool))
-            ):  # fmt: skip
+            ):
                 continue
         _winner_error(w, f"{where}.winners[{j}]", token_set, medians, failed, v1=v1)
 

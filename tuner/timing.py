@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -186,9 +186,12 @@ def time_round_trips(
     _round_trips(backend, input_sets, 0, warmup)
     reps = _round_trips_per_sample(backend, input_sets)
     return _timed_samples(
-        backend, iters, reps, lambda i: _round_trips(backend, input_sets, i * reps, reps),
+        backend,
+        iters,
+        reps,
+        lambda i: _round_trips(backend, input_sets, i * reps, reps),
         lambda i: _eager_lead_in(backend, input_sets, i * reps),
-    )  # fmt: skip
+    )
 
 
 def _eager_lead_in(backend: All2AllBackend, input_sets: Sequence[RankInputs], first: int) -> None:
@@ -221,7 +224,9 @@ def time_graph_round_trips(
     return _timed_samples(backend, iters, reps, lambda i: graph.replay(), lambda i: graph.replay())
 
 
-def _max_over_ranks(backend: All2AllBackend, device_us: list[float], host_us: list[float]) -> tuple[list[float], list[float]]:
+def _max_over_ranks(
+    backend: All2AllBackend, device_us: list[float], host_us: list[float]
+) -> tuple[list[float], list[float]]:
     both = torch.tensor([device_us, host_us], dtype=torch.float64, device=backend.device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=backend.group)
     return both[0].tolist(), both[1].tolist()

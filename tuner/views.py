@@ -51,10 +51,10 @@ import datetime as _dt
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .select import iso_timestamp
 
@@ -330,10 +330,14 @@ def _read_entry(e: Mapping, i: int, run: Mapping, notes: list) -> ShapeView | No
         at = f" at {t} tokens/rank" if t else ""
         failed[str(b)] = f"{kind}{at}: {reason}"
     shape = ShapeView(
-        *ints, *strs,
+        *ints,
+        *strs,
         source=e.get("source") if isinstance(e.get("source"), str) else "measured",
-        tokens=tokens, curves=curves, winners=[], failed=failed,
-    )  # fmt: skip
+        tokens=tokens,
+        curves=curves,
+        winners=[],
+        failed=failed,
+    )
     raw_winners = e.get("winners")
     if isinstance(raw_winners, list):
         for w in raw_winners:
@@ -341,16 +345,23 @@ def _read_entry(e: Mapping, i: int, run: Mapping, notes: list) -> ShapeView | No
                 notes.append(f"{where}.winners: an unreadable winner skipped")
                 continue
             margin = w.get("margin")
-            margin = float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(margin) else None
+            margin = (
+                float(margin)
+                if isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(margin)
+                else None
+            )
             tie = w.get("tie")
             shape.winners.append(
                 Winner(
-                    tokens=w["tokens"], backend=w["backend"], median_us=_num(w.get("median_us")),
+                    tokens=w["tokens"],
+                    backend=w["backend"],
+                    median_us=_num(w.get("median_us")),
                     runner_up=w.get("runner_up") if isinstance(w.get("runner_up"), str) else None,
-                    margin=margin, tie=tie if isinstance(tie, bool) else None,
+                    margin=margin,
+                    tie=tie if isinstance(tie, bool) else None,
                     fastest=w.get("fastest") if isinstance(w.get("fastest"), str) else None,
                 )
-            )  # fmt: skip
+            )
         shape.winners.sort(key=lambda w: w.tokens)
         _fill_ties(shape)
     else:
@@ -533,12 +544,14 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
     failures = list(failures)
     fviews = [
         FailureView(
-            backend=g(f, "backend"), kind=g(f, "kind") or "error", reason=_text(g(f, "reason") or "no reason recorded"),
+            backend=g(f, "backend"),
+            kind=g(f, "kind") or "error",
+            reason=_text(g(f, "reason") or "no reason recorded"),
             shape=tuple(g(f, k) for k in SHAPE_KEYS) if all(g(f, k) is not None for k in SHAPE_KEYS) else None,
             tokens=g(f, "tokens_per_rank"),
         )
         for f in failures
-    ]  # fmt: skip
+    ]
     shapes = []
     notes: list = []
     for key in sorted(points, key=lambda s: (s[0], str(s[4]), s[1], s[2], s[3], str(s[5]))):
@@ -559,11 +572,12 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
         for b, (timing, per_t) in sorted(kept.items()):
             cols = [per_t.get(t) for t in tokens]
             curves[b] = Curve(
-                backend=b, timing=timing,
+                backend=b,
+                timing=timing,
                 median_us=[c[0] if c else None for c in cols],
                 p10_us=[c[1] if c else None for c in cols],
                 p90_us=[c[2] if c else None for c in cols],
-            )  # fmt: skip
+            )
         measured = set(modes)
         failed: dict = {}
         for f in failures:
@@ -578,9 +592,13 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
                 at = f" at {t} tokens/rank" if t is not None else ""
                 failed[b] = (rank, f"{kind}{at}: {_text(g(f, 'reason') or 'no reason recorded')}")
         shape = ShapeView(
-            *key, source="measured", tokens=tokens, curves=curves, winners=[],
+            *key,
+            source="measured",
+            tokens=tokens,
+            curves=curves,
+            winners=[],
             failed={b: text for b, (_, text) in sorted(failed.items())},
-        )  # fmt: skip
+        )
         shape.winners = derive_winners(shape, run_tie_preference(g(run, "config")))
         shapes.append(shape)
     versions = g(run, "versions") or {}
@@ -682,11 +700,15 @@ def derive_winners(shape: ShapeView, preference: tuple = VIEW_TIE_PREFERENCE) ->
         runner_up = next((b for b, _ in ranked if b != fastest), None)
         winners.append(
             Winner(
-                tokens=t, backend=chosen, median_us=medians[chosen], runner_up=runner_up,
+                tokens=t,
+                backend=chosen,
+                median_us=medians[chosen],
+                runner_up=runner_up,
                 margin=medians[runner_up] / medians[fastest] - 1 if runner_up else None,
-                tie=len(tied) > 1, fastest=fastest,
+                tie=len(tied) > 1,
+                fastest=fastest,
             )
-        )  # fmt: skip
+        )
     return winners
 
 
@@ -832,7 +854,12 @@ def timing_summary(view: TableView) -> str | None:
 def provenance_lines(view: TableView) -> list:
     """(label, value) pairs saying where the numbers come from."""
     run = view.run
-    rows = [("fingerprint", f"{view.fingerprint or 'unknown'}" + (f"  (facts hash {view.facts_hash})" if view.facts_hash else ""))]
+    rows = [
+        (
+            "fingerprint",
+            f"{view.fingerprint or 'unknown'}" + (f"  (facts hash {view.facts_hash})" if view.facts_hash else ""),
+        )
+    ]
     rows.append(("source", view.label + (f"  (profile schema {view.schema})" if view.kind == "profile" else "")))
     bits = []
     if run.get("id") is not None:
@@ -863,7 +890,14 @@ def provenance_lines(view: TableView) -> list:
     if isinstance(config.get("argv"), list) and config["argv"]:
         rows.append(("command", "a2a-tune " + " ".join(str(a) for a in config["argv"])))
     if view.generated_at or view.generated_by:
-        rows.append(("table written", " ".join(x for x in (_when(view.generated_at), f"by {view.generated_by}" if view.generated_by else None) if x)))
+        rows.append(
+            (
+                "table written",
+                " ".join(
+                    x for x in (_when(view.generated_at), f"by {view.generated_by}" if view.generated_by else None) if x
+                ),
+            )
+        )
     return rows
 
 
@@ -875,7 +909,9 @@ def group_failures(view: TableView) -> list:
         groups.setdefault((f.backend, f.kind, f.tokens, f.reason), []).append(f.shape)
     all_keys = {s.key for s in view.shapes}
     rows = []
-    for (backend, kind, tokens, reason), shapes in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
+    for (backend, kind, tokens, reason), shapes in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)
+    ):
         keys = {s for s in shapes if s is not None}
         if not keys:
             where = "every shape" if view.kind == "run" else "-"
@@ -905,8 +941,12 @@ def show_data(view: TableView) -> dict:
                 "tokens": s.tokens,
                 "ranges": [
                     {
-                        "tokens": [r.lo, r.hi], "winner": r.backend, "margin": [r.margin_lo, r.margin_hi],
-                        "runners_up": r.runners_up, "ties": r.ties, "median_us": [r.median_lo, r.median_hi],
+                        "tokens": [r.lo, r.hi],
+                        "winner": r.backend,
+                        "margin": [r.margin_lo, r.margin_hi],
+                        "runners_up": r.runners_up,
+                        "ties": r.ties,
+                        "median_us": [r.median_lo, r.median_hi],
                         "text": r.line(),
                     }
                     for r in winner_ranges(s)
@@ -914,10 +954,8 @@ def show_data(view: TableView) -> dict:
                 "failed": s.failed,
             }
             for s in view.shapes
-        ],  # fmt: skip
-        "failures": [
-            {"backend": b, "kind": k, "where": w, "reason": r} for b, k, w, r in group_failures(view)
         ],
+        "failures": [{"backend": b, "kind": k, "where": w, "reason": r} for b, k, w, r in group_failures(view)],
         "notes": view.notes,
     }
 
@@ -954,15 +992,28 @@ def render_show(view: TableView, console) -> None:
             margin = Text(r.margin)
             if r.ties:
                 margin.append("*", style="bold yellow")
-            med = fmt_us(r.median_lo) if r.median_lo == r.median_hi else f"{fmt_us(r.median_lo)}{EN_DASH}{fmt_us(r.median_hi)}"
-            t.add_row(r.tokens, Text(r.backend, style="green"), margin, ", ".join(r.runners_up) or "none (only backend)", med)
+            med = (
+                fmt_us(r.median_lo)
+                if r.median_lo == r.median_hi
+                else f"{fmt_us(r.median_lo)}{EN_DASH}{fmt_us(r.median_hi)}"
+            )
+            t.add_row(
+                r.tokens, Text(r.backend, style="green"), margin, ", ".join(r.runners_up) or "none (only backend)", med
+            )
         console.print(t)
         ties = [t_ for r in winner_ranges(s) for t_ in r.ties]
         if ties:
-            console.print(Text.assemble(("  * tie at ", "yellow"), _tie_phrase(ties),
-                                        (": the runner-up is within noise there", "dim")), soft_wrap=True)  # fmt: skip
+            console.print(
+                Text.assemble(
+                    ("  * tie at ", "yellow"), _tie_phrase(ties), (": the runner-up is within noise there", "dim")
+                ),
+                soft_wrap=True,
+            )
         if s.failed:
-            console.print(Text.assemble(("  never selected here: ", "red"), ", ".join(s.failed), " (see failures)"), soft_wrap=True)
+            console.print(
+                Text.assemble(("  never selected here: ", "red"), ", ".join(s.failed), " (see failures)"),
+                soft_wrap=True,
+            )
     console.print()
     rows = group_failures(view)
     if rows:
@@ -1065,8 +1116,12 @@ class DiffResult:
             ],
             "regressions": [pc(p) for p in self.regressions],
             "improvements": [pc(p) for p in self.improvements],
-            "new_failures": [{**dataclasses.asdict(f), "shape": dict(zip(SHAPE_KEYS, f.shape))} for f in self.new_failures],
-            "fixed_failures": [{**dataclasses.asdict(f), "shape": dict(zip(SHAPE_KEYS, f.shape))} for f in self.fixed_failures],
+            "new_failures": [
+                {**dataclasses.asdict(f), "shape": dict(zip(SHAPE_KEYS, f.shape))} for f in self.new_failures
+            ],
+            "fixed_failures": [
+                {**dataclasses.asdict(f), "shape": dict(zip(SHAPE_KEYS, f.shape))} for f in self.fixed_failures
+            ],
         }
 
 
@@ -1114,7 +1169,9 @@ def diff_views(a: TableView, b: TableView, *, tolerance: float = 0.0) -> DiffRes
             if cb is None:
                 continue
             if ca.timing and cb.timing and ca.timing != cb.timing:
-                timing_skips[(ca.backend, ca.timing, cb.timing)] = timing_skips.get((ca.backend, ca.timing, cb.timing), 0) + 1
+                timing_skips[(ca.backend, ca.timing, cb.timing)] = (
+                    timing_skips.get((ca.backend, ca.timing, cb.timing), 0) + 1
+                )
                 continue
             for j, t in enumerate(sa.tokens):
                 if t not in jb:
@@ -1228,8 +1285,10 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
     grid = {s.key: s.tokens for s in res.a.shapes}
     order = {s.key: i for i, s in enumerate(res.a.shapes)}
     keyed = lambda it: (order.get(it.shape, 0), getattr(it, "backend", ""), it.tokens)  # noqa: E731
-    changed = sorted({x.shape for x in [*res.winner_changes, *res.regressions, *res.improvements, *res.new_failures]},
-                     key=lambda k: order.get(k, 0))  # fmt: skip
+    changed = sorted(
+        {x.shape for x in [*res.winner_changes, *res.regressions, *res.improvements, *res.new_failures]},
+        key=lambda k: order.get(k, 0),
+    )
     for key in changed:
         console.print()
         line(shape_label(key), "bold cyan")
@@ -1250,12 +1309,23 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
                     detail = f"new winner {_ratio_range(min(sp), max(sp))} faster"
                 else:
                     detail = w.why
-                t.add_row(token_range(run[0].tokens, run[-1].tokens), w.a_winner or "-", w.b_winner or "-", detail,
-                          style="dim" if w.noise else "")  # fmt: skip
+                t.add_row(
+                    token_range(run[0].tokens, run[-1].tokens),
+                    w.a_winner or "-",
+                    w.b_winner or "-",
+                    detail,
+                    style="dim" if w.noise else "",
+                )
             console.print(t)
         for f in (f for f in res.new_failures if f.shape == key):
-            console.print(Text.assemble(("  newly failing in B: ", "bold red"), (f.backend, "bold"), f": {f.reason}"), soft_wrap=True)
-        for name, pts, style in (("slower beyond noise", res.regressions, "bold red"), ("faster beyond noise", res.improvements, "bold green")):
+            console.print(
+                Text.assemble(("  newly failing in B: ", "bold red"), (f.backend, "bold"), f": {f.reason}"),
+                soft_wrap=True,
+            )
+        for name, pts, style in (
+            ("slower beyond noise", res.regressions, "bold red"),
+            ("faster beyond noise", res.improvements, "bold green"),
+        ):
             pts = sorted((p for p in pts if p.shape == key), key=keyed)
             if not pts:
                 continue

@@ -110,7 +110,9 @@ def _apply(engine_args, config, rebuild):
     current = getattr(getattr(config, "parallel_config", None), "all2all_backend", None)
     try:
         if not hasattr(engine_args, "all2all_backend"):
-            decision = Decision(None, "a2a-tune: this vLLM has no all2all_backend engine argument; nothing changed", "warning")
+            decision = Decision(
+                None, "a2a-tune: this vLLM has no all2all_backend engine argument; nothing changed", "warning"
+            )
         else:
             decision = decide(config, explicit=_user_chose(engine_args))
     except Exception as exc:
@@ -125,8 +127,13 @@ def _apply(engine_args, config, rebuild):
         new_config = rebuild()
     except Exception as exc:
         engine_args.all2all_backend = previous
-        log.warning("a2a-tune: vLLM refused all2all backend %r (%s: %s); keeping %r",
-                    decision.literal, type(exc).__name__, " ".join(str(exc).split()), current)  # fmt: skip
+        log.warning(
+            "a2a-tune: vLLM refused all2all backend %r (%s: %s); keeping %r",
+            decision.literal,
+            type(exc).__name__,
+            " ".join(str(exc).split()),
+            current,
+        )
         return config
     _log(decision)
     return new_config
@@ -182,7 +189,11 @@ def _model_shape(model_config) -> tuple:
         for candidate in (cfg, getattr(cfg, "text_config", None)):
             if candidate is None:
                 continue
-            shape = (_first_int(candidate, _HIDDEN_KEYS), _first_int(candidate, _TOPK_KEYS), _first_int(candidate, _EXPERT_KEYS))
+            shape = (
+                _first_int(candidate, _HIDDEN_KEYS),
+                _first_int(candidate, _TOPK_KEYS),
+                _first_int(candidate, _EXPERT_KEYS),
+            )
             if all(shape):
                 return shape
     raise ValueError(
@@ -217,9 +228,10 @@ def _phase(config) -> tuple:
     why = f"${PHASE_ENV}"
     if phase is None:
         role = getattr(getattr(config, "kv_transfer_config", None), "kv_role", None)
-        phase, why = {"kv_producer": ("prefill", "a kv_producer (prefill) engine"),
-                      "kv_consumer": ("decode", "a kv_consumer (decode) engine")}.get(
-            role, ("decode", "default for an engine serving both phases"))  # fmt: skip
+        phase, why = {
+            "kv_producer": ("prefill", "a kv_producer (prefill) engine"),
+            "kv_consumer": ("decode", "a kv_consumer (decode) engine"),
+        }.get(role, ("decode", "default for an engine serving both phases"))
     if phase not in ("decode", "prefill"):
         raise ValueError(f"{PHASE_ENV}={phase!r}: expected decode or prefill")
     sched = getattr(config, "scheduler_config", None)
@@ -239,21 +251,38 @@ def decide(config, *, explicit: bool = False) -> Decision:
         return Decision(None, f"a2a-tune: all2all backend {current!r} was set explicitly; not changed")
     dp = getattr(par, "data_parallel_size", 1) or 1
     if not getattr(par, "enable_expert_parallel", False) or dp <= 1:
-        return Decision(None, "a2a-tune: vLLM uses no all2all backend here (needs expert parallelism and "
-                              "data_parallel_size > 1); nothing to choose")  # fmt: skip
+        return Decision(
+            None,
+            "a2a-tune: vLLM uses no all2all backend here (needs expert parallelism and "
+            "data_parallel_size > 1); nothing to choose",
+        )
     hidden, topk, experts = _model_shape(config.model_config)
-    ep_size = dp * (getattr(par, "tensor_parallel_size", 1) or 1) * (getattr(par, "prefill_context_parallel_size", 1) or 1)
+    ep_size = (
+        dp * (getattr(par, "tensor_parallel_size", 1) or 1) * (getattr(par, "prefill_context_parallel_size", 1) or 1)
+    )
     dtype = _payload_dtype(config.model_config)
     request, phase_text = _phase(config)
 
     from a2a_tune.tuner.lookup import lookup  # stdlib only
 
-    choice = lookup(ep_size=ep_size, hidden=hidden, topk=topk, num_experts=experts, dtype=dtype, engine="vllm",
-                    quiet=True, **request)  # fmt: skip
+    choice = lookup(
+        ep_size=ep_size,
+        hidden=hidden,
+        topk=topk,
+        num_experts=experts,
+        dtype=dtype,
+        engine="vllm",
+        quiet=True,
+        **request,
+    )
     what = f"ep_size={ep_size} hidden={hidden} topk={topk} experts={experts} {dtype}, {phase_text}"
     if choice.match == "fallback":
         reason = choice.reason.split("; using fallback all2all backend")[0]  # we say "keeping" ourselves
         return Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r} for {what}: {reason}", "warning")
     literal = choice.vllm_name
-    verb = f"keeps --all2all-backend {literal}" if literal == current else f"sets --all2all-backend {literal} (was {current!r})"
+    verb = (
+        f"keeps --all2all-backend {literal}"
+        if literal == current
+        else f"sets --all2all-backend {literal} (was {current!r})"
+    )
     return Decision(literal, f"a2a-tune: {verb} for {what} [hardware {choice.hardware_match}]: {choice.reason}")

@@ -27,7 +27,15 @@ import json
 import math
 import os
 
-__all__ = ["MAX_POINTS", "Workload", "WorkloadError", "clear_cache", "load_workload", "parse_workload", "parse_workload_text"]
+__all__ = [
+    "MAX_POINTS",
+    "Workload",
+    "WorkloadError",
+    "clear_cache",
+    "load_workload",
+    "parse_workload",
+    "parse_workload_text",
+]
 
 MAX_POINTS = 65536
 

@@ -84,11 +84,20 @@ def run_case(case: dict) -> dict:
             else:
                 rx, rids, rw = k.dispatch_recv(states[r])
                 if rx.shape[0] != w * (step or cap):
-                    return {"id": case["id"], "ok": False, "max_rel_error": float("inf"),
-                            "reason": f"rank {r}: {rx.shape[0]} received rows, expected {w * (step or cap)}"}  # fmt: skip
+                    return {
+                        "id": case["id"],
+                        "ok": False,
+                        "max_rel_error": float("inf"),
+                        "reason": f"rank {r}: {rx.shape[0]} received rows, expected {w * (step or cap)}",
+                    }
             lo, hi = r * epr, (r + 1) * epr
             if bool(((rids != -1) & ((rids < lo) | (rids >= hi))).any()):
-                return {"id": case["id"], "ok": False, "max_rel_error": float("inf"), "reason": f"rank {r}: non-local ids"}
+                return {
+                    "id": case["id"],
+                    "ok": False,
+                    "max_rel_error": float("inf"),
+                    "reason": f"rank {r}: non-local ids",
+                }
             if case.get("plant") == "off_by_one_slot":
                 rx = torch.roll(rx, 1, dims=0)
             xs = states[r].received_scales() if wire is not None else None
