@@ -9,7 +9,7 @@ unset for them and one unmeasured child writes the ``.pyc`` files); one more row
 import when every a2a-tune module is compiled from source (``-X pycache_prefix`` pointing
 at an empty directory), for machines that forbid writing bytecode.
 
-(a) import: wall time of ``import a2a_tune.tuner.lookup`` inside a fresh interpreter
+(a) import: wall time of ``import a2a_tune.tuner.runtime.lookup`` inside a fresh interpreter
     (perf_counter around the import; the interpreter's own start is not counted), median
     of ``--runs`` interpreters; and the heavy modules it loaded (must be none of torch,
     sqlalchemy, pynvml, jsonschema, rich, numpy, a2a_tune.kernels, a2a_tune.db).
@@ -54,7 +54,7 @@ ASK = dict(ep_size=8, hidden=7168, topk=8, num_experts=256)  # one of the 50 sha
 CHILD = r"""
 import json, statistics, sys, time
 t0 = time.perf_counter()
-import a2a_tune.tuner.lookup as lk
+import a2a_tune.tuner.runtime.lookup as lk
 import_s = time.perf_counter() - t0
 heavy = [m for m in HEAVY if m in sys.modules]
 ask = dict(ASK, fingerprint=FP)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     heavy = sorted({m for r in runs for m in r["heavy"]})
     rows = [
         (
-            "import a2a_tune.tuner.lookup",
+            "import a2a_tune.tuner.runtime.lookup",
             f"{ms([r['import_s'] for r in runs]):.2f} ms",
             f"{min(r['import_s'] for r in runs) * 1e3:.2f} .. {max(r['import_s'] for r in runs) * 1e3:.2f} ms",
             "< 30 ms",

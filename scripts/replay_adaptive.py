@@ -18,8 +18,8 @@ from a2a_tune.db import StoreError, open_store
 from a2a_tune.kernels import engine_names, list_backends
 from a2a_tune.tuner.adaptive import AdaptiveSearch
 from a2a_tune.tuner.evaluate import evaluate
+from a2a_tune.tuner.runtime.table import ProfileError
 from a2a_tune.tuner.select import build_profile, profile_from_store, write_profile
-from a2a_tune.tuner.table import ProfileError
 
 
 def main() -> None:

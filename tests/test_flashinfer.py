@@ -110,7 +110,7 @@ def test_two_sided_shape_limits_are_infeasible_not_failures(shape, ok, why):
 
 
 def test_importing_a2a_tune_never_imports_flashinfer():
-    code = "import a2a_tune.kernels, a2a_tune.tuner.lookup, sys; print('flashinfer' in sys.modules)"
+    code = "import a2a_tune.kernels, a2a_tune.tuner.runtime.lookup, sys; print('flashinfer' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"

@@ -17,10 +17,10 @@ from a2a_tune.db import open_store
 from a2a_tune.kernels import KnobError, get_backend
 from a2a_tune.kernels._nvlink_common import LaunchKnobs
 from a2a_tune.tuner.knobs import KnobPlan, tune_knobs
-from a2a_tune.tuner.lookup import lookup
+from a2a_tune.tuner.runtime.lookup import lookup
+from a2a_tune.tuner.runtime.table import ProfileError, parse_profile
 from a2a_tune.tuner.select import build_profile, with_knobs, write_profile, write_profile_to
 from a2a_tune.tuner.shapes import ModelShape
-from a2a_tune.tuner.table import ProfileError, parse_profile
 
 SHAPE = ModelShape("tiny", 16, 4, 32)
 FAST = {"delay_ms": 1, "shortcut": False}

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from a2a_tune.tuner import lookup as lk
-from a2a_tune.tuner.lookup import (
+from a2a_tune.tuner.runtime import lookup as lk
+from a2a_tune.tuner.runtime.lookup import (
     FALLBACK_BACKEND,
     Choice,
     ProfileError,
@@ -560,7 +560,7 @@ def test_import_is_stdlib_only():
     code = f"""
 import json, sys, time
 t0 = time.perf_counter()
-import a2a_tune.tuner.lookup as lk
+import a2a_tune.tuner.runtime.lookup as lk
 t1 = time.perf_counter()
 c = lk.lookup(profile={str(FIXTURE)!r}, fingerprint={FP!r}, tokens=64, **{A!r})
 heavy = ["torch", "sqlalchemy", "pynvml", "jsonschema", "rich", "numpy", "a2a_tune.kernels", "a2a_tune.db"]
@@ -890,7 +890,7 @@ def test_explicit_profile_of_the_same_domain_is_accepted_and_named(tmp_path):
 def test_fingerprints_with_plus_are_valid_keys():
     # The probe joins GPU models / island shapes with '+': such machines must have tables too.
     assert profile_filename("h100-sxm+l40s.nvl18x4+pciex2.node1") == "h100-sxm+l40s.nvl18x4+pciex2.node1.json"
-    from a2a_tune.tuner.fingerprint import domain_key
+    from a2a_tune.tuner.runtime.fingerprint import domain_key
 
     assert domain_key("h100-sxm+l40s.nvl18x4+pciex2.node1") == ("h100-sxm+l40s", "nvl18x4+pciex2")
     assert domain_key("l40s.pciex4.node1") is None  # no NVLink domain
@@ -912,7 +912,7 @@ def test_a_file_named_for_this_machine_with_a_sibling_table_inside_is_refused(tm
 
 
 def test_engine_literal_table():
-    from a2a_tune.tuner import engines
+    from a2a_tune.tuner.runtime import engines
 
     assert engines.accepts("vllm", "allgather_reducescatter") and engines.accepts("vllm", "flashinfer_nvlink_one_sided")
     for bogus in ("pplx", "naive", "flashinfer_all2allv", None, "", "deepep"):

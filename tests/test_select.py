@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from a2a_tune.tuner.lookup import ProfileError, load_profile, lookup, profile_filename
+from a2a_tune.tuner.runtime.lookup import ProfileError, load_profile, lookup, profile_filename
 from a2a_tune.tuner.select import build_profile, profile_from_store, upgrade_profile, validate_profile, write_profile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"

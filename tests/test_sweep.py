@@ -6,7 +6,7 @@ import pytest
 
 from a2a_tune.db import open_store
 from a2a_tune.kernels import get_backend
-from a2a_tune.tuner.lookup import load_profile, lookup
+from a2a_tune.tuner.runtime.lookup import load_profile, lookup
 from a2a_tune.tuner.select import profile_from_store, write_profile
 from a2a_tune.tuner.shapes import ModelShape
 from a2a_tune.tuner.sweep import SweepPlan, sweep

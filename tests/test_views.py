@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from a2a_tune.tuner import views
-from a2a_tune.tuner.views import ViewError, diff_views, load_profile_view, load_run_view, winner_ranges
+from a2a_tune.tuner.views import core as views
+from a2a_tune.tuner.views.core import ViewError, diff_views, load_profile_view, load_run_view, winner_ranges
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # plot / report need the optional extra a2a-tune[plot] (CI installs it).
@@ -531,7 +531,7 @@ def test_plot_from_a_database_run(tmp_path, two_run_db):
 
 
 def test_copy_bound_takes_nvlink_bandwidth_from_the_probe_facts(profile_a):
-    from a2a_tune.tuner.plot import copy_bound, remote_ranks
+    from a2a_tune.tuner.views.plot import copy_bound, remote_ranks
 
     view = load_profile_view(profile_a)
     s1 = view.shape(tuple(S1.values()))
@@ -646,7 +646,7 @@ def test_a_database_given_as_profile_says_so(two_run_db):
 
 
 def test_a_db_view_breaks_ties_in_the_order_select_uses():
-    from a2a_tune.tuner.views import run_tie_preference
+    from a2a_tune.tuner.views.core import run_tie_preference
 
     config = {"backends": ["allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided", "nvlink_low_latency"]}
     pref = run_tie_preference(config)

@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import pytest
 import tomllib
 
-from a2a_tune.tuner import vllm_plugin
-from a2a_tune.tuner.lookup import clear_cache
+from a2a_tune.tuner.runtime import vllm_plugin
+from a2a_tune.tuner.runtime.lookup import clear_cache
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
@@ -283,8 +283,8 @@ def test_engine_without_the_argument_is_left_alone(fake_vllm, monkeypatch, caplo
 
 def test_module_import_is_light():
     code = (
-        "import sys, json; import a2a_tune.tuner.vllm_plugin as p; "
-        "print(json.dumps([m for m in ('torch', 'vllm', 'sqlalchemy', 'pynvml', 'jsonschema', 'a2a_tune.tuner.lookup') "
+        "import sys, json; import a2a_tune.tuner.runtime.vllm_plugin as p; "
+        "print(json.dumps([m for m in ('torch', 'vllm', 'sqlalchemy', 'pynvml', 'jsonschema', 'a2a_tune.tuner.runtime.lookup') "
         "if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -294,7 +294,7 @@ def test_module_import_is_light():
 def test_entry_point_is_declared_and_resolves():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     target = project["project"]["entry-points"]["vllm.general_plugins"]["a2a_tune"]
-    assert target == "a2a_tune.tuner.vllm_plugin:register"
+    assert target == "a2a_tune.tuner.runtime.vllm_plugin:register"
     module, func = target.split(":")
     import importlib
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .estimate import TIE_MAX_MARGIN
+from .runtime.estimate import TIE_MAX_MARGIN
 
 #: Default ``refine_ratio`` of GPU sweeps: stop splitting a crossover once its ends are <= 20% apart.
 REFINE_RATIO = 1.2

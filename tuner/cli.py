@@ -394,7 +394,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
     from a2a_tune.db import NotFoundError, StoreError, open_store
     from a2a_tune.kernels import engine_names
 
-    from .lookup import ProfileError, user_profile_dir
+    from .runtime.lookup import ProfileError, user_profile_dir
     from .select import profile_from_store, write_profile
 
     names = engine_names()
@@ -700,7 +700,7 @@ def tune_knobs(
     from .knobs import DEFAULT_ITERS, KnobPlan
     from .knobs import tune_knobs as run_search
     from .launch import RankFailed
-    from .lookup import ProfileError
+    from .runtime.lookup import ProfileError
     from .select import SHAPE_KEYS, with_knobs, write_profile_to
 
     try:
@@ -856,8 +856,8 @@ def lookup(
     """
     import logging
 
-    from . import engines
-    from .lookup import lookup as do_lookup
+    from .runtime import engines
+    from .runtime.lookup import lookup as do_lookup
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
     if fmt not in ("name", "vllm", "sglang", "env", "json"):
@@ -955,7 +955,7 @@ def _view_fail(exc: Exception) -> typer.Exit:
 
 
 def _load_view(profile: Path | None, db: str | None, run_id: int | None):
-    from .views import ViewError, load_view
+    from .views.core import ViewError, load_view
 
     try:
         return load_view(profile=profile, db=db, run=run_id)
@@ -978,7 +978,7 @@ def show(
     run: int | None = _run_in_opt,
     as_json: bool = typer.Option(False, "--json", help="Print the same content as JSON."),
 ) -> None:
-    from .views import render_show, show_data
+    from .views.core import render_show, show_data
 
     view = _load_view(profile, db, run)
     if as_json:
@@ -1024,7 +1024,7 @@ def diff(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
 ) -> None:
-    from .views import ViewError, diff_views, load_run_view, load_source, render_diff
+    from .views.core import ViewError, diff_views, load_run_view, load_source, render_diff
 
     modes = set(fail_on) or {"regressions"}
     bad = modes - {"regressions", "winner-change", "none"}
@@ -1078,8 +1078,8 @@ def plot(
     out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from .plot import plot_view
-    from .views import ViewError
+    from .views.core import ViewError
+    from .views.plot import plot_view
 
     view = _load_view(profile, db, run)
     try:
@@ -1106,8 +1106,8 @@ def report(
     ),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from .report import write_report
-    from .views import ViewError
+    from .views.core import ViewError
+    from .views.report import write_report
 
     view = _load_view(profile, db, run)
     path = out_file or Path(f"a2a-tune-report.{view.fingerprint or 'unknown'}.html")

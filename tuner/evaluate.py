@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lookup import FALLBACK_BACKEND, lookup
+from .runtime.lookup import FALLBACK_BACKEND, lookup
 
 HELD_OUT_MOST = 8  # default held-out counts: ~2 minutes for 4 shapes x 2 dtypes on 2xH200
 

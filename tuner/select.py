@@ -23,7 +23,7 @@ Rules:
   median, the ``runner_up``, ``margin = runner_up / fastest - 1`` and ``tie``: whether the
   runner-up's median lies inside the fastest's p10..p90 spread. Without a tie the winner
   (``backend``) is the fastest; with one it is the most preferred backend inside that
-  spread (:func:`a2a_tune.tuner.estimate.decide`, the rule lookup applies too) in the
+  spread (:func:`a2a_tune.tuner.runtime.estimate.decide`, the rule lookup applies too) in the
   order written as ``tie_preference``: the engine default ``allgather_reducescatter``
   first (a difference the measurement cannot resolve is no reason to leave the engine's
   default), then the order of ``backend_names`` (the registry's order: registered first,
@@ -34,7 +34,7 @@ Rules:
   One backend keeps ONE mode per entry, so its curve is never a patchwork: the mode that
   covers more of the entry's token counts, ``graph`` on a draw.
 
-The file is ``profile_filename(fingerprint)`` from :mod:`a2a_tune.tuner.lookup` -- the
+The file is ``profile_filename(fingerprint)`` from :mod:`a2a_tune.tuner.runtime.lookup` -- the
 one key function shared with the reader -- and is written atomically.
 """
 
@@ -50,9 +50,9 @@ from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 
-from a2a_tune.tuner.estimate import decide
-from a2a_tune.tuner.lookup import profile_filename
-from a2a_tune.tuner.table import (
+from a2a_tune.tuner.runtime.estimate import decide
+from a2a_tune.tuner.runtime.lookup import profile_filename
+from a2a_tune.tuner.runtime.table import (
     FALLBACK_BACKEND,
     GRAPH_WORDS,
     SCHEMA_VERSION,

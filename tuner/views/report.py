@@ -12,7 +12,7 @@ import datetime as _dt
 import html
 from pathlib import Path
 
-from .views import (
+from .core import (
     EN_DASH,
     TableView,
     ViewError,

@@ -1,7 +1,7 @@
 """The selection table on disk: schema versions 1 and 2 -> one validated, read-only model.
 
 Written by :mod:`a2a_tune.tuner.select` (always the current :data:`SCHEMA_VERSION`), read
-by :mod:`a2a_tune.tuner.lookup` at engine start-up, so this module is standard library
+by :mod:`a2a_tune.tuner.runtime.lookup` at engine start-up, so this module is standard library
 only and checks by hand exactly what lookup relies on (jsonschema is too slow and heavy
 for an engine's start-up; ``select.validate_profile`` runs the published JSON Schema
 ``profiles/schema-v2.json`` as well before writing).
@@ -14,7 +14,7 @@ Schema 2 adds to schema 1 (see the JSON Schema for every field):
 * ``p10_us`` / ``p90_us`` checked too (they decide ties), with p10 <= median <= p90;
 * per winner: ``fastest`` (lowest median), ``runner_up``, ``margin`` =
   runner-up median / fastest median - 1, ``tie`` and the winner's p10/p90;
-* ``tie_preference``: the order that settles ties (see :mod:`a2a_tune.tuner.estimate`).
+* ``tie_preference``: the order that settles ties (see :mod:`a2a_tune.tuner.runtime.estimate`).
 * optional per entry and backend ``knobs``: one object (knob name -> number, string or
   boolean) or null per token count, aligned with ``tokens``: the launch setting the knob
   search (:mod:`a2a_tune.tuner.knobs`) found fastest there; null: the backend's defaults.
@@ -36,7 +36,7 @@ from collections import namedtuple
 from operator import le as _le
 from types import MappingProxyType
 
-from a2a_tune.tuner.fingerprint import normalize_fingerprint
+from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
 
 __all__ = [
     "FALLBACK_BACKEND",

@@ -28,7 +28,7 @@ import io
 import math
 from pathlib import Path
 
-from .views import ShapeView, TableView, ViewError, shape_label, shape_slug, timing_summary
+from .core import ShapeView, TableView, ViewError, shape_label, shape_slug, timing_summary
 
 __all__ = ["CopyBound", "copy_bound", "plot_view", "render_png", "backend_colors", "PlotUnavailable"]
 

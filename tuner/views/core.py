@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .select import iso_timestamp
+from ..select import iso_timestamp
 
 __all__ = [
     "ViewError",
@@ -231,7 +231,7 @@ def token_range(lo: int, hi: int) -> str:
 
 def _preset_names() -> dict:
     try:
-        from .shapes import presets
+        from ..shapes import presets
 
         return {(p.num_experts, p.topk, p.hidden): name for name, p in presets().items()}
     except Exception:  # the view works without preset names
@@ -645,7 +645,7 @@ def _getter(obj, key, default=None):
 
 
 def _in_spread(shape: ShapeView, fastest: str, other: str | None, j: int) -> bool | None:
-    """The tie rule of select / lookup (a2a_tune.tuner.estimate.decide): ``other``'s median
+    """The tie rule of select / lookup (a2a_tune.tuner.runtime.estimate.decide): ``other``'s median
     lies inside ``fastest``'s p10..p90 spread at token index j (None when unknown)."""
     f, o = shape.curves.get(fastest), shape.curves.get(other) if other else None
     if f is None or o is None:
@@ -680,9 +680,9 @@ def run_tie_preference(config: Mapping | None) -> tuple:
 
 def derive_winners(shape: ShapeView, preference: tuple = VIEW_TIE_PREFERENCE) -> list:
     """Per token count, among curves whose backend is not failed: the winner by the tie
-    rule of select / lookup (:func:`a2a_tune.tuner.estimate.decide`), the fastest, the
+    rule of select / lookup (:func:`a2a_tune.tuner.runtime.estimate.decide`), the fastest, the
     runner-up after it, margin = runner-up / fastest - 1, and the tie flag."""
-    from .estimate import decide
+    from ..runtime.estimate import decide
 
     winners = []
     for j, t in enumerate(shape.tokens):

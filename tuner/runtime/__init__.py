@@ -1,0 +1,12 @@
+"""The start-up runtime: what a serving engine imports while it starts.
+
+``lookup`` answers "which all2all backend for this shape and load on this machine" from a
+selection table; ``table`` is the table model (parse, validate, tie rule), ``estimate``
+interpolates the measured curves, ``fingerprint`` names the machine, ``engines`` holds
+each engine's literals, ``workload`` reads a tokens-per-step histogram and
+``vllm_plugin`` applies the answer inside vLLM.
+
+Every module here imports only the Python standard library (tested over the whole
+package): an engine's start-up never pays for torch, and a missing or broken table is a
+documented fallback with one warning, never an exception.
+"""

@@ -1,0 +1,288 @@
+"""vLLM general plugin: start vLLM with the all2all backend this machine's table picks.
+
+Enabled by installing a2a-tune into vLLM's environment: the entry point
+``a2a_tune = a2a_tune.tuner.runtime.vllm_plugin:register`` in the group ``vllm.general_plugins``
+is loaded by vLLM in every process it starts (``vllm.plugins.load_general_plugins``; with
+``VLLM_PLUGINS`` set, only the plugins it names are loaded, so add ``a2a_tune`` there).
+``A2A_TUNE_VLLM_PLUGIN=0`` turns it off without uninstalling.
+
+**Mechanism.** vLLM reads no environment variable for the backend any more
+(``VLLM_ALL2ALL_BACKEND`` was removed after v0.14; see :mod:`a2a_tune.tuner.runtime.engines`), and
+a plugin is called without arguments, after the first ``EngineArgs`` exists (vLLM's
+``EngineArgs.__post_init__`` loads the plugins). So :func:`register` wraps
+``vllm.engine.arg_utils.EngineArgs.create_engine_config`` once per process. The wrapper
+lets vLLM build its config, reads the model shape, parallel sizes and scheduler limits
+from it, asks :func:`a2a_tune.tuner.runtime.lookup.lookup` (``engine="vllm"``: only literals vLLM
+accepts), and when the table picks another backend sets ``EngineArgs.all2all_backend`` and
+lets vLLM build the config again -- so vLLM's own validation and the platform rules that
+depend on the backend (e.g. no CUDA graphs with DeepEP high-throughput) apply to the
+choice. If that second build fails, the first config (vLLM's default) is returned.
+
+**What is asked** (:func:`decide`):
+
+* the backend only matters with expert parallelism and data parallelism > 1 (vLLM uses
+  all2all kernels only then): otherwise nothing is changed;
+* shape: hidden size, routed experts and top-k from the model's Hugging Face config (the
+  keys ``a2a-tune sweep --model-config`` reads); ``ep_size`` = TP x DP x PCP (vLLM's EP
+  group); payload dtype from the model dtype;
+* phase: ``A2A_TUNE_WORKLOAD=FILE`` (a histogram, see :mod:`a2a_tune.tuner.runtime.workload`), else
+  ``A2A_TUNE_PHASE=decode|prefill``, else from disaggregated serving's KV role (a
+  ``kv_producer`` engine only prefills, a ``kv_consumer`` only decodes), else decode (a
+  combined engine runs mostly decode steps). Decode: tokens per rank 1..``max_num_seqs``;
+  prefill: ``max_num_batched_tokens`` per step;
+* the table: ``$A2A_TUNE_PROFILE_DIR``, the user's, then the packaged tables, for the
+  fingerprint in ``$A2A_TUNE_FINGERPRINT`` or probed (NVML, read in a child process).
+
+**The user's choice wins.** Nothing is changed when the backend was chosen explicitly:
+``--all2all-backend`` / ``--all2all_backend`` on the command line, a value other than
+vLLM's default on ``EngineArgs``, or ``VLLM_ALL2ALL_BACKEND`` set (older vLLM reads it).
+Limit: passing vLLM's default value itself through the Python API
+(``LLM(all2all_backend="allgather_reducescatter")``) or a ``--config`` YAML file looks like
+no choice; set ``A2A_TUNE_VLLM_PLUGIN=0`` there.
+
+**Logging.** One line per engine start on the logger ``vllm.a2a_tune`` (vLLM's handlers
+print it): INFO saying what was chosen and why, or WARNING saying why vLLM's default was
+kept. Never raises: any failure keeps vLLM's default with one warning.
+
+Importing this module imports only the standard library (no torch, no vLLM).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections import namedtuple
+
+__all__ = ["DISABLE_ENV", "PHASE_ENV", "WORKLOAD_ENV", "Decision", "decide", "register"]
+
+DISABLE_ENV = "A2A_TUNE_VLLM_PLUGIN"
+PHASE_ENV = "A2A_TUNE_PHASE"
+WORKLOAD_ENV = "A2A_TUNE_WORKLOAD"
+
+#: vLLM's default (``ParallelConfig.all2all_backend``), when the EngineArgs class does not say.
+VLLM_DEFAULT = "allgather_reducescatter"
+_FLAGS = ("--all2all-backend", "--all2all_backend")
+_MARK = "__a2a_tune_wrapped__"
+
+log = logging.getLogger("vllm.a2a_tune")
+
+
+class Decision(namedtuple("Decision", "literal message level", defaults=("info",))):
+    """What the plugin does to one engine config: ``literal`` to set (None: keep), and the
+    one line it logs at ``level`` ("info" or "warning")."""
+
+    __slots__ = ()
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: wrap ``EngineArgs.create_engine_config``.
+
+    Runs in every vLLM process, possibly several times; wraps once. Never raises.
+    """
+    try:
+        if os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+            return
+        from vllm.engine.arg_utils import EngineArgs  # lazy: only inside vLLM
+
+        _install(EngineArgs)
+    except Exception as exc:  # never break vLLM's start-up
+        log.warning("a2a-tune: plugin not active (%s: %s); vLLM keeps its all2all backend", type(exc).__name__, exc)
+
+
+def _install(cls) -> None:
+    original = cls.create_engine_config
+    if getattr(original, _MARK, False):
+        return
+
+    def create_engine_config(self, *args, **kwargs):
+        config = original(self, *args, **kwargs)
+        return _apply(self, config, lambda: original(self, *args, **kwargs))
+
+    create_engine_config.__doc__ = original.__doc__
+    create_engine_config.__wrapped__ = original
+    setattr(create_engine_config, _MARK, True)
+    cls.create_engine_config = create_engine_config
+
+
+def _apply(engine_args, config, rebuild):
+    """Set the table's backend on ``engine_args`` and rebuild, or keep ``config``. Never raises."""
+    current = getattr(getattr(config, "parallel_config", None), "all2all_backend", None)
+    try:
+        if not hasattr(engine_args, "all2all_backend"):
+            decision = Decision(
+                None, "a2a-tune: this vLLM has no all2all_backend engine argument; nothing changed", "warning"
+            )
+        else:
+            decision = decide(config, explicit=_user_chose(engine_args))
+    except Exception as exc:
+        problem = " ".join(f"{type(exc).__name__}: {exc}".split())
+        decision = Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r} ({problem})", "warning")
+    if decision.literal is None or decision.literal == current:
+        _log(decision)
+        return config
+    previous = engine_args.all2all_backend
+    engine_args.all2all_backend = decision.literal
+    try:
+        new_config = rebuild()
+    except Exception as exc:
+        engine_args.all2all_backend = previous
+        log.warning(
+            "a2a-tune: vLLM refused all2all backend %r (%s: %s); keeping %r",
+            decision.literal,
+            type(exc).__name__,
+            " ".join(str(exc).split()),
+            current,
+        )
+        return config
+    _log(decision)
+    return new_config
+
+
+def _log(decision: Decision) -> None:
+    (log.warning if decision.level == "warning" else log.info)("%s", decision.message)
+
+
+def _user_chose(engine_args) -> bool:
+    """True when the backend was chosen explicitly (see the module docstring)."""
+    if any(a in _FLAGS or a.startswith(tuple(f + "=" for f in _FLAGS)) for a in sys.argv[1:] if isinstance(a, str)):
+        return True
+    if os.environ.get("VLLM_ALL2ALL_BACKEND"):
+        return True
+    return getattr(engine_args, "all2all_backend", None) != _default_of(type(engine_args))
+
+
+def _default_of(cls) -> str:
+    import dataclasses
+
+    if dataclasses.is_dataclass(cls):
+        for f in dataclasses.fields(cls):
+            if f.name == "all2all_backend" and isinstance(f.default, str):
+                return f.default
+    return VLLM_DEFAULT
+
+
+# --------------------------------------------------------------------------- decide
+
+# Hugging Face config keys, as `a2a-tune sweep --model-config` reads them.
+_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+_TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
+_HIDDEN_KEYS = ("hidden_size", "d_model")
+
+
+def _first_int(cfg, keys):
+    for key in keys:
+        v = getattr(cfg, key, None)
+        if v is None and isinstance(cfg, dict):
+            v = cfg.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _model_shape(model_config) -> tuple:
+    """(hidden, topk, num_experts) of an MoE model; ValueError if it is none."""
+    for attr in ("hf_text_config", "hf_config"):
+        cfg = getattr(model_config, attr, None)
+        if cfg is None:
+            continue
+        for candidate in (cfg, getattr(cfg, "text_config", None)):
+            if candidate is None:
+                continue
+            shape = (
+                _first_int(candidate, _HIDDEN_KEYS),
+                _first_int(candidate, _TOPK_KEYS),
+                _first_int(candidate, _EXPERT_KEYS),
+            )
+            if all(shape):
+                return shape
+    raise ValueError(
+        f"no MoE shape in the model config (need one of {_EXPERT_KEYS}, one of {_TOPK_KEYS}, one of {_HIDDEN_KEYS})"
+    )
+
+
+def _payload_dtype(model_config) -> str:
+    text = str(getattr(model_config, "dtype", "bfloat16")).lower()
+    if "bfloat16" in text:
+        return "bf16"
+    if "float16" in text or "half" in text:
+        return "fp16"
+    if "float32" in text or text in ("float", "torch.float"):
+        return "fp32"
+    return "bf16"
+
+
+def _pos_int(obj, name: str) -> int:
+    v = getattr(obj, name, None)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{type(obj).__name__}.{name} is {v!r}, not a positive integer")
+    return v
+
+
+def _phase(config) -> tuple:
+    """(lookup keyword arguments, phrase) for this engine's token distribution."""
+    workload = os.environ.get(WORKLOAD_ENV)
+    if workload:
+        return {"workload": workload}, f"workload {workload} (${WORKLOAD_ENV})"
+    phase = os.environ.get(PHASE_ENV, "").strip().lower() or None
+    why = f"${PHASE_ENV}"
+    if phase is None:
+        role = getattr(getattr(config, "kv_transfer_config", None), "kv_role", None)
+        phase, why = {
+            "kv_producer": ("prefill", "a kv_producer (prefill) engine"),
+            "kv_consumer": ("decode", "a kv_consumer (decode) engine"),
+        }.get(role, ("decode", "default for an engine serving both phases"))
+    if phase not in ("decode", "prefill"):
+        raise ValueError(f"{PHASE_ENV}={phase!r}: expected decode or prefill")
+    sched = getattr(config, "scheduler_config", None)
+    if phase == "decode":
+        n = _pos_int(sched, "max_num_seqs")
+        return {"phase": "decode", "max_tokens": n}, f"decode, 1..{n} tokens/rank ({why})"
+    n = _pos_int(sched, "max_num_batched_tokens")
+    return {"phase": "prefill", "max_tokens": n}, f"prefill, {n} tokens/rank per step ({why})"
+
+
+def decide(config, *, explicit: bool = False) -> Decision:
+    """What to do with one vLLM engine config (a ``VllmConfig`` or a stand-in with the same
+    attributes). Raises nothing but what reading ``config`` raises (the caller catches)."""
+    par = config.parallel_config
+    current = getattr(par, "all2all_backend", VLLM_DEFAULT)
+    if explicit:
+        return Decision(None, f"a2a-tune: all2all backend {current!r} was set explicitly; not changed")
+    dp = getattr(par, "data_parallel_size", 1) or 1
+    if not getattr(par, "enable_expert_parallel", False) or dp <= 1:
+        return Decision(
+            None,
+            "a2a-tune: vLLM uses no all2all backend here (needs expert parallelism and "
+            "data_parallel_size > 1); nothing to choose",
+        )
+    hidden, topk, experts = _model_shape(config.model_config)
+    ep_size = (
+        dp * (getattr(par, "tensor_parallel_size", 1) or 1) * (getattr(par, "prefill_context_parallel_size", 1) or 1)
+    )
+    dtype = _payload_dtype(config.model_config)
+    request, phase_text = _phase(config)
+
+    from a2a_tune.tuner.runtime.lookup import lookup  # stdlib only
+
+    choice = lookup(
+        ep_size=ep_size,
+        hidden=hidden,
+        topk=topk,
+        num_experts=experts,
+        dtype=dtype,
+        engine="vllm",
+        quiet=True,
+        **request,
+    )
+    what = f"ep_size={ep_size} hidden={hidden} topk={topk} experts={experts} {dtype}, {phase_text}"
+    if choice.match == "fallback":
+        reason = choice.reason.split("; using fallback all2all backend")[0]  # we say "keeping" ourselves
+        return Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r} for {what}: {reason}", "warning")
+    literal = choice.vllm_name
+    verb = (
+        f"keeps --all2all-backend {literal}"
+        if literal == current
+        else f"sets --all2all-backend {literal} (was {current!r})"
+    )
+    return Decision(literal, f"a2a-tune: {verb} for {what} [hardware {choice.hardware_match}]: {choice.reason}")
