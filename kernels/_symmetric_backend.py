@@ -59,6 +59,7 @@ class SymmetricMemoryBackend(All2AllBackend):
     graph_capturable = True  # no host synchronisation anywhere
     quantized_payloads = True  # fp8_e4m3: rows quantized before dispatch, scales travel beside them
     capacity_bound = True  # workspaces are W x max_tokens_per_rank slots
+    reach = "island"  # CUDA IPC mappings between the GPUs of one node (no fabric handles)
     kernels: ClassVar[str]  # the module of the four kernels, e.g. "_one_sided_kernels"
     # Launch parameters of the kernels (`LaunchKnobs` says what each does); every value keeps
     # the results exact (the kernels only copy, and sum in fp32 in a fixed order).

@@ -21,7 +21,12 @@ for every source token t on every rank, y[t] == sum_j topk_weights[t,j] * f(topk
 within the payload dtype's tolerance, whatever the backend's internal layout.
 
 A backend's `availability(env)` is a classmethod that does no collective work and never
-raises, so the sweep knows which backends can run before any rank starts one.
+raises, so the sweep knows which backends can run before any rank starts one. Its `reach`
+says which EP groups its transport can join at all (REACHES): one NVLink island on one node
+(CUDA IPC / peer access), one NVLink domain also across nodes (fabric memory: GB200 NVL72),
+or anywhere torch.distributed connects ranks (NCCL over the network, gloo). The sweep
+compares it with what joins the group's ranks (the group's span, SPANS): a backend the group
+leaves is recorded as not applicable, with the reason, and never started.
 
 Knobs: a backend may declare launch parameters that change its speed but never its results
 (`knob_space`: name -> allowed values; `knob_defaults`: what it runs with unless told).
@@ -108,6 +113,22 @@ class MoEShape:
         return f"E{self.num_experts}-k{self.topk}-H{self.hidden}-{self.dtype}"
 
 
+# Where a backend's transport works, narrowest first; and what joins an EP group's ranks,
+# in the same order ("network": anything beyond one NVLink domain, PCIe-only GPUs included).
+REACHES = ("island", "domain", "anywhere")
+SPANS = ("island", "domain", "network")
+REACH_TEXT = {
+    "island": "one NVLink island on one node",
+    "domain": "one NVLink domain (also across nodes)",
+    "anywhere": "any ranks torch.distributed connects",
+}
+
+
+def reaches(reach: str, span: str) -> bool:
+    """Whether a backend of `reach` (REACHES) can carry an EP group of `span` (SPANS)."""
+    return REACHES.index(reach) >= SPANS.index(span)
+
+
 class Availability(NamedTuple):
     """`ok, reason = cls.availability(env)`; reason is one line, empty when ok."""
 
@@ -175,6 +196,9 @@ class All2AllBackend(ABC):
     # Without a vLLM literal: the literal of the vLLM backend that does the same job, written
     # into tables for operators (lookup for vLLM never returns it in this backend's place).
     vllm_closest: ClassVar[str | None] = None
+    # Which EP groups the transport can join (REACHES); the default: whatever the process
+    # group connects, as the torch.distributed collectives do.
+    reach: ClassVar[str] = "anywhere"
     # Backends whose dispatch needs a host read of data-dependent sizes cannot be captured
     # in a CUDA graph; the sweep times those eagerly.
     graph_capturable: ClassVar[bool] = False

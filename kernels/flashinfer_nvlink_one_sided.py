@@ -62,6 +62,7 @@ class FlashInferNvlinkOneSided(All2AllBackend):
     quantized_payloads = True  # payloads are bytes to FlashInfer: fp8 rows + fp32 block scales
     capacity_bound = True
     step_sized = True  # runtime_max_tokens_per_rank: vLLM passes its max over DP ranks each step
+    reach = "domain"  # MNNVL memory: fabric handles across the nodes of an NVLink domain (GB200 NVL72)
 
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:

@@ -35,6 +35,7 @@ class FlashInferNvlinkTwoSided(All2AllBackend):
     graph_capturable = True
     quantized_payloads = True  # the fp8 rows and their fp32 block scales travel as two exchanges
     capacity_bound = True
+    reach = "domain"  # MNNVL memory: fabric handles across the nodes of an NVLink domain (GB200 NVL72)
 
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:

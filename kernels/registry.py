@@ -10,7 +10,7 @@ import importlib
 import os
 from typing import TypeVar
 
-from .base import All2AllBackend
+from .base import REACHES, All2AllBackend
 from .errors import KernelsError, UnknownBackendError
 
 _REGISTRY: dict[str, type[All2AllBackend]] = {}
@@ -20,6 +20,8 @@ B = TypeVar("B", bound=type[All2AllBackend])
 def register_backend(cls: B) -> B:
     """Class decorator: make `cls` reachable as `get_backend(cls.name)`."""
     name = cls.name
+    if cls.reach not in REACHES:
+        raise ValueError(f"backend {name!r}: reach {cls.reach!r} is not one of {', '.join(REACHES)}")
     if name in _REGISTRY and _REGISTRY[name] is not cls:
         raise ValueError(f"backend name {name!r} registered twice ({_REGISTRY[name].__qualname__}, {cls.__qualname__})")
     _REGISTRY[name] = cls

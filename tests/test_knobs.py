@@ -218,8 +218,8 @@ def test_malformed_knobs_are_refused_in_one_line_and_lookup_falls_back(tmp_path,
 def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
     import sqlalchemy
 
-    from a2a_tune.tuner.cli import _with_stored_knobs
     from a2a_tune.tuner.knobs import stored_knobs
+    from a2a_tune.tuner.select import with_stored_knobs
 
     url, (r,) = searched
     fp = r.study_name.split()[2]
@@ -228,13 +228,13 @@ def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
     assert stored_knobs(url, "other.machine.node1") == []
     profile = json.loads(_table(tmp_path).read_text())
     profile["hardware"]["fingerprint"] = fp
-    kept_profile, kept = _with_stored_knobs(profile, url)
+    kept_profile, kept = with_stored_knobs(profile, url)
     assert kept == 1
     assert kept_profile["entries"][0]["backends"]["knobbed_sleepy"]["knobs"] == [FAST, None, None]
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     with open_store(empty):
         pass
-    assert _with_stored_knobs(profile, empty) == (profile, 0)
+    assert with_stored_knobs(profile, empty) == (profile, 0)
     assert not sqlalchemy.inspect(sqlalchemy.create_engine(empty)).has_table("studies")  # nothing created
 
 

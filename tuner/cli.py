@@ -111,17 +111,21 @@ def _build_plan(
     from a2a_tune.kernels.reference import ROUTINGS
 
     from .adaptive import REFINE_RATIO
-    from .launch import launched_externally
+    from .launch import RankFailed, job_rank
     from .shapes import ShapeSpecError, from_model_config, preset
     from .shapes import presets as all_presets
     from .sweep import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
 
     device, gpus = _resolve_device(device)
-    if launched_externally():
-        world = int(os.environ["WORLD_SIZE"])
+    try:
+        job = job_rank()  # torchrun / srun: the job's size, whatever --world says
+    except RankFailed as exc:
+        raise _fail(str(exc), 2) from None
+    if job is not None:
+        world = job.world_size
     elif world is None:
         world = gpus if device == "cuda" else 2
-    if device == "cuda" and not launched_externally() and world > gpus:
+    if device == "cuda" and job is None and world > gpus:
         raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
     if world < 2:
         raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
@@ -196,6 +200,8 @@ def _print_outcome(outcome, seconds: float) -> None:
     )
     for name, reason in outcome.unavailable.items():
         out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False)
+    for name, reason in outcome.not_applicable.items():
+        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False)
     for name, reason in outcome.infeasible.items():
         out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False)
 
@@ -218,10 +224,13 @@ def _do_sweep(
     adaptive=False,
     capacity=None,
     refine=None,
+    allow_mixed=False,
+    publish=False,
+    out_dir=None,
 ):
     from a2a_tune.db import StoreError
 
-    from .launch import RankFailed
+    from .launch import PeerLost, RankFailed, job_rank
     from .sweep import sweep as run_sweep
 
     plan, device, world = _build_plan(
@@ -239,11 +248,14 @@ def _do_sweep(
         capacity,
         refine,
     )
-    out.print(
-        f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(plan.backend_names())} "
-        f"backend(s) on {world} {device} rank(s)",
-        highlight=False,
-    )
+    job = job_rank()
+    if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
+        launcher = f" ({job.launcher} job)" if job else ""
+        out.print(
+            f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(plan.backend_names())} "
+            f"backend(s) on {world} {device} rank(s){launcher}",
+            highlight=False,
+        )
     start = time.perf_counter()
     try:
         outcome = run_sweep(
@@ -254,7 +266,12 @@ def _do_sweep(
             resume=resume,
             progress=progress,
             case_timeout=case_timeout,
+            allow_mixed=allow_mixed,
+            publish=publish,
+            out_dir=str(out_dir) if out_dir else None,
         )
+    except PeerLost as exc:
+        raise _fail(f"sweep stopped: {exc}; relaunch the job with --resume to complete the run") from None
     except (RankFailed, StoreError) as exc:
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt:
@@ -338,6 +355,13 @@ _refine_opt = typer.Option(
     "between grid points is caught, at a few measurements per crossover or close race [default: on for cuda, off "
     "for cpu, where gloo noise makes every pair a race].",
 )
+_mixed_opt = typer.Option(
+    False,
+    "--allow-mixed",
+    help="Sweep even when the job's nodes differ (GPU model, NVLink health, driver, NCCL, CUDA, torch or "
+    "FlashInfer version); without it such a job stops before any timing, naming the odd node. The run and "
+    "its table record the mix.",
+)
 _timeout_opt = typer.Option(
     600.0,
     help="Seconds one case may make no progress before every rank is stopped, the case recorded "
@@ -364,8 +388,12 @@ def sweep(
     adaptive: bool = _adaptive_opt,
     capacity: int | None = _capacity_opt,
     refine: bool | None = _refine_opt,
+    allow_mixed: bool = _mixed_opt,
 ) -> None:
-    """Check, then time, every backend over shapes x token counts; store every measurement."""
+    """Check, then time, every backend over shapes x token counts; store every measurement.
+
+    Several nodes: launch it under torchrun or srun, one process per GPU (see `a2a-tune run`,
+    which also writes the table on every node)."""
     _do_sweep(
         device,
         world,
@@ -384,6 +412,7 @@ def sweep(
         adaptive,
         capacity,
         refine,
+        allow_mixed,
     )
 
 
@@ -392,12 +421,11 @@ def sweep(
 
 def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
     from a2a_tune.db import NotFoundError, StoreError, open_store
-    from a2a_tune.kernels import engine_names
 
-    from .runtime.lookup import ProfileError, user_profile_dir
-    from .select import profile_from_store, write_profile
+    from .cluster import table_dir
+    from .runtime.lookup import ProfileError
+    from .select import profile_for_run, write_profile
 
-    names = engine_names()
     try:
         with open_store(db) as store:
             if run_id is None:
@@ -405,24 +433,15 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
                 if run is None:
                     raise _fail("no completed run in the database; run `a2a-tune sweep` first")
                 run_id = run.id
-            else:
-                try:
-                    store.get_run(run_id)
-                except NotFoundError:
-                    raise _fail(f"no run {run_id} in the database") from None
-            profile = profile_from_store(store, run_id, backend_names=names)
-            url = store.url
+        profile, kept, note = profile_for_run(db, run_id)
+    except NotFoundError:
+        raise _fail(f"no run {run_id} in the database") from None
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    if not profile["entries"]:
-        raise _fail(f"run {run_id} has no measurements to select from")
-    profile, kept = _with_stored_knobs(profile, url)
-    directory = (
-        out_dir
-        or Path(os.environ.get("A2A_TUNE_PROFILE_DIR", "").split(os.pathsep)[0] or user_profile_dir()).expanduser()
-    )
+    if note:
+        err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
     try:
-        path = write_profile(profile, directory)
+        path = write_profile(profile, table_dir(str(out_dir) if out_dir else None))
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
     knobs_note = f", with the knobs of {kept} tuned point(s)" if kept else ""
@@ -430,28 +449,9 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
         f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}",
         highlight=False,
         markup=False,
+        soft_wrap=True,
     )
     return path
-
-
-def _with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
-    """The profile with the knob settings `tune-knobs` stored in the same database for this
-    machine (its studies), where the table has that shape, backend and token count."""
-    from .knobs import stored_knobs
-    from .select import with_knobs
-
-    try:
-        found = stored_knobs(url, profile["hardware"]["fingerprint"], (profile.get("run") or {}).get("capacity"))
-    except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
-        err.print(
-            f"note: tuned knobs not read ({_one_line_text(exc)}); the table is written without them", highlight=False
-        )
-        return profile, 0
-    kept = 0
-    for shape, backend, tokens, knobs in found:
-        profile, notes = with_knobs(profile, shape, backend, {tokens: knobs})
-        kept += not notes
-    return profile, kept
 
 
 @app.command()
@@ -491,8 +491,12 @@ def run(
     adaptive: bool = _adaptive_opt,
     capacity: int | None = _capacity_opt,
     refine: bool | None = _refine_opt,
+    allow_mixed: bool = _mixed_opt,
 ) -> None:
-    """Probe + sweep + select: the one command to run once per machine type."""
+    """Probe + sweep + select: the one command to run once per machine type.
+
+    Several nodes: launch it under torchrun or srun, one process per GPU; every node probes
+    itself, rank 0 writes the store, and every node gets the table where lookup looks there."""
     outcome = _do_sweep(
         device,
         world,
@@ -511,12 +515,30 @@ def run(
         adaptive,
         capacity,
         refine,
+        allow_mixed,
+        publish=True,
+        out_dir=out_dir,
     )
-    if outcome is None or outcome.status != "completed":
+    if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
-    path = _do_select(db, outcome.run_id, out_dir)
+    published = outcome.published
+    if published.get("note"):
+        err.print(f"note: {published['note']}; the table is written without them", highlight=False, markup=False)
+    knobs_note = f", with the knobs of {published['kept_knobs']} tuned point(s)" if published.get("kept_knobs") else ""
+    failed = {host: text for host, text in published["tables"].items() if text.startswith("error: ")}
+    for host, path in published["tables"].items():
+        where = f" on {host}" if outcome.cluster and len(outcome.cluster["nodes"]) > 1 else ""
+        if host not in failed:
+            out.print(
+                f"wrote {path}{where} ({published['entries']} shape(s)) from run {outcome.run_id}{knobs_note}",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+    if failed:
+        raise _fail("no table written on " + "; ".join(f"{host}: {text[7:]}" for host, text in failed.items()))
     out.print(
-        f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T  (table: {path})",
+        f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
         highlight=False,
         markup=False,
         soft_wrap=True,

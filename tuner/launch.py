@@ -3,6 +3,17 @@
 `run_ranks(fn, world_size, device_type, *args)` calls `fn(ctx, *args)` on every rank and
 returns the list of per-rank results (index = rank). A rank that raises makes `run_ranks`
 raise `RankFailed` with that rank's one-line error, after the other ranks are stopped.
+
+A job started by a launcher (:func:`job_rank`): torchrun sets RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT; srun sets SLURM_PROCID, SLURM_NTASKS (SLURM_STEP_NUM_TASKS) and
+SLURM_LOCALID, and the rendezvous is MASTER_ADDR / MASTER_PORT when set, else the first host
+of the step's node list on port 20000 + job id % 10000 (:func:`rendezvous_address`). Bounds:
+a rank that cannot join the rendezvous fails after RENDEZVOUS_TIMEOUT in one line; once
+joined, a rank whose peer is gone (its process or node died) fails as soon as the transport
+notices (gloo / NCCL see the connection close: seconds), at the latest after
+COLLECTIVE_TIMEOUT (a peer that hangs, or a node cut off without a word); every process of
+the job ends with its launcher (the kernel's parent-death signal), so killing one node's
+torchrun agent stops that node's ranks and, through them, the job.
 """
 
 from __future__ import annotations
@@ -10,7 +21,11 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import queue
+import re
+import signal
 import socket
+import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +37,8 @@ import torch.multiprocessing as mp
 
 # Collectives that wait longer than this fail instead of hanging the sweep forever.
 COLLECTIVE_TIMEOUT = _dt.timedelta(seconds=float(os.environ.get("A2A_TUNE_COLLECTIVE_TIMEOUT_S", "300")))
+# A launched rank that cannot meet every other rank at the rendezvous gives up after this.
+RENDEZVOUS_TIMEOUT = _dt.timedelta(seconds=float(os.environ.get("A2A_TUNE_RENDEZVOUS_TIMEOUT_S", "180")))
 
 # NVLink multicast stays off: on shared hosts it can take the GPUs out of service.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -33,6 +50,10 @@ class RankFailed(RuntimeError):
 
 class RanksStalled(RankFailed):
     """The `stalled` watchdog of `run_ranks` fired: every rank was stopped."""
+
+
+class PeerLost(RankFailed):
+    """A launched rank lost contact with the job: another rank or its node went away."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +78,72 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+@dataclass(frozen=True)
+class JobRank:
+    """This process's place in a job a launcher started."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str  # "torchrun" | "srun"
+
+
+def _env_int(name: str) -> int:
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise RankFailed(f"{name}={value!r} is not an integer (set by the launcher?)") from None
+
+
+def job_rank() -> JobRank | None:
+    """This process's rank in a torchrun job (RANK, WORLD_SIZE) or an srun step of several
+    tasks (SLURM_PROCID, SLURM_NTASKS); None when a2a-tune is to spawn its own ranks."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        local = "LOCAL_RANK" if "LOCAL_RANK" in env else "SLURM_LOCALID" if "SLURM_LOCALID" in env else None
+        return JobRank(_env_int("RANK"), _env_int("WORLD_SIZE"), _env_int(local) if local else 0, "torchrun")
+    tasks = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+    if "SLURM_PROCID" in env and tasks in env and _env_int(tasks) > 1:
+        local = _env_int("SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
+        return JobRank(_env_int("SLURM_PROCID"), _env_int(tasks), local, "srun")
+    return None
+
+
 def launched_externally() -> bool:
     """True when torchrun/srun started this process as one rank of a job."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return job_rank() is not None
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: "gpu[07-09,12],login1" -> "gpu07"."""
+    head = nodelist.strip()
+    bracket, comma = head.find("["), head.find(",")
+    if bracket < 0 or 0 <= comma < bracket:
+        return head.split(",")[0]
+    close = head.index("]", bracket)
+    first = head[bracket + 1 : close].split(",")[0].split("-")[0]
+    suffix = head[close + 1 :].split(",")[0]
+    return head[:bracket] + first + suffix
+
+
+def rendezvous_address() -> tuple[str, int]:
+    """MASTER_ADDR:MASTER_PORT; under srun without them, the first node of the step and a
+    port derived from the job id (the same in every task)."""
+    env = os.environ
+    addr = env.get("MASTER_ADDR")
+    if not addr:
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not nodes:
+            raise RankFailed("MASTER_ADDR is not set (and no SLURM_JOB_NODELIST to take the first node from)")
+        addr = first_host(nodes)
+    if "MASTER_PORT" in env:
+        port = _env_int("MASTER_PORT")
+    elif "SLURM_JOB_ID" in env:
+        port = 20000 + _env_int("SLURM_JOB_ID") % 10000
+    else:
+        raise RankFailed("MASTER_PORT is not set (and no SLURM_JOB_ID to derive one from)")
+    return addr, port
 
 
 def _free_port() -> int:
@@ -68,17 +152,76 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _init(rank: int, world_size: int, local_rank: int, device_type: str) -> RankContext:
+def _init(
+    rank: int, world_size: int, local_rank: int, device_type: str, store: dist.Store | None = None
+) -> RankContext:
     for key, value in SAFE_ENV.items():
         os.environ.setdefault(key, value)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device)
+        dist.init_process_group(
+            "nccl", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device, store=store
+        )
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, store=store)
     return RankContext(rank, world_size, local_rank, device, None)
+
+
+def _die_with_launcher() -> None:
+    """End this rank when the launcher that started it (torchrun's agent, slurmstepd) ends."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _wait_for_listener(addr: str, port: int, deadline: float) -> bool:
+    """Whether something accepts connections at addr:port before `deadline` (time.monotonic):
+    asked with plain sockets, so an absent rendezvous costs one line, not the store's retries."""
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+
+def _join(job: JobRank, device_type: str) -> RankContext:
+    """Meet the job's other ranks (bounded by RENDEZVOUS_TIMEOUT), then make the process group."""
+    _die_with_launcher()
+    addr, port = rendezvous_address()
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+    seconds = RENDEZVOUS_TIMEOUT.total_seconds()
+    where = f"rank {job.rank} of {job.world_size} ({job.launcher}): rendezvous at {addr}:{port}"
+    hint = "(A2A_TUNE_RENDEZVOUS_TIMEOUT_S): is every rank started, and MASTER_ADDR/MASTER_PORT right and reachable?"
+    # The store is served by rank 0, or by torchrun's agent on its first node; the others connect.
+    client = job.rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if client and not _wait_for_listener(addr, port, time.monotonic() + seconds):
+        raise RankFailed(f"{where}: nothing answers after {seconds:.0f} s {hint}")
+    try:
+        store, _, _ = next(
+            dist.rendezvous("env://", rank=job.rank, world_size=job.world_size, timeout=RENDEZVOUS_TIMEOUT)
+        )
+        return _init(job.rank, job.world_size, job.local_rank, device_type, store)
+    except Exception as exc:
+        raise RankFailed(f"{where}: not every rank arrived within {seconds:.0f} s {hint} ({one_line(exc)})") from None
+
+
+def _peer_lost(exc: BaseException) -> str | None:
+    """What `exc` says when it means another rank of the job went away (its connection closed
+    or timed out), in a few words; None for any other error."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # gloo's "[.../pair.cc:553] " source location
+    text = text.split(". ")[0].rstrip(".")
+    markers = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "peer")
+    if isinstance(exc, dist.DistError) or any(m in text.lower() for m in markers):
+        return text or type(exc).__name__
+    return None
 
 
 def _rank_main(rank: int, world_size: int, device_type: str, port: int, fn: Callable, args: tuple, results) -> None:
@@ -110,16 +253,22 @@ def run_ranks(
     rank is killed (a hung collective or kernel leaves nothing to recover in-process) and
     `RanksStalled` is raised with that reason.
     """
-    if launched_externally():
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
-        ctx = _init(rank, world, local, device_type)
+    job = job_rank()
+    if job is not None:
+        ctx = _join(job, device_type)
+        out: list[Any] = [None] * job.world_size
         try:
-            out: list[Any] = [None] * world
-            out[rank] = fn(ctx, *args)
-            return out
+            out[job.rank] = fn(ctx, *args)
+        except Exception as exc:  # one line for the operator; the cause stays chained
+            if lost := _peer_lost(exc):
+                raise PeerLost(f"rank {job.rank}: lost contact with the job (a node or rank stopped?): {lost}") from exc
+            raise RankFailed(f"rank {job.rank}: {one_line(exc)}") from exc
         finally:
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a group whose peer is gone may not tear down cleanly
+                pass
+        return out
 
     mpctx = mp.get_context("spawn")
     results = mpctx.Queue()

@@ -7,7 +7,10 @@ the table of a healthy one). The probe never raises: without NVML it reports a C
 
 Flow: :func:`probe` records the raw answers of an :class:`~a2a_tune.tuner.nvml.NvmlSource`
 (:func:`~a2a_tune.tuner.nvml.record`) and :func:`topology_from_record` interprets them, so a
-recorded fixture takes exactly the path a live machine takes. :func:`merge_nodes` combines
+recorded fixture takes exactly the path a live machine takes. ``$A2A_TUNE_NVML_RECORDING``
+(a file written by ``a2a-tune probe --record``) makes every probe of the process, and of the
+processes it starts, replay that recording instead of the live NVML: each node of a test job
+sees its own machine, and an operator can rehearse a cluster's topology on CPU ranks. :func:`merge_nodes` combines
 per-node topologies into the cluster view; :func:`render_summary` draws one for humans.
 
 Interpretation rules:
@@ -51,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import re
 import socket
@@ -75,6 +79,9 @@ _ABSENT_LINK_ERRORS = frozenset({"InvalidArgument", "NotSupported", "NotFound", 
 _SKU_NVLINKS = {"h100-sxm": 18, "h200": 18, "b200": 18, "gb200": 18}
 
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+# A recording (``a2a-tune probe --record FILE``) that stands in for this node's live NVML.
+RECORDING_ENV = "A2A_TUNE_NVML_RECORDING"
 
 
 # ---------------------------------------------------------------------------------------
@@ -333,10 +340,12 @@ def _gpu_from_dict(g: dict[str, Any]) -> GpuFacts:
 def probe(source: NvmlSource | None = None, *, hostname: str | None = None) -> Topology:
     """Probe this node (or ``source``); never raises.
 
-    With ``source`` None the live NVML is used; when NVML cannot start (no library, no
-    driver) the result is a CPU-only topology. ``hostname`` overrides the host name the
-    source reports (e.g. the name the launcher uses).
+    With ``source`` None the live NVML is used (or the recording ``$A2A_TUNE_NVML_RECORDING``
+    names); when NVML cannot start (no library, no driver) the result is a CPU-only topology.
+    ``hostname`` overrides the host name the source reports (e.g. the name the launcher uses).
     """
+    if source is None:
+        source = recorded_source()
     try:
         # The live library is read in a child process: a crash inside NVML must not take
         # the sweep or an engine's start-up with it.
@@ -347,6 +356,21 @@ def probe(source: NvmlSource | None = None, *, hostname: str | None = None) -> T
             _log.warning("NVML probe failed (%s); reporting this host as CPU-only", exc)
         return topo
     return topology_from_record(raw, hostname=hostname)
+
+
+def recorded_source() -> NvmlSource | None:
+    """The recording ``$A2A_TUNE_NVML_RECORDING`` names, or None (unset, or unreadable: then
+    a warning, and the live NVML answers)."""
+    path = os.environ.get(RECORDING_ENV)
+    if not path:
+        return None
+    from a2a_tune.tuner.nvml import RecordedNvml
+
+    try:
+        return RecordedNvml(path)
+    except (OSError, ValueError) as exc:
+        _log.warning("%s=%s cannot be replayed (%s); probing the live NVML", RECORDING_ENV, path, exc)
+        return None
 
 
 # NVML answers that just mean "no NVIDIA GPU here": not worth a warning.

@@ -15,8 +15,9 @@ Rules:
   shape is listed in that entry's ``failed`` and is never a winner for that shape --
   a backend that gives wrong answers is never selected. Its timings stay in the table
   for inspection; lookup ignores them too.
-* "unavailable" failures without a shape go into every entry's ``failed``; with a
-  (partial) shape, into the matching entries (a None shape key matches anything).
+* "unavailable" and "not_applicable" (the run's EP group is beyond the backend's reach)
+  failures without a shape go into every entry's ``failed``; with a (partial) shape, into
+  the matching entries (a None shape key matches anything).
 * A backend with no measurement at all for a shape and only "error"/"timeout"
   failures there is listed in ``failed`` as well, so the table says why it is absent.
 * ``winners``: per token count, among the non-failed backends, the ``fastest`` by
@@ -66,6 +67,8 @@ __all__ = [
     "build_profile",
     "validate_profile",
     "with_knobs",
+    "with_stored_knobs",
+    "profile_for_run",
     "write_profile",
     "write_profile_to",
     "profile_from_store",
@@ -81,7 +84,7 @@ SHAPE_KEYS = ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")
 _US_DECIMALS = 3
 _MARGIN_DECIMALS = 4
 # Precedence when one backend has several failures for one entry (lower wins).
-_FAILURE_RANK = {"incorrect": 0, "unavailable": 1, "error": 2, "timeout": 3}
+_FAILURE_RANK = {"incorrect": 0, "unavailable": 1, "not_applicable": 1, "error": 2, "timeout": 3}
 
 
 def _get(obj, key, default=None):
@@ -138,7 +141,7 @@ def build_profile(
     ``measurements``: mappings (or objects) with backend, num_experts, topk, hidden,
     dtype, ep_size, tokens_per_rank, routing, timing ("eager" | "graph"; "cuda_graph" is read as
     "graph", None as "eager"), median_us, p10_us, p90_us (extra keys ignored). ``failures``: backend, kind
-    ("incorrect" | "unavailable" | "error" | "timeout"), reason, and shape keys /
+    ("incorrect" | "unavailable" | "not_applicable" | "error" | "timeout"), reason, and shape keys /
     tokens_per_rank, any of which may be None. ``hardware``: fingerprint, facts_hash,
     facts. ``run``: id, device_type, world_size, versions, started_at, finished_at (extra
     keys kept; a schema-1 style ``timing`` key is dropped: the mode is per backend now).
@@ -541,9 +544,11 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
     """
     run = store.get_run(run_id)
     hw = store.hardware_for_run(run_id)
-    capacity = (_get(run, "config") or {}).get("capacity")
+    config = _get(run, "config") or {}
+    capacity = config.get("capacity")
     run_section = {
         **({"capacity": capacity} if capacity is not None else {}),  # fixed-capacity backends' size
+        **({"cluster": config["cluster"]} if config.get("cluster") else {}),  # a multi-node or mixed job's nodes
         "id": _get(run, "id", run_id),
         "device_type": _get(run, "device_type"),
         "world_size": _get(run, "world_size"),
@@ -563,3 +568,37 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
         run=run_section,
         backend_names=backend_names,
     )
+
+
+def with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
+    """`profile` with the launch knobs `tune-knobs` stored in the database `url` for its
+    hardware, wherever the table has that shape, backend and token count: (profile, tuned
+    points kept). Raises what reading the studies raises."""
+    from .knobs import stored_knobs
+
+    found = stored_knobs(url, profile["hardware"]["fingerprint"], (profile.get("run") or {}).get("capacity"))
+    kept = 0
+    for shape, backend, tokens, knobs in found:
+        profile, notes = with_knobs(profile, shape, backend, {tokens: knobs})
+        kept += not notes
+    return profile, kept
+
+
+def profile_for_run(url: str | None, run_id: int) -> tuple[dict, int, str | None]:
+    """The table of run `run_id` in the store at `url`, with its stored knobs
+    (:func:`with_stored_knobs`): (profile, tuned points kept, a note when the knobs could not
+    be read -- the table is good without them). Raises StoreError, NotFoundError, or
+    ValueError for a run without measurements."""
+    from a2a_tune.db import open_store
+    from a2a_tune.kernels import engine_names
+
+    with open_store(url) as store:
+        profile = profile_from_store(store, run_id, backend_names=engine_names())
+        url = store.url
+    if not profile["entries"]:
+        raise ValueError(f"run {run_id} has no measurements to select from")
+    try:
+        profile, kept = with_stored_knobs(profile, url)
+    except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
+        return profile, 0, f"tuned knobs not read ({' '.join(f'{type(exc).__name__}: {exc}'.split())})"
+    return profile, kept, None

@@ -8,8 +8,10 @@ on every rank together:
      can be captured (as engines run decode), eager launches for the others;
   3. rank 0 commits the measurement to the store at once, so an interrupted sweep loses
      nothing and `--resume` skips what is already there.
-Unavailable backends (availability() says why), impossible shapes and backends that raise
-are recorded with their one-line reason and the sweep goes on. Cases a backend declares
+Unavailable backends (availability() says why), backends whose reach the EP group leaves
+(not applicable: tuner.cluster), impossible shapes and backends that raise are recorded with
+their one-line reason and the sweep goes on. Before any of it the ranks gather what every
+node probed (tuner.cluster): nodes that differ stop the sweep unless `allow_mixed`. Cases a backend declares
 infeasible (feasibility(), e.g. beyond a fixed capacity) are skipped and reported.
 """
 
@@ -34,11 +36,13 @@ import torch.distributed as dist
 from a2a_tune.db import open_store
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels._flashinfer import flashinfer_version
+from a2a_tune.kernels.base import REACH_TEXT, reaches
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
+from . import cluster
 from .adaptive import AdaptiveSearch
 from .launch import RankContext, RankFailed, RanksStalled, all_ranks_ok, launched_externally, one_line, run_ranks
-from .probe import Topology, cpu_topology, merge_nodes, probe
+from .probe import RECORDING_ENV, Topology, cpu_topology, probe
 from .progress import progress_bar
 from .shapes import ModelShape
 from .timing import summarize, time_graph_round_trips, time_round_trips
@@ -116,14 +120,19 @@ class SweepOutcome:
     skipped: int = 0  # already in the store (resume)
     failed: dict[str, int] = field(default_factory=dict)  # kind -> count
     unavailable: dict[str, str] = field(default_factory=dict)  # backend -> reason
+    not_applicable: dict[str, str] = field(default_factory=dict)  # backend -> why the EP group is beyond its reach
     infeasible: dict[str, str] = field(default_factory=dict)  # backend -> why some cases were skipped
     adaptive_saved: int = 0  # grid points the adaptive search did not need to measure
     status: str = "completed"
+    cluster: dict[str, Any] = field(default_factory=dict)  # tuner.cluster.ClusterView.summary()
+    published: dict[str, Any] = field(default_factory=dict)  # tuner.cluster.publish(): the table on each node
 
 
 def probe_for_device(device_type: str) -> Topology:
-    """The hardware the sweep measures: the GPUs for cuda ranks; the CPU for gloo ranks, even on a GPU host."""
-    return probe() if device_type == "cuda" else cpu_topology()
+    """The hardware the sweep measures: the GPUs for cuda ranks; the CPU for gloo ranks, even on
+    a GPU host -- unless $A2A_TUNE_NVML_RECORDING names a recorded machine: then the gloo ranks
+    rehearse that machine's topology (fingerprint, islands, reach, heterogeneity)."""
+    return probe() if device_type == "cuda" or os.environ.get(RECORDING_ENV) else cpu_topology()
 
 
 def library_versions(device_type: str, topology: Topology) -> dict[str, str | None]:
@@ -161,9 +170,16 @@ def sweep(
     resume: bool = False,
     progress: bool = True,
     case_timeout: float = DEFAULT_CASE_TIMEOUT_S,
+    allow_mixed: bool = False,
+    publish: bool = False,
+    out_dir: str | None = None,
 ) -> SweepOutcome | None:
     """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job).
     Returns the outcome; None on the non-zero ranks of a torchrun/srun job.
+
+    `allow_mixed`: sweep even when the nodes differ (tuner.cluster); the run records the mix.
+    `publish`: after a completed run, write its table on every node (into `out_dir`, else
+    where lookup looks there); `outcome.published` says where.
 
     Spawned ranks are watched: a case that makes no progress for `case_timeout` seconds (a
     hung collective or kernel) gets every rank killed — the only way to free a wedged NCCL
@@ -186,6 +202,7 @@ def sweep(
                     progress,
                     str(beat),
                     dict(skip),
+                    {"allow_mixed": allow_mixed, "publish": publish, "out_dir": out_dir},
                     stalled=stalled,
                 )
             except RanksStalled:
@@ -248,14 +265,24 @@ class _Recorder:
     """Rank 0's side of the store; other ranks hold a recorder that writes nothing."""
 
     def __init__(
-        self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, beat: str
+        self,
+        ctx: RankContext,
+        plan: SweepPlan,
+        db_url: str | None,
+        resume: bool,
+        device_type: str,
+        beat: str,
+        allow_mixed: bool = False,
     ):
         self.is_writer = ctx.rank == 0
         self.beat_path = beat
         self.store = None
-        topologies: list[Any] = [None] * ctx.world_size
-        dist.all_gather_object(topologies, probe_for_device(device_type).to_dict())
-        self.topology = merge_nodes([Topology.from_dict(t) for t in topologies])
+        node = probe_for_device(device_type)
+        self.view = cluster.gather(ctx, node, library_versions(device_type, node))
+        self.topology = self.view.topology
+        mixed = cluster.check_mixed(self.view, allow_mixed)  # the same answer on every rank
+        if mixed and self.is_writer:
+            print(f"warning: mixed cluster (--allow-mixed): {' | '.join(mixed)}", file=sys.stderr, flush=True)
         header: list[Any] = [None]
         if self.is_writer:
             try:
@@ -267,9 +294,9 @@ class _Recorder:
             raise RuntimeError(header[0]["error"])
         self.run_id: int = header[0]["run_id"]
         self.done: set[tuple] = header[0]["done"]
-        self.unavailable_recorded: set[str] = header[0]["unavailable_recorded"]  # a resumed run has them
+        self.recorded: set[tuple[str, str]] = header[0]["recorded"]  # (backend, kind) a resumed run has
         self.medians: dict[tuple, float | None] = header[0]["medians"]  # stored results, for a resumed search
-        self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size)
+        self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size, cluster=self.view.summary())
 
     def _open(self, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, world: int) -> dict:
         self.store = open_store(db_url)
@@ -280,23 +307,27 @@ class _Recorder:
         if run_id is not None:
             self.store.resume_run(run_id)
         else:
+            summary = self.view.summary()
+            config = {**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": sys.argv[1:]}
+            if len(summary["nodes"]) > 1 or "mixed" in summary:
+                config["cluster"] = summary  # which node ran which ranks, and any mix (the table shows it)
             run_id = self.store.start_run(
                 hw,
                 device_type=device_type,
                 world_size=world,
                 versions=library_versions(device_type, topo),
                 git_sha=None,
-                config={**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": sys.argv[1:]},
+                config=config,
                 config_hash=config_hash,
             )
         failures = self.store.failures(run_id)
-        recorded = {f.backend for f in failures if f.kind == "unavailable"}
+        recorded = {(f.backend, f.kind) for f in failures if f.key is None}
         medians = {tuple(m.key): m.median_us for m in self.store.measurements(run_id)}
         medians.update({tuple(f.key): None for f in failures if f.key is not None})
         return {
             "run_id": run_id,
             "done": self.store.done_keys(run_id),
-            "unavailable_recorded": recorded,
+            "recorded": recorded,
             "medians": medians,
         }
 
@@ -341,6 +372,16 @@ class _Recorder:
     def infeasible(self, backend: str, reason: str) -> None:
         self.outcome.infeasible[backend] = reason
 
+    def not_timed(self, backend: str, kind: str, reason: str, ep_size: int | None = None) -> None:
+        """A backend left out of the whole run ("unavailable", "not_applicable"): said once per run."""
+        target = self.outcome.unavailable if kind == "unavailable" else self.outcome.not_applicable
+        target[backend] = reason
+        if not self.is_writer or (backend, kind) in self.recorded:
+            return
+        if kind == "unavailable":
+            self.outcome.failed[kind] = self.outcome.failed.get(kind, 0) + 1
+        self.store.add_failure(self.run_id, backend=backend, kind=kind, reason=reason[:500], ep_size=ep_size)
+
     def failure(self, backend: str, kind: str, reason: str, key: tuple | None = None) -> None:
         self.outcome.failed[kind] = self.outcome.failed.get(kind, 0) + 1
         if not self.is_writer:
@@ -372,22 +413,32 @@ class _Recorder:
 
 
 def _sweep_rank(
-    ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, show_progress: bool, beat: str, skip: dict
+    ctx: RankContext,
+    plan: SweepPlan,
+    db_url: str | None,
+    resume: bool,
+    show_progress: bool,
+    beat: str,
+    skip: dict,
+    job: dict,
 ):
     device_type = ctx.device.type
-    rec = _Recorder(ctx, plan, db_url, resume, device_type, beat)
+    rec = _Recorder(ctx, plan, db_url, resume, device_type, beat, job["allow_mixed"])
     env = BackendEnv.local(ctx.world_size, device_type)
+    span, span_text = rec.view.span()
     usable: list[str] = []
     for name in plan.backend_names():
-        ok, reason = get_backend(name).availability(env)
+        cls = get_backend(name)
+        ok, reason = cls.availability(env)
         if name in skip:  # timed out earlier in this sweep
             rec.infeasible(name, skip[name])
-        elif ok:
-            usable.append(name)
+        elif not ok:
+            rec.not_timed(name, "unavailable", reason)
+        elif not reaches(cls.reach, span):
+            why = f"reaches {REACH_TEXT[cls.reach]}; this EP group is {span_text}"
+            rec.not_timed(name, "not_applicable", why, ep_size=ctx.world_size)
         else:
-            rec.outcome.unavailable[name] = reason
-            if name not in rec.unavailable_recorded:
-                rec.failure(name, "unavailable", reason)
+            usable.append(name)
     try:
         with progress_bar(show_progress and rec.is_writer, "sweep") as bar:
             task = bar.add_task("", total=plan.total()) if bar else None
@@ -399,6 +450,8 @@ def _sweep_rank(
         rec.finish("failed")
         raise
     rec.finish("completed")
+    if job["publish"]:
+        rec.outcome.published = cluster.publish(ctx, db_url, rec.run_id, job["out_dir"], rec.view)
     return rec.outcome if rec.is_writer else None
 
 

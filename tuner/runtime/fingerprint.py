@@ -7,27 +7,43 @@ The grammar is the probe's (:mod:`a2a_tune.tuner.probe`, module docstring)::
 
 Standard library only (the runtime lookup imports it).
 
-Fallback levels used by lookup when no table has this machine's exact fingerprint:
+Levels lookup searches, in this order, when asked for this machine's fingerprint:
 
 1. ``exact``: ``<fingerprint>.json``.
-2. ``same-gpu-domain``: a table whose fingerprint has the same ``<sku>`` (GPU models) and
+2. ``cluster``: the table of a multi-node job this node took part in: the job wrote it on
+   every node, with a pointer ``<node fingerprint>.cluster`` naming the cluster's
+   fingerprint (``gb200.nvl18x4.node1`` -> ``gb200.mnnvl18x8.nodes2``).
+3. ``same-gpu-domain``: a table whose fingerprint has the same ``<sku>`` (GPU models) and
    the same ``<interconnect>`` -- NVLink island kind, links per GPU, island size (the
    NVLink domain size), island count and health -- and differs only in ``<nodes>``,
    i.e. ``h200.nvl18x2.*``. A table's entries are keyed by EP size, so a table measured
    on one node answers for EP sizes inside one NVLink domain on a multi-node cluster of
-   the same machines and has no entry (so: fallback) beyond it. A degraded machine never
-   borrows a healthy machine's table or the other way round (``-degraded`` is part of the
-   interconnect), and CPU fingerprints have no NVLink domain: exact only.
-3. ``engine-default``: no table; the engine keeps its own default.
+   the same machines. A degraded machine never borrows a healthy machine's table or the
+   other way round (``-degraded`` is part of the interconnect), and CPU fingerprints have
+   no NVLink domain: exact only.
+4. ``engine-default``: no table; the engine keeps its own default.
+
+Of the tables found, lookup takes the first with an entry for the requested EP size and
+dtype (else the first, whose answer then says what it lacks): a node's own table answers the
+EP sizes inside the node, its cluster's table the EP sizes across nodes.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["HW_EXACT", "HW_SAME_DOMAIN", "HW_DEFAULT", "domain_key", "node_count", "normalize_fingerprint"]
+__all__ = [
+    "HW_EXACT",
+    "HW_CLUSTER",
+    "HW_SAME_DOMAIN",
+    "HW_DEFAULT",
+    "domain_key",
+    "node_count",
+    "normalize_fingerprint",
+]
 
 HW_EXACT = "exact"
+HW_CLUSTER = "cluster"
 HW_SAME_DOMAIN = "same-gpu-domain"
 HW_DEFAULT = "engine-default"
 

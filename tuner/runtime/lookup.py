@@ -33,10 +33,13 @@ packaged one)::
 
 Fingerprint: ``lookup(fingerprint=...)``, else ``$A2A_TUNE_FINGERPRINT``, else the
 topology probe (``a2a_tune.tuner.probe``, imported lazily; it reads NVML in a child
-process). Without ``<fingerprint>.json`` anywhere, a table of the same GPU models and
-NVLink islands that differs only in the node count is used (``h200.nvl18x2.*``, level
-``same-gpu-domain``, see :mod:`a2a_tune.tuner.runtime.fingerprint`); else the engine default.
-``Choice.hardware_match`` says which level answered.
+process). Tables, in order (see :mod:`a2a_tune.tuner.runtime.fingerprint`):
+``<fingerprint>.json``; the tables of the multi-node jobs this node took part in (a pointer
+``<fingerprint>.cluster`` the job wrote on every node names them, level ``cluster``); a
+table of the same GPU models and NVLink islands that differs only in the node count
+(``h200.nvl18x2.*``, level ``same-gpu-domain``). The first with an entry for the requested
+EP size and dtype answers (else the first found, which says what it lacks); none: the
+engine default. ``Choice.hardware_match`` says which level answered.
 
 **Which shape.** An entry with exactly the requested shape is used ("exact"). Otherwise
 only entries with the same ``ep_size`` and ``dtype`` are candidates (none -> fallback) and
@@ -86,6 +89,7 @@ from types import MappingProxyType
 from a2a_tune.tuner.runtime import engines
 from a2a_tune.tuner.runtime.estimate import decide, expected, where_text
 from a2a_tune.tuner.runtime.fingerprint import (
+    HW_CLUSTER,
     HW_DEFAULT,
     HW_EXACT,
     HW_SAME_DOMAIN,
@@ -112,12 +116,14 @@ __all__ = [
     "SCHEMA_VERSION",
     "PROFILE_DIR_ENV",
     "FINGERPRINT_ENV",
+    "CLUSTER_POINTER_SUFFIX",
     "PHASES",
     "Choice",
     "Profile",
     "ProfileEntry",
     "ProfileError",
     "Shape",
+    "add_cluster_pointer",
     "clear_cache",
     "find_profile",
     "load_profile",
@@ -131,6 +137,9 @@ __all__ = [
 ]
 
 PROFILE_DIR_ENV = "A2A_TUNE_PROFILE_DIR"
+#: ``<node fingerprint>.cluster`` in a profile directory: {"clusters": [fingerprint, ...]},
+#: the multi-node jobs this node took part in, newest first (written by the tuner's run).
+CLUSTER_POINTER_SUFFIX = ".cluster"
 FINGERPRINT_ENV = "A2A_TUNE_FINGERPRINT"
 PHASES = ("decode", "prefill")
 #: hardware_match of an explicit ``profile=`` without ``fingerprint=``: nothing to compare.
@@ -353,6 +362,87 @@ def _find_same_domain(fingerprint: str, dirs: list):
     return found
 
 
+def add_cluster_pointer(directory, node_fingerprint: str, cluster_fingerprint: str) -> None:
+    """Record in ``directory`` that this node (``node_fingerprint``) took part in the job of
+    ``cluster_fingerprint``: lookup on the node then finds that table. Newest first; written
+    atomically (several nodes may share the directory). Raises OSError / ValueError."""
+    import json
+    import tempfile
+
+    node, cluster = normalize_fingerprint(node_fingerprint), normalize_fingerprint(cluster_fingerprint)
+    path = os.path.join(os.fspath(directory), node + CLUSTER_POINTER_SUFFIX)
+    clusters = [cluster] + [c for c in _read_pointer(path) if c != cluster]
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=CLUSTER_POINTER_SUFFIX)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"clusters": clusters}, f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# path -> (file identity, clusters): pointers are re-read only when they change.
+_POINTER_CACHE: dict = {}
+
+
+def _read_pointer(path: str) -> list:
+    """The cluster fingerprints a pointer file names ([] if absent or unreadable)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    ident = (st.st_mtime_ns, st.st_size, st.st_ino)
+    hit = _POINTER_CACHE.get(path)
+    if hit is not None and hit[0] == ident:
+        return hit[1]
+    import json
+
+    clusters = []
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+        for fp in data.get("clusters", []) if isinstance(data, dict) else []:
+            try:
+                clusters.append(normalize_fingerprint(fp))
+            except ValueError:
+                continue
+    except (OSError, ValueError):
+        _warn_once(f'{path}: not a cluster pointer ({{"clusters": [fingerprint, ...]}}); ignored')
+    _POINTER_CACHE[path] = (ident, clusters)
+    return clusters
+
+
+def _tables(fingerprint: str, dirs: list):
+    """(path, level) of every table that may answer for ``fingerprint``, in the order of the
+    levels (:mod:`a2a_tune.tuner.runtime.fingerprint`), found lazily; then, once, (None, tried)."""
+    path, tried = _find(fingerprint, dirs)
+    if path is not None:
+        yield path, HW_EXACT
+    seen = set()
+    for d in dirs:
+        for cluster in _read_pointer(os.path.join(d, fingerprint + CLUSTER_POINTER_SUFFIX)):
+            if cluster not in seen:
+                seen.add(cluster)
+                found, _ = _find(cluster, dirs)
+                if found is not None:
+                    yield found, HW_CLUSTER
+    same = _find_same_domain(fingerprint, dirs)
+    if same is not None:
+        yield same, HW_SAME_DOMAIN
+    yield None, tried
+
+
+def _covers(slot, ep_size: int, dtype: str) -> bool:
+    """Whether a loaded table has any entry for this EP size and dtype."""
+    if slot.profile is None:
+        return False
+    if slot.ep_dtypes is None:
+        slot.ep_dtypes = frozenset((e.shape.ep_size, e.shape.dtype) for e in slot.profile.entries)
+    return (ep_size, dtype) in slot.ep_dtypes
+
+
 def _miss_message(fingerprint: str, tried: list) -> str:
     key = domain_key(fingerprint)
     relaxed = f" (nor one for {key[0]}.{key[1]}.*)" if key else ""
@@ -382,12 +472,13 @@ def find_profile(fingerprint: str):
 class _Loaded:
     """Cache slot for one (path, file identity): a Profile or the error, plus answers."""
 
-    __slots__ = ("profile", "error", "choices")
+    __slots__ = ("profile", "error", "choices", "ep_dtypes")
 
     def __init__(self, profile, error):
         self.profile = profile
         self.error = error
         self.choices = {}
+        self.ep_dtypes = None  # (ep_size, dtype) of its entries, once asked (_covers)
 
 
 # (path) -> (identity, _Loaded); identity = (st_mtime_ns, st_size, st_ino), so a
@@ -403,6 +494,7 @@ def clear_cache() -> None:
     warnings already given."""
     _CACHE.clear()
     _DOMAIN_CACHE.clear()
+    _POINTER_CACHE.clear()
     _WARNED.clear()
     _PROBED.clear()
     import sys
@@ -716,6 +808,7 @@ def _lookup(
         return _fallback(problem, phase=phase_label or "tokens")
     ep_size, hidden, topk, num_experts = ints
 
+    level = None  # which search level found the table (None: the caller named the file)
     if profile is not None:
         path = os.fspath(profile)
         expected_fp = None
@@ -728,25 +821,38 @@ def _lookup(
         expected_fp, problem = _resolve_fingerprint(fingerprint)
         if problem:
             return _fallback(problem, phase=phase_label)
-        dirs = _search_dirs()
-        path, tried = _find(expected_fp, dirs)
-        if path is None:
-            path = _find_same_domain(expected_fp, dirs)
-            if path is None:
-                return _fallback(_miss_message(expected_fp, tried), phase=phase_label)
+        first = None
+        for path, level in _tables(expected_fp, _search_dirs()):
+            if path is None:  # every table was looked at; none has this EP size and dtype
+                if first is None:
+                    return _fallback(_miss_message(expected_fp, level), phase=phase_label)
+                path, level = first
+                break
+            first = first or (path, level)
+            found = _load_cached(path)
+            if found.error is not None or _covers(found, ep_size, dtype):
+                break  # a broken table is reported, not skipped: an override never hides silently
 
     slot = _load_cached(path)
     if slot.error is not None:
         return _fallback(str(slot.error), path, phase=phase_label)
     prof = slot.profile
     hw = HW_EXACT if expected_fp is not None else HW_UNCHECKED
-    if expected_fp is not None and prof.fingerprint != expected_fp:
+    # The table of a job this node took part in, or of the machine itself: the file's name is
+    # the fingerprint it must hold (a file holding another's table is corrupt, never borrowed).
+    named_for = expected_fp if level != HW_CLUSTER else os.path.basename(path)[: -len(".json")]
+    if level == HW_CLUSTER and prof.fingerprint == named_for:
+        hw = HW_CLUSTER
+    elif expected_fp is not None and prof.fingerprint != expected_fp:
         same_domain = domain_key(expected_fp) is not None and domain_key(prof.fingerprint) == domain_key(expected_fp)
-        # A file named for this machine but holding another's table is corrupt, never borrowed.
-        named_for_us = profile is None and os.path.basename(path) == f"{expected_fp}.json"
-        if not same_domain or named_for_us:
+        if level in (HW_EXACT, HW_CLUSTER) or not same_domain:
             return _fallback(
-                f"{path}: hardware.fingerprint: profile is for {prof.fingerprint!r}, this machine is {expected_fp!r}",
+                f"{path}: hardware.fingerprint: profile is for {prof.fingerprint!r}, "
+                + (
+                    f"this machine is {expected_fp!r}"
+                    if level != HW_CLUSTER
+                    else f"the file is named for {named_for!r}"
+                ),
                 path,
                 profile_fingerprint=prof.fingerprint,
                 phase=phase_label,
@@ -848,11 +954,10 @@ def _choose(
     modes = {b: entry.timing.get(b, "eager") for b in medians}
     if len(set(modes.values())) > 1:
         vs += " [timing: " + ", ".join(f"{b} {m}" for b, m in sorted(modes.items())) + "]"
-    hw_text = (
-        ""
-        if hw != HW_SAME_DOMAIN
-        else f" (measured on {prof.fingerprint}: same GPUs and NVLink domain as {machine_fp})"
-    )
+    hw_text = {
+        HW_SAME_DOMAIN: f" (measured on {prof.fingerprint}: same GPUs and NVLink domain as {machine_fp})",
+        HW_CLUSTER: f" (measured by a job over the nodes of {prof.fingerprint}, this node among them)",
+    }.get(hw, "")
     vllm_name, sglang_name = prof.backends[chosen]
     return Choice(
         backend=chosen,

@@ -459,7 +459,7 @@ def _normalise_run(run: Mapping) -> dict:
 
 # ----------------------------------------------------------------------------- runs
 
-_FAILURE_RANK = {"incorrect": 0, "unavailable": 1, "error": 2, "timeout": 3}
+_FAILURE_RANK = {"incorrect": 0, "unavailable": 1, "not_applicable": 1, "error": 2, "timeout": 3}
 
 
 def _sqlite_file(url: str) -> str | None:
