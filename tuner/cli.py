@@ -1156,12 +1156,13 @@ def backends(
     device, gpus = _resolve_device(device)
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
-    table = Table("backend", "vLLM", "SGLang", "here", title=f"backends for {world} {device} rank(s)")
+    table = Table("backend", "vLLM", "SGLang", "reach", "here", title=f"backends for {world} {device} rank(s)")
     for name in list_backends():
         cls = get_backend(name)
         ok, reason = cls.availability(env)
         vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
-        table.add_row(name, vllm, cls.sglang_name or "-", "[green]available[/]" if ok else f"[yellow]{reason}[/]")
+        here = "[green]available[/]" if ok else f"[yellow]{escape(reason)}[/]"
+        table.add_row(name, vllm, cls.sglang_name or "-", cls.reach, here)
     out.print(table)
 
 

@@ -158,8 +158,10 @@ def _init(
     for key, value in SAFE_ENV.items():
         os.environ.setdefault(key, value)
     if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        # One GPU per task (srun --gpus-per-task, CUDA_VISIBLE_DEVICES bound per rank): it is cuda:0.
+        index = 0 if torch.cuda.device_count() == 1 else local_rank
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
         dist.init_process_group(
             "nccl", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device, store=store
         )
