@@ -62,3 +62,33 @@ def test_each_sample_starts_after_an_untimed_lead_in(tmp_path):
     assert calls == ["lead-in", "sample 0", "lead-in", "sample 1", "lead-in", "sample 2"]
     assert len(device_us) == len(host_us) == 3
     assert all(500 <= us < 20_000 for us in device_us)  # ~1 ms per round trip (2 ms / R=2), never the 50 ms
+
+
+def test_cpu_ranks_run_one_intra_op_thread_each(monkeypatch):
+    """W ranks' spin-waiting OpenMP workers on shared cores starve each other: with torch's default
+    threads, round trips on CPU ranks under load varied by orders of magnitude (BENCHMARKS.md)."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from a2a_tune.tuner.launch import _init
+
+    def threads_in_a_rank() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
+        _init(0, 1, 0, "cpu")
+        try:
+            return torch.get_num_threads()
+        finally:
+            dist.destroy_process_group()
+            torch.set_num_threads(before)
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    assert threads_in_a_rank() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own setting is kept
+    assert threads_in_a_rank() == 2
