@@ -147,17 +147,17 @@ class TorchNvshmemAll2All(All2AllBackend):
         import torch.distributed._symmetric_memory as symm_mem
 
         os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # no NVLink multicast: this moves rows only
-        try:
-            current = symm_mem.get_backend(self.device)
-        except AttributeError:  # a torch without get_backend: set_backend says whether it can
-            current = None
-        if current is None:
-            symm_mem.set_backend("NVSHMEM")
-        elif current != "NVSHMEM":
-            raise KernelsError(
-                f"torch symmetric memory already uses the {current} backend in this process; "
-                f"run {self.name} in a sweep of its own (--backend {self.name})"
-            )
+        # get_backend answers "CUDA" before anything was allocated (torch 2.11): ask to switch,
+        # which torch refuses once a symmetric tensor exists.
+        if symm_mem.get_backend(self.device) != "NVSHMEM":
+            try:
+                symm_mem.set_backend("NVSHMEM")
+            except RuntimeError as exc:
+                raise KernelsError(
+                    f"torch symmetric memory in this process already allocated with another backend "
+                    f"({str(exc).strip().splitlines()[0] if str(exc).strip() else 'set_backend refused'}); "
+                    f"run {self.name} in a sweep of its own (--backend {self.name})"
+                ) from exc
 
     def _symmetric(self, role: str, nbytes: int) -> torch.Tensor:
         """A symmetric byte buffer of at least `nbytes` (collective on first use and growth)."""

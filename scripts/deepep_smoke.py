@@ -21,15 +21,18 @@ import time
 from pathlib import Path
 
 BACKENDS = ("deepep_high_throughput", "deepep_low_latency", "torch_nvshmem_all2all")
-# (backend, experts, topk, hidden, capacity, dtype, token counts, graph replays, rebuild)
+# (backends (joined by "+": run one after the other in the same ranks), experts, topk, hidden,
+#  capacity, dtype, token counts, graph replays, rebuild after close)
 CASES = [
-    ("deepep_high_throughput", 256, 8, 7168, 128, "bf16", (64,), 0, False),
+    ("deepep_high_throughput", 128, 8, 7168, 128, "bf16", (64,), 0, False),
     ("deepep_low_latency", 256, 8, 7168, 128, "bf16", (0, 1, 77, 128), 5, True),
     ("deepep_low_latency", 256, 8, 7168, 128, "fp8_e4m3", (100,), 0, False),
-    ("deepep_low_latency", 128, 8, 4096, 64, "bf16", (64,), 0, False),
+    ("deepep_low_latency", 128, 8, 4096, 77, "bf16", (77,), 0, False),
     ("torch_nvshmem_all2all", 256, 8, 7168, 256, "bf16", (0, 1, 200, 256), 5, True),
     ("torch_nvshmem_all2all", 256, 8, 7168, 256, "fp8_e4m3", (200,), 0, False),
     ("torch_nvshmem_all2all", 8, 2, 4096, 4096, "bf16", (3000,), 5, False),
+    ("deepep_low_latency+torch_nvshmem_all2all", 256, 8, 7168, 128, "bf16", (100,), 0, False),
+    ("torch_nvshmem_all2all+nvlink_one_sided", 256, 8, 7168, 128, "bf16", (100,), 0, False),
 ]
 
 
@@ -84,23 +87,32 @@ def _case(ctx, case) -> list[str]:
     from a2a_tune.kernels import MoEShape, get_backend
     from a2a_tune.kernels.reference import check_invariant, graph_replay_error, make_inputs
 
-    name, experts, topk, hidden, capacity, dtype, counts, replays, rebuild = case
+    names, experts, topk, hidden, capacity, dtype, counts, replays, rebuild = case
     shape = MoEShape(experts, topk, hidden, capacity, dtype)
     lines = []
-    for build in range(2 if rebuild else 1):
-        t0 = time.perf_counter()
-        backend = get_backend(name)(ctx.group, shape, ctx.device)
-        lines.append(f"built in {time.perf_counter() - t0:.1f} s" + (" (again, after close)" if build else ""))
-        try:
-            for i, tokens in enumerate(counts):
-                inputs = make_inputs(shape, tokens, rank=ctx.rank, world_size=ctx.world_size, seed=i, device=ctx.device)
-                r = check_invariant(backend, inputs)
-                lines.append(f"T={tokens}: {'ok' if r.ok else 'FAILED'} max rel error {r.max_rel_error:.3g} {r.reason}")
-            if replays and not build:
-                err = graph_replay_error(backend, counts[-1], replays)
-                lines.append(f"graph replays x{replays} at T={counts[-1]}: max rel error {err:.3g}")
-        finally:
-            backend.close()
+    for name in names.split("+"):
+        for build in range(2 if rebuild else 1):
+            t0 = time.perf_counter()
+            try:
+                backend = get_backend(name)(ctx.group, shape, ctx.device)
+            except Exception as exc:  # noqa: BLE001 - said, and the next backend still runs
+                lines.append(f"{name}: construction FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+                break
+            again = " (again, after close)" if build else ""
+            lines.append(f"{name}: built in {time.perf_counter() - t0:.1f} s{again}")
+            try:
+                for i, tokens in enumerate(counts):
+                    inputs = make_inputs(
+                        shape, tokens, rank=ctx.rank, world_size=ctx.world_size, seed=i, device=ctx.device
+                    )
+                    r = check_invariant(backend, inputs)
+                    verdict = "ok" if r.ok else "FAILED"
+                    lines.append(f"{name}: T={tokens}: {verdict} max rel error {r.max_rel_error:.3g} {r.reason}")
+                if replays and not build:
+                    err = graph_replay_error(backend, counts[-1], replays)
+                    lines.append(f"{name}: graph replays x{replays} at T={counts[-1]}: max rel error {err:.3g}")
+            finally:
+                backend.close()
     return lines
 
 
@@ -147,7 +159,7 @@ def main() -> None:
             continue
         t0 = time.perf_counter()
         lines = run_case(case, world, args.limit)
-        if any("FAILED" in line for line in lines):
+        if any("FAILED" in line for line in lines) and "+" not in case[0]:
             failed.add(case[0])
         report["cases"][label] = lines
         for line in lines:

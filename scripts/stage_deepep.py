@@ -71,10 +71,13 @@ def clone(url: str, commit: str | None, dest: Path) -> Path:
 
 
 def revision(src: Path) -> str | None:
-    done = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if done.returncode:
+    """The commit of `src` when it is a git checkout of its own (not a folder inside another one)."""
+    git = ["git", "-C", str(src), "rev-parse", "--show-toplevel", "HEAD"]
+    done = subprocess.run(git, capture_output=True, text=True)
+    lines = done.stdout.split()
+    if done.returncode or len(lines) != 2 or Path(lines[0]).resolve() != src.resolve():
         return None
-    return done.stdout.strip() or None
+    return lines[1]
 
 
 def gpu_arch() -> str | None:
