@@ -12,7 +12,8 @@ the contract says. Combine sends the expert outputs back with `all_to_all_vdev_2
 (the dispatch's lengths and offsets as input), where they land in the source's sorted
 order; the source puts them back in (token, k) order and sums a token's k rows in fp32.
 
-Limits of torch's kernels: at most 16 ranks, and at most 16 expert groups per rank (one
+Limits of torch's kernels: at least 2 ranks (its NVSHMEM symmetric memory refuses a group of
+one), at most 16, and at most 16 expert groups per rank (one
 warp-wide tile per group): with more experts per rank, a group is several consecutive
 experts (its rows stay sorted by expert). torch ≥ 2.8 with NVSHMEM (the nvidia-nvshmem
 wheel); symmetric memory then uses NVSHMEM for the whole process, so this backend cannot
