@@ -29,12 +29,12 @@ from ._nvlink_common import (
     Geometry,
     RankState,
     Workspace,
-    block_k,
     copy_row,
     copy_scales,
     launch_combine_recv,
     launch_combine_send,
     launch_dispatch_send,
+    recv_launch,
     signal_when_last,
     wait_flags,
 )
@@ -233,11 +233,8 @@ def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         g.world * g.capacity,
         st.rank,
         g.experts_per_rank,
-        W=g.world,
-        K=g.topk,
-        BLOCK_K=block_k(g.topk),
         BLOCK_R=block_r,
-        num_warps=st.launch.recv_num_warps,
+        **recv_launch(st),
     )
     return v["x"].view(rows, g.hidden), v["ids_out"], v["w_out"]
 

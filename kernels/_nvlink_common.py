@@ -300,6 +300,12 @@ def launch_combine_send(kernel, grid: int, st: RankState, expert_out: torch.Tens
     )
 
 
+def recv_launch(st: RankState) -> dict:
+    """The constexprs and warps every receive kernel is launched with."""
+    g = st.geometry
+    return {"W": g.world, "K": g.topk, "BLOCK_K": block_k(g.topk), "num_warps": st.launch.recv_num_warps}
+
+
 def launch_combine_recv(kernel, st: RankState, y: torch.Tensor, topk_ids: torch.Tensor, **extra) -> torch.Tensor:
     """`kernel(y_ptr, comb_ptr, ids_ptr, flags_ptr, epoch_ptr, hidden, ...)` over (tokens, H
     blocks), with constexprs W, K, BLOCK_K and BLOCK_H; returns y. A rank with no tokens still
@@ -318,11 +324,8 @@ def launch_combine_recv(kernel, st: RankState, y: torch.Tensor, topk_ids: torch.
         v["flags"],
         st.epoch,
         g.hidden,
-        W=g.world,
-        K=g.topk,
-        BLOCK_K=block_k(g.topk),
         BLOCK_H=block_h,
-        num_warps=st.launch.recv_num_warps,
+        **recv_launch(st),
         **extra,
     )
     return y
