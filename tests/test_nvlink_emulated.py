@@ -1,6 +1,7 @@
 """nvlink_one_sided and nvlink_low_latency as shipped, on CPU: each rank a process, the Triton
 kernels under TRITON_INTERPRET, torch symmetric memory emulated by shared files
-(tests/support/emulate_nvlink.py). One launch per world size runs all of its cases.
+(tests/support/emulate_nvlink.py). One launch of 8 ranks runs every world size, each on a gloo
+subgroup of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from a2a_tune.kernels import get_backend  # noqa: E402
 from a2a_tune.kernels.reference import TOLERANCE  # noqa: E402
 from a2a_tune.tuner.launch import run_ranks  # noqa: E402
 
-# the backend is filled in per NVLink backend; the world size is len(tokens)
 SMALL_BLOCKS = {
     "row_block_bytes": 2048,  # rows copied in several steps (N_HB > 1)
     "recv_block_h": 512,  # combine_recv over several H blocks
@@ -27,6 +27,7 @@ SMALL_BLOCKS = {
     "recv_num_warps": 8,
 }
 LARGE_BLOCKS = {"row_block_bytes": 32768, "recv_block_h": 4096, "recv_block_rows": 256, "send_num_warps": 16}
+# the backend is filled in per NVLink backend ("planted_": its planted bug); the world size is len(tokens)
 BASE = [
     Case("w2-fp32", "", (3, 2), experts=8, topk=2, hidden=16),
     Case("w2-bf16-odd-hidden", "", (4, 5), experts=8, topk=3, hidden=33, dtype="bf16"),
