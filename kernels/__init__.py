@@ -9,8 +9,8 @@ Layering (imports point down, never up; nothing here imports a2a_tune.tuner or a
         _flashinfer         FlashInfer found without importing it; its MNNVL setup (flashinfer_*.py)
         _deepep             DeepEP found without importing it, why it cannot run (deepep_*.py)
         _symmetric_backend  driver of the NVLink backends (workspace rendezvous, quantize, send, receive)
-          _one_sided_kernels / _low_latency_kernels   their Triton kernels (lazy: triton imported on use)
-            _nvlink_common  workspace layout, per-rank state, flag/epoch helpers
+          _one_sided_kernels / _low_latency_kernels   their Triton kernels, one host API
+            _nvlink_common  geometry, workspace layout, per-rank state, flag/epoch helpers, launchers
         base                the contract (read its docstring first), MoEShape, BackendEnv, Dispatched
           errors            typed one-line errors
     quant                   block-FP8 quantization of payloads
