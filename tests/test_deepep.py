@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_backends import Case, _run_cases
+from invariant_cases import Case, run_cases
 
 from a2a_tune.kernels import BackendEnv, KnobError, MoEShape, _deepep, engine_names, get_backend, list_backends
 from a2a_tune.kernels.deepep_high_throughput import DEEPEP_SEND_TOKENS, DeepEPHighThroughput
@@ -334,8 +334,8 @@ def emulated():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("A2A_TUNE_BACKEND_MODULES", "emulate_nvshmem")
         return {
-            **run_ranks(_run_cases, 2, "cpu", _nvshmem_cases_w2())[0],
-            **run_ranks(_run_cases, 3, "cpu", _nvshmem_cases_w3())[0],
+            **run_ranks(run_cases, 2, "cpu", _nvshmem_cases_w2())[0],
+            **run_ranks(run_cases, 3, "cpu", _nvshmem_cases_w3())[0],
         }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_backends import Case, _run_cases
+from invariant_cases import Case, run_cases
 
 from a2a_tune.kernels import BackendEnv, MoEShape, get_backend
 from a2a_tune.kernels.reference import graph_replay_error
@@ -49,6 +49,9 @@ def _cases(name: str) -> list[Case]:
                 shape = MoEShape(p.num_experts, p.topk, p.hidden, max(tokens), dtype)
                 if cls.feasibility(shape, 2).ok:
                     cases.append(case)
+    if name == "deepep_high_throughput":  # a setting of DeepEP's Config other than its defaults
+        knobs = {"num_sms": 32, "dispatch_send_tokens": 8, "combine_recv_tokens": 512}
+        cases.append(Case(f"{name}-knobs", name, (300, 100), 256, 8, 7168, "bf16", knobs=knobs))
     if name == "deepep_low_latency":  # an engine's capacity above the step's tokens
         cases.append(
             Case(f"{name}-capacity-above-tokens", name, (5, 60), 256, 8, 7168, "bf16", capacity=256, repeats=2)
@@ -65,7 +68,7 @@ def _work(ctx, name: str, cases: list[Case]):
                 graphs[cap] = graph_replay_error(backend, 64, 20)
             finally:
                 backend.close()
-    return _run_cases(ctx, cases), graphs
+    return run_cases(ctx, cases), graphs
 
 
 _results: dict[str, tuple] = {}
