@@ -80,6 +80,11 @@ def _init(rank: int, world_size: int, local_rank: int, device_type: str) -> Rank
         dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device)
     else:
         device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:
+            # CPU ranks share the host's cores, and idle OpenMP workers spin-wait: with torch's
+            # default of a thread per core each rank starves the others (and a busy host starves
+            # each rank), so round trips over gloo vary by orders of magnitude from one to the next.
+            torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     return RankContext(rank, world_size, local_rank, device, None)
 
