@@ -12,9 +12,11 @@ check` all measure through here, so a case is built, gated and timed one way:
      decode), eager launches otherwise (`tuner.timing`); samples of a backend that gave up a
      flag wait are discarded; every rank agrees on the verdict.
 
-Every step is collective (every rank of the group calls it) and returns the same `Result` on
-every rank: measured (the samples and the mode they were timed in), passed (gated, not
-timed), or why not, in the store's failure vocabulary ("infeasible" is not stored).
+Every step is collective (every rank of the group calls it) and returns a `Result` of the same
+kind on every rank, so all ranks take the same branch: measured (the samples, already the max
+over ranks, and the mode they were timed in), passed (gated, not timed), or why not, in the
+store's failure vocabulary ("infeasible" is not stored); the reason is the failing rank's own
+("failed on another rank" elsewhere).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ GAVE_UP = "a flag wait timed out (a peer never signalled); timings discarded"
 
 @dataclass(frozen=True)
 class Result:
-    """One case's outcome, the same on every rank."""
+    """One case's outcome; its kind is the same on every rank."""
 
     kind: str  # "measured" | "passed" (gated only) | "infeasible" | "error" | "incorrect"
     reason: str = ""  # one line when not ok
