@@ -845,3 +845,32 @@ def test_loading_restores_the_garbage_collector(tmp_path):
         assert not gc.isenabled()  # an engine that runs without the GC keeps it off
     finally:
         gc.enable()
+
+
+def test_a_table_at_the_edges_of_its_ranges_is_computed_without_error(tmp_path):
+    """Every value validation lets through is one the lookup computes with: the smallest and
+    largest times and token counts a table may hold, for every kind of request."""
+    from a2a_tune.tuner.runtime.table import MAX_COUNT, MAX_US, MIN_US
+
+    data = fixture_data()
+    e = data["entries"][0]  # shape B: allgather_reducescatter, nccl_all2allv
+    e["tokens"] = [1, MAX_COUNT - 1, MAX_COUNT]
+    curves = {"allgather_reducescatter": [MIN_US, MAX_US, MIN_US], "nccl_all2allv": [MAX_US, MIN_US, MAX_US]}
+    for b, v in curves.items():
+        e["backends"][b].update(median_us=v, p10_us=v, p90_us=v)
+    e["winners"] = []
+    path = write(tmp_path, data)
+    requests = [
+        {"tokens": 1},
+        {"tokens": MAX_COUNT - 1},
+        {"tokens": MAX_COUNT},
+        {"tokens": 2**40},  # clamped to the last count
+        {"tokens": 1 << 30},  # interpolated over a 2^30-fold step
+        {"phase": "decode", "max_tokens": MAX_COUNT},
+        {"phase": "prefill", "max_tokens": MAX_COUNT - 1},
+        {"workload": {1: 1, MAX_COUNT - 1: 1, MAX_COUNT: 2}},
+    ]
+    for req in requests:
+        c = lookup(profile=path, quiet=True, **B, **req)
+        assert c.match == "exact", (req, c.reason)
+        assert all(MIN_US <= v <= MAX_US for v in c.expected_us.values()), (req, c.expected_us)

@@ -27,7 +27,7 @@ from a2a_tune.tuner.runtime.lookup import clear_cache, lookup
 from a2a_tune.tuner.views.diff import diff_views
 from a2a_tune.tuner.views.load import load_profile_view, load_run_view, load_view, run_tie_preference
 from a2a_tune.tuner.views.model import ViewError
-from a2a_tune.tuner.views.show import timing_summary, winner_ranges
+from a2a_tune.tuner.views.show import show_data, timing_summary, winner_ranges
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # plot / report need the optional extra a2a-tune[plot] (CI installs it).
@@ -767,3 +767,51 @@ def test_a_db_view_breaks_ties_in_the_order_select_uses():
     assert pref.index("nvlink_one_sided") < pref.index("nvlink_low_latency")
     assert pref[0] == "allgather_reducescatter"
     assert run_tie_preference(None) == ("allgather_reducescatter",)
+
+
+# ----------------------------------------------------------------- hostile table strings
+
+# An OSC window title, a screen clear and a stray rich closing tag.
+EVIL = "evil\x1b]0;pwned\x07\x1b[2J[/]"
+
+
+def test_escape_sequences_in_a_table_never_reach_the_terminal(tmp_path, profile_a):
+    curves = copy.deepcopy(CURVES)
+    curves["S1"][2][EVIL] = [1, 1, 1, 1, 1, 1]  # the fastest everywhere: the winner
+    p = make_profile(curves)
+    p["entries"][1]["failed"]["deepep_low_latency"] = "unavailable: \x1b[31mred\x1b[0m\r\nsecond line"
+    path = write(tmp_path / "evil.json", p)
+    for r in (a2a("show", "--profile", str(path)), a2a("diff", str(profile_a), str(path))):
+        assert r.returncode in (0, 1), r.stderr
+        assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout and "Traceback" not in r.stderr
+        assert "evil\\x1b]0;pwned\\x07\\x1b[2J[/]" in r.stdout  # shown, as its escapes
+    assert "\\x1b[31mred\\x1b[0m second line" in a2a("show", "--profile", str(path)).stdout
+    del p["backends"][EVIL]  # now a table the lookup refuses, and the refusal names the curve
+    r = a2a("show", "--profile", str(write(tmp_path / "evil2.json", p)))
+    assert r.returncode == 2 and "backends.evil\\x1b]0;pwned" in one_line_error(r) and "\x1b" not in r.stderr
+
+
+@needs_matplotlib
+def test_a_dollar_in_a_backend_name_is_text_in_plots_and_reports(tmp_path):
+    from a2a_tune.tuner.views.plot import plot_view
+    from a2a_tune.tuner.views.report import render_report
+
+    name = "price$\\frac{1$"  # matplotlib would parse "$...$" as math, and fail on this one
+    curves = copy.deepcopy(CURVES)
+    curves["S1"][2][name] = [15, 15, 15, 15, 15, 15]
+    view = load_profile_view(write(tmp_path / "dollar.json", make_profile(curves)))
+    assert len(plot_view(view, tmp_path / "plots")) == 2
+    assert html.escape(name) in render_report(view)
+
+
+def test_a_run_reads_as_the_table_select_writes_for_it(two_run_db, tmp_path):
+    """A run read straight from the store shows what the table selected from it shows."""
+    from a2a_tune.db import open_store
+    from a2a_tune.tuner.select import profile_from_store, write_profile
+
+    names = {b: {"vllm_name": None, "sglang_name": None} for b in ("allgather_reducescatter", "nccl_all2allv")}
+    for run in (1, 2):
+        with open_store(str(two_run_db)) as s:
+            table = write_profile(profile_from_store(s, run, backend_names=names), tmp_path / str(run))
+        from_run, from_table = show_data(load_run_view(str(two_run_db), run)), show_data(load_profile_view(table))
+        assert from_run["shapes"] == from_table["shapes"]
