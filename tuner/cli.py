@@ -924,7 +924,7 @@ def lookup(
 
 # ------------------------------------------------------------------------------ ops views
 # show / diff / plot / report: read-only views of a table (profile JSON) or of a sweep run
-# in a database (tuner/views.py, plot.py, report.py). They never create or change a store.
+# in a database (tuner/views/). They never create or change a store.
 # Help texts avoid bare square brackets: the rich help renderer takes "[...]" for markup.
 
 _profile_in_opt = typer.Option(None, "--profile", help="A profile JSON (selection table) to read.")

@@ -39,6 +39,7 @@ from a2a_tune.kernels.reference import check_invariant, make_inputs
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
 from .probe import Topology, merge_nodes
 from .progress import progress_bar
+from .runtime.table import SHAPE_KEYS
 from .shapes import ModelShape
 from .sweep import capacity_for, probe_for_device
 from .timing import summarize, time_graph_round_trips, time_round_trips
@@ -453,6 +454,6 @@ def stored_knobs(
             continue
         if _capacity_bound(attrs.get("backend")) and attrs.get("capacity") != capacity:
             continue  # tuned for another workspace size: another point than this table's
-        shape = {k: attrs.get(k) for k in ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")}
+        shape = {k: attrs.get(k) for k in SHAPE_KEYS}
         found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))
     return found
