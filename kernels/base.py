@@ -164,14 +164,19 @@ class Dispatched:
 class All2AllBackend(ABC):
     """Base class of every backend; subclasses register with `@register_backend`.
 
-    Subclasses set `name` (our registry name) and `vllm_name` / `sglang_name` (the engine
-    literal the backend stands for, or None when the engine has no equivalent; then
-    `vllm_closest` names vLLM's nearest backend).
+    Subclasses set `name` (our registry name) and `vllm_name` / `sglang_name` / `trtllm_name`
+    (the engine literal the backend stands for, or None when the engine has no equivalent;
+    then `vllm_closest` names vLLM's nearest backend), and `engine_options` where an engine
+    needs more than the literal.
     """
 
     name: ClassVar[str]
     vllm_name: ClassVar[str | None] = None
     sglang_name: ClassVar[str | None] = None
+    trtllm_name: ClassVar[str | None] = None  # TensorRT-LLM's all-to-all method (e.g. DEEPEP)
+    # Options an engine needs beside the literal to run this backend, e.g. SGLang's
+    # {"sglang": ("--deepep-mode", "low_latency")}: one literal, two backends.
+    engine_options: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Without a vLLM literal: the literal of the vLLM backend that does the same job, written
     # into tables for operators (lookup for vLLM never returns it in this backend's place).
     vllm_closest: ClassVar[str | None] = None

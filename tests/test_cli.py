@@ -401,7 +401,7 @@ def test_evaluate_scores_a_table_on_a_stored_run_without_measuring(finished_run)
 
 def test_replaying_a_stored_run_through_the_adaptive_search(finished_run, tmp_path):
     root, env, _ = finished_run
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "replay_adaptive.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "replay_adaptive.py")
     r = subprocess.run(
         [sys.executable, script, "--db", str(root / "t.db"), "--run", "1", "--out", str(tmp_path)],
         capture_output=True,

@@ -92,6 +92,34 @@ def _resolve_device(device: str) -> tuple[str, int]:
     return device, gpus
 
 
+def _resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
+    """--device and --world: the device type and the ranks to run (a torchrun/srun job's own)."""
+    from .launch import launched_externally
+
+    device, gpus = _resolve_device(device)
+    if launched_externally():
+        world = int(os.environ["WORLD_SIZE"])
+    elif world is None:
+        world = gpus if device == "cuda" else 2
+    if device == "cuda" and not launched_externally() and world > gpus:
+        raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
+    if world < 2:
+        raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
+    return device, world
+
+
+def _shapes(presets, model_configs) -> list:
+    """--preset and --model-config: the model shapes [default: every preset]."""
+    from .shapes import ShapeSpecError, from_model_config, preset
+    from .shapes import presets as all_presets
+
+    try:
+        shapes = [preset(p) for p in presets] + [from_model_config(p) for p in model_configs]
+    except ShapeSpecError as exc:
+        raise _fail(str(exc), 2) from None
+    return shapes or list(all_presets().values())
+
+
 def _build_plan(
     device,
     world,
@@ -111,26 +139,10 @@ def _build_plan(
     from a2a_tune.kernels.reference import ROUTINGS
 
     from .adaptive import REFINE_RATIO
-    from .launch import launched_externally
-    from .shapes import ShapeSpecError, from_model_config, preset
-    from .shapes import presets as all_presets
     from .sweep import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
 
-    device, gpus = _resolve_device(device)
-    if launched_externally():
-        world = int(os.environ["WORLD_SIZE"])
-    elif world is None:
-        world = gpus if device == "cuda" else 2
-    if device == "cuda" and not launched_externally() and world > gpus:
-        raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
-    if world < 2:
-        raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
-    try:
-        shapes = [preset(p) for p in presets] + [from_model_config(p) for p in model_configs]
-    except ShapeSpecError as exc:
-        raise _fail(str(exc), 2) from None
-    if not shapes:
-        shapes = list(all_presets().values())
+    device, world = _resolve_ranks(device, world)
+    shapes = _shapes(presets, model_configs)
     for d in dtypes:
         if d not in PAYLOAD_DTYPES:
             raise _fail(f"unknown --dtype {d!r}; choose from {', '.join(PAYLOAD_DTYPES)}", 2)
@@ -1147,6 +1159,75 @@ def backends(
         vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
         table.add_row(name, vllm, cls.sglang_name or "-", "[green]available[/]" if ok else f"[yellow]{reason}[/]")
     out.print(table)
+
+
+@app.command(
+    help=_help(
+        "Check backends against the invariant every backend must satisfy (ARCHITECTURE: y[t] = sum_j "
+        "w[t,j] f(e_j, x[t]) after dispatch -> expert compute -> combine), over the standard cases: ranks with "
+        "different loads, a rank with no tokens under skewed routing, tokens whose experts are all local, "
+        "repeated calls on one instance, block-FP8 payloads where supported, and CUDA-graph replays where the "
+        "backend is capturable; for each model shape. Nothing is timed or stored.",
+        "Each backend runs in its own launch of ranks (gloo on cpu, NCCL on cuda) with a watchdog: a case that "
+        "makes no progress for --timeout seconds FAILs as hung and the next backend runs.",
+        "An out-of-tree backend: name its module in A2A_TUNE_BACKEND_MODULES (comma-separated, importable in "
+        "every rank) and run `a2a-tune check --backend NAME --device cpu` (if it runs on gloo) or on GPUs.",
+        "Exit status: 0 when every case passed or was skipped (with the reason), 1 when one FAILed, 2 on bad options.",
+    )
+)
+def check(
+    backend: list[str] = typer.Option(
+        [],
+        "--backend",
+        help="Backend to check, repeatable [default: every registered one; those unavailable here are skipped]. "
+        "A backend named here that cannot run here FAILs.",
+    ),
+    device: str = _device_opt,
+    world: int | None = _world_opt,
+    preset: list[str] = _preset_opt,
+    model_config: list[Path] = _config_opt,
+    timeout: float = typer.Option(
+        300.0, min=1, help="Seconds one case may make no progress before its ranks are stopped and it FAILs."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the rows to FILE (JSON)."),
+    progress: bool = _progress_opt,
+) -> None:
+    from a2a_tune.kernels import list_backends
+
+    from .check import check as run_check
+    from .check import render
+    from .progress import progress_bar
+
+    _check_backends(backend)
+    device, world = _resolve_ranks(device, world)
+    shapes = _shapes(preset, model_config)
+    names = list(dict.fromkeys(backend)) or list_backends()
+    speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun/srun: rank 0 reports
+    with progress_bar(progress and speaks, "check") as bar:
+        task = bar.add_task("", total=len(names)) if bar else None
+        rows = run_check(
+            names,
+            shapes,
+            device_type=device,
+            world_size=world,
+            required=bool(backend),
+            timeout=timeout,
+            on_backend=(lambda name, _rows: bar.update(task, advance=1, description=name)) if bar else None,
+        )
+    if not speaks:
+        raise typer.Exit(0)
+    (out if out.is_terminal else Console(width=160)).print(render(rows))  # a log keeps its lines whole
+    counts = {s: sum(r.status == s for r in rows) for s in ("ok", "FAIL", "skip")}
+    out.print(
+        f"{counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped: {len(names)} backend(s) on {world} "
+        f"{device} rank(s), {len(shapes)} shape(s)",
+        highlight=False,
+    )
+    if json_out is not None:
+        from dataclasses import asdict
+
+        json_out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    raise typer.Exit(1 if counts["FAIL"] else 0)
 
 
 @app.command()
