@@ -713,7 +713,7 @@ def tune_knobs(
     from .knobs import tune_knobs as run_search
     from .launch import RankFailed
     from .runtime.lookup import ProfileError, load_profile
-    from .runtime.table import SHAPE_KEYS
+    from .runtime.table import SHAPE_KEYS, parse_profile
     from .select import with_knobs, write_profile_to
 
     try:
@@ -810,6 +810,9 @@ def tune_knobs(
         return
     try:
         table = json.loads(profile.read_text())
+        parse_profile(table, str(profile))  # judged as the lookup judges it, before it is edited
+    except ProfileError as exc:
+        raise _fail(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise _fail(f"{profile}: not a readable profile ({exc})") from None
     values = dict(zip(SHAPE_KEYS, (world, shape.hidden, shape.topk, shape.num_experts, dtype, routing)))
