@@ -169,15 +169,12 @@ def _build_plan(
     return plan, device, world
 
 
-def _check_capacity(capacity: int | None, token_counts, table_name: str | None = None, table=None) -> int | None:
-    """--capacity, or without it the capacity `table` was measured with (its run.capacity),
+def _check_capacity(capacity: int | None, token_counts, table_capacity: int | None = None) -> int | None:
+    """--capacity, or without it the capacity a table was measured with (its run.capacity),
     checked against the token counts to measure; None: each load's own."""
     source = None
-    if capacity is None and table is not None:
-        run = table.get("run") if isinstance(table, dict) else None
-        capacity = run.get("capacity") if isinstance(run, dict) else None
-        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
-            raise _fail(f"{table_name}: run.capacity must be a positive integer, got {capacity!r}", 2)
+    if capacity is None and table_capacity is not None:
+        capacity = table_capacity
         source = f"the table's run.capacity {capacity}"
     if capacity is not None and token_counts and capacity < max(token_counts):
         raise _fail(
@@ -568,15 +565,15 @@ def evaluate(
     from .evaluate import evaluate as run_evaluation
     from .evaluate import held_out_tokens
     from .launch import RankFailed
+    from .runtime.lookup import ProfileError, load_profile
     from .shapes import ModelShape
     from .sweep import DEFAULT_ITERS, SweepPlan
     from .sweep import sweep as run_sweep
 
     try:
-        table = json.loads(profile.read_text())
-        entries = table["entries"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _fail(f"{profile}: not a readable profile ({exc})", 2) from None
+        table = load_profile(profile)
+    except ProfileError as exc:
+        raise _fail(str(exc), 2) from None
     if scored_run is not None:
         try:
             with open_store(db) as store:
@@ -588,24 +585,27 @@ def evaluate(
         return
     device, gpus = _resolve_device(device)
     world = world or (gpus if device == "cuda" else 2)
-    entries = [e for e in entries if e.get("ep_size") == world]
-    if not entries:
+    shapes_here = [e.shape for e in table.entries if e.shape.ep_size == world]
+    if not shapes_here:
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
     shapes = {
-        ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"])
-        for e in entries
+        ModelShape(f"E{s.num_experts}-k{s.topk}-H{s.hidden}", s.num_experts, s.topk, s.hidden) for s in shapes_here
     }
-    held = _parse_tokens(tokens) if tokens else held_out_tokens(t for e in entries for t in e["tokens"])
+    held = (
+        _parse_tokens(tokens)
+        if tokens
+        else held_out_tokens(t for e in table.entries if e.shape.ep_size == world for t in e.tokens)
+    )
     if not held:
         raise _fail(f"{profile.name}: its token counts leave no held-out midpoint; give --tokens", 2)
     _check_backends(backend)
-    capacity = _check_capacity(capacity, held, profile.name, table)  # measured as the table's own points
+    capacity = _check_capacity(capacity, held, table.capacity)  # measured as the table's own points
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)),
         tokens=held,
-        dtypes=tuple(sorted({e["dtype"] for e in entries})),
-        routings=tuple(sorted({e["routing"] for e in entries})),
+        dtypes=tuple(sorted({s.dtype for s in shapes_here})),
+        routings=tuple(sorted({s.routing for s in shapes_here})),
         backends=tuple(backend),
         warmup=default_warmup if warmup is None else warmup,
         iters=default_iters if iters is None else iters,
@@ -712,8 +712,9 @@ def tune_knobs(
     from .knobs import DEFAULT_ITERS, KnobPlan
     from .knobs import tune_knobs as run_search
     from .launch import RankFailed
-    from .runtime.lookup import ProfileError
-    from .select import SHAPE_KEYS, with_knobs, write_profile_to
+    from .runtime.lookup import ProfileError, load_profile
+    from .runtime.table import SHAPE_KEYS, parse_profile
+    from .select import with_knobs, write_profile_to
 
     try:
         cls = get_backend(backend)
@@ -740,13 +741,13 @@ def tune_knobs(
     )
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
-    table = None
+    table_capacity = None
     if profile is not None:  # tune as the table's points were measured
         try:
-            table = json.loads(profile.read_text())
-        except (OSError, ValueError):
-            table = {}  # an unreadable table is reported where the knobs are written
-    capacity = _check_capacity(capacity, plan.tokens, profile.name if profile else None, table)
+            table_capacity = load_profile(profile).capacity
+        except ProfileError:
+            pass  # an unusable table is reported where the knobs are written
+    capacity = _check_capacity(capacity, plan.tokens, table_capacity)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
         backend=backend,
@@ -809,6 +810,9 @@ def tune_knobs(
         return
     try:
         table = json.loads(profile.read_text())
+        parse_profile(table, str(profile))  # judged as the lookup judges it, before it is edited
+    except ProfileError as exc:
+        raise _fail(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise _fail(f"{profile}: not a readable profile ({exc})") from None
     values = dict(zip(SHAPE_KEYS, (world, shape.hidden, shape.topk, shape.num_experts, dtype, routing)))
@@ -935,7 +939,7 @@ def lookup(
 
 # ------------------------------------------------------------------------------ ops views
 # show / diff / plot / report: read-only views of a table (profile JSON) or of a sweep run
-# in a database (tuner/views.py, plot.py, report.py). They never create or change a store.
+# in a database (tuner/views/). They never create or change a store.
 # Help texts avoid bare square brackets: the rich help renderer takes "[...]" for markup.
 
 _profile_in_opt = typer.Option(None, "--profile", help="A profile JSON (selection table) to read.")
@@ -967,7 +971,8 @@ def _view_fail(exc: Exception) -> typer.Exit:
 
 
 def _load_view(profile: Path | None, db: str | None, run_id: int | None):
-    from .views.core import ViewError, load_view
+    from .views.load import load_view
+    from .views.model import ViewError
 
     try:
         return load_view(profile=profile, db=db, run=run_id)
@@ -980,8 +985,10 @@ def _load_view(profile: Path | None, db: str | None, run_id: int | None):
         "Winners per shape and token range, margins, failures with reasons, and where the numbers come from.",
         "Reads a profile (--profile FILE) or a run in a database (--db URL, --run ID). Consecutive token counts "
         "with the same winner are shown as one range, e.g. '1–64: allgather_reducescatter, margin 12–80%'. "
-        "A '*' on a margin marks a tie: the runner-up's median lies inside the fastest's p10–p90 spread there.",
-        "Exit code 2 when the input cannot be read (missing file, not JSON, not a database, no such run).",
+        "A '*' on a margin marks a tie: the runner-up's median lies inside the fastest's p10–p90 spread there "
+        "and within 3% of it. Winners are what the lookup answers at each measured token count.",
+        "Exit code 2 when the input cannot be read (missing file, not JSON, not a database, no such run) "
+        "or is a table the lookup refuses.",
     )
 )
 def show(
@@ -990,7 +997,7 @@ def show(
     run: int | None = _run_in_opt,
     as_json: bool = typer.Option(False, "--json", help="Print the same content as JSON."),
 ) -> None:
-    from .views.core import render_show, show_data
+    from .views.show import render_show, show_data
 
     view = _load_view(profile, db, run)
     if as_json:
@@ -1010,7 +1017,7 @@ def show(
         "change is 'within noise' when B's spreads of the old and the new winner overlap; those never fail "
         "the command.",
         "Exit code: 0 when nothing that --fail-on names happened; 1 on regressions (and on clear winner changes "
-        "with --fail-on winner-change); 2 on bad input. In a cluster's CI: "
+        "with --fail-on winner-change); 2 on bad input, a table the lookup refuses included. In a cluster's CI: "
         "a2a-tune diff last-month.json this-month.json --fail-on regressions",
     )
 )
@@ -1036,7 +1043,9 @@ def diff(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
 ) -> None:
-    from .views.core import ViewError, diff_views, load_run_view, load_source, render_diff
+    from .views.diff import diff_views, render_diff
+    from .views.load import load_run_view, load_source
+    from .views.model import ViewError
 
     modes = set(fail_on) or {"regressions"}
     bad = modes - {"regressions", "winner-change", "none"}
@@ -1090,7 +1099,7 @@ def plot(
     out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from .views.core import ViewError
+    from .views.model import ViewError
     from .views.plot import plot_view
 
     view = _load_view(profile, db, run)
@@ -1118,7 +1127,7 @@ def report(
     ),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from .views.core import ViewError
+    from .views.model import ViewError
     from .views.report import write_report
 
     view = _load_view(profile, db, run)

@@ -39,6 +39,7 @@ from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, get_back
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
 from .measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
 from .progress import progress_bar
+from .runtime.table import SHAPE_KEYS
 from .shapes import ModelShape
 from .sweep import gather_topology
 from .timing import summarize
@@ -411,6 +412,6 @@ def stored_knobs(
             continue
         if _capacity_bound(attrs.get("backend")) and attrs.get("capacity") != capacity:
             continue  # tuned for another workspace size: another point than this table's
-        shape = {k: attrs.get(k) for k in ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")}
+        shape = {k: attrs.get(k) for k in SHAPE_KEYS}
         found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))
     return found
