@@ -655,8 +655,9 @@ def test_sqlite_uses_wal_and_a_busy_timeout(db_path):
 
 
 def test_second_reader_while_a_writer_holds_the_database(db_path, monkeypatch):
-    # Short timeout: without WAL the blocked side gives up in 2 s instead of 30 s.
-    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 2000)
+    # Shorter timeout: without WAL the blocked side gives up after 10 s instead of 30 s. Not
+    # blocked is well under half of that, even on a loaded machine.
+    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 10_000)
     url = _url(db_path)
     writer = open_store(url)
     _, run = _new_run(writer)
@@ -672,7 +673,7 @@ def test_second_reader_while_a_writer_holds_the_database(db_path, monkeypatch):
         with open_store(url) as reader:
             assert reader.get_run(run).status == "running"
             assert len(reader.measurements(run)) == 1
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 5
     finally:
         raw_writer.execute("ROLLBACK")
         raw_writer.close()
@@ -685,7 +686,7 @@ def test_second_reader_while_a_writer_holds_the_database(db_path, monkeypatch):
     try:
         started = time.monotonic()
         writer.add_measurement(run, **_measurement(timing="graph"))
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 5
         assert raw_reader.execute("SELECT count(*) FROM measurements").fetchone() == (1,)
     finally:
         raw_reader.execute("COMMIT")
