@@ -20,6 +20,7 @@ from a2a_tune.kernels import get_backend, list_backends, register_backend
 from a2a_tune.kernels.base import REACHES, SPANS, reaches
 from a2a_tune.kernels.nccl_all2allv import NcclAll2Allv
 from a2a_tune.tuner.cluster import ClusterView, MixedClusterError, RankReport, check_mixed
+from a2a_tune.tuner.launch import JobRank, RankFailed, first_host, job_rank, rendezvous_address
 from a2a_tune.tuner.nvml import RecordedNvml
 from a2a_tune.tuner.probe import cpu_topology, probe
 from a2a_tune.tuner.runtime.lookup import add_cluster_pointer, clear_cache
@@ -53,6 +54,44 @@ def test_a_backend_with_an_unknown_reach_is_refused_at_registration():
 
     with pytest.raises(ValueError, match="reach 'everywhere' is not one of island, domain, anywhere"):
         register_backend(Everywhere)
+
+
+# ------------------------------------------------------------------------------ the launchers
+
+
+def test_torchrun_and_srun_say_where_a_rank_is(monkeypatch):
+    for key in [k for k in os.environ if k.startswith("SLURM_")] + ["RANK", "WORLD_SIZE", "LOCAL_RANK"]:
+        monkeypatch.delenv(key, raising=False)
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    assert job_rank() is None  # a2a-tune spawns its own ranks
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert job_rank() is None  # an allocation's shell, or a one-task step: not a job of ranks
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert job_rank() == JobRank(5, 8, 1, "srun")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-10]")
+    monkeypatch.setenv("SLURM_JOB_ID", "123456")
+    assert rendezvous_address() == ("gpu07", 23456)  # the step's first node, a port from the job id
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert rendezvous_address() == ("10.0.0.1", 29500)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert job_rank() == JobRank(3, 4, 3, "torchrun")  # torchrun under Slurm: torchrun's variables
+    monkeypatch.setenv("RANK", "three")
+    with pytest.raises(RankFailed, match="RANK='three' is not an integer"):
+        job_rank()
+
+
+def test_the_first_host_of_a_slurm_node_list():
+    assert first_host("gpu[07-09,12],login1") == "gpu07"
+    assert first_host("tray[01-18]-a,x") == "tray01-a"
+    assert first_host("node1,node2") == "node1"
+    assert first_host("single") == "single"
 
 
 # ------------------------------------------------------------------------------ the cluster view
