@@ -533,19 +533,18 @@ def run(
     published = outcome.published
     if published.get("note"):
         err.print(f"note: {published['note']}; the table is written without them", highlight=False, markup=False)
-    knobs_note = f", with the knobs of {published['kept_knobs']} tuned point(s)" if published.get("kept_knobs") else ""
-    failed = {host: text for host, text in published["tables"].items() if text.startswith("error: ")}
+    knobs_note = f", with the knobs of {published['kept_knobs']} tuned point(s)" if published["kept_knobs"] else ""
+    several = len(outcome.cluster.get("nodes", [])) > 1
     for host, path in published["tables"].items():
-        where = f" on {host}" if outcome.cluster and len(outcome.cluster["nodes"]) > 1 else ""
-        if host not in failed:
-            out.print(
-                f"wrote {path}{where} ({published['entries']} shape(s)) from run {outcome.run_id}{knobs_note}",
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
-    if failed:
-        raise _fail("no table written on " + "; ".join(f"{host}: {text[7:]}" for host, text in failed.items()))
+        out.print(
+            f"wrote {path}{f' on {host}' if several else ''} ({published['entries']} shape(s)) "
+            f"from run {outcome.run_id}{knobs_note}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    if published["errors"]:
+        raise _fail("no table written on " + "; ".join(f"{h}: {why}" for h, why in published["errors"].items()))
     out.print(
         f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
         highlight=False,

@@ -198,7 +198,8 @@ def write_node_table(profile: dict, directory: Path, node_fingerprint: str) -> P
 
 def publish(ctx: RankContext, db_url: str | None, run_id: int, out_dir: str | None, view: ClusterView) -> dict:
     """Collective, after a completed run: rank 0 builds the table from the store, every node
-    (its local rank 0) writes it. Returns, on rank 0, host -> path written (or "error: ...")."""
+    (its local rank 0) writes it. Returns, on every rank: {"tables": host -> path written,
+    "errors": host -> why not, "entries": shapes in the table, "kept_knobs", "note"}."""
     from .select import profile_for_run
 
     payload: list[Any] = [None]
@@ -209,23 +210,23 @@ def publish(ctx: RankContext, db_url: str | None, run_id: int, out_dir: str | No
         except Exception as exc:  # every rank must learn of it, or they wait forever
             payload[0] = {"error": one_line(exc)}
     dist.broadcast_object_list(payload, src=0, group=ctx.group)
-    answer = None
-    if "error" in payload[0]:
-        answer = f"error: {payload[0]['error']}"
+    built = payload[0]
+    answer = None  # (written?, path or reason), from the ranks that write
+    if "error" in built:
+        answer = (False, built["error"])
     elif ctx.local_rank == 0:
-        me = view.reports[ctx.rank]
+        node = Topology.from_dict(view.reports[ctx.rank].topology).fingerprint
         try:
-            answer = str(
-                write_node_table(payload[0]["profile"], table_dir(out_dir), Topology.from_dict(me.topology).fingerprint)
-            )
+            answer = (True, str(write_node_table(built["profile"], table_dir(out_dir), node)))
         except Exception as exc:
-            answer = f"error: {one_line(exc)}"
+            answer = (False, one_line(exc))
     answers: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(answers, answer, group=ctx.group)
-    written = {view.reports[r].host: a for r, a in enumerate(answers) if a is not None}
+    mine = [(view.reports[r].host, a) for r, a in enumerate(answers) if a is not None]
     return {
-        "tables": written,
-        "entries": len(payload[0].get("profile", {}).get("entries", [])),
-        "kept_knobs": payload[0].get("kept", 0),
-        "note": payload[0].get("note"),
+        "tables": {host: text for host, (ok, text) in mine if ok},
+        "errors": {host: text for host, (ok, text) in mine if not ok},
+        "entries": len(built.get("profile", {}).get("entries", [])),
+        "kept_knobs": built.get("kept", 0),
+        "note": built.get("note"),
     }
