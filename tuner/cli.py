@@ -257,9 +257,11 @@ def _do_sweep(
         )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"sweep stopped: {exc}") from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
-            f"interrupted after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total())}", 130
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
+            143 if by == "SIGTERM" else 130,
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
@@ -269,24 +271,20 @@ def _do_sweep(
     return outcome
 
 
-def _stored_so_far(db: str | None, planned: int) -> str:
-    """What an interrupted sweep left in the store, in one line (the Ctrl-C summary); marks
-    its run interrupted (resumable) if no rank got to."""
+def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
+    """What an interrupted sweep left in its run, in one line (the Ctrl-C summary). The sweep
+    marked the run interrupted itself; this only reads."""
     from a2a_tune.db import open_store
 
+    if run_id is None:
+        return "no run was opened yet: nothing was stored"
     try:
-        with open_store(db) as store:
-            runs = store.runs()
-            if not runs:
-                return "nothing was stored"
-            run = max(runs, key=lambda r: r.id)
-            if run.status == "running":  # its ranks were stopped before rank 0 could say so
-                store.finish_run(run.id, "interrupted")
-            measured, failed = len(store.measurements(run.id)), len(store.failures(run.id))
+        with open_store(db, readonly=True) as store:
+            measured, failed = len(store.measurements(run_id)), len(store.failures(run_id))
     except Exception as exc:  # noqa: BLE001 - the summary must not hide the interrupt
         return f"the store could not be read ({_one_line_text(exc)})"
     return (
-        f"run {run.id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
+        f"run {run_id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
         "rerun the same command with --resume to continue"
     )
 

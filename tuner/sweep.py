@@ -31,13 +31,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from a2a_tune.db import open_store
+from a2a_tune.db import Heartbeat, LeaseLostError, StoreError, Writer, is_in_memory, mask_secrets, open_store
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels._flashinfer import flashinfer_version
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
 from .adaptive import AdaptiveSearch
-from .launch import RankContext, RankFailed, RanksStalled, all_ranks_ok, launched_externally, one_line, run_ranks
+from .launch import (
+    PeerFailed,
+    RankContext,
+    RankFailed,
+    RanksStalled,
+    all_ranks_ok,
+    launched_externally,
+    one_line,
+    run_ranks,
+)
 from .probe import Topology, cpu_topology, merge_nodes, probe
 from .progress import progress_bar
 from .shapes import ModelShape
@@ -152,6 +161,16 @@ DEFAULT_CASE_TIMEOUT_S = 600.0  # one case: gate + warm-up + timing (first cases
 MAX_RESTARTS = 8
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the sweep; its run (``run_id``, None if none was opened yet)
+    is marked "interrupted" and can be resumed."""
+
+    def __init__(self, run_id: int | None, signal_name: str = "SIGINT") -> None:
+        super().__init__(f"run {run_id} interrupted by {signal_name}")
+        self.run_id = run_id
+        self.signal_name = signal_name
+
+
 def sweep(
     plan: SweepPlan,
     *,
@@ -165,12 +184,25 @@ def sweep(
     """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job).
     Returns the outcome; None on the non-zero ranks of a torchrun/srun job.
 
+    The run has one writer: this process (see a2a_tune.db, "One writer per run"). `resume`
+    continues the latest unfinished run of the same plan unless another live process holds
+    it (then `RankFailed` says who); a sweep that lost its run stops without changing it.
+
     Spawned ranks are watched: a case that makes no progress for `case_timeout` seconds (a
     hung collective or kernel) gets every rank killed — the only way to free a wedged NCCL
     communicator or GPU — is recorded as a "timeout" failure, its backend is left out of the
     rest of this sweep, and the ranks restart on the same run, skipping what is stored.
+    Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
+    `SweepInterrupted`; after `kill -9` the run stays "running" and `resume` takes it over.
     """
+    if is_in_memory(db_url or ""):
+        raise StoreError(
+            f"{mask_secrets(db_url or '')} is an in-memory database: the sweep's measurements would vanish "
+            "with its ranks; give a file (e.g. --db runs.db) or a server URL"
+        )
+    writer = Writer.this_process()
     skip: dict[str, str] = {}
+    run_id: int | None = None  # known once rank 0 opened the run (its first heartbeat)
     with tempfile.TemporaryDirectory(prefix="a2a-tune-") as tmp:
         beat = Path(tmp) / "heartbeat.json"
         stalled = None if launched_externally() else (lambda: _stalled(beat, case_timeout))
@@ -183,6 +215,8 @@ def sweep(
                     plan,
                     db_url,
                     resume,
+                    run_id,
+                    writer,
                     progress,
                     str(beat),
                     dict(skip),
@@ -192,10 +226,15 @@ def sweep(
                 run_id, key = _last_beat(beat)
                 beat.unlink()  # the restarted ranks start a fresh heartbeat
                 reason = f"no progress for {case_timeout:.0f} s; every rank was stopped"
-                _record_timeout(db_url, run_id, key, reason)
+                _record_timeout(db_url, run_id, key, reason, writer)
                 skip[key[0]] = f"timed out at {key[6]} tokens/rank ({reason})"
-                resume = True  # continue the same run
-                continue
+                continue  # the same run, held by the same writer
+            except KeyboardInterrupt as exc:
+                run_id = run_id or _beat_run(beat)
+                if run_id is not None and not launched_externally():
+                    _mark_interrupted(db_url, run_id, writer)
+                signal_name = "SIGTERM" if type(exc).__name__ == "Terminated" else "SIGINT"
+                raise SweepInterrupted(run_id, signal_name) from None
             outcome = next((r for r in results if r is not None), None)
             if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
                 return None
@@ -204,6 +243,23 @@ def sweep(
                 outcome.infeasible[backend] = why
             return outcome
     raise RankFailed(f"gave up after {MAX_RESTARTS} restarts of stalled ranks")
+
+
+def _beat_run(beat: Path) -> int | None:
+    try:
+        return int(json.loads(beat.read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _mark_interrupted(db_url: str | None, run_id: int, writer: Writer) -> None:
+    """Mark `run_id` interrupted for `writer`; nothing when rank 0 already finished it (or the
+    run is another's): the lease decides."""
+    try:
+        with open_store(db_url) as store:
+            store.finish_run(run_id, "interrupted", writer=writer)
+    except StoreError:
+        pass
 
 
 def _stalled(beat: Path, case_timeout: float) -> str | None:
@@ -221,11 +277,12 @@ def _last_beat(beat: Path) -> tuple[int, tuple]:
     return state["run_id"], tuple(state["key"])
 
 
-def _record_timeout(db_url: str | None, run_id: int, key: tuple, reason: str) -> None:
+def _record_timeout(db_url: str | None, run_id: int, key: tuple, reason: str, writer: Writer) -> None:
     backend, experts, topk, hidden, dtype, ep, tokens, routing = key
     with open_store(db_url) as store:
         store.add_failure(
             run_id,
+            writer=writer,
             backend=backend,
             kind="timeout",
             reason=reason,
@@ -245,40 +302,62 @@ def _case_key(backend: str, shape: MoEShape, ep_size: int, tokens: int, routing:
 
 
 class _Recorder:
-    """Rank 0's side of the store; other ranks hold a recorder that writes nothing."""
+    """Rank 0's side of the store, written under the sweep's `writer` (the run's lease, kept
+    fresh by a heartbeat thread); other ranks hold a recorder that writes nothing."""
 
     def __init__(
-        self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, beat: str
+        self,
+        ctx: RankContext,
+        plan: SweepPlan,
+        db_url: str | None,
+        resume: bool,
+        run_id: int | None,
+        writer: Writer,
+        device_type: str,
+        beat: str,
     ):
         self.is_writer = ctx.rank == 0
         self.beat_path = beat
+        self.writer = writer
         self.store = None
+        self.heartbeat: Heartbeat | None = None
         topologies: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(topologies, probe_for_device(device_type).to_dict())
         self.topology = merge_nodes([Topology.from_dict(t) for t in topologies])
         header: list[Any] = [None]
+        error: Exception | None = None
         if self.is_writer:
             try:
-                header[0] = self._open(plan, db_url, resume, device_type, ctx.world_size)
+                header[0] = self._open(plan, db_url, resume, run_id, device_type, ctx.world_size)
             except Exception as exc:  # every rank must learn of it, or they wait forever
-                header[0] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+                error, header[0] = exc, {"error": one_line(exc)}
         dist.broadcast_object_list(header, src=0)
+        if error is not None:
+            raise error
         if "error" in header[0]:
-            raise RuntimeError(header[0]["error"])
+            raise PeerFailed(f"rank 0 could not open the run: {header[0]['error']}")
         self.run_id: int = header[0]["run_id"]
         self.done: set[tuple] = header[0]["done"]
         self.unavailable_recorded: set[str] = header[0]["unavailable_recorded"]  # a resumed run has them
         self.medians: dict[tuple, float | None] = header[0]["medians"]  # stored results, for a resumed search
         self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size)
+        if self.is_writer:
+            self.heartbeat = Heartbeat(self.store, self.run_id, writer).__enter__()
+            self.beat(None)  # the supervisor learns the run id
 
-    def _open(self, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, world: int) -> dict:
+    def _open(
+        self, plan: SweepPlan, db_url: str | None, resume: bool, run_id: int | None, device_type: str, world: int
+    ) -> dict:
+        """Open the store and take the run: `run_id` (restarted ranks), else with `resume` the
+        latest unfinished run of this plan, else a new one."""
         self.store = open_store(db_url)
         topo = self.topology
         hw = self.store.get_or_create_hardware(topo.fingerprint, topo.facts_hash, topo.to_dict())
         config_hash = plan.config_hash(device_type, world)
-        run_id = self.store.find_resumable_run(hw, config_hash) if resume else None
+        if run_id is None and resume:
+            run_id = self.store.find_resumable_run(hw, config_hash)
         if run_id is not None:
-            self.store.resume_run(run_id)
+            self.store.claim_run(run_id, self.writer)  # refuses a run another live sweep holds
         else:
             run_id = self.store.start_run(
                 hw,
@@ -286,8 +365,14 @@ class _Recorder:
                 world_size=world,
                 versions=library_versions(device_type, topo),
                 git_sha=None,
-                config={**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": sys.argv[1:]},
+                config={
+                    **plan.to_dict(),
+                    "device_type": device_type,
+                    "world_size": world,
+                    "argv": [mask_secrets(a) for a in sys.argv[1:]],
+                },
                 config_hash=config_hash,
+                writer=self.writer,
             )
         failures = self.store.failures(run_id)
         recorded = {f.backend for f in failures if f.kind == "unavailable"}
@@ -327,6 +412,7 @@ class _Recorder:
             host_median_us=summarize(host_us).median_us,
             samples=[round(s, 3) for s in device_us],
             knobs=knobs,
+            writer=self.writer,
         )
 
     def beat(self, key: tuple | None) -> None:
@@ -357,25 +443,52 @@ class _Recorder:
                 tokens_per_rank=tokens,
                 routing=routing,
             )
-        self.store.add_failure(self.run_id, backend=backend, kind=kind, reason=reason[:500], **shape_fields)
+        self.store.add_failure(
+            self.run_id, backend=backend, kind=kind, reason=reason[:500], writer=self.writer, **shape_fields
+        )
 
     def finish(self, status: str) -> None:
+        """Record the run's end and release it. Raises when that fails (LeaseLostError: the run
+        was taken over; nothing is changed then); `abandon` is the quiet form for error paths."""
         self.outcome.status = status
-        if self.store is not None:
-            summary = {
-                "measured": self.outcome.measured,
-                "skipped": self.outcome.skipped,
-                "failed": self.outcome.failed,
-            }
-            self.store.finish_run(self.run_id, status, summary=summary)
+        if self.store is None:
+            return
+        if self.heartbeat is not None:
+            self.heartbeat.__exit__(None, None, None)
+            self.heartbeat = None
+        summary = {
+            "measured": self.outcome.measured,
+            "skipped": self.outcome.skipped,
+            "failed": self.outcome.failed,
+        }
+        try:
+            self.store.finish_run(self.run_id, status, summary=summary, writer=self.writer)
+        finally:
             self.store.close()
+            self.store = None
+
+    def abandon(self, status: str) -> None:
+        """`finish` on the way out of an error: the error that got us here is the one to report,
+        so a store that fails too (disk full, the run taken over) does not replace it."""
+        try:
+            self.finish(status)
+        except (StoreError, LeaseLostError):
+            pass
 
 
 def _sweep_rank(
-    ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, show_progress: bool, beat: str, skip: dict
+    ctx: RankContext,
+    plan: SweepPlan,
+    db_url: str | None,
+    resume: bool,
+    run_id: int | None,
+    writer: Writer,
+    show_progress: bool,
+    beat: str,
+    skip: dict,
 ):
     device_type = ctx.device.type
-    rec = _Recorder(ctx, plan, db_url, resume, device_type, beat)
+    rec = _Recorder(ctx, plan, db_url, resume, run_id, writer, device_type, beat)
     env = BackendEnv.local(ctx.world_size, device_type)
     usable: list[str] = []
     for name in plan.backend_names():
@@ -393,10 +506,10 @@ def _sweep_rank(
             task = bar.add_task("", total=plan.total()) if bar else None
             _sweep_cases(ctx, plan, rec, usable, bar, task)
     except KeyboardInterrupt:
-        rec.finish("interrupted")
+        rec.abandon("interrupted")
         raise
     except BaseException:
-        rec.finish("failed")
+        rec.abandon("failed")
         raise
     rec.finish("completed")
     return rec.outcome if rec.is_writer else None
