@@ -133,6 +133,23 @@ def display_url(url: str) -> str:
         return mask_secrets(url)
 
 
+def check_url(url: str | None = None, *, persistent: bool = False) -> str:
+    """The resolved URL (see :func:`resolve_url`) if it parses, and with ``persistent`` if it is
+    not an in-memory database (commands that store: their records must outlive them);
+    else :class:`StoreError` in one line, password masked. Connects to nothing."""
+    url = resolve_url(url)
+    try:
+        make_url(url)
+    except Exception:
+        raise StoreError(f"cannot open database {display_url(url)}: not a valid database URL") from None
+    if persistent and is_in_memory(url):
+        raise StoreError(
+            f"{display_url(url)} is an in-memory database: nothing stored there outlives the command "
+            "(and spawned ranks would each see their own); give a file (e.g. --db runs.db) or a server URL"
+        )
+    return url
+
+
 def is_in_memory(url: str) -> bool:
     """True for an SQLite database that lives only in this process (``sqlite://``,
     ``sqlite:///:memory:``, ``mode=memory`` URIs): nothing written there outlives it, and

@@ -91,6 +91,38 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+# CPU ranks (gloo) per core before the machine only thrashes, and what one rank costs in
+# memory (torch, gloo, a sweep's buffers at small shapes): the ceiling `cpu_rank_limit` puts
+# on --world for spawned CPU ranks.
+CPU_RANKS_PER_CORE = 8
+CPU_RANK_MEMORY_BYTES = 256 * 1024 * 1024
+
+
+def cpu_rank_limit() -> tuple[int, str]:
+    """How many CPU ranks this machine can hold, and why that many (one line)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    by_cores = CPU_RANKS_PER_CORE * cores
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        return by_cores, f"{cores} core(s) x {CPU_RANKS_PER_CORE}"
+    by_memory = available // CPU_RANK_MEMORY_BYTES
+    why = (
+        f"{cores} core(s) x {CPU_RANKS_PER_CORE} = {by_cores}; {available / 2**30:.1f} GiB available / "
+        f"~{CPU_RANK_MEMORY_BYTES / 2**30:.2f} GiB per rank = {by_memory}"
+    )
+    return max(min(by_cores, by_memory), 2), why
+
+
 def launched_externally() -> bool:
     """True when torchrun/srun started this process as one rank of a job."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from a2a_tune.db import Heartbeat, LeaseLostError, StoreError, Writer, is_in_memory, mask_secrets, open_store
+from a2a_tune.db import Heartbeat, LeaseLostError, StoreError, Writer, check_url, mask_secrets, open_store
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels._flashinfer import flashinfer_version
 from a2a_tune.kernels.reference import check_invariant, make_inputs
@@ -195,11 +195,7 @@ def sweep(
     Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
     `SweepInterrupted`; after `kill -9` the run stays "running" and `resume` takes it over.
     """
-    if is_in_memory(db_url or ""):
-        raise StoreError(
-            f"{mask_secrets(db_url or '')} is an in-memory database: the sweep's measurements would vanish "
-            "with its ranks; give a file (e.g. --db runs.db) or a server URL"
-        )
+    check_url(db_url, persistent=True)  # before any rank starts
     writer = Writer.this_process()
     skip: dict[str, str] = {}
     run_id: int | None = None  # known once rank 0 opened the run (its first heartbeat)
