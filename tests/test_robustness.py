@@ -5,7 +5,6 @@ and tests/test_run_lease.py.)"""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -178,7 +177,7 @@ def test_the_probed_fingerprint_is_cached_per_boot_driver_and_gpus(monkeypatch, 
     calls = _fake_probe(monkeypatch)
     assert fpmod.probed_fingerprint() == "h200.nvl18x2.node1"
     assert len(calls) == 1 and calls[0]["strict"] and calls[0]["timeout_s"] <= 10
-    (cached,) = Path(os.environ["XDG_CACHE_HOME"], "a2a-tune").glob("fingerprint-*.json")
+    (cached,) = Path(os.environ["XDG_CACHE_HOME"], "a2a-tune").glob("fingerprint-*")
     # An engine's next start (a fresh process: nothing in memory) reads the file, probes nothing.
     start = time.perf_counter()
     assert fpmod.probed_fingerprint() == "h200.nvl18x2.node1"
@@ -195,11 +194,11 @@ def test_the_probed_fingerprint_is_cached_per_boot_driver_and_gpus(monkeypatch, 
         assert fpmod.probed_fingerprint() == "h200.nvl18x2.node1" and len(calls) == 3
         assert fpmod.probed_fingerprint() == "h200.nvl18x2.node1" and len(calls) == 3
     calls.clear()
-    data = json.loads(cached.read_text())
-    cached.write_text(json.dumps({**data, "probed_at": data["probed_at"] - fpmod.CACHE_MAX_AGE_S - 1}))
+    fmt, key, fp, probed_at = cached.read_text().splitlines()
+    cached.write_text(f"{fmt}\n{key}\n{fp}\n{float(probed_at) - fpmod.CACHE_MAX_AGE_S - 1}\n")
     assert fpmod.probed_fingerprint() == "h200.nvl18x2.node1" and len(calls) == 1
     # A damaged or hostile cache file is ignored, never trusted or hung on.
-    cached.write_text('{"key": "x"')
+    cached.write_text("a2a-tune fingerprint cache 1\nx")
     assert fpmod.probed_fingerprint() == "h200.nvl18x2.node1" and len(calls) == 2
     cached.unlink()
     os.mkfifo(cached)
@@ -219,7 +218,7 @@ def test_a_hung_nvml_delays_the_first_lookup_by_seconds_not_a_minute(monkeypatch
     assert c.match == "fallback" and elapsed < 30, elapsed
     (warning,) = warnings_of(caplog)
     assert "hardware probe failed" in warning.getMessage() and "within 2 s" in warning.getMessage()
-    assert not list(Path(os.environ["XDG_CACHE_HOME"]).rglob("fingerprint-*.json"))  # a failure is not cached
+    assert not list(Path(os.environ["XDG_CACHE_HOME"]).rglob("fingerprint-*"))  # a failure is not cached
 
 
 def test_the_probe_command_does_not_import_torch():

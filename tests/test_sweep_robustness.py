@@ -98,24 +98,34 @@ def test_sigkill_halfway_then_resume_loses_and_repeats_nothing(tmp_path):
     assert len(keys) == len(set(keys)) == 24  # 2 shapes x 6 token counts x 2 backends, each once
 
 
-def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
-    db = tmp_path / "int.db"
-    slow = list(SWEEP_ARGS)
-    slow[slow.index("--iters") + 1] = "40"  # 40 timed samples a case: the signal lands mid-run
-    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *slow, "--db", str(db)]
-    # A shell running the suite in the background ignores SIGINT, and children inherit that:
-    # give the sweep the default disposition a terminal's foreground job has.
-    first = subprocess.Popen(
+def _foreground(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+    """`cmd` as a terminal's foreground job runs: its own process group, and the default SIGINT
+    disposition (a shell running the suite in the background ignores SIGINT; children inherit it)."""
+    return subprocess.Popen(
         cmd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def _wait_stored(db, n: int, proc: subprocess.Popen, poll: float = 0.2) -> None:
+    """Until `db` holds `n` measurements, `proc` ended, or 4 minutes passed."""
     deadline = time.monotonic() + 240
-    while _count(db) < 3 and time.monotonic() < deadline and first.poll() is None:
-        time.sleep(0.05)
+    while _count(db) < n and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(poll)
+
+
+def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
+    db = tmp_path / "int.db"
+    slow = list(SWEEP_ARGS)
+    slow[slow.index("--iters") + 1] = "40"  # 40 timed samples a case: the signal lands mid-run
+    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *slow, "--db", str(db)]
+    first = _foreground(cmd)
+    _wait_stored(db, 3, first, poll=0.05)
     assert first.poll() is None, "the sweep ended before it could be interrupted"
     os.killpg(first.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
     _, err = first.communicate(timeout=120)
@@ -182,18 +192,8 @@ def _gated_sweep(tmp_path, db):
     gate.touch()
     env = {**os.environ, "A2A_TUNE_BACKEND_MODULES": "planted_backends", "A2A_TUNE_TEST_GATE": str(gate)}
     cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *GATED_ARGS, "--db", str(db)]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    deadline = time.monotonic() + 240
-    while _count(db) < 1 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    proc = _foreground(cmd, env)
+    _wait_stored(db, 1, proc)
     assert proc.poll() is None and _count(db) == 1, "the sweep should wait at the gate"
     ranks = [p for p in _children(proc.pid) if "spawn_main" in open(f"/proc/{p}/cmdline").read()]
     assert len(ranks) == 2, ranks

@@ -209,10 +209,7 @@ def sweep(
                     world_size,
                     device_type,
                     plan,
-                    db_url,
-                    resume,
-                    run_id,
-                    writer,
+                    _Target(db_url, resume, run_id, writer),
                     progress,
                     str(beat),
                     dict(skip),
@@ -297,24 +294,25 @@ def _case_key(backend: str, shape: MoEShape, ep_size: int, tokens: int, routing:
     return (backend, shape.num_experts, shape.topk, shape.hidden, shape.dtype, ep_size, tokens, routing)
 
 
+@dataclass(frozen=True)
+class _Target:
+    """Where the ranks record: the store, which run (`run_id` when the ranks restart on a known
+    run, else the latest unfinished one with `resume`, else a new one) and as which writer."""
+
+    db_url: str | None
+    resume: bool
+    run_id: int | None
+    writer: Writer
+
+
 class _Recorder:
-    """Rank 0's side of the store, written under the sweep's `writer` (the run's lease, kept
+    """Rank 0's side of the store, written under the sweep's writer (the run's lease, kept
     fresh by a heartbeat thread); other ranks hold a recorder that writes nothing."""
 
-    def __init__(
-        self,
-        ctx: RankContext,
-        plan: SweepPlan,
-        db_url: str | None,
-        resume: bool,
-        run_id: int | None,
-        writer: Writer,
-        device_type: str,
-        beat: str,
-    ):
+    def __init__(self, ctx: RankContext, plan: SweepPlan, target: _Target, device_type: str, beat: str):
         self.is_writer = ctx.rank == 0
         self.beat_path = beat
-        self.writer = writer
+        self.writer = target.writer
         self.store = None
         self.heartbeat: Heartbeat | None = None
         topologies: list[Any] = [None] * ctx.world_size
@@ -324,7 +322,7 @@ class _Recorder:
         error: Exception | None = None
         if self.is_writer:
             try:
-                header[0] = self._open(plan, db_url, resume, run_id, device_type, ctx.world_size)
+                header[0] = self._open(plan, target, device_type, ctx.world_size)
             except Exception as exc:  # every rank must learn of it, or they wait forever
                 error, header[0] = exc, {"error": one_line(exc)}
         dist.broadcast_object_list(header, src=0)
@@ -338,19 +336,17 @@ class _Recorder:
         self.medians: dict[tuple, float | None] = header[0]["medians"]  # stored results, for a resumed search
         self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size)
         if self.is_writer:
-            self.heartbeat = Heartbeat(self.store, self.run_id, writer).__enter__()
+            self.heartbeat = Heartbeat(self.store, self.run_id, self.writer).__enter__()
             self.beat(None)  # the supervisor learns the run id
 
-    def _open(
-        self, plan: SweepPlan, db_url: str | None, resume: bool, run_id: int | None, device_type: str, world: int
-    ) -> dict:
-        """Open the store and take the run: `run_id` (restarted ranks), else with `resume` the
-        latest unfinished run of this plan, else a new one."""
-        self.store = open_store(db_url)
+    def _open(self, plan: SweepPlan, target: _Target, device_type: str, world: int) -> dict:
+        """Open the store and take the run (see _Target)."""
+        self.store = open_store(target.db_url)
         topo = self.topology
         hw = self.store.get_or_create_hardware(topo.fingerprint, topo.facts_hash, topo.to_dict())
         config_hash = plan.config_hash(device_type, world)
-        if run_id is None and resume:
+        run_id = target.run_id
+        if run_id is None and target.resume:
             run_id = self.store.find_resumable_run(hw, config_hash)
         if run_id is not None:
             self.store.claim_run(run_id, self.writer)  # refuses a run another live sweep holds
@@ -472,19 +468,9 @@ class _Recorder:
             pass
 
 
-def _sweep_rank(
-    ctx: RankContext,
-    plan: SweepPlan,
-    db_url: str | None,
-    resume: bool,
-    run_id: int | None,
-    writer: Writer,
-    show_progress: bool,
-    beat: str,
-    skip: dict,
-):
+def _sweep_rank(ctx: RankContext, plan: SweepPlan, target: _Target, show_progress: bool, beat: str, skip: dict):
     device_type = ctx.device.type
-    rec = _Recorder(ctx, plan, db_url, resume, run_id, writer, device_type, beat)
+    rec = _Recorder(ctx, plan, target, device_type, beat)
     env = BackendEnv.local(ctx.world_size, device_type)
     usable: list[str] = []
     for name in plan.backend_names():

@@ -144,30 +144,33 @@ def _host_key() -> str | None:
 
 
 def _cache_path(key: str) -> str:
-    import hashlib
+    import zlib  # not hashlib: ~5 ms to import; a clash only costs a probe (the key is checked)
 
-    return os.path.join(_cache_dir(), f"fingerprint-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json")
+    return os.path.join(_cache_dir(), f"fingerprint-{zlib.crc32(key.encode()):08x}")
+
+
+_CACHE_FORMAT = "a2a-tune fingerprint cache 1"  # then: key, fingerprint, probed at (epoch s); one a line
 
 
 def _cached(key: str) -> str | None:
-    import json
     import time
 
     from a2a_tune.tuner.runtime.files import MAX_CACHE_BYTES, read_capped
 
     try:
-        data = json.loads(read_capped(_cache_path(key), MAX_CACHE_BYTES))
-        if data["key"] != key or not 0 <= time.time() - float(data["probed_at"]) <= CACHE_MAX_AGE_S:
+        fmt, stored_key, fingerprint, probed_at = (
+            read_capped(_cache_path(key), MAX_CACHE_BYTES).decode().split("\n")[:4]
+        )
+        if fmt != _CACHE_FORMAT or stored_key != key or not 0 <= time.time() - float(probed_at) <= CACHE_MAX_AGE_S:
             return None
-        return normalize_fingerprint(data["fingerprint"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return normalize_fingerprint(fingerprint)
+    except (OSError, ValueError):
         return None  # missing, stale, foreign or damaged: probe again
 
 
 def remember_fingerprint(fingerprint: str, key: str | None = None) -> None:
     """Cache ``fingerprint`` as this machine's (``a2a-tune probe`` and the lookup's probe do).
     Best effort: an unwritable cache directory only costs the next start-up a probe."""
-    import json
     import tempfile
     import time
 
@@ -180,7 +183,7 @@ def remember_fingerprint(fingerprint: str, key: str | None = None) -> None:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".fingerprint-")
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump({"key": key, "fingerprint": normalize_fingerprint(fingerprint), "probed_at": time.time()}, f)
+                f.write(f"{_CACHE_FORMAT}\n{key}\n{normalize_fingerprint(fingerprint)}\n{time.time()!r}\n")
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
