@@ -27,6 +27,7 @@ Typical use::
 
 from .errors import (
     DuplicateMeasurementError,
+    EmptyStoreError,
     LeaseLostError,
     NotFoundError,
     RunBusyError,
@@ -60,6 +61,7 @@ __all__ = [
     "ENV_VAR",
     "LEASE_STALE_S",
     "DuplicateMeasurementError",
+    "EmptyStoreError",
     "FailureRecord",
     "HardwareRecord",
     "Heartbeat",

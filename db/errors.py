@@ -29,6 +29,10 @@ class StoreOutdatedError(StoreError):
         )
 
 
+class EmptyStoreError(StoreError):
+    """A store opened read-only that does not exist yet or holds no a2a-tune data."""
+
+
 class NotFoundError(StoreError):
     """A run id or hardware id that this database does not hold."""
 

@@ -69,6 +69,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import (
     DuplicateMeasurementError,
+    EmptyStoreError,
     LeaseLostError,
     NotFoundError,
     RunBusyError,
@@ -209,15 +210,26 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
+def _sqlite_file(url: str) -> str | None:
+    """The file of an SQLite URL (not in memory, not a ``file:`` URI), else None."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None
+    db = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return db
+
+
 def _readonly_url(url: str) -> str:
     """An SQLite file URL opened read-only: ``mode=ro``; plus ``immutable=1`` where the
     directory is not writable and holds no ``-wal`` file (SQLite cannot create the WAL index
     there, and no process can be writing the database). Other URLs are returned as they are."""
     from urllib.parse import quote
 
-    parsed = make_url(url)
-    db = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
+    db = _sqlite_file(url)
+    if db is None:
         return url
     path = os.path.abspath(db)
     options = "mode=ro"
@@ -343,7 +355,7 @@ def _check_or_migrate(
         head = script.get_current_head()
         before = _schema_state(engine, script)
     if readonly and before.state == "empty":
-        raise StoreError(f"database {shown} holds no a2a-tune data (opened read-only: nothing created)")
+        raise EmptyStoreError(f"database {shown} holds no a2a-tune data (opened read-only: nothing created)")
     if before.state == "unknown":
         raise StoreError(
             f"database {shown} is at schema revision {before.current}, which this a2a-tune "
@@ -377,6 +389,8 @@ def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
     newer/unknown one, for a file that is not a database, or any failure to connect.
     """
     url = resolve_url(url)
+    if readonly and _sqlite_file(url) is not None and not os.path.exists(_sqlite_file(url)):
+        raise EmptyStoreError(f"no database at {_sqlite_file(url)} (opened read-only: nothing created)")
     engine = _create_engine(url, readonly=readonly)
     try:
         _check_or_migrate(engine, url, allow_upgrade=False, readonly=readonly)

@@ -424,7 +424,7 @@ def sweep(
 
 
 def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
-    from a2a_tune.db import NotFoundError, StoreError, open_store
+    from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError, open_store
     from a2a_tune.kernels import engine_names
 
     from .runtime.lookup import ProfileError, user_profile_dir
@@ -445,6 +445,8 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
                     raise _fail(f"no run {run_id} in the database") from None
             profile = profile_from_store(store, run_id, backend_names=names)
             url = store.url
+    except EmptyStoreError as exc:
+        raise _fail(f"{exc}; run `a2a-tune sweep` first") from None
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if not profile["entries"]:
