@@ -19,7 +19,7 @@ Typical use::
         else:
             run = store.start_run(hw, ..., writer=me)
         done = store.done_keys(run)
-        with Heartbeat(store, run, me):
+        with LeaseHeartbeat(store, run, me):
             ...
             store.add_measurement(run, backend=..., writer=me)   # committed on return
         store.finish_run(run, "completed", summary, writer=me)
@@ -40,7 +40,7 @@ from .store import (
     LEASE_STALE_S,
     FailureRecord,
     HardwareRecord,
-    Heartbeat,
+    LeaseHeartbeat,
     MeasurementKey,
     MeasurementRecord,
     RunRecord,
@@ -64,7 +64,7 @@ __all__ = [
     "EmptyStoreError",
     "FailureRecord",
     "HardwareRecord",
-    "Heartbeat",
+    "LeaseHeartbeat",
     "LeaseLostError",
     "MeasurementKey",
     "MeasurementRecord",

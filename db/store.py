@@ -3,8 +3,10 @@
 Guarantees
 ----------
 - **Any SQLAlchemy URL.** SQLite by default (``sqlite:///a2a_tune.db``, relative to the
-  working directory); PostgreSQL (or any SQLAlchemy dialect) for a cluster-wide store.
-  SQLite-specific settings live in one place (``_sqlite_on_connect`` / ``_migrate``).
+  working directory); PostgreSQL (or any SQLAlchemy dialect) for a cluster-wide store:
+  ``postgresql://user:password@host/db`` goes through psycopg 3 (``pip install
+  'a2a-tune[postgres]'``) and gives up connecting after ``PG_CONNECT_TIMEOUT_S``.
+  Dialect-specific settings live in one place (``_create_engine`` / ``_migrate``).
 - **Schema by migrations only.** A new or empty database is brought to the head revision
   by the packaged Alembic revisions (never ``create_all``). A database at an older
   revision raises :class:`StoreOutdatedError` naming ``a2a-tune db upgrade --db <url>``;
@@ -32,7 +34,7 @@ Guarantees
   process that lost the run writes nothing and never changes another's status
   (:class:`LeaseLostError`); a write without a writer is refused while anyone holds the
   run. :meth:`Store.claim_run` takes a run over only when nobody holds it, its holder is
-  silent for :data:`LEASE_STALE_S` seconds (:class:`Heartbeat` beats every
+  silent for :data:`LEASE_STALE_S` seconds (:class:`LeaseHeartbeat` beats every
   :data:`HEARTBEAT_S`), or its holder's pid is dead on this same host (same boot and PID
   namespace); otherwise it raises :class:`RunBusyError` naming the holder. Lease times come
   from the writers' clocks: hosts sharing a store keep them within seconds (NTP).
@@ -94,10 +96,19 @@ from .models import (
 DEFAULT_URL = "sqlite:///a2a_tune.db"
 ENV_VAR = "A2A_TUNE_DB"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# An unreachable PostgreSQL host fails within this many seconds, not the OS's minutes of TCP
+# retries; a ``connect_timeout`` in the URL's query wins.
+PG_CONNECT_TIMEOUT_S = 10
+# The PostgreSQL driver `pip install 'a2a-tune[postgres]'` brings; a URL naming none uses it
+# (SQLAlchemy 2.0 would pick psycopg2, which we do not install).
+PG_DRIVER = "postgresql+psycopg"
+# Taken for the migration transaction on PostgreSQL, so sweeps opening one new database at
+# once migrate it one after the other (any constant; "a2at" in ASCII).
+PG_MIGRATION_LOCK = 0x61326174
 MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
 MAX_REASON_CHARS = 2000
 LEASE_STALE_S = 60.0  # a writer silent this long is taken for dead: its run may be taken over
-HEARTBEAT_S = 10.0  # how often a live writer says so (Heartbeat); well inside LEASE_STALE_S
+HEARTBEAT_S = 10.0  # how often a live writer says so (LeaseHeartbeat); well inside LEASE_STALE_S
 
 
 # --------------------------------------------------------------------------- URLs
@@ -108,12 +119,16 @@ def resolve_url(url: str | None = None) -> str:
 
     A plain filesystem path (no ``://``) becomes an SQLite URL: ``runs/h200.db`` ->
     ``sqlite:///runs/h200.db``, ``/data/a.db`` -> ``sqlite:////data/a.db``; ``~`` expands.
-    An empty string counts as not given.
+    An empty string counts as not given. ``postgresql://`` and ``postgres://`` name the
+    psycopg 3 driver explicitly (``postgresql+psycopg://``).
     """
     if not url:
         url = os.environ.get(ENV_VAR) or DEFAULT_URL
     if "://" not in url:
         url = "sqlite:///" + os.path.expanduser(url)
+    scheme, rest = url.split("://", 1)
+    if scheme in ("postgresql", "postgres"):
+        url = f"{PG_DRIVER}://{rest}"
     return url
 
 
@@ -170,7 +185,7 @@ def _one_line(exc: BaseException) -> str:
     statement dump and documentation link."""
     orig = getattr(exc, "orig", None)
     text = str(orig) if orig is not None else (str(exc.args[0]) if exc.args else "")
-    text = text.strip().splitlines()[0].strip() if text.strip() else ""
+    text = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
     return mask_secrets(text) or type(orig if orig is not None else exc).__name__
 
 
@@ -240,14 +255,22 @@ def _readonly_url(url: str) -> str:
 
 def _create_engine(url: str, *, readonly: bool = False) -> Engine:
     shown = display_url(url)
+    connect_args: dict[str, Any] = {}
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+            connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    except Exception:  # unparsable: create_engine says why below
+        parsed = None
     try:
         if readonly:
             url = _readonly_url(url)
-        engine = create_engine(url)
+        engine = create_engine(url, connect_args=connect_args)
         if readonly and engine.dialect.name == "postgresql":
             engine = engine.execution_options(postgresql_readonly=True)
     except ImportError as exc:
-        raise StoreError(f"cannot open database {shown}: driver not installed ({exc})") from exc
+        hint = "; pip install 'a2a-tune[postgres]'" if parsed is not None and parsed.drivername == PG_DRIVER else ""
+        raise StoreError(f"cannot open database {shown}: driver not installed ({exc}){hint}") from exc
     except (SQLAlchemyError, ValueError) as exc:
         raise StoreError(f"cannot open database {shown}: {_one_line(exc)}") from exc
     if engine.dialect.name == "sqlite":
@@ -333,6 +356,10 @@ def _migrate(engine: Engine) -> None:
             # processes creating the same new file would race.
             conn.exec_driver_sql("PRAGMA foreign_keys = OFF")
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+        elif conn.dialect.name == "postgresql":
+            # DDL is transactional there but two creators would both find no tables; this
+            # lock (released at commit) makes the second wait and then find the schema done.
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})")
         try:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
@@ -585,7 +612,7 @@ class Writer:
         return cls(uuid.uuid4().hex, socket.gethostname(), os.getpid(), _pid_scope())
 
 
-class Heartbeat:
+class LeaseHeartbeat:
     """Keeps a writer's hold on a run fresh from a daemon thread (every ``interval`` s) while
     the writer's main thread measures. ``lost`` holds the reason once the run was taken
     over; the writer's next write raises :class:`LeaseLostError` anyway. A context manager."""
@@ -608,7 +635,7 @@ class Heartbeat:
             except StoreError:
                 pass  # a busy or briefly unreachable database: the next beat tries again
 
-    def __enter__(self) -> Heartbeat:
+    def __enter__(self) -> LeaseHeartbeat:
         self._thread.start()
         return self
 

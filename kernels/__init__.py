@@ -7,9 +7,10 @@ Layering (imports point down, never up; nothing here imports a2a_tune.tuner or a
       <backend>.py          one file per backend, registered on import
         _wire               metadata packing + collective wrappers (the torch.distributed backends)
         _flashinfer         FlashInfer found without importing it; its MNNVL setup (flashinfer_*.py)
+        _deepep             DeepEP found without importing it, why it cannot run (deepep_*.py)
         _symmetric_backend  driver of the NVLink backends (workspace rendezvous, quantize, send, receive)
-          _one_sided_kernels / _low_latency_kernels   their Triton kernels (lazy: triton imported on use)
-            _nvlink_common  workspace layout, per-rank state, flag/epoch helpers
+          _one_sided_kernels / _low_latency_kernels   their Triton kernels, one host API
+            _nvlink_common  geometry, workspace layout, per-rank state, flag/epoch helpers, launchers
         base                the contract (read its docstring first), MoEShape, BackendEnv, Dispatched
           errors            typed one-line errors
     quant                   block-FP8 quantization of payloads
@@ -25,13 +26,17 @@ from .registry import engine_names, get_backend, list_backends, register_backend
 
 # isort: off
 # Registration order is the tie-break preference: simplest / the engines' default first, then
-# what engines already ship (FlashInfer), then our own kernels.
+# what engines already ship (FlashInfer), then our own kernels, then DeepEP and torch's NVSHMEM
+# all-to-all (optional builds, added later).
 from . import allgather_reducescatter as _allgather_reducescatter  # noqa: E402,F401
 from . import nccl_all2allv as _nccl_all2allv  # noqa: E402,F401
 from . import flashinfer_nvlink_one_sided as _flashinfer_one_sided  # noqa: E402,F401
 from . import flashinfer_nvlink_two_sided as _flashinfer_two_sided  # noqa: E402,F401
 from . import nvlink_one_sided as _nvlink_one_sided  # noqa: E402,F401
 from . import nvlink_low_latency as _nvlink_low_latency  # noqa: E402,F401
+from . import deepep_high_throughput as _deepep_high_throughput  # noqa: E402,F401
+from . import deepep_low_latency as _deepep_low_latency  # noqa: E402,F401
+from . import torch_nvshmem_all2all as _torch_nvshmem_all2all  # noqa: E402,F401
 # isort: on
 
 __all__ = [

@@ -5,9 +5,9 @@ slot] with slot = the token's index on its source rank, so a grouped GEMM can ru
 each local expert's W * cap rows directly; no counts, no compaction, no atomics. A slot is
 valid in this round when its tag equals the round's epoch (stale slots keep old tags, so
 nothing is cleared between rounds; this relies on the workspace starting zeroed, which
-torch's symmetric-memory allocator does and the CPU emulation does with torch.zeros). Each token travels once per selected expert (k rows),
-and each expert output travels back into the source's [slot, j] combine row, where the
-source sums its k rows.
+torch's symmetric-memory allocator does, and the CPU emulation's new files). Each token
+travels once per selected expert (k rows), and each expert output travels back into the
+source's [slot, j] combine row, where the source sums its k rows.
 
     dispatch_send   per token, per top-k slot j: payload row + (weight, epoch, j) into
                     rank(e)'s [e_local, me, t]; the last CTA raises dispatch flags
@@ -26,14 +26,15 @@ import triton
 import triton.language as tl
 
 from ._nvlink_common import (
+    Geometry,
     RankState,
     Workspace,
-    block_k,
-    combine_wait,
     copy_row,
     copy_scales,
-    payload_args,
-    row_blocks,
+    launch_combine_recv,
+    launch_combine_send,
+    launch_dispatch_send,
+    recv_launch,
     signal_when_last,
     wait_flags,
 )
@@ -42,34 +43,21 @@ from .quant import scale_blocks
 META = 4  # int32 per slot: weight bits, epoch tag, j (top-k position at the source), unused
 
 
-def workspace(
-    world: int,
-    cap: int,
-    hidden: int,
-    topk: int,
-    local_experts: int,
-    dtype: torch.dtype,
-    wire: torch.dtype | None = None,
-) -> Workspace:
-    """x [E_local, W, cap, H] (bytes of `wire` when quantized) + xs [E_local, W, cap, S] fp32
-    scales (quantized only), meta [E_local, W, cap, 4] int32, comb [cap, k, H], flags [2, W]."""
-    regions = [("x", torch.uint8 if wire is not None else dtype, (local_experts, world, cap, hidden))]
-    if wire is not None:
-        regions.append(("xs", torch.float32, (local_experts, world, cap, scale_blocks(hidden))))
+def workspace(g: Geometry) -> Workspace:
+    """x [E_local, W, cap, H] (bytes of the wire dtype when quantized) + xs [E_local, W, cap, S]
+    fp32 scales (quantized only), meta [E_local, W, cap, 4] int32, comb [cap, k, H], flags [2, W];
+    local: the ids int64 and weights fp32 [E_local * W * cap, k] dispatch_recv writes."""
+    e, w, cap, hidden = g.experts_per_rank, g.world, g.capacity, g.hidden
+    regions = [("x", torch.uint8 if g.wire is not None else g.dtype, (e, w, cap, hidden))]
+    if g.wire is not None:
+        regions.append(("xs", torch.float32, (e, w, cap, scale_blocks(hidden))))
     regions += [
-        ("meta", torch.int32, (local_experts, world, cap, META)),
-        ("comb", dtype, (cap, topk, hidden)),
-        ("flags", torch.int32, (2, world)),
+        ("meta", torch.int32, (e, w, cap, META)),
+        ("comb", g.dtype, (cap, g.topk, hidden)),
+        ("flags", torch.int32, (2, w)),
     ]
-    return Workspace(tuple(regions))
-
-
-class Outputs:
-    """Dispatch outputs reused every round (fixed addresses: graph-capturable)."""
-
-    def __init__(self, rows: int, topk: int, device: torch.device | str):
-        self.ids = torch.empty(rows, topk, dtype=torch.int64, device=device)
-        self.weights = torch.empty(rows, topk, dtype=torch.float32, device=device)
+    local = (("ids_out", torch.int64, (e * w * cap, g.topk)), ("w_out", torch.float32, (e * w * cap, g.topk)))
+    return Workspace(tuple(regions), local)
 
 
 @triton.jit
@@ -217,119 +205,47 @@ def _combine_recv_kernel(
 # ------------------------------------------------------------------------ host wrappers
 
 
-def _geometry(st: RankState) -> tuple[int, int, int, int, int, torch.dtype]:
-    """(E_local, W, cap, H, k, activation dtype) from the workspace's own regions."""
-    local_experts, w, cap, hidden = st.views["x"].shape
-    return local_experts, w, cap, hidden, st.views["comb"].shape[1], st.views["comb"].dtype
-
-
 def dispatch_send(
     st: RankState,
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    experts_per_rank: int,
     x_scale: torch.Tensor | None = None,
 ) -> None:
-    """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S]."""
-    _, w, cap, hidden, k, _ = _geometry(st)
-    v = st.views
-    t = x.shape[0]
-    a = payload_args(st, x, x_scale)
-    _dispatch_send_kernel[(max(t, 1),)](
-        a["x"],
-        a["xs"],
-        topk_ids,
-        topk_weights,
-        t,
-        v["x"],
-        a["xs_ws"],
-        v["meta"],
-        v["flags"],
-        a["d_x"],
-        st.delta(4),
-        st.epoch,
-        st.done,
-        st.rank,
-        cap,
-        hidden,
-        a["n_scales"],
-        experts_per_rank,
-        W=w,
-        K=k,
-        BLOCK_K=block_k(k),
-        **a["constexprs"],
-        num_warps=st.launch.send_num_warps,
-    )
+    """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S].
+    One CTA per token (one for none: it still raises the flags); returns without waiting."""
+    launch_dispatch_send(_dispatch_send_kernel, max(x.shape[0], 1), st, x, topk_ids, topk_weights, x_scale)
 
 
-def dispatch_recv(
-    st: RankState, out: Outputs, experts_per_rank: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (x [E_local*W*cap, H] workspace view, ids int64 [rows, k], weights fp32 [rows, k])."""
-    local_experts, w, cap, hidden, k, _ = _geometry(st)
-    v = st.views
-    rows = local_experts * w * cap
+def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Waits for every source's rows, then -> (x [E_local*W*cap, H] workspace view, ids int64
+    [rows, k], weights fp32 [rows, k]: the local outputs, rewritten every round)."""
+    g, v = st.geometry, st.views
+    rows = g.experts_per_rank * g.world * g.capacity
     block_r = st.launch.recv_block_rows
     _dispatch_recv_kernel[(triton.cdiv(rows, block_r),)](
         v["meta"],
         v["flags"],
         st.epoch,
-        out.ids,
-        out.weights,
+        v["ids_out"],
+        v["w_out"],
         rows,
-        w * cap,
+        g.world * g.capacity,
         st.rank,
-        experts_per_rank,
-        W=w,
-        K=k,
-        BLOCK_K=block_k(k),
+        g.experts_per_rank,
         BLOCK_R=block_r,
-        num_warps=st.launch.recv_num_warps,
+        **recv_launch(st),
     )
-    return v["x"].view(rows, hidden), out.ids, out.weights
+    return v["x"].view(rows, g.hidden), v["ids_out"], v["w_out"]
 
 
 def combine_send(st: RankState, expert_out: torch.Tensor) -> None:
-    local_experts, w, cap, hidden, k, dtype = _geometry(st)
-    v = st.views
-    _combine_send_kernel[(local_experts * w * cap,)](
-        expert_out,
-        v["meta"],
-        v["comb"],
-        v["flags"],
-        st.delta(dtype.itemsize),
-        st.delta(4),
-        st.epoch,
-        st.done,
-        st.rank,
-        cap,
-        hidden,
-        W=w,
-        K=k,
-        **row_blocks(hidden, dtype.itemsize, st.launch.row_block_bytes),
-        num_warps=st.launch.send_num_warps,
-    )
+    """Each valid slot's row back into its source's [token, j] combine row."""
+    g = st.geometry
+    launch_combine_send(_combine_send_kernel, g.experts_per_rank * g.world * g.capacity, st, expert_out)
 
 
-def combine_recv(st: RankState, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    _, w, _, hidden, k, _ = _geometry(st)
-    t = topk_ids.shape[0]
-    if t == 0:
-        combine_wait(st)
-        return y
-    block_h = min(triton.next_power_of_2(hidden), st.launch.recv_block_h)
-    _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](
-        y,
-        st.views["comb"],
-        topk_ids,
-        st.views["flags"],
-        st.epoch,
-        hidden,
-        W=w,
-        K=k,
-        BLOCK_K=block_k(k),
-        BLOCK_H=block_h,
-        num_warps=st.launch.recv_num_warps,
-    )
-    return y
+def combine_recv(st: RankState, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y [T, H]: each token's k returned rows summed in fp32 (all of them came back through
+    the combine region, ours too: `expert_out` is not read)."""
+    return launch_combine_recv(_combine_recv_kernel, st, y, topk_ids)

@@ -1,5 +1,6 @@
-"""What the symmetric-memory backends share: workspace layout, per-rank state, and the Triton
-helpers for flag signalling and row copies.
+"""What the symmetric-memory backends share: the geometry and workspace layout, per-rank state,
+the Triton helpers for flag signalling and row copies, and the host launchers their kernels'
+common parameters go through.
 
 A workspace is one symmetric allocation per rank (identical layout on every rank); a rank
 reaches a peer's copy of a region through the local region's address plus the distance
@@ -40,10 +41,28 @@ class LaunchKnobs:
 
 
 @dataclass(frozen=True)
+class Geometry:
+    """What a workspace is built for: W ranks, `capacity` token slots per source rank, rows of
+    `hidden` activations (`dtype`), top-k routing over `experts_per_rank` experts a rank, and
+    the payload's wire dtype (None: rows travel as activations; else 1-byte rows + fp32 scales)."""
+
+    world: int
+    capacity: int
+    hidden: int
+    topk: int
+    experts_per_rank: int
+    dtype: torch.dtype
+    wire: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
 class Workspace:
-    """Byte layout of one rank's workspace: named regions of (dtype, shape), in order."""
+    """Byte layout of one rank's symmetric workspace: named regions of (dtype, shape), in order;
+    plus `local` regions that only this rank touches (outputs rewritten every round at fixed
+    addresses, so a captured graph replays): ordinary device memory, not symmetric."""
 
     regions: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
+    local: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...] = ()
 
     def offsets(self) -> dict[str, int]:
         out, pos = {}, 0
@@ -57,7 +76,7 @@ class Workspace:
         return out
 
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Typed views of the local workspace `buf` (uint8 [total])."""
+        """Typed views of the local workspace `buf` (uint8 [total]), and the local regions."""
         o = self.offsets()
         out = {}
         for name, dtype, shape in self.regions:
@@ -65,6 +84,8 @@ class Workspace:
             for d in shape:
                 n *= d
             out[name] = buf[o[name] : o[name] + n].view(dtype).view(shape)
+        for name, dtype, shape in self.local:
+            out[name] = torch.empty(shape, dtype=dtype, device=buf.device)
         return out
 
 
@@ -73,8 +94,9 @@ class RankState:
     """What one rank's kernels need: its workspace views, where the peers' copies are, counters."""
 
     rank: int
+    geometry: Geometry
     buf: torch.Tensor  # uint8 [total], this rank's symmetric workspace
-    views: dict[str, torch.Tensor]  # typed regions of `buf`
+    views: dict[str, torch.Tensor]  # typed regions of `buf`, and the local regions
     delta_bytes: list[int]  # rank d's workspace - ours, in bytes
     epoch: torch.Tensor  # int32 [2], local: [0] round counter the flags carry, [1] error word (1: a wait gave up)
     done: torch.Tensor  # int32 [2], local: CTAs finished in the current send kernel
@@ -85,7 +107,9 @@ class RankState:
     rows: int | None = None
 
     @classmethod
-    def create(cls, rank: int, layout: Workspace, buf: torch.Tensor, peer_bases: list[int]) -> RankState:
+    def create(
+        cls, rank: int, geometry: Geometry, layout: Workspace, buf: torch.Tensor, peer_bases: list[int]
+    ) -> RankState:
         """`peer_bases[d]`: the address of rank d's workspace as mapped in this process."""
         dev = buf.device
         views = layout.views(buf)
@@ -95,6 +119,7 @@ class RankState:
             raise ValueError(f"workspaces must be {_ALIGN}-byte aligned relative to each other")
         return cls(
             rank=rank,
+            geometry=geometry,
             buf=buf,
             views=views,
             delta_bytes=delta,
@@ -102,6 +127,13 @@ class RankState:
             done=torch.zeros(2, dtype=torch.int32, device=dev),
             _deltas={},
         )
+
+    @property
+    def slots(self) -> int:
+        """Token slots per source rank this step: `rows` when the backend was told the step's
+        size (`set_step_tokens`), else the capacity. Rows are addressed source * slots + index,
+        so a smaller step packs into the regions' start and the grids scale with it."""
+        return self.rows or self.geometry.capacity
 
     def delta(self, itemsize: int) -> torch.Tensor:
         """int64 [W]: the distance to each rank's workspace in elements of `itemsize` bytes."""
@@ -188,36 +220,112 @@ def _wait_kernel(flags_ptr, epoch_ptr, W: tl.constexpr):
     wait_flags(flags_ptr, tl.load(epoch_ptr), epoch_ptr + 1, W)
 
 
-def dispatch_wait(st: RankState) -> None:
-    """Wait (one CTA) for every source's dispatch flag of the current round."""
-    flags = st.views["flags"]
-    _wait_kernel[(1,)](flags[0], st.epoch, W=flags.shape[1])
+# ------------------------------------------------------------------------ host launchers
+# The kernels of both backends take the same leading parameters, in the same order (listed
+# per launcher below); each kernel's own further parameters come as keywords (`extra`).
 
 
-def combine_wait(st: RankState) -> None:
-    """A rank with no tokens still waits for the combine flags: its next dispatch must not
-    write into peers' buffers before they finished this round's combine."""
-    flags = st.views["flags"]
-    _wait_kernel[(1,)](flags[1], st.epoch, W=flags.shape[1])
+def _peer_args(st: RankState, itemsize: int) -> tuple:
+    """The parameters with which every send kernel reaches its peers and signals them:
+    (flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden); d_elem in `itemsize` units."""
+    return (
+        st.views["flags"],
+        st.delta(itemsize),
+        st.delta(4),
+        st.epoch,
+        st.done,
+        st.rank,
+        st.slots,
+        st.geometry.hidden,
+    )
 
 
-def payload_args(st: RankState, x: torch.Tensor, x_scale: torch.Tensor | None) -> dict:
-    """The dispatch-send arguments both backends derive the same way from the payload.
+def launch_dispatch_send(
+    kernel,
+    grid: int,
+    st: RankState,
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    **extra,
+) -> None:
+    """`kernel(x_ptr, xs_ptr, ids_ptr, w_ptr, n_tokens, x_ws, xs_ws, meta_ws, flags_ws, d_elem,
+    d_i32, epoch_ptr, done_ptr, me, cap, hidden, n_scales, experts_per_rank, ...)` over `grid`
+    programs, with constexprs W, K, BLOCK_K, BLOCK_H, N_HB, QUANT and BLOCK_S.
 
     Quantized rows travel as bytes and their fp32 scales as int32 bits (the kernels copy,
     never convert); without scales the scale pointers are unused placeholders."""
+    g, v = st.geometry, st.views
     quant = x_scale is not None
     n_scales = x_scale.shape[1] if quant else 1
-    x_region = st.views["x"]
-    return {
-        "x": x.view(torch.uint8) if quant else x,
-        "xs": x_scale.view(torch.int32) if quant else st.epoch,
-        "xs_ws": st.views["xs"].view(torch.int32) if quant else st.epoch,
-        "n_scales": n_scales,
-        "d_x": st.delta(x_region.element_size()),
-        "constexprs": {
-            "QUANT": quant,
-            "BLOCK_S": block_k(n_scales),
-            **row_blocks(x_region.shape[-1], x_region.element_size(), st.launch.row_block_bytes),
-        },
-    }
+    itemsize = v["x"].element_size()
+    kernel[(grid,)](
+        x.view(torch.uint8) if quant else x,
+        x_scale.view(torch.int32) if quant else st.epoch,
+        topk_ids,
+        topk_weights,
+        x.shape[0],
+        v["x"],
+        v["xs"].view(torch.int32) if quant else st.epoch,
+        v["meta"],
+        *_peer_args(st, itemsize),
+        n_scales,
+        g.experts_per_rank,
+        W=g.world,
+        K=g.topk,
+        BLOCK_K=block_k(g.topk),
+        QUANT=quant,
+        BLOCK_S=block_k(n_scales),
+        **row_blocks(g.hidden, itemsize, st.launch.row_block_bytes),
+        num_warps=st.launch.send_num_warps,
+        **extra,
+    )
+
+
+def launch_combine_send(kernel, grid: int, st: RankState, expert_out: torch.Tensor, **extra) -> None:
+    """`kernel(out_ptr, meta_ptr, comb_ws, flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me,
+    cap, hidden, ...)` over `grid` programs, with constexprs W, K, BLOCK_H and N_HB."""
+    g, v = st.geometry, st.views
+    kernel[(grid,)](
+        expert_out,
+        v["meta"],
+        v["comb"],
+        *_peer_args(st, g.dtype.itemsize),
+        W=g.world,
+        K=g.topk,
+        **row_blocks(g.hidden, g.dtype.itemsize, st.launch.row_block_bytes),
+        num_warps=st.launch.send_num_warps,
+        **extra,
+    )
+
+
+def recv_launch(st: RankState) -> dict:
+    """The constexprs and warps every receive kernel is launched with."""
+    g = st.geometry
+    return {"W": g.world, "K": g.topk, "BLOCK_K": block_k(g.topk), "num_warps": st.launch.recv_num_warps}
+
+
+def launch_combine_recv(kernel, st: RankState, y: torch.Tensor, topk_ids: torch.Tensor, **extra) -> torch.Tensor:
+    """`kernel(y_ptr, comb_ptr, ids_ptr, flags_ptr, epoch_ptr, hidden, ...)` over (tokens, H
+    blocks), with constexprs W, K, BLOCK_K and BLOCK_H; returns y. A rank with no tokens still
+    waits (one CTA) for the combine flags: its next dispatch must not write into peers'
+    buffers before they finished this round's combine."""
+    g, v = st.geometry, st.views
+    t = topk_ids.shape[0]
+    if t == 0:
+        _wait_kernel[(1,)](v["flags"][1], st.epoch, W=g.world)
+        return y
+    block_h = min(triton.next_power_of_2(g.hidden), st.launch.recv_block_h)
+    kernel[(t, triton.cdiv(g.hidden, block_h))](
+        y,
+        v["comb"],
+        topk_ids,
+        v["flags"],
+        st.epoch,
+        g.hidden,
+        BLOCK_H=block_h,
+        **recv_launch(st),
+        **extra,
+    )
+    return y

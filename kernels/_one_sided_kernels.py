@@ -24,7 +24,8 @@ buffer), and a peer's combine_send only after its dispatch_send saw our dispatch
 (raised after our previous combine_recv read the combine buffer).
 
 The kernels only copy and compare (no bf16 arithmetic), so they run under Triton's
-interpreter too (TRITON_INTERPRET=1): tests emulate all ranks in one CPU process.
+interpreter too (TRITON_INTERPRET=1): the tests run the backends on CPU processes whose
+workspaces are shared files (tests/support/emulate_nvlink.py).
 """
 
 from __future__ import annotations
@@ -33,26 +34,24 @@ import torch
 import triton
 import triton.language as tl
 
-from ._nvlink_common import (  # noqa: F401  (dispatch_wait: the emulated ranks' separate wait)
+from ._nvlink_common import (
+    Geometry,
     RankState,
     Workspace,
     block_k,
-    combine_wait,
     copy_row,
     copy_scales,
-    dispatch_wait,
-    payload_args,
-    row_blocks,
+    launch_combine_recv,
+    launch_combine_send,
+    launch_dispatch_send,
     signal_when_last,
     wait_flags,
 )
 from .quant import scale_blocks
 
 
-def workspace(
-    world: int, cap: int, hidden: int, topk: int, dtype: torch.dtype, wire: torch.dtype | None = None
-) -> Workspace:
-    """One rank's regions:
+def workspace(g: Geometry) -> Workspace:
+    """One rank's regions (cap: the capacity, S: scale blocks per row):
 
     x      [W, cap, H]   payload rows received from each source rank (bytes of `wire` when
                          quantized: the kernels copy, never convert)
@@ -62,14 +61,15 @@ def workspace(
     comb   [W, cap, H]   activation rows returned by each destination rank (combine)
     flags  [2, W]        int32 epochs: [0] dispatch flag per source, [1] combine flag per dest
     """
-    regions = [("x", torch.uint8 if wire is not None else dtype, (world, cap, hidden))]
-    if wire is not None:
-        regions.append(("xs", torch.float32, (world, cap, scale_blocks(hidden))))
+    w, cap, hidden = g.world, g.capacity, g.hidden
+    regions = [("x", torch.uint8 if g.wire is not None else g.dtype, (w, cap, hidden))]
+    if g.wire is not None:
+        regions.append(("xs", torch.float32, (w, cap, scale_blocks(hidden))))
     regions += [
-        ("meta", torch.int32, (world, cap, 2 * topk)),
-        ("count", torch.int32, (world,)),
-        ("comb", dtype, (world, cap, hidden)),
-        ("flags", torch.int32, (2, world)),
+        ("meta", torch.int32, (w, cap, 2 * g.topk)),
+        ("count", torch.int32, (w,)),
+        ("comb", g.dtype, (w, cap, hidden)),
+        ("flags", torch.int32, (2, w)),
     ]
     return Workspace(tuple(regions))
 
@@ -87,7 +87,6 @@ def _dispatch_send_kernel(
     x_ws,
     xs_ws,
     meta_ws,
-    count_ws,
     flags_ws,
     d_elem,
     d_i32,
@@ -98,6 +97,7 @@ def _dispatch_send_kernel(
     hidden,
     n_scales,
     experts_per_rank,
+    count_ws,
     W: tl.constexpr,
     K: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -105,7 +105,6 @@ def _dispatch_send_kernel(
     N_HB: tl.constexpr,
     QUANT: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    FUSED_WAIT: tl.constexpr,
 ):
     t = tl.program_id(0)  # one slot of this rank's capacity: a token, or an empty slot to mark
     n_prog = tl.num_programs(0)
@@ -137,18 +136,16 @@ def _dispatch_send_kernel(
         for d in tl.static_range(W):
             tl.store(count_ws + tl.load(d_i32 + d) + me, n_tokens)
     last = signal_when_last(done_ptr, flags_ws, d_i32, me, epoch, n_prog, epoch_ptr, W, True)
-    if FUSED_WAIT:
-        # The last CTA waits for every source's flag, so when this kernel ends the received
-        # rows are there: no receive kernel. Only it spins, and only after the others finished.
-        if last:
-            wait_flags(flags_ws, epoch, epoch_ptr + 1, W)
+    # The last CTA waits for every source's flag, so when this kernel ends the received rows
+    # are there: no receive kernel. Only it spins, and only after the others finished.
+    if last:
+        wait_flags(flags_ws, epoch, epoch_ptr + 1, W)
 
 
 @triton.jit
 def _combine_send_kernel(
     out_ptr,
     meta_ptr,
-    count_ptr,
     comb_ws,
     flags_ws,
     d_elem,
@@ -158,6 +155,7 @@ def _combine_send_kernel(
     me,
     cap,
     hidden,
+    count_ptr,
     W: tl.constexpr,
     K: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -182,14 +180,13 @@ def _combine_send_kernel(
 def _combine_recv_kernel(
     y_ptr,
     comb_ptr,
-    out_ptr,
     ids_ptr,
     flags_ptr,
     epoch_ptr,
-    n_tokens,
+    hidden,
+    out_ptr,
     me,
     cap,
-    hidden,
     experts_per_rank,
     W: tl.constexpr,
     K: tl.constexpr,
@@ -218,120 +215,51 @@ def _combine_recv_kernel(
 # ------------------------------------------------------------------------ host wrappers
 
 
-def _geometry(st: RankState) -> tuple[int, int, int, int, torch.dtype]:
-    """(W, slots per source this step, H, k, activation dtype) from the workspace's regions.
-
-    The slots are `st.rows` when the backend was told the step's size (`set_step_tokens`),
-    else the capacity: rows are addressed source * slots + index, so a smaller step packs
-    into the regions' start and every kernel's grid scales with it, not with the capacity."""
-    w, cap, hidden = st.views["x"].shape
-    return w, st.rows or cap, hidden, st.views["meta"].shape[2] // 2, st.views["comb"].dtype
-
-
 def dispatch_send(
     st: RankState,
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    experts_per_rank: int,
     x_scale: torch.Tensor | None = None,
-    wait: bool = True,
 ) -> None:
     """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S].
-
-    With `wait` the kernel returns only once every source's rows arrived (the GPU path);
-    without, `dispatch_wait` does that separately (one process emulating every rank)."""
-    w, cap, hidden, k, _ = _geometry(st)
-    v = st.views
-    a = payload_args(st, x, x_scale)
-    _dispatch_send_kernel[(cap,)](
-        a["x"],
-        a["xs"],
-        topk_ids,
-        topk_weights,
-        x.shape[0],
-        v["x"],
-        a["xs_ws"],
-        v["meta"],
-        v["count"],
-        v["flags"],
-        a["d_x"],
-        st.delta(4),
-        st.epoch,
-        st.done,
-        st.rank,
-        cap,
-        hidden,
-        a["n_scales"],
-        experts_per_rank,
-        W=w,
-        K=k,
-        BLOCK_K=block_k(k),
-        FUSED_WAIT=wait,
-        **a["constexprs"],
-        num_warps=st.launch.send_num_warps,
+    One CTA per slot of this step (empty slots get -1 metadata); returns once every source's
+    rows arrived."""
+    launch_dispatch_send(
+        _dispatch_send_kernel, st.slots, st, x, topk_ids, topk_weights, x_scale, count_ws=st.views["count"]
     )
 
 
 def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Views of what arrived (no kernel: dispatch_send waited): x [W*cap, H] (raw bytes when
-    quantized: see `RankState.received_scales`), topk_ids int32 [W*cap, k] (-1 where the
-    expert is elsewhere or the slot is empty), weights fp32 [W*cap, k]."""
-    w, cap, hidden, k, _ = _geometry(st)
-    meta = st.views["meta"].view(-1, 2 * k)[: w * cap]
-    return st.views["x"].view(-1, hidden)[: w * cap], meta[:, :k], meta[:, k:].view(torch.float32)
+    """Views of what arrived (no kernel: dispatch_send waited): x [W*slots, H] (raw bytes when
+    quantized: see `RankState.received_scales`), topk_ids int32 [W*slots, k] (-1 where the
+    expert is elsewhere or the slot is empty), weights fp32 [W*slots, k]."""
+    g, rows = st.geometry, st.geometry.world * st.slots
+    meta = st.views["meta"].view(-1, 2 * g.topk)[:rows]
+    return st.views["x"].view(-1, g.hidden)[:rows], meta[:, : g.topk], meta[:, g.topk :].view(torch.float32)
 
 
 def combine_send(st: RankState, expert_out: torch.Tensor) -> None:
-    w, cap, hidden, k, dtype = _geometry(st)
-    v = st.views
-    _combine_send_kernel[(w * cap,)](
+    """Each received row with a local expert back into its source's combine slot."""
+    launch_combine_send(
+        _combine_send_kernel,
+        st.geometry.world * st.slots,
+        st,
         expert_out,
-        v["meta"],
-        v["count"],
-        v["comb"],
-        v["flags"],
-        st.delta(dtype.itemsize),
-        st.delta(4),
-        st.epoch,
-        st.done,
-        st.rank,
-        cap,
-        hidden,
-        W=w,
-        K=k,
-        BLOCK_K=block_k(k),
-        **row_blocks(hidden, dtype.itemsize, st.launch.row_block_bytes),
-        num_warps=st.launch.send_num_warps,
+        count_ptr=st.views["count"],
+        BLOCK_K=block_k(st.geometry.topk),
     )
 
 
-def combine_recv(
-    st: RankState, expert_out: torch.Tensor, topk_ids: torch.Tensor, experts_per_rank: int, y: torch.Tensor
-) -> torch.Tensor:
-    w, cap, hidden, k, _ = _geometry(st)
-    v = st.views
-    t = topk_ids.shape[0]
-    if t == 0:
-        combine_wait(st)
-        return y
-    block_h = min(triton.next_power_of_2(hidden), st.launch.recv_block_h)
-    _combine_recv_kernel[(t, triton.cdiv(hidden, block_h))](
+def combine_recv(st: RankState, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y [T, H]: each token's returned rows summed in fp32, ours read from `expert_out`."""
+    return launch_combine_recv(
+        _combine_recv_kernel,
+        st,
         y,
-        v["comb"],
-        expert_out,
         topk_ids,
-        v["flags"],
-        st.epoch,
-        t,
-        st.rank,
-        cap,
-        hidden,
-        experts_per_rank,
-        W=w,
-        K=k,
-        BLOCK_K=block_k(k),
-        BLOCK_H=block_h,
-        num_warps=st.launch.recv_num_warps,
+        out_ptr=expert_out,
+        me=st.rank,
+        cap=st.slots,
+        experts_per_rank=st.geometry.experts_per_rank,
     )
-    return y

@@ -1,15 +1,26 @@
 """What the symmetric-memory backends share above their kernels: availability, the
-workspace rendezvous, and the dispatch/combine driver (quantize, send, receive)."""
+workspace rendezvous, and the dispatch/combine driver (quantize, send, receive).
+
+A backend names its kernel module; every such module has the same host API (`state`: the
+rank's `RankState`; no call synchronises the host):
+
+    workspace(geometry) -> Workspace      the regions of one rank's workspace
+    dispatch_send(state, x, topk_ids, topk_weights, x_scale=None)   x_scale: block-FP8 rows
+    dispatch_recv(state) -> (x, topk_ids, topk_weights)   the received rows, once they arrived
+    combine_send(state, expert_out)       expert_out [rows dispatch_recv returned, H]
+    combine_recv(state, expert_out, topk_ids, y) -> y     y [T, H]: the source tokens' sums
+"""
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
 
-from ._nvlink_common import LaunchKnobs, RankState, Workspace
+from ._nvlink_common import Geometry, LaunchKnobs, RankState
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
 from .errors import ShapeError
 from .quant import quantize_fp8_blocks
@@ -54,12 +65,16 @@ class _Handle:
 
 
 class SymmetricMemoryBackend(All2AllBackend):
-    """Base of the NVLink backends: subclasses name their kernel module and lay out its workspace."""
+    """Base of the NVLink backends: subclasses name their kernel module (`kernels`)."""
 
     graph_capturable = True  # no host synchronisation anywhere
     quantized_payloads = True  # fp8_e4m3: rows quantized before dispatch, scales travel beside them
     capacity_bound = True  # workspaces are W x max_tokens_per_rank slots
-    kernels: ClassVar[str]  # the module of the four kernels, e.g. "_one_sided_kernels"
+    kernels: ClassVar[ModuleType]  # the kernel module (host API in this module's docstring)
+    # How the ranks map each other's workspaces: (nbytes, group, device) -> (this rank's uint8
+    # buffer, every rank's base address in this process, a handle that keeps the mappings).
+    # Torch symmetric memory here; the CPU tests put shared files in its place.
+    rendezvous: ClassVar[Callable[..., tuple[torch.Tensor, list[int], object]]] = staticmethod(rendezvous_workspace)
     # Launch parameters of the kernels (`LaunchKnobs` says what each does); every value keeps
     # the results exact (the kernels only copy, and sum in fp32 in a fixed order).
     knob_space: ClassVar[dict[str, tuple]] = {
@@ -75,14 +90,20 @@ class SymmetricMemoryBackend(All2AllBackend):
 
     def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
         super().__init__(group, shape, device)
-        ok, reason = type(self).feasibility(shape, self.world_size)
-        if not ok:
-            raise ValueError(reason)
-        self._k = importlib.import_module(f".{self.kernels}", __package__)  # triton only now
-        layout = self.workspace()
-        buf, bases, self._symm = rendezvous_workspace(layout.offsets()["total"], group, device)
-        self.state = RankState.create(self.rank, layout, buf, bases)
-        torch.cuda.synchronize(device)
+        geometry = Geometry(
+            self.world_size,
+            shape.max_tokens_per_rank,
+            shape.hidden,
+            shape.topk,
+            self.experts_per_rank,
+            self.dtype,
+            self.wire_dtype,
+        )
+        layout = self.kernels.workspace(geometry)
+        buf, bases, self._symm = self.rendezvous(layout.offsets()["total"], group, device)
+        self.state = RankState.create(self.rank, geometry, layout, buf, bases)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         torch.distributed.barrier(group=group)  # every rank's flags are zero before anyone signals
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -99,21 +120,12 @@ class SymmetricMemoryBackend(All2AllBackend):
         if self.step_sized and self.state is not None:
             self.state.rows = tokens  # the kernels' slots per source (None: the capacity)
 
-    def workspace(self) -> Workspace:
-        raise NotImplementedError
-
-    def receive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
-
-    def combine_receive(self, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)
         q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
         ids = topk_ids.contiguous()  # the kernels index rows densely: combine needs the same tensor
-        self._k.dispatch_send(self.state, q, ids, topk_weights.contiguous(), self.experts_per_rank, scales)
-        rx, rids, rw = self.receive()
+        self.kernels.dispatch_send(self.state, q, ids, topk_weights.contiguous(), scales)
+        rx, rids, rw = self.kernels.dispatch_recv(self.state)
         handle = _Handle(ids, tokens, self.state.rows)
         if self.wire_dtype is None:
             return Dispatched(x=rx, topk_ids=rids, topk_weights=rw, handle=handle)
@@ -125,9 +137,9 @@ class SymmetricMemoryBackend(All2AllBackend):
         if h.rows != self.state.rows:  # the kernels address rows by the step: it cannot change mid-trip
             raise ShapeError(f"set_step_tokens changed between dispatch ({h.rows}) and combine ({self.state.rows})")
         out = expert_out.to(self.dtype).contiguous()  # [N, H]
-        self._k.combine_send(self.state, out)
+        self.kernels.combine_send(self.state, out)
         y = torch.empty(h.tokens, self.shape.hidden, dtype=self.dtype, device=self.device)
-        return self.combine_receive(out, h.topk_ids, y)
+        return self.kernels.combine_recv(self.state, out, h.topk_ids, y)
 
     def gave_up(self) -> bool:
         """Whether a flag wait timed out (a peer never signalled): results since are garbage."""

@@ -164,14 +164,19 @@ class Dispatched:
 class All2AllBackend(ABC):
     """Base class of every backend; subclasses register with `@register_backend`.
 
-    Subclasses set `name` (our registry name) and `vllm_name` / `sglang_name` (the engine
-    literal the backend stands for, or None when the engine has no equivalent; then
-    `vllm_closest` names vLLM's nearest backend).
+    Subclasses set `name` (our registry name) and `vllm_name` / `sglang_name` / `trtllm_name`
+    (the engine literal the backend stands for, or None when the engine has no equivalent;
+    then `vllm_closest` names vLLM's nearest backend), and `engine_options` where an engine
+    needs more than the literal.
     """
 
     name: ClassVar[str]
     vllm_name: ClassVar[str | None] = None
     sglang_name: ClassVar[str | None] = None
+    trtllm_name: ClassVar[str | None] = None  # TensorRT-LLM's all-to-all method (e.g. DEEPEP)
+    # Options an engine needs beside the literal to run this backend, e.g. SGLang's
+    # {"sglang": ("--deepep-mode", "low_latency")}: one literal, two backends.
+    engine_options: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Without a vLLM literal: the literal of the vLLM backend that does the same job, written
     # into tables for operators (lookup for vLLM never returns it in this backend's place).
     vllm_closest: ClassVar[str | None] = None
@@ -201,6 +206,9 @@ class All2AllBackend(ABC):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         shape.validate(self.world_size)
+        ok, reason = type(self).feasibility(shape, self.world_size)
+        if not ok:  # the one place a constructor checks the shape against this backend's limits
+            raise ShapeError(reason)
         self.experts_per_rank = shape.experts_per_rank(self.world_size)
         self.dtype = torch_dtype(shape.dtype)  # activations
         self.wire_dtype = wire_dtype(shape.dtype)  # None unless the payload is quantized
@@ -220,7 +228,8 @@ class All2AllBackend(ABC):
     def feasibility(cls, shape: MoEShape, world_size: int) -> Availability:
         """Whether this backend can take `shape` (e.g. a capacity limit); default: any valid shape.
 
-        Per shape, unlike `availability`: the sweep skips infeasible cases without failing them."""
+        Per shape, unlike `availability`: the sweep skips infeasible cases without failing them.
+        The constructor raises ShapeError with the reason; subclasses do not re-check."""
         if wire_dtype(shape.dtype) is not None and not cls.quantized_payloads:
             return Availability(False, f"{shape.dtype} payloads not implemented for this backend")
         return Availability(True)

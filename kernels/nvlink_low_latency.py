@@ -16,9 +16,7 @@ H 7168, bf16) that is 3.7 GB at 1024 tokens per rank, which is why it is for dec
 
 from __future__ import annotations
 
-import torch
-
-from ._nvlink_common import Workspace
+from . import _low_latency_kernels
 from ._symmetric_backend import SymmetricMemoryBackend
 from .base import Availability, MoEShape
 from .registry import register_backend
@@ -32,7 +30,7 @@ class NvlinkLowLatency(SymmetricMemoryBackend):
     vllm_name = None  # same semantics as vLLM's deepep_low_latency, not DeepEP's code
     vllm_closest = "deepep_low_latency"
     sglang_name = None
-    kernels = "_low_latency_kernels"
+    kernels = _low_latency_kernels
     # dispatch_recv is a kernel here (it tags each slot): its rows per program are a knob too
     knob_space = {**SymmetricMemoryBackend.knob_space, "recv_block_rows": (16, 32, 64, 128, 256)}
 
@@ -41,20 +39,3 @@ class NvlinkLowLatency(SymmetricMemoryBackend):
         if shape.max_tokens_per_rank > MAX_TOKENS_PER_RANK:
             return Availability(False, f"low-latency slots hold at most {MAX_TOKENS_PER_RANK} tokens per rank (decode)")
         return super().feasibility(shape, world_size)
-
-    def workspace(self) -> Workspace:
-        s = self.shape
-        return self._k.workspace(
-            self.world_size, s.max_tokens_per_rank, s.hidden, s.topk, self.experts_per_rank, self.dtype, self.wire_dtype
-        )
-
-    def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
-        super().__init__(group, shape, device)
-        rows = self.experts_per_rank * self.world_size * shape.max_tokens_per_rank
-        self._out = self._k.Outputs(rows, shape.topk, device)  # written every round: fixed addresses
-
-    def receive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._k.dispatch_recv(self.state, self._out, self.experts_per_rank)
-
-    def combine_receive(self, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self._k.combine_recv(self.state, topk_ids, y)

@@ -23,9 +23,7 @@ Needs: CUDA, Triton, peer access between every pair of GPUs of the group on one 
 
 from __future__ import annotations
 
-import torch
-
-from ._nvlink_common import Workspace
+from . import _one_sided_kernels
 from ._symmetric_backend import SymmetricMemoryBackend
 from .registry import register_backend
 
@@ -36,15 +34,5 @@ class NvlinkOneSided(SymmetricMemoryBackend):
     vllm_name = None  # same semantics as vLLM's flashinfer_nvlink_one_sided, but not FlashInfer's code
     vllm_closest = "flashinfer_nvlink_one_sided"
     sglang_name = None
-    kernels = "_one_sided_kernels"
+    kernels = _one_sided_kernels
     step_sized = True  # slots are source * step + index: the step's size sets every grid
-
-    def workspace(self) -> Workspace:
-        s = self.shape
-        return self._k.workspace(self.world_size, s.max_tokens_per_rank, s.hidden, s.topk, self.dtype, self.wire_dtype)
-
-    def receive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._k.dispatch_recv(self.state)
-
-    def combine_receive(self, expert_out: torch.Tensor, topk_ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self._k.combine_recv(self.state, expert_out, topk_ids, self.experts_per_rank, y)

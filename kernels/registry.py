@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .base import All2AllBackend
 from .errors import KernelsError, UnknownBackendError
@@ -57,10 +57,17 @@ def get_backend(name: str) -> type[All2AllBackend]:
         raise UnknownBackendError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY) or 'none'}") from None
 
 
-def engine_names() -> dict[str, dict[str, str | None]]:
-    """Every registered backend -> the engines' literals for it (vllm_name, sglang_name) and
-    vLLM's closest backend where vLLM has none: what a table records per backend."""
+def engine_names() -> dict[str, dict[str, Any]]:
+    """Every registered backend -> the engines' literals for it (vllm_name, sglang_name,
+    trtllm_name), vLLM's closest backend where vLLM has none, and the options an engine needs
+    beside the literal (engine_options): what a table records per backend."""
     return {
-        n: {"vllm_name": cls.vllm_name, "sglang_name": cls.sglang_name, "vllm_closest": cls.vllm_closest}
+        n: {
+            "vllm_name": cls.vllm_name,
+            "sglang_name": cls.sglang_name,
+            "trtllm_name": cls.trtllm_name,
+            "vllm_closest": cls.vllm_closest,
+            "engine_options": {engine: list(opts) for engine, opts in cls.engine_options.items()},
+        }
         for n, cls in ((n, get_backend(n)) for n in list_backends())
     }

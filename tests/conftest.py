@@ -25,6 +25,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """A fresh, empty database: an SQLite file, then a new PostgreSQL database on the server
+    named by $A2A_TUNE_TEST_POSTGRES_URL (that half is skipped when it is unset)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    from databases import POSTGRES_ENV, fresh_postgres_database, postgres_server
+
+    server = postgres_server()
+    if server is None:
+        pytest.skip(f"no PostgreSQL server: set {POSTGRES_ENV} (CI starts one: .ci/postgres.sh)")
+    with fresh_postgres_database(server) as url:
+        yield url
+
+
 @pytest.fixture(autouse=True)
 def _isolated_user_profiles(tmp_path_factory, monkeypatch):
     """Tables a user measured on this machine must not leak into test lookups."""

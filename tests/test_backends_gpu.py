@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_backends import REAL_BACKENDS, Case, _cases_w2, _run_cases
+from invariant_cases import REAL_BACKENDS, Case, cases_w2, run_cases
 
 from a2a_tune.kernels import MoEShape, get_backend
 from a2a_tune.kernels._flashinfer import flashinfer_version
@@ -26,7 +26,7 @@ GRAPH_BACKENDS = ["allgather_reducescatter_padded", *NVLINK]
 
 
 def _gpu_cases() -> list[Case]:
-    cases = list(_cases_w2()) + _cases_w2(["nvlink_one_sided", "nvlink_low_latency"])  # tiny odd shapes
+    cases = list(cases_w2()) + cases_w2(["nvlink_one_sided", "nvlink_low_latency"])  # tiny odd shapes
     for b in GPU_BACKENDS:
         large = 1024 if b == "nvlink_low_latency" else 4096  # the low-latency slots' capacity
         for p in presets().values():
@@ -92,7 +92,7 @@ def _graph_replays(ctx, name: str, replays: int, capacity: int = 64) -> float:
 def _all_gpu_work(ctx, cases):
     graphs = {name: _graph_replays(ctx, name, 20) for name in GRAPH_BACKENDS}
     graphs.update({f"{name}-step": _graph_replays(ctx, name, 20, capacity=512) for name in GRAPH_BACKENDS})
-    return _run_cases(ctx, cases), graphs
+    return run_cases(ctx, cases), graphs
 
 
 @pytest.fixture(scope="module")

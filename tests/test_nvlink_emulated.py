@@ -1,173 +1,141 @@
-"""nvlink_one_sided's and nvlink_low_latency's Triton kernels on CPU: all ranks in one process under TRITON_INTERPRET.
-
-The kernels write through raw peer addresses and signal with flags; here every "peer" is a
-CPU buffer of the same process, and the ranks run each phase in turn (one legal schedule).
+"""nvlink_one_sided and nvlink_low_latency as shipped, on CPU: each rank a process, the Triton
+kernels under TRITON_INTERPRET, torch symmetric memory emulated by shared files
+(tests/support/emulate_nvlink.py). One launch of 8 ranks runs every world size, each on a gloo
+subgroup of its own.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
 pytest.importorskip("triton")
 
-EMULATOR = Path(__file__).parent / "support" / "emulate_nvlink.py"
+from emulate_nvlink import NVLINK, RoundTrips, World, emulate  # noqa: E402
+from invariant_cases import Case  # noqa: E402
 
+from a2a_tune.kernels import get_backend  # noqa: E402
+from a2a_tune.kernels.reference import TOLERANCE  # noqa: E402
+from a2a_tune.tuner.launch import run_ranks  # noqa: E402
+
+SMALL_BLOCKS = {
+    "row_block_bytes": 2048,  # rows copied in several steps (N_HB > 1)
+    "recv_block_h": 512,  # combine_recv over several H blocks
+    "recv_block_rows": 16,  # low latency: dispatch_recv over several row blocks
+    "send_num_warps": 1,
+    "recv_num_warps": 8,
+}
+LARGE_BLOCKS = {"row_block_bytes": 32768, "recv_block_h": 4096, "recv_block_rows": 256, "send_num_warps": 16}
+# the backend is filled in per NVLink backend ("planted_": its planted bug); the world size is len(tokens)
+BASE = [
+    Case("w2-fp32", "", (3, 2), experts=8, topk=2, hidden=16),
+    Case("w2-bf16-odd-hidden", "", (4, 5), experts=8, topk=3, hidden=33, dtype="bf16"),
+    Case("w2-zero-tokens", "", (0, 4), experts=8, topk=2, hidden=8),
+    Case("w2-fp8-block-scales", "", (3, 2), experts=8, topk=2, hidden=256, dtype="fp8_e4m3"),
+    Case("w2-knobs-small-blocks", "", (5, 3), experts=8, topk=2, hidden=1100, repeats=2, knobs=SMALL_BLOCKS),
+    Case("w2-knobs-fp8", "", (3, 2), experts=8, topk=2, hidden=2176, dtype="fp8_e4m3", knobs=SMALL_BLOCKS),
+    Case("w2-more-tokens-than-the-step", "", (5, 5), experts=8, topk=2, hidden=8, capacity=8, step=4),
+    Case("w3-skewed", "", (5, 1, 3), experts=12, topk=3, hidden=8, routing="skewed"),
+    Case("w3-all-local", "", (2, 2, 2), experts=12, topk=2, hidden=8, routing="local"),
+    Case("w3-fp8-odd-hidden", "", (2, 0, 3), experts=6, topk=2, hidden=136, dtype="fp8_e4m3"),
+    Case("w3-knobs-bf16-large-blocks", "", (2, 0, 3), experts=6, topk=2, hidden=40, dtype="bf16", knobs=LARGE_BLOCKS),
+    Case("w4-bf16", "", (2, 3, 0, 1), experts=16, topk=4, hidden=8, dtype="bf16"),
+    # EP 8, an HGX node: every rank a peer of every other
+    Case("w8-skewed", "", (3, 0, 1, 2, 4, 1, 0, 2), experts=16, topk=4, hidden=8, routing="skewed"),
+    Case("w8-fp8", "", (1, 2, 0, 1, 1, 2, 1, 1), experts=32, topk=8, hidden=128, dtype="fp8_e4m3"),
+    Case("w2-planted-off-by-one-slot", "planted_", (4, 4), experts=8, topk=2, hidden=8),
+]
 CASES = [
-    {"id": "w2-fp32", "world": 2, "experts": 8, "topk": 2, "hidden": 16, "tokens": [3, 2]},
-    {"id": "w2-bf16-odd-hidden", "world": 2, "experts": 8, "topk": 3, "hidden": 33, "tokens": [4, 5], "dtype": "bf16"},
-    {"id": "w2-zero-tokens", "world": 2, "experts": 8, "topk": 2, "hidden": 8, "tokens": [0, 4]},
-    {"id": "w3-skewed", "world": 3, "experts": 12, "topk": 3, "hidden": 8, "tokens": [5, 1, 3], "routing": "skewed"},
-    {"id": "w3-all-local", "world": 3, "experts": 12, "topk": 2, "hidden": 8, "tokens": [2, 2, 2], "routing": "local"},
-    {
-        "id": "w2-repeated-no-host-barrier",
-        "world": 2,
-        "experts": 8,
-        "topk": 2,
-        "hidden": 8,
-        "tokens": [3, 4],
-        "repeats": 4,
-    },
-    {"id": "w2-zero-tokens-repeated", "world": 2, "experts": 8, "topk": 2, "hidden": 8, "tokens": [0, 3], "repeats": 3},
-    {"id": "w4-bf16", "world": 4, "experts": 16, "topk": 4, "hidden": 8, "tokens": [2, 3, 0, 1], "dtype": "bf16"},
-    # EP 8, an HGX node: every rank a peer of every other (issue 7's machines)
-    {
-        "id": "w8-skewed",
-        "world": 8,
-        "experts": 16,
-        "topk": 4,
-        "hidden": 8,
-        "tokens": [3, 0, 1, 2, 4, 1, 0, 2],
-        "routing": "skewed",
-    },
-    {
-        "id": "w8-fp8",
-        "world": 8,
-        "experts": 32,
-        "topk": 8,
-        "hidden": 128,
-        "tokens": [1, 2, 0, 1, 1, 2, 1, 1],
-        "dtype": "fp8_e4m3",
-    },
-    {
-        "id": "w2-fp8-block-scales",
-        "world": 2,
-        "experts": 8,
-        "topk": 2,
-        "hidden": 256,
-        "tokens": [3, 2],
-        "dtype": "fp8_e4m3",
-    },
-    {
-        "id": "w3-fp8-odd-hidden",
-        "world": 3,
-        "experts": 6,
-        "topk": 2,
-        "hidden": 136,
-        "tokens": [2, 0, 3],
-        "dtype": "fp8_e4m3",
-    },
-    # knobs: rows copied in several steps (N_HB > 1), combine_recv over several H blocks,
-    # dispatch_recv (low latency) over several row blocks; num_warps passes through
-    {
-        "id": "w2-knobs-small-blocks",
-        "world": 2,
-        "experts": 8,
-        "topk": 2,
-        "hidden": 1100,
-        "tokens": [5, 3],
-        "repeats": 2,
-        "knobs": {
-            "row_block_bytes": 2048,
-            "recv_block_h": 512,
-            "recv_block_rows": 16,
-            "send_num_warps": 1,
-            "recv_num_warps": 8,
-        },
-    },
-    {
-        "id": "w3-knobs-bf16-large-blocks",
-        "world": 3,
-        "experts": 6,
-        "topk": 2,
-        "hidden": 40,
-        "tokens": [2, 0, 3],
-        "dtype": "bf16",
-        "knobs": {"row_block_bytes": 32768, "recv_block_h": 4096, "recv_block_rows": 256, "send_num_warps": 16},
-    },
-    {
-        "id": "w2-knobs-fp8",
-        "world": 2,
-        "experts": 8,
-        "topk": 2,
-        "hidden": 2176,
-        "tokens": [3, 2],
-        "dtype": "fp8_e4m3",
-        "knobs": {"row_block_bytes": 2048, "recv_block_h": 512},
-    },
-    {
-        "id": "planted-off-by-one-slot",
-        "world": 2,
-        "experts": 8,
-        "topk": 2,
-        "hidden": 8,
-        "tokens": [4, 4],
-        "plant": "off_by_one_slot",
-    },
+    replace(
+        c,
+        id=f"{b}-{c.id}",
+        backend=c.backend + b,
+        knobs={k: v for k, v in c.knobs.items() if k in get_backend(b).knob_space},
+    )
+    for b in NVLINK
+    for c in BASE
 ]
-# the same cases through the low-latency (expert-major) kernels
-CASES += [{**c, "id": "ll-" + c["id"], "backend": "low_latency"} for c in list(CASES)]
-# one-sided with a workspace larger than the step (an engine's capacity) and the step's size
-# changing between rounds (set_step_tokens): rows pack at the regions' start, nothing stale
-CASES += [
-    {
-        "id": "w2-step-below-capacity",
-        "world": 2,
-        "experts": 8,
-        "topk": 2,
-        "hidden": 16,
-        "tokens": [3, 2],
-        "capacity": 12,
-        "steps": [4, 3, 8],
-        "repeats": 3,
-    },
-    {
-        "id": "w3-fp8-step-below-capacity",
-        "world": 3,
-        "experts": 6,
-        "topk": 2,
-        "hidden": 128,
-        "tokens": [2, 0, 3],
-        "dtype": "fp8_e4m3",
-        "capacity": 9,
-        "steps": [3, 5],
-        "repeats": 2,
-    },
+# back to back, no host synchronisation between round trips; with a workspace larger than the
+# step (an engine's capacity) and the step changing between rounds (set_step_tokens)
+TRIPS = [
+    *(RoundTrips(f"{b}-w2-repeated", b, (3, 4), steps=(None,) * 4) for b in NVLINK),
+    *(RoundTrips(f"{b}-w2-zero-tokens-repeated", b, (0, 3), steps=(None,) * 3) for b in NVLINK),
+    *(RoundTrips(f"{b}-w2-step-below-capacity", b, (3, 2), steps=(4, 3, 8), hidden=16, capacity=12) for b in NVLINK),
+    RoundTrips(
+        "nvlink_one_sided-w3-fp8-step-below-capacity",
+        "nvlink_one_sided",
+        (2, 0, 3),
+        steps=(3, 5),
+        experts=6,
+        hidden=128,
+        dtype="fp8_e4m3",
+        capacity=9,
+    ),
 ]
+WORLDS = (2, 3, 4, 8)
 
 
 @pytest.fixture(scope="module")
-def results():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run(
-        [sys.executable, str(EMULATOR), json.dumps(CASES)], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return {r["id"]: r for r in json.loads(out.stdout)}
+def emulated(tmp_path_factory) -> dict[int, list[dict]]:
+    """World size -> every rank's results, by rank: one launch of 8 ranks runs every size."""
+    worlds = [
+        World(
+            size,
+            [c for c in CASES if len(c.tokens) == size],
+            [t for t in TRIPS if len(t.tokens) == size],
+            ["nvlink_one_sided"] if size == 2 else [],  # the step-sized backend's handle
+        )
+        for size in WORLDS
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        ranks = run_ranks(emulate, max(WORLDS), "cpu", str(tmp_path_factory.mktemp("symm")), worlds)
+    return {size: sorted((r[size] for r in ranks if size in r), key=lambda r: r["rank"]) for size in WORLDS}
 
 
-@pytest.mark.parametrize("case", [c["id"] for c in CASES if "plant" not in c])
-def test_kernels_satisfy_the_invariant(results, case):
-    r = results[case]
-    assert r["ok"], r["reason"]
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if "planted" not in c.id and "than-the-step" not in c.id], ids=lambda c: c.id
+)
+def test_the_backends_satisfy_the_invariant(emulated, case):
+    ok, err, reason, _ = emulated[len(case.tokens)][0]["invariant"][case.id]
+    assert ok, reason
+    assert err <= TOLERANCE[case.dtype]
 
 
-@pytest.mark.parametrize("case", ["planted-off-by-one-slot", "ll-planted-off-by-one-slot"])
-def test_a_planted_slot_bug_fails_the_invariant(results, case):
-    r = results[case]
-    assert not r["ok"] and r["max_rel_error"] > 0.1
+@pytest.mark.parametrize("backend", NVLINK)
+def test_a_planted_slot_bug_fails_the_invariant(emulated, backend):
+    ok, err, _, crashed = emulated[2][0]["invariant"][f"{backend}-w2-planted-off-by-one-slot"]
+    assert not ok and not crashed and err > 0.1
+
+
+@pytest.mark.parametrize("backend", NVLINK)
+def test_more_tokens_than_the_step_is_a_one_line_error(emulated, backend):
+    ok, _, reason, crashed = emulated[2][0]["invariant"][f"{backend}-w2-more-tokens-than-the-step"]
+    assert not ok and crashed
+    assert reason == "5 tokens exceed this step's 4 (set_step_tokens)"
+
+
+@pytest.mark.parametrize("trips", TRIPS, ids=lambda t: t.id)
+def test_round_trips_without_host_barriers(emulated, trips):
+    shape, world = trips.shape(), len(trips.tokens)
+    for rank, rounds in enumerate(r["trips"][trips.id] for r in emulated[world]):
+        assert len(rounds) == len(trips.steps)
+        for step, (rows, local, err) in zip(trips.steps, rounds):
+            assert local, f"rank {rank}: ids of other ranks' experts"
+            assert err <= TOLERANCE[shape.dtype], f"rank {rank}, step {step}: relative error {err:.3g}"
+            if trips.backend == "nvlink_one_sided":  # step-sized: W x step rows, not W x capacity
+                assert rows == world * (step or shape.max_tokens_per_rank)
+            else:  # expert-major: every local expert's W x capacity slots
+                assert rows == shape.experts_per_rank(world) * world * shape.max_tokens_per_rank
+
+
+def test_a_step_change_between_dispatch_and_combine_is_refused(emulated):
+    for r in emulated[2]:
+        assert r["mid_trip"]["nvlink_one_sided"] == "set_step_tokens changed between dispatch (2) and combine (3)"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_world_size_ran_all_its_cases_on_its_own_ranks(emulated, world):
+    assert [r["rank"] for r in emulated[world]] == list(range(world))
+    assert {c.id for c in CASES if len(c.tokens) == world} == set(emulated[world][0]["invariant"])

@@ -30,7 +30,7 @@ def test_a_hung_backend_times_out_and_the_sweep_goes_on(tmp_path, monkeypatch):
     )
     start = time.monotonic()
     outcome = sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False, case_timeout=6)
-    assert time.monotonic() - start < 120
+    assert time.monotonic() - start < 240  # the 6 s watchdog acted, not the 600 s collective timeout
     assert outcome.status == "completed"
     assert outcome.failed.get("timeout") == 1
     assert "timed out at 2 tokens/rank" in outcome.infeasible["planted_hang"]

@@ -18,6 +18,7 @@ Spawned ranks are supervised by the process that spawned them (the operator's `a
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import queue
 import re
@@ -30,6 +31,7 @@ import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -143,6 +145,11 @@ def _init(rank: int, world_size: int, local_rank: int, device_type: str) -> Rank
         dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device)
     else:
         device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:
+            # CPU ranks share the host's cores, and idle OpenMP workers spin-wait: with torch's
+            # default of a thread per core each rank starves the others (and a busy host starves
+            # each rank), so round trips over gloo vary by orders of magnitude from one to the next.
+            torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     return RankContext(rank, world_size, local_rank, device, None)
 
@@ -310,3 +317,46 @@ def _sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class Heartbeat:
+    """A file in which rank 0 says what it is doing, for the spawning parent's watchdog:
+    `run_ranks(..., stalled=heartbeat.stalled_after(s))` stops every rank once one item of
+    work has run for `s` seconds, and `last()` then names that item."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+
+    def beat(self, doing: dict[str, Any] | None, **facts: Any) -> None:
+        """Rank 0: `doing` starts now (JSON-able; None: between items); `facts` are for the
+        parent to read with `fact()` (e.g. the sweep's run id), not watched."""
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({**facts, "doing": doing, "since": time.time()}, f)
+        os.replace(tmp, self.path)
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            return json.loads(Path(self.path).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def last(self) -> dict[str, Any] | None:
+        """What rank 0 said it was doing last (None: nothing, or between items)."""
+        return self._read().get("doing")
+
+    def fact(self, name: str) -> Any:
+        """A fact rank 0 gave with its last beat, or None."""
+        return self._read().get(name)
+
+    def clear(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+    def stalled_after(self, seconds: float) -> Callable[[], str | None]:
+        def stalled() -> str | None:
+            state = self._read()
+            if state.get("doing") and time.time() - state["since"] > seconds:
+                return f"{state['doing']} made no progress for {seconds:.0f} s"
+            return None
+
+        return stalled

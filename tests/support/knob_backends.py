@@ -5,7 +5,9 @@ path), the way an out-of-tree backend would be.
 
 `knobbed_sleepy` sleeps `delay_ms` in every dispatch, so the fastest correct setting is the
 smallest delay; `shortcut=True` skips the sleep AND delivers every row one slot off, so it
-is the fastest setting of all and wrong: the search must never pick it.
+is the fastest setting of all and wrong: the search must never pick it. The delays are 2x
+and 100x apart: a gloo round trip on a loaded 2-core machine adds up to tens of ms (and
+varies as much), which must not reorder them or hide the slow one from the pruner.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from a2a_tune.kernels.nccl_all2allv import NcclAll2Allv
 @register_backend
 class KnobbedSleepy(NcclAll2Allv):
     name = "knobbed_sleepy"
-    knob_space = {"delay_ms": (80, 40, 1), "shortcut": (False, True)}
-    knob_defaults = {"delay_ms": 80, "shortcut": False}
+    knob_space = {"delay_ms": (200, 100, 1), "shortcut": (False, True)}
+    knob_defaults = {"delay_ms": 200, "shortcut": False}
 
     def dispatch(self, x, topk_ids, topk_weights):
         knobs = self.knobs()

@@ -101,3 +101,16 @@ class DiskFullOnRankZero(NcclAll2Allv):
         if self.rank == 0:
             raise OSError(28, "No space left on device")
         return super().knobs()
+
+
+@register_backend
+class FailsToBuildOnOneRank(NcclAll2Allv):
+    """Rank 1's constructor raises (a workspace that does not fit on one GPU): the other ranks
+    must learn of it rather than wait for rank 1 in the first collective."""
+
+    name = "planted_build_fails"
+
+    def __init__(self, group, shape, device):
+        super().__init__(group, shape, device)
+        if self.rank == 1:
+            raise RuntimeError("planted failure: out of memory for the workspace")

@@ -1,0 +1,43 @@
+"""Fresh databases for tests that run against SQLite and PostgreSQL alike.
+
+PostgreSQL is used when ``$A2A_TUNE_TEST_POSTGRES_URL`` names a server (CI starts one, see
+.ci/postgres.sh): a URL whose user may create databases, e.g.
+``postgresql://postgres:secret@127.0.0.1:55432/postgres``. Each test gets a database of its
+own, dropped afterwards; without the variable the PostgreSQL half of a test is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+POSTGRES_ENV = "A2A_TUNE_TEST_POSTGRES_URL"
+
+
+def postgres_server() -> str | None:
+    """The admin URL of the test PostgreSQL server, or None when none is configured."""
+    return os.environ.get(POSTGRES_ENV) or None
+
+
+@contextmanager
+def fresh_postgres_database(server: str) -> Iterator[str]:
+    """A new, empty database on `server` for the duration of the block; yields its URL."""
+    import sqlalchemy as sa
+
+    from a2a_tune.db import resolve_url
+
+    admin_url = sa.engine.make_url(resolve_url(server))
+    name = f"a2a_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        try:
+            yield admin_url.set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()

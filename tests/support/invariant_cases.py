@@ -1,0 +1,97 @@
+"""The invariant over a list of cases, one backend instance a case: what the gloo tests, the GPU
+tests and the NVLink emulation run on every rank (`run_ranks(run_cases, W, device, cases)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from a2a_tune.kernels import MoEShape, ShapeError, get_backend
+from a2a_tune.kernels.reference import check_invariant, make_inputs
+
+REAL_BACKENDS = ["allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    backend: str
+    tokens: tuple[int, ...]  # per rank
+    experts: int = 16
+    topk: int = 4
+    hidden: int = 64
+    dtype: str = "fp32"
+    routing: str = "uniform"
+    repeats: int = 1  # calls on one backend instance, fresh inputs each time
+    scales: str = "index"  # "index": s[e] = e + 1; "random": a seeded random scale per expert
+    capacity: int | None = None  # max_tokens_per_rank [default: the most tokens]
+    step: int | None = None  # set_step_tokens: an engine's step max over ranks, below the capacity
+    knobs: dict = field(default_factory=dict, hash=False)  # set_knobs
+
+
+def cases_w2(backends: list[str] = REAL_BACKENDS) -> list[Case]:
+    cases = []
+    for b in backends:
+        cases += [
+            Case(f"{b}-uniform", b, (5, 7)),
+            Case(f"{b}-bf16", b, (6, 3), dtype="bf16"),
+            Case(f"{b}-fp16", b, (4, 4), dtype="fp16"),
+            Case(f"{b}-zero-tokens-rank0", b, (0, 9)),
+            Case(f"{b}-zero-tokens-all", b, (0, 0)),
+            Case(f"{b}-skewed", b, (32, 17), experts=32, topk=6, routing="skewed"),
+            Case(f"{b}-odd-hidden", b, (5, 6), hidden=33, dtype="bf16"),
+            Case(f"{b}-all-local", b, (8, 8), routing="local"),
+            Case(f"{b}-topk-equals-experts", b, (3, 2), experts=4, topk=4),
+            Case(f"{b}-repeated-calls", b, (7, 5), repeats=4),
+            Case(f"{b}-random-scales", b, (9, 9), scales="random"),
+            # a workspace for an engine's largest batch, a smaller step (set_step_tokens)
+            Case(f"{b}-step-below-capacity", b, (5, 3), capacity=32, step=6, repeats=2),
+            Case(f"{b}-more-tokens-than-the-step", b, (5, 5), capacity=32, step=4),
+        ]
+    if backends is not REAL_BACKENDS:
+        return cases
+    cases += [
+        Case("planted_off_by_one", "planted_off_by_one", (6, 6)),
+        Case("planted_double_weights", "planted_double_weights", (6, 6)),
+        Case("planted_crash", "planted_crash", (3, 3)),
+    ]
+    return cases
+
+
+def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
+    results = {}
+    for i, case in enumerate(cases):
+        shape = MoEShape(case.experts, case.topk, case.hidden, case.capacity or max(max(case.tokens), 1), case.dtype)
+        try:  # a backend that cannot even be built fails its case, not the whole launch
+            backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
+            backend.set_step_tokens(case.step)
+            if case.knobs:
+                backend.set_knobs(case.knobs)
+        except Exception as exc:  # noqa: BLE001
+            results[case.id] = (False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True)
+            continue
+        scales = None
+        if case.scales == "random":
+            scales = torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
+        verdicts = []
+        try:
+            for rep in range(case.repeats):
+                inputs = make_inputs(
+                    shape,
+                    case.tokens[ctx.rank],
+                    rank=ctx.rank,
+                    world_size=ctx.world_size,
+                    routing=case.routing,
+                    seed=1000 * i + rep,
+                    device=ctx.device,
+                )
+                verdicts.append(check_invariant(backend, inputs, scales=scales))
+        except ShapeError as exc:  # the caller's mistake, raised before any collective (every rank)
+            results[case.id] = (False, float("inf"), str(exc), True)
+            backend.close()
+            continue
+        backend.close()
+        worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
+        results[case.id] = (all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed)
+    return results
