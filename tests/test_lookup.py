@@ -322,18 +322,19 @@ def test_fingerprint_from_env_then_probe(monkeypatch, fixture_dir, caplog):
     monkeypatch.delenv("A2A_TUNE_FINGERPRINT")
     calls = []
     fake = types.ModuleType("a2a_tune.tuner.probe")
-    fake.probe = lambda: calls.append(1) or types.SimpleNamespace(fingerprint=FP)
+    fake.probe = lambda **kw: calls.append(kw) or types.SimpleNamespace(fingerprint=FP)
     monkeypatch.setitem(sys.modules, "a2a_tune.tuner.probe", fake)
     assert lookup(tokens=64, **A).match == "exact"
     assert lookup(tokens=8, **A).match == "exact"
-    assert calls == [1]  # probed once per process
+    assert len(calls) == 1 and calls[0]["strict"]  # probed once, a failure reported as such
+    assert 0 < calls[0]["timeout_s"] <= 10  # a hung NVML delays start-up by seconds, not a minute
     assert warnings_of(caplog) == []
 
 
 def test_probe_failure_falls_back_with_one_warning(monkeypatch, caplog):
     fake = types.ModuleType("a2a_tune.tuner.probe")
 
-    def probe():
+    def probe(**kwargs):
         raise RuntimeError("NVML Shared Library Not Found")
 
     fake.probe = probe
@@ -406,16 +407,19 @@ def test_unreadable_file_chmod_000(tmp_path, monkeypatch, caplog):
 
 
 def test_unreadable_file_open_fails(tmp_path, monkeypatch, caplog):
-    """Same as chmod 000, but also runs as root: open() itself raises PermissionError."""
+    """Same as chmod 000, but also runs as root: opening raises PermissionError."""
     p = write(tmp_path, FIXTURE.read_text())
-    real_open = builtins.open
 
-    def deny(file, *a, **k):
-        if os.fspath(file) == str(p):
-            raise PermissionError(13, "Permission denied", str(p))
-        return real_open(file, *a, **k)
+    def denying(real):
+        def deny(file, *a, **k):
+            if os.fspath(file) == str(p):
+                raise PermissionError(13, "Permission denied", str(p))
+            return real(file, *a, **k)
 
-    monkeypatch.setattr(builtins, "open", deny)
+        return deny
+
+    monkeypatch.setattr(builtins, "open", denying(builtins.open))
+    monkeypatch.setattr(os, "open", denying(os.open))
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     c = lookup(fingerprint=FP, tokens=64, **A)
     assert (c.backend, c.match) == (FALLBACK_BACKEND, "fallback")
@@ -485,14 +489,14 @@ def test_warm_lookup_is_cached(tmp_path, monkeypatch):
     p = write(tmp_path, FIXTURE.read_text())
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     opened = []
-    real_open = builtins.open
+    real_open = os.open
 
     def counting_open(file, *a, **k):
         if os.fspath(file) == str(p):
             opened.append(file)
         return real_open(file, *a, **k)
 
-    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(os, "open", counting_open)  # how the start-up path opens files (runtime.files)
     assert lookup(fingerprint=FP, tokens=64, **A).backend == "nvlink_one_sided"
     assert len(opened) == 1
     assert lookup(fingerprint=FP, tokens=64, **A).backend == "nvlink_one_sided"

@@ -580,7 +580,7 @@ def profile_for_run(url: str | None, run_id: int) -> tuple[dict, int, str | None
     from a2a_tune.db import open_store
     from a2a_tune.kernels import engine_names
 
-    with open_store(url) as store:
+    with open_store(url, readonly=True) as store:
         profile = profile_from_store(store, run_id, backend_names=engine_names())
         url = store.url
     if not profile["entries"]:

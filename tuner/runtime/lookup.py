@@ -31,15 +31,16 @@ packaged one)::
     ~/.local/share/a2a-tune/profiles   (where `a2a-tune run` writes; $XDG_DATA_HOME)
     packaged a2a_tune/profiles/
 
-Fingerprint: ``lookup(fingerprint=...)``, else ``$A2A_TUNE_FINGERPRINT``, else the
-topology probe (``a2a_tune.tuner.probe``, imported lazily; it reads NVML in a child
-process). Tables, in order (see :mod:`a2a_tune.tuner.runtime.fingerprint`):
-``<fingerprint>.json``; the tables of the multi-node jobs this node took part in (a pointer
-``<fingerprint>.cluster`` the job wrote on every node names them, level ``cluster``); a
-table of the same GPU models and NVLink islands that differs only in the node count
-(``h200.nvl18x2.*``, level ``same-gpu-domain``). The first with an entry for the requested
-EP size and dtype answers (else the first found, which says what it lacks); none: the
-engine default. ``Choice.hardware_match`` says which level answered.
+Fingerprint: ``lookup(fingerprint=...)``, else ``$A2A_TUNE_FINGERPRINT``, else this
+machine's, cached per boot and driver or probed within a few seconds
+(:func:`a2a_tune.tuner.runtime.fingerprint.probed_fingerprint`). Tables, in order (see
+:mod:`a2a_tune.tuner.runtime.fingerprint`): ``<fingerprint>.json``; the tables of the
+multi-node jobs this node took part in (a pointer ``<fingerprint>.cluster`` the job wrote on
+every node names them, level ``cluster``); a table of the same GPU models and NVLink islands
+that differs only in the node count (``h200.nvl18x2.*``, level ``same-gpu-domain``). The
+first with an entry for the requested EP size and dtype answers (else the first found, which
+says what it lacks); none: the engine default. ``Choice.hardware_match`` says which level
+answered.
 
 **Which shape.** An entry with exactly the requested shape is used ("exact"). Otherwise
 only entries with the same ``ep_size`` and ``dtype`` are candidates (none -> fallback) and
@@ -312,7 +313,7 @@ def _find(fingerprint: str, dirs: list) -> tuple:
     for d in dirs:
         p = os.path.join(d, name)
         tried.append(p)
-        if os.path.isfile(p):
+        if os.path.exists(p) and not os.path.isdir(p):  # a FIFO or device there is reported, not skipped
             return p, tried
     return None, tried
 
@@ -399,10 +400,11 @@ def _read_pointer(path: str) -> list:
         return hit[1]
     import json
 
+    from a2a_tune.tuner.runtime.files import MAX_CACHE_BYTES, read_capped
+
     clusters = []
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8"))
+        data = json.loads(read_capped(path, MAX_CACHE_BYTES).decode("utf-8"))
         for fp in data.get("clusters", []) if isinstance(data, dict) else []:
             try:
                 clusters.append(normalize_fingerprint(fp))
@@ -507,9 +509,12 @@ def clear_cache() -> None:
 def _read_and_parse(path: str) -> Profile:
     import json
 
+    from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES, FileRefused, read_capped
+
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_capped(path, MAX_TABLE_BYTES)
+    except FileRefused as exc:
+        raise ProfileError(str(exc), path=path) from None
     except OSError as exc:
         raise ProfileError(f"cannot read: {exc.strerror or exc}", path=path) from None
     try:
@@ -606,10 +611,10 @@ def _resolve_fingerprint(fingerprint):
         fingerprint = os.environ.get(FINGERPRINT_ENV) or None
     if fingerprint is None:
         if not _PROBED:
-            try:
-                from a2a_tune.tuner.probe import probe  # lazy: imports pynvml (read in a child)
+            from a2a_tune.tuner.runtime.fingerprint import PROBE_TIMEOUT_S, probed_fingerprint
 
-                _PROBED.append((normalize_fingerprint(probe().fingerprint), None))
+            try:
+                _PROBED.append((probed_fingerprint(PROBE_TIMEOUT_S), None))
             except Exception as exc:
                 _PROBED.append(
                     (
@@ -671,10 +676,10 @@ def _request(tokens, phase, max_tokens, workload):
     if tokens is not None:
         if max_tokens is not None:
             return "max_tokens= goes with phase=, not with tokens=", None, None, None
-        problem, (t,) = _check_args({"tokens": tokens}, {})
+        problem, ints = _check_args({"tokens": tokens}, {})
         if problem:
-            return problem, None, None, None
-        return None, "tokens", ("point", t), ("point", t)
+            return problem, "tokens", None, None
+        return None, "tokens", ("point", ints[0]), ("point", ints[0])
     if phase is not None:
         if phase not in PHASES:
             return f"invalid lookup argument phase={phase!r} (expected 'decode' or 'prefill')", None, None, None
