@@ -561,3 +561,25 @@ def test_a_wide_spread_never_ties_a_backend_more_than_3_percent_slower():
     ms_no_close = [m for m in ms if m["backend"] != "nvlink_one_sided"]
     (e,) = build_profile(ms_no_close, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
     assert (e["winners"][0]["backend"], e["winners"][0]["tie"]) == ("nccl_all2allv", False)
+
+
+def test_tables_record_every_engines_name_and_options(tmp_path):
+    # The registry's names (kernels declare them) go into the table as select writes it, pass
+    # the published schema, and are what lookup tells each engine.
+    from a2a_tune.kernels.registry import engine_names
+
+    names = dict(engine_names())
+    names["nccl_all2allv"] = dict(names["nccl_all2allv"], sglang_name="deepep", trtllm_name="DEEPEP")
+    names["nccl_all2allv"]["engine_options"] = {"sglang": ("--deepep-mode", "normal")}
+    p = build_profile(measurements_from(), [], hardware=HARDWARE, run=RUN, backend_names=names)
+    validate_profile(p)
+    assert p["backends"]["flashinfer_nvlink_one_sided"]["trtllm_name"] == "NVLINK_ONE_SIDED"
+    assert p["backends"]["allgather_reducescatter"]["trtllm_name"] == "ALLGATHER"
+    assert "trtllm_name" not in p["backends"]["nvlink_one_sided"]  # no TensorRT-LLM method: left out
+    assert p["backends"]["nccl_all2allv"]["engine_options"] == {"sglang": ["--deepep-mode", "normal"]}
+    out = write_profile(p, tmp_path)
+    c = lookup(profile=out, tokens=1024, engine="sglang", **SHAPE_B)
+    assert (c.backend, c.engine_args("sglang")) == ("nccl_all2allv", ("deepep", ("--deepep-mode", "normal")))
+    # Shape B: allgather_reducescatter 20 us at 1 token, nccl_all2allv (here DEEPEP) 300 at 1024.
+    assert lookup(profile=out, tokens=1, engine="trtllm", **SHAPE_B).engine_args("trtllm") == ("ALLGATHER", ())
+    assert lookup(profile=out, tokens=1024, engine="trtllm", **SHAPE_B).engine_args("trtllm") == ("DEEPEP", ())

@@ -857,14 +857,19 @@ def lookup(
     ),
     engine: str | None = typer.Option(
         None,
-        help="Only backends this engine (vllm, sglang) can be told \\[default: "
-        "implied by --format vllm/sglang, else any].",
+        help="Only backends this engine (vllm, sglang, trtllm) can be told \\[default: "
+        "implied by --format vllm/sglang/trtllm, else any].",
     ),
-    fmt: str = typer.Option("name", "--format", help="name | vllm | sglang | env | json"),
+    fmt: str = typer.Option(
+        "name",
+        "--format",
+        help="name | vllm (--all2all-backend X) | sglang (--moe-a2a-backend X, with --deepep-mode M for DeepEP) | "
+        "trtllm (TRTLLM_FORCE_COMM_METHOD=X) | env | json",
+    ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
 
-    A missing or broken table or workload file is not an error: it prints the engine default and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` always starts.
+    With --format vllm / sglang / trtllm: what to add to that engine's launch, for the fastest backend the engine can run (one it has no name for is left out). A missing or broken table or workload file is not an error: it prints the engine's default (for TensorRT-LLM nothing, so it keeps its own choice) and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` and `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` always start.
     """
     import logging
 
@@ -872,8 +877,8 @@ def lookup(
     from .runtime.lookup import lookup as do_lookup
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
-    if fmt not in ("name", "vllm", "sglang", "env", "json"):
-        raise _fail(f"--format must be name, vllm, sglang, env or json, got {fmt!r}", 2)
+    if fmt not in ("name", *engines.ENGINES, "env", "json"):
+        raise _fail(f"--format must be name, {', '.join(engines.ENGINES)}, env or json, got {fmt!r}", 2)
     if engine is not None and engine not in engines.ENGINES:
         raise _fail(f"--engine must be {' or '.join(engines.ENGINES)}, got {engine!r}", 2)
     given = [name for name, v in (("--tokens", tokens), ("--phase", phase), ("--workload", workload)) if v is not None]
@@ -914,18 +919,14 @@ def lookup(
     if fmt == "json":
         print(json.dumps(choice.to_dict(), indent=2))
     elif fmt in engines.ENGINES:
-        name = choice.vllm_name if fmt == "vllm" else choice.sglang_name
-        print(engines.engine_flag(fmt, name if choice.match != "fallback" else None))
+        flag = engines.engine_flag(fmt, *choice.engine_args(fmt))
+        if flag:  # TensorRT-LLM without a method: nothing, it keeps its own choice
+            print(flag)
     elif fmt == "env":
         # Each engine gets the fastest backend it can be told (asked separately; an engine
         # that can be told none of the table's backends keeps its default: not worth a warning).
-        vllm, sglang = ask("vllm", quiet=True), ask("sglang", quiet=True)
-        for line in engines.env_lines(
-            choice.backend,
-            vllm.vllm_name if vllm.match != "fallback" else None,
-            sglang.sglang_name if sglang.match != "fallback" else None,
-            choice.match,
-        ):
+        vllm, sglang, trtllm = (ask(e, quiet=True).engine_args(e) for e in ("vllm", "sglang", "trtllm"))
+        for line in engines.env_lines(choice.backend, vllm[0], sglang[0], choice.match, trtllm[0], sglang[1]):
             print(line)
     else:
         print(choice.backend)
