@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 import types
@@ -311,20 +312,22 @@ FAILURES = {
 def _deny_reading(path: Path, mp):
     import builtins
 
-    real_open = builtins.open
+    def denying(real):
+        def deny(file, *a, **k):
+            if str(file) == str(path):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(file, *a, **k)
 
-    def deny(file, *a, **k):
-        if str(file) == str(path):
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(file, *a, **k)
+        return deny
 
-    mp.setattr(builtins, "open", deny)
+    mp.setattr(builtins, "open", denying(builtins.open))
+    mp.setattr(os, "open", denying(os.open))
 
 
 def _broken_probe():
     mod = types.ModuleType("a2a_tune.tuner.probe")
 
-    def probe():
+    def probe(**kwargs):
         raise RuntimeError("NVML Shared Library Not Found")
 
     mod.probe = probe

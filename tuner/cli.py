@@ -34,9 +34,24 @@ DB_HELP = "SQLAlchemy URL or SQLite file path [env: A2A_TUNE_DB; default: sqlite
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    # messages quote user input and file names: never rich markup
+    # messages quote user input and file names: never rich markup; URLs never show a password
+    if "://" in message:
+        from a2a_tune.db import mask_secrets
+
+        message = mask_secrets(message)
     err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def _store_url(db: str | None) -> str:
+    """--db for a command that stores, checked before any rank starts: it parses, and it is
+    not an in-memory database (what a sweep stored there would vanish with it)."""
+    from a2a_tune.db import StoreError, check_url
+
+    try:
+        return check_url(db, persistent=True)
+    except StoreError as exc:
+        raise _fail(str(exc), 2) from None
 
 
 # ---------------------------------------------------------------------------------- probe
@@ -47,9 +62,14 @@ def probe(
     as_json: bool = typer.Option(False, "--json", help="Print the full facts and the fingerprint as JSON."),
     record: Path | None = typer.Option(None, help="Also save the raw NVML answers to FILE (a test fixture)."),
 ) -> None:
-    """Detect GPUs, NVLink islands, fabric domains and degraded links; print the fingerprint."""
+    """Detect GPUs, NVLink islands, fabric domains and degraded links; print the fingerprint.
+
+    Also refreshes the fingerprint engines' lookups cache for this boot and driver.
+    """
+    from .nvml import NvmlQueryError
+    from .probe import cpu_topology, render_summary
     from .probe import probe as run_probe
-    from .probe import render_summary
+    from .runtime.fingerprint import remember_fingerprint
 
     if record is not None:
         from .nvml import RealNvml
@@ -59,7 +79,13 @@ def probe(
             record.write_text(json.dumps(record_nvml(RealNvml()), indent=2))
         except Exception as exc:  # no NVML here: nothing to record
             raise _fail(f"cannot record NVML answers: {exc}") from None
-    topo = run_probe()
+    try:
+        topo = run_probe(strict=True)
+    except NvmlQueryError as exc:  # a crashed or hung NVML: say so, cache nothing
+        err.print(f"warning: NVML probe failed ({exc}); reporting this host as CPU-only", highlight=False, markup=False)
+        topo = cpu_topology()
+    else:
+        remember_fingerprint(topo.fingerprint)
     if as_json:
         out.print_json(json.dumps(topo.to_dict()))
     else:
@@ -70,12 +96,16 @@ def probe(
 
 
 def _parse_tokens(text: str) -> tuple[int, ...]:
+    from .shapes import MAX_TOKENS_PER_RANK
+
     try:
         values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
     except ValueError:
         raise _fail(f"--tokens must be comma-separated integers, got {text!r}", 2) from None
     if not values or values[0] < 1:
         raise _fail(f"--tokens must be positive integers, got {text!r}", 2)
+    if values[-1] > MAX_TOKENS_PER_RANK:
+        raise _fail(f"--tokens {values[-1]} is above the largest supported count, {MAX_TOKENS_PER_RANK} per rank", 2)
     return tuple(values)
 
 
@@ -94,7 +124,7 @@ def _resolve_device(device: str) -> tuple[str, int]:
 
 def _resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
     """--device and --world: the device type and the ranks to run (a torchrun/srun job's own)."""
-    from .launch import launched_externally
+    from .launch import cpu_rank_limit, launched_externally
 
     device, gpus = _resolve_device(device)
     if launched_externally():
@@ -105,6 +135,10 @@ def _resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
         raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
     if world < 2:
         raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
+    if device == "cpu" and not launched_externally():
+        limit, why = cpu_rank_limit()
+        if world > limit:
+            raise _fail(f"--world {world} on cpu: this machine holds at most {limit} CPU ranks ({why})", 2)
     return device, world
 
 
@@ -169,15 +203,12 @@ def _build_plan(
     return plan, device, world
 
 
-def _check_capacity(capacity: int | None, token_counts, table_name: str | None = None, table=None) -> int | None:
-    """--capacity, or without it the capacity `table` was measured with (its run.capacity),
+def _check_capacity(capacity: int | None, token_counts, table_capacity: int | None = None) -> int | None:
+    """--capacity, or without it the capacity a table was measured with (its run.capacity),
     checked against the token counts to measure; None: each load's own."""
     source = None
-    if capacity is None and table is not None:
-        run = table.get("run") if isinstance(table, dict) else None
-        capacity = run.get("capacity") if isinstance(run, dict) else None
-        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
-            raise _fail(f"{table_name}: run.capacity must be a positive integer, got {capacity!r}", 2)
+    if capacity is None and table_capacity is not None:
+        capacity = table_capacity
         source = f"the table's run.capacity {capacity}"
     if capacity is not None and token_counts and capacity < max(token_counts):
         raise _fail(
@@ -231,6 +262,7 @@ def _do_sweep(
     capacity=None,
     refine=None,
 ):
+    _store_url(db)  # before the imports below: they cost torch
     from a2a_tune.db import StoreError
 
     from .launch import RankFailed
@@ -269,9 +301,11 @@ def _do_sweep(
         )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"sweep stopped: {exc}") from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
-            f"interrupted after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total())}", 130
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
+            143 if by == "SIGTERM" else 130,
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
@@ -281,24 +315,20 @@ def _do_sweep(
     return outcome
 
 
-def _stored_so_far(db: str | None, planned: int) -> str:
-    """What an interrupted sweep left in the store, in one line (the Ctrl-C summary); marks
-    its run interrupted (resumable) if no rank got to."""
+def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
+    """What an interrupted sweep left in its run, in one line (the Ctrl-C summary). The sweep
+    marked the run interrupted itself; this only reads."""
     from a2a_tune.db import open_store
 
+    if run_id is None:
+        return "no run was opened yet: nothing was stored"
     try:
-        with open_store(db) as store:
-            runs = store.runs()
-            if not runs:
-                return "nothing was stored"
-            run = max(runs, key=lambda r: r.id)
-            if run.status == "running":  # its ranks were stopped before rank 0 could say so
-                store.finish_run(run.id, "interrupted")
-            measured, failed = len(store.measurements(run.id)), len(store.failures(run.id))
+        with open_store(db, readonly=True) as store:
+            measured, failed = len(store.measurements(run_id)), len(store.failures(run_id))
     except Exception as exc:  # noqa: BLE001 - the summary must not hide the interrupt
         return f"the store could not be read ({_one_line_text(exc)})"
     return (
-        f"run {run.id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
+        f"run {run_id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
         "rerun the same command with --resume to continue"
     )
 
@@ -403,7 +433,7 @@ def sweep(
 
 
 def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
-    from a2a_tune.db import NotFoundError, StoreError, open_store
+    from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError, open_store
     from a2a_tune.kernels import engine_names
 
     from .runtime.lookup import ProfileError, user_profile_dir
@@ -411,7 +441,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
 
     names = engine_names()
     try:
-        with open_store(db) as store:
+        with open_store(db, readonly=True) as store:
             if run_id is None:
                 run = store.latest_run(status="completed")
                 if run is None:
@@ -424,6 +454,8 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
                     raise _fail(f"no run {run_id} in the database") from None
             profile = profile_from_store(store, run_id, backend_names=names)
             url = store.url
+    except EmptyStoreError as exc:
+        raise _fail(f"{exc}; run `a2a-tune sweep` first") from None
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if not profile["entries"]:
@@ -568,44 +600,47 @@ def evaluate(
     from .evaluate import evaluate as run_evaluation
     from .evaluate import held_out_tokens
     from .launch import RankFailed
+    from .runtime.lookup import ProfileError, load_profile
     from .shapes import ModelShape
     from .sweep import DEFAULT_ITERS, SweepPlan
     from .sweep import sweep as run_sweep
 
     try:
-        table = json.loads(profile.read_text())
-        entries = table["entries"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _fail(f"{profile}: not a readable profile ({exc})", 2) from None
+        table = load_profile(profile)
+    except ProfileError as exc:
+        raise _fail(str(exc), 2) from None
     if scored_run is not None:
         try:
-            with open_store(db) as store:
+            with open_store(db, readonly=True) as store:
                 store.get_run(scored_run)
                 measured, failed = store.measurements(scored_run), store.failures(scored_run)
         except StoreError as exc:
             raise _fail(f"run {scored_run} could not be read: {exc}", 2) from None
         _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)")
         return
-    device, gpus = _resolve_device(device)
-    world = world or (gpus if device == "cuda" else 2)
-    entries = [e for e in entries if e.get("ep_size") == world]
-    if not entries:
+    _store_url(db)
+    device, world = _resolve_ranks(device, world)
+    shapes_here = [e.shape for e in table.entries if e.shape.ep_size == world]
+    if not shapes_here:
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
     shapes = {
-        ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"])
-        for e in entries
+        ModelShape(f"E{s.num_experts}-k{s.topk}-H{s.hidden}", s.num_experts, s.topk, s.hidden) for s in shapes_here
     }
-    held = _parse_tokens(tokens) if tokens else held_out_tokens(t for e in entries for t in e["tokens"])
+    held = (
+        _parse_tokens(tokens)
+        if tokens
+        else held_out_tokens(t for e in table.entries if e.shape.ep_size == world for t in e.tokens)
+    )
     if not held:
         raise _fail(f"{profile.name}: its token counts leave no held-out midpoint; give --tokens", 2)
     _check_backends(backend)
-    capacity = _check_capacity(capacity, held, profile.name, table)  # measured as the table's own points
+    capacity = _check_capacity(capacity, held, table.capacity)  # measured as the table's own points
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)),
         tokens=held,
-        dtypes=tuple(sorted({e["dtype"] for e in entries})),
-        routings=tuple(sorted({e["routing"] for e in entries})),
+        dtypes=tuple(sorted({s.dtype for s in shapes_here})),
+        routings=tuple(sorted({s.routing for s in shapes_here})),
         backends=tuple(backend),
         warmup=default_warmup if warmup is None else warmup,
         iters=default_iters if iters is None else iters,
@@ -618,7 +653,7 @@ def evaluate(
         outcome = run_sweep(
             plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout
         )
-    except RankFailed as exc:
+    except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
@@ -706,14 +741,16 @@ def tune_knobs(
     environment variables read once per process; NCCL-based: NCCL_PROTO/ALGO are read at
     communicator creation) are reported as such.
     """
-    from a2a_tune.db import StoreError, resolve_url
+    url = _store_url(db)  # before the imports below: they cost torch
+    from a2a_tune.db import StoreError, display_url
     from a2a_tune.kernels import UnknownBackendError, get_backend
 
     from .knobs import DEFAULT_ITERS, KnobPlan
     from .knobs import tune_knobs as run_search
     from .launch import RankFailed
-    from .runtime.lookup import ProfileError
-    from .select import SHAPE_KEYS, with_knobs, write_profile_to
+    from .runtime.lookup import ProfileError, load_profile
+    from .runtime.table import SHAPE_KEYS, parse_profile
+    from .select import with_knobs, write_profile_to
 
     try:
         cls = get_backend(backend)
@@ -740,13 +777,13 @@ def tune_knobs(
     )
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
-    table = None
+    table_capacity = None
     if profile is not None:  # tune as the table's points were measured
         try:
-            table = json.loads(profile.read_text())
-        except (OSError, ValueError):
-            table = {}  # an unreadable table is reported where the knobs are written
-    capacity = _check_capacity(capacity, plan.tokens, profile.name if profile else None, table)
+            table_capacity = load_profile(profile).capacity
+        except ProfileError:
+            pass  # an unusable table is reported where the knobs are written
+    capacity = _check_capacity(capacity, plan.tokens, table_capacity)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
         backend=backend,
@@ -764,7 +801,7 @@ def tune_knobs(
     shape = plan.shapes[0]
     out.print(
         f"searching {backend} knobs at {shape.name} {dtype} ep{world}, {len(plan.tokens)} token count(s) x "
-        f"{trials} trials on {world} {device} rank(s); studies in {resolve_url(db)}",
+        f"{trials} trials on {world} {device} rank(s); studies in {display_url(url)}",
         highlight=False,
         markup=False,
     )
@@ -809,6 +846,9 @@ def tune_knobs(
         return
     try:
         table = json.loads(profile.read_text())
+        parse_profile(table, str(profile))  # judged as the lookup judges it, before it is edited
+    except ProfileError as exc:
+        raise _fail(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise _fail(f"{profile}: not a readable profile ({exc})") from None
     values = dict(zip(SHAPE_KEYS, (world, shape.hidden, shape.topk, shape.num_experts, dtype, routing)))
@@ -936,7 +976,7 @@ def lookup(
 
 # ------------------------------------------------------------------------------ ops views
 # show / diff / plot / report: read-only views of a table (profile JSON) or of a sweep run
-# in a database (tuner/views.py, plot.py, report.py). They never create or change a store.
+# in a database (tuner/views/). They never create or change a store.
 # Help texts avoid bare square brackets: the rich help renderer takes "[...]" for markup.
 
 _profile_in_opt = typer.Option(None, "--profile", help="A profile JSON (selection table) to read.")
@@ -968,7 +1008,8 @@ def _view_fail(exc: Exception) -> typer.Exit:
 
 
 def _load_view(profile: Path | None, db: str | None, run_id: int | None):
-    from .views.core import ViewError, load_view
+    from .views.load import load_view
+    from .views.model import ViewError
 
     try:
         return load_view(profile=profile, db=db, run=run_id)
@@ -981,8 +1022,10 @@ def _load_view(profile: Path | None, db: str | None, run_id: int | None):
         "Winners per shape and token range, margins, failures with reasons, and where the numbers come from.",
         "Reads a profile (--profile FILE) or a run in a database (--db URL, --run ID). Consecutive token counts "
         "with the same winner are shown as one range, e.g. '1–64: allgather_reducescatter, margin 12–80%'. "
-        "A '*' on a margin marks a tie: the runner-up's median lies inside the fastest's p10–p90 spread there.",
-        "Exit code 2 when the input cannot be read (missing file, not JSON, not a database, no such run).",
+        "A '*' on a margin marks a tie: the runner-up's median lies inside the fastest's p10–p90 spread there "
+        "and within 3% of it. Winners are what the lookup answers at each measured token count.",
+        "Exit code 2 when the input cannot be read (missing file, not JSON, not a database, no such run) "
+        "or is a table the lookup refuses.",
     )
 )
 def show(
@@ -991,7 +1034,7 @@ def show(
     run: int | None = _run_in_opt,
     as_json: bool = typer.Option(False, "--json", help="Print the same content as JSON."),
 ) -> None:
-    from .views.core import render_show, show_data
+    from .views.show import render_show, show_data
 
     view = _load_view(profile, db, run)
     if as_json:
@@ -1011,7 +1054,7 @@ def show(
         "change is 'within noise' when B's spreads of the old and the new winner overlap; those never fail "
         "the command.",
         "Exit code: 0 when nothing that --fail-on names happened; 1 on regressions (and on clear winner changes "
-        "with --fail-on winner-change); 2 on bad input. In a cluster's CI: "
+        "with --fail-on winner-change); 2 on bad input, a table the lookup refuses included. In a cluster's CI: "
         "a2a-tune diff last-month.json this-month.json --fail-on regressions",
     )
 )
@@ -1037,7 +1080,9 @@ def diff(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
 ) -> None:
-    from .views.core import ViewError, diff_views, load_run_view, load_source, render_diff
+    from .views.diff import diff_views, render_diff
+    from .views.load import load_run_view, load_source
+    from .views.model import ViewError
 
     modes = set(fail_on) or {"regressions"}
     bad = modes - {"regressions", "winner-change", "none"}
@@ -1091,7 +1136,7 @@ def plot(
     out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from .views.core import ViewError
+    from .views.model import ViewError
     from .views.plot import plot_view
 
     view = _load_view(profile, db, run)
@@ -1119,7 +1164,7 @@ def report(
     ),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from .views.core import ViewError
+    from .views.model import ViewError
     from .views.report import write_report
 
     view = _load_view(profile, db, run)
@@ -1237,21 +1282,25 @@ def presets() -> None:
 @db_app.command("upgrade")
 def db_upgrade(db: str | None = _db_opt) -> None:
     """Migrate a database made by an older a2a-tune to the current schema."""
-    from a2a_tune.db import StoreError, resolve_url, upgrade
+    from a2a_tune.db import StoreError, display_url, resolve_url, upgrade
 
     try:
         upgrade(db)
     except StoreError as exc:
         raise _fail(str(exc)) from None
-    out.print(f"{resolve_url(db)} is at the current schema", highlight=False)
+    out.print(f"{display_url(resolve_url(db))} is at the current schema", highlight=False, markup=False)
 
 
 def main() -> None:
-    from a2a_tune.kernels.errors import KernelsError
-
     try:
         app()
-    except KernelsError as exc:  # e.g. an out-of-tree backend module that does not import
+    except Exception as exc:
+        # e.g. an out-of-tree backend module that does not import. Looked up, not imported:
+        # importing a2a_tune.kernels costs torch (seconds, hundreds of MB), and a command that
+        # never imported it (probe, lookup, show) cannot have raised its errors.
+        errors = sys.modules.get("a2a_tune.kernels.errors")
+        if errors is None or not isinstance(exc, errors.KernelsError):
+            raise
         _fail(str(exc), 2)
         raise SystemExit(2) from None
 

@@ -39,6 +39,7 @@ from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, get_back
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
 from .measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
 from .progress import progress_bar
+from .runtime.table import SHAPE_KEYS
 from .shapes import ModelShape
 from .sweep import gather_topology
 from .timing import summarize
@@ -120,11 +121,11 @@ def tune_knobs(
     """Search `plan.backend`'s knobs at each token count on `world_size` ranks (spawned here,
     or this process's torchrun job). Returns one KnobResult per token count; None on the
     non-zero ranks of a torchrun/srun job; [] when the backend declares no knobs."""
-    from a2a_tune.db import open_store, resolve_url
+    from a2a_tune.db import check_url, open_store
 
     if not get_backend(plan.backend).knob_space:
         return []
-    url = resolve_url(db_url)
+    url = check_url(db_url, persistent=True)
     if int(os.environ.get("RANK", "0")) == 0:
         open_store(url).close()  # our schema first: a wrong or outdated database fails here, in one line
     results = run_ranks(_tune_rank, world_size, device_type, plan, url, progress)
@@ -411,6 +412,6 @@ def stored_knobs(
             continue
         if _capacity_bound(attrs.get("backend")) and attrs.get("capacity") != capacity:
             continue  # tuned for another workspace size: another point than this table's
-        shape = {k: attrs.get(k) for k in ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")}
+        shape = {k: attrs.get(k) for k in SHAPE_KEYS}
         found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))
     return found

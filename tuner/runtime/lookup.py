@@ -31,9 +31,9 @@ packaged one)::
     ~/.local/share/a2a-tune/profiles   (where `a2a-tune run` writes; $XDG_DATA_HOME)
     packaged a2a_tune/profiles/
 
-Fingerprint: ``lookup(fingerprint=...)``, else ``$A2A_TUNE_FINGERPRINT``, else the
-topology probe (``a2a_tune.tuner.probe``, imported lazily; it reads NVML in a child
-process). Without ``<fingerprint>.json`` anywhere, a table of the same GPU models and
+Fingerprint: ``lookup(fingerprint=...)``, else ``$A2A_TUNE_FINGERPRINT``, else this
+machine's, cached per boot and driver or probed within a few seconds
+(:func:`a2a_tune.tuner.runtime.fingerprint.probed_fingerprint`). Without ``<fingerprint>.json`` anywhere, a table of the same GPU models and
 NVLink islands that differs only in the node count is used (``h200.nvl18x2.*``, level
 ``same-gpu-domain``, see :mod:`a2a_tune.tuner.runtime.fingerprint`); else the engine default.
 ``Choice.hardware_match`` says which level answered.
@@ -84,7 +84,7 @@ from functools import cache
 from types import MappingProxyType
 
 from a2a_tune.tuner.runtime import engines
-from a2a_tune.tuner.runtime.estimate import decide, expected, where_text
+from a2a_tune.tuner.runtime.estimate import US_DECIMALS, decide, expected, where_text
 from a2a_tune.tuner.runtime.fingerprint import (
     HW_DEFAULT,
     HW_EXACT,
@@ -317,7 +317,7 @@ def _find(fingerprint: str, dirs: list) -> tuple:
     for d in dirs:
         p = os.path.join(d, name)
         tried.append(p)
-        if os.path.isfile(p):
+        if os.path.exists(p) and not os.path.isdir(p):  # a FIFO or device there is reported, not skipped
             return p, tried
     return None, tried
 
@@ -429,9 +429,12 @@ def clear_cache() -> None:
 def _read_and_parse(path: str) -> Profile:
     import json
 
+    from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES, FileRefused, read_capped
+
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_capped(path, MAX_TABLE_BYTES)
+    except FileRefused as exc:
+        raise ProfileError(str(exc), path=path) from None
     except OSError as exc:
         raise ProfileError(f"cannot read: {exc.strerror or exc}", path=path) from None
     try:
@@ -544,10 +547,10 @@ def _resolve_fingerprint(fingerprint):
         fingerprint = os.environ.get(FINGERPRINT_ENV) or None
     if fingerprint is None:
         if not _PROBED:
-            try:
-                from a2a_tune.tuner.probe import probe  # lazy: imports pynvml (read in a child)
+            from a2a_tune.tuner.runtime.fingerprint import PROBE_TIMEOUT_S, probed_fingerprint
 
-                _PROBED.append((normalize_fingerprint(probe().fingerprint), None))
+            try:
+                _PROBED.append((probed_fingerprint(PROBE_TIMEOUT_S), None))
             except Exception as exc:
                 _PROBED.append(
                     (
@@ -609,10 +612,10 @@ def _request(tokens, phase, max_tokens, workload):
     if tokens is not None:
         if max_tokens is not None:
             return "max_tokens= goes with phase=, not with tokens=", None, None, None
-        problem, (t,) = _check_args({"tokens": tokens}, {})
+        problem, ints = _check_args({"tokens": tokens}, {})
         if problem:
-            return problem, None, None, None
-        return None, "tokens", ("point", t), ("point", t)
+            return problem, "tokens", None, None
+        return None, "tokens", ("point", ints[0]), ("point", ints[0])
     if phase is not None:
         if phase not in PHASES:
             return f"invalid lookup argument phase={phase!r} (expected 'decode' or 'prefill')", None, None, None
@@ -847,7 +850,7 @@ def _choose(
     curves = {b: c for b, c in entry.median_us.items() if b not in entry.failed}
     if engine is not None:
         curves = {b: c for b, c in curves.items() if _expressible(engine, prof.backends[b], want)}
-    medians = {b: round(v, 3) for b, v in expected(entry.tokens, curves, dist).items()}
+    medians = {b: round(v, US_DECIMALS) for b, v in expected(entry.tokens, curves, dist).items()}
     if not medians:
         return _fallback(
             f"{path}: {shape_text}: no usable backend{f' with a {engine} name' if engine else ''} {where}"
