@@ -593,12 +593,21 @@ def evaluate(
         help="Measure nothing: score the table on this stored run's points (e.g. an adaptive "
         "sweep's table on the full grid's run, or on an earlier evaluation's held-out run).",
     ),
+    table_points: bool = typer.Option(
+        False,
+        "--table-points",
+        help="Measure nothing: score on the table's own points (every backend's median at each of its token "
+        "counts; in-sample for the table, not for the engines' own rules). No GPU needed.",
+    ),
 ) -> None:
-    """Measure held-out token counts for the table's shapes and report its regret vs the best backend."""
+    """Measure held-out token counts for the table's shapes and report its regret vs the best backend.
+
+    Beside the table: always allgather_reducescatter, always the best single backend, and each engine's own rule (vLLM's default and its proposed GB200/GB300 one-sided default, TensorRT-LLM's priority list on this machine, SGLang's default) against the table's answer for that engine, with the table's speedup over it.
+    """
     from a2a_tune.db import StoreError, open_store
 
     from .evaluate import evaluate as run_evaluation
-    from .evaluate import held_out_tokens
+    from .evaluate import held_out_tokens, table_measurements
     from .launch import RankFailed
     from .runtime.lookup import ProfileError, load_profile
     from .shapes import ModelShape
@@ -609,6 +618,13 @@ def evaluate(
         table = load_profile(profile)
     except ProfileError as exc:
         raise _fail(str(exc), 2) from None
+    if table_points and scored_run is not None:
+        raise _fail("give --run or --table-points, not both", 2)
+    if table_points:
+        _print_evaluation(
+            run_evaluation(table_measurements(str(profile)), str(profile)), f"{profile.name}: its own points"
+        )
+        return
     if scored_run is not None:
         try:
             with open_store(db, readonly=True) as store:
@@ -681,6 +697,10 @@ def _print_evaluation(ev, title: str) -> None:
         )
     if ev.outside:
         out.print(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", highlight=False)
+    if ev.engines:
+        from .policies import render_scores
+
+        render_scores(ev.engines, out, title)
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
         w = Table("shape", "tokens", "table's pick", "fastest", "regret", title="worst points")
@@ -1037,10 +1057,30 @@ def show(
     from .views.show import render_show, show_data
 
     view = _load_view(profile, db, run)
+    engines = _engine_scores_of(profile)
     if as_json:
-        print(json.dumps(show_data(view), indent=2, default=str))
+        data = show_data(view)
+        if engines is not None:
+            from .policies import scores_data
+
+            data["engines"] = scores_data(engines)
+        print(json.dumps(data, indent=2, default=str))
     else:
         render_show(view, out)
+        if engines is not None:
+            from .policies import render_scores
+
+            render_scores(engines, out, f"{profile.name}, its measured points")
+
+
+def _engine_scores_of(profile: Path | None):
+    """Each engine's own rule vs the table on the table's points (a profile only: a run is
+    no table; `a2a-tune evaluate --profile T --run N` scores a table on it)."""
+    if profile is None:
+        return None
+    from .policies import score_table
+
+    return score_table(str(profile))
 
 
 @app.command(
