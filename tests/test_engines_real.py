@@ -29,6 +29,7 @@ ENGINES_PYTHON = Path(os.environ.get("A2A_TUNE_ENGINES_PYTHON") or ROOT / ".venv
 
 pytestmark = [
     pytest.mark.engines,
+    pytest.mark.timeout(900),  # the first test starts vLLM once for every scenario (~1 min, more under load)
     pytest.mark.skipif(
         not ENGINES_PYTHON.exists(), reason=f"no engines environment ({ENGINES_PYTHON}): .ci/engines.sh"
     ),
