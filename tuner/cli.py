@@ -655,6 +655,9 @@ def evaluate(
         )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
+    except KeyboardInterrupt as exc:
+        by = getattr(exc, "signal_name", "SIGINT")
+        raise _fail(f"evaluation interrupted ({by}); its run is kept", 143 if by == "SIGTERM" else 130) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
     _print_evaluation(ev, f"run {outcome.run_id}")
@@ -809,6 +812,8 @@ def tune_knobs(
         results = run_search(knob_plan, device_type=device, world_size=world, db_url=db, progress=progress)
     except (RankFailed, StoreError) as exc:
         raise _fail(f"knob search stopped: {exc}") from None
+    except KeyboardInterrupt:  # the trials finished so far are in the studies
+        raise _fail("knob search interrupted; the finished trials are stored in the studies", 130) from None
     if results is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
         raise typer.Exit(0)
     from rich.table import Table
