@@ -265,7 +265,9 @@ def _do_sweep(
         raise typer.Exit(0)
     _print_outcome(outcome, time.perf_counter() - start)
     if outcome.adaptive_saved:
-        out.print(f"  adaptive search: {outcome.adaptive_saved} grid points not needed", highlight=False, markup=False)
+        out.print(
+            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed", highlight=False, markup=False
+        )
     return outcome
 
 
@@ -327,7 +329,7 @@ _capacity_opt = typer.Option(
     None,
     min=1,
     help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
-    "e.g. your engine's largest batch per rank; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
+    "e.g. your engine's largest step; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
     "told each step's size as engines tell them, the others pay the capacity [default: each token count's own].",
 )
 _refine_opt = typer.Option(
@@ -425,7 +427,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
         path = write_profile(profile, directory)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
-    knobs_note = f", with the knobs of {kept} tuned point(s)" if kept else ""
+    knobs_note = f", with the knobs of {kept} tuned case(s)" if kept else ""
     out.print(
         f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}",
         highlight=False,
@@ -820,7 +822,7 @@ def lookup(
     hidden: int = typer.Option(..., help="Hidden size H of the token rows."),
     topk: int = typer.Option(..., help="Experts per token."),
     experts: int = typer.Option(..., help="Number of routed experts E."),
-    tokens: int | None = typer.Option(None, help="Tokens per rank per step (one point). Or use --phase / --workload."),
+    tokens: int | None = typer.Option(None, help="Tokens per rank of one step. Or use --phase / --workload."),
     phase: str | None = typer.Option(
         None,
         help="decode (with --max-batch) or prefill (with --max-tokens): the backend for an engine's whole life "
