@@ -23,7 +23,7 @@ step; bisection pins it to within ``refine_ratio``. Where neighbouring grid coun
 the top two are within ``contest_margin`` (the tie cap, 3%) at both, the table's choice in
 between rests on the tie rule and on interpolation, so the racers are measured between them
 too, down to ``refine_ratio`` (a coarse interval counts as a race up to 3% × (1 + log2 of
-the grid steps it spans): it has more room to hide a reversal). A step just past a grid
+the grid intervals it spans): it has more room to hide a reversal). A step just past a grid
 count where two backends tie is what this catches. Elsewhere nothing is refined: a few
 measurements per crossover or close race, not per grid count.
 
@@ -114,9 +114,9 @@ class AdaptiveSearch:
         return all(len(self._times(t)) >= 2 and self.margin(t) <= race for t in (lo, hi))
 
     def _race_margin(self, lo: int, hi: int) -> float:
-        """`contest_margin` between neighbouring grid counts, growing with the log of the grid
-        steps an interval spans: a coarse interval hides more (a backend can lead at both ends
-        and trail in between: FlashInfer's steps, BENCHMARKS.md)."""
+        """`contest_margin` between neighbouring grid counts, growing with the log of the number
+        of grid intervals between lo and hi: a coarse interval hides more (a backend can lead at
+        both ends and trail in between: FlashInfer's steps, BENCHMARKS.md)."""
         steps = 1 + sum(1 for t in self.grid if lo < t < hi)
         return self.contest_margin * (1 + math.log2(steps))
 
