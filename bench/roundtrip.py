@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import torch
 
 from a2a_tune.kernels import BackendEnv, MoEShape, get_backend, list_backends
-from a2a_tune.kernels.reference import check_invariant, make_inputs
 from a2a_tune.tuner.launch import run_ranks
-from a2a_tune.tuner.timing import summarize, time_graph_round_trips, time_round_trips
+from a2a_tune.tuner.measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
+from a2a_tune.tuner.timing import summarize, time_round_trips
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 20) -> float:
@@ -74,50 +74,43 @@ def remote_fraction(experts: int, topk: int, world: int) -> float:
     return 1 - comb(experts - per_rank, topk) / comb(experts, topk)
 
 
+def _stats(result) -> dict[str, float]:
+    stats = result.stats
+    return {
+        "median_us": stats.median_us,
+        "p10_us": stats.p10_us,
+        "p90_us": stats.p90_us,
+        "host_us": summarize(result.host_us).median_us,
+    }
+
+
 def _bench_rank(ctx, backends, tokens_list, e, k, h, warmup, iters):
+    """Every backend built, gated and timed as the sweep does it (tuner.measure), eager; the
+    graph-capturable ones on CUDA also under graph replay; then the bare-NCCL floor."""
     shape = MoEShape(e, k, h, max(tokens_list), "bf16")
     rows = []
-    shared = {n: get_backend(n)(ctx.group, shape, ctx.device) for n in backends if not get_backend(n).capacity_bound}
     floor = NcclFloor(ctx.group, shape, ctx.device, ctx.world_size)
-    for t in tokens_list:
-        inputs = [
-            make_inputs(shape, t, rank=ctx.rank, world_size=ctx.world_size, seed=s, device=ctx.device) for s in range(3)
-        ]
-        row = {"tokens": t}
-        for name in backends:
-            cls = get_backend(name)
-            # fixed-capacity backends are sized to the load (their best case; see tuner/sweep.py)
-            if name not in shared and not cls.feasibility(MoEShape(e, k, h, t, "bf16"), ctx.world_size).ok:
-                continue
-            b = shared.get(name) or cls(ctx.group, MoEShape(e, k, h, t, "bf16"), ctx.device)
-            gate = check_invariant(b, inputs[0])
-            if not gate.ok:
-                row[name] = {"error": gate.reason}
-            else:
-                dev, host = time_round_trips(b, inputs, warmup=warmup, iters=iters)
-                ds, hs = summarize(dev), summarize(host)
-                row[name] = {
-                    "median_us": ds.median_us,
-                    "p10_us": ds.p10_us,
-                    "p90_us": ds.p90_us,
-                    "host_us": hs.median_us,
-                }
-                if cls.graph_capturable and ctx.device.type == "cuda":
-                    gdev, ghost = time_graph_round_trips(b, inputs, warmup=warmup, iters=iters)
-                    gs = summarize(gdev)
-                    row[name + " [graph]"] = {
-                        "median_us": gs.median_us,
-                        "p10_us": gs.p10_us,
-                        "p90_us": gs.p90_us,
-                        "host_us": summarize(ghost).median_us,
-                    }
-            if name not in shared:
-                b.close()
-        dev, host = time_round_trips(floor, inputs, warmup=warmup, iters=iters)
-        row[floor.name] = {"median_us": summarize(dev).median_us, "host_us": summarize(host).median_us}
-        rows.append(row)
-    for b in shared.values():
-        b.close()
+    with Backends(ctx, shape) as built:  # fixed-capacity backends sized to the load: their best case
+        for t in tokens_list:
+            inputs = input_sets(ctx, shape, t, sets=3)
+            row = {"tokens": t}
+            for name in backends:
+                backend = built.get(name, t)
+                if isinstance(backend, Result):
+                    if backend.kind != "infeasible":  # infeasible: absent from the row, not measured
+                        row[name] = {"error": backend.reason}
+                    continue
+                eager = measure(ctx, backend, inputs, warmup=warmup, iters=iters, timing="eager")
+                if not eager.ok:
+                    row[name] = {"error": eager.reason}
+                    continue
+                row[name] = _stats(eager)
+                if timing_mode(type(backend), ctx.device) == "graph":
+                    graph = time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing="graph")
+                    row[name + " [graph]"] = _stats(graph) if graph.ok else {"error": graph.reason}
+            dev, host = time_round_trips(floor, inputs, warmup=warmup, iters=iters)
+            row[floor.name] = {"median_us": summarize(dev).median_us, "host_us": summarize(host).median_us}
+            rows.append(row)
     return rows
 
 

@@ -90,9 +90,6 @@ class SymmetricMemoryBackend(All2AllBackend):
 
     def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
         super().__init__(group, shape, device)
-        ok, reason = type(self).feasibility(shape, self.world_size)
-        if not ok:
-            raise ValueError(reason)
         geometry = Geometry(
             self.world_size,
             shape.max_tokens_per_rank,

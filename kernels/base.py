@@ -206,6 +206,9 @@ class All2AllBackend(ABC):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         shape.validate(self.world_size)
+        ok, reason = type(self).feasibility(shape, self.world_size)
+        if not ok:  # the one place a constructor checks the shape against this backend's limits
+            raise ShapeError(reason)
         self.experts_per_rank = shape.experts_per_rank(self.world_size)
         self.dtype = torch_dtype(shape.dtype)  # activations
         self.wire_dtype = wire_dtype(shape.dtype)  # None unless the payload is quantized
@@ -225,7 +228,8 @@ class All2AllBackend(ABC):
     def feasibility(cls, shape: MoEShape, world_size: int) -> Availability:
         """Whether this backend can take `shape` (e.g. a capacity limit); default: any valid shape.
 
-        Per shape, unlike `availability`: the sweep skips infeasible cases without failing them."""
+        Per shape, unlike `availability`: the sweep skips infeasible cases without failing them.
+        The constructor raises ShapeError with the reason; subclasses do not re-check."""
         if wire_dtype(shape.dtype) is not None and not cls.quantized_payloads:
             return Availability(False, f"{shape.dtype} payloads not implemented for this backend")
         return Availability(True)

@@ -56,9 +56,6 @@ class FlashInferNvlinkTwoSided(All2AllBackend):
 
     def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
         super().__init__(group, shape, device)
-        ok, reason = type(self).feasibility(shape, self.world_size)
-        if not ok:
-            raise ValueError(reason)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # 0.7.1+ points to moe_ep, which wraps it
             self._moe = comm_module("trtllm_alltoall").MnnvlMoe

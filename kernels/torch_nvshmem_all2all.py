@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
-from .errors import KernelsError, ShapeError
+from .errors import KernelsError
 from .quant import quantize_fp8_blocks, scale_blocks
 from .registry import register_backend
 
@@ -95,9 +95,6 @@ class TorchNvshmemAll2All(All2AllBackend):
 
     def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
         super().__init__(group, shape, device)
-        ok, reason = type(self).feasibility(shape, self.world_size)
-        if not ok:
-            raise ShapeError(reason)
         s, w = shape, self.world_size
         self._group_name = (group if group is not None else dist.group.WORLD).group_name
         self._groups = expert_groups(self.experts_per_rank)  # ne of torch's kernels

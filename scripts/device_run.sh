@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: install, probe, GPU conformance tests, the full `a2a-tune run`,
+# MAINTAINER TOOL for the lent GPU machine (not a user step): one call of the device tool runs
+# this from the repository root and returns what it writes under $OUT. Users run `a2a-tune run`
+# (and `a2a-tune check`) on their own machines instead.
+#
+# One call: install, probe, the conformance check and GPU tests, the full `a2a-tune run`,
 # evaluate/adaptive, and the side-by-side round-trip benchmark. Everything the call returns is
 # under $OUT (at most 8 files): log.txt, probe.json, nvml_record.json, a2a_tune.db, bench.json,
 # profiles/*.json, evaluate.txt.
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
 #          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
-#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 FI_OVERHEAD=0 BENCH=1 PROFILE=0
+#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 BENCH=1
 #   RUN_ARGS: extra `a2a-tune run` options (e.g. --capacity 8192, --backend B).
 #   EVAL_MOST=N: evaluate at N held-out midpoints of the table (default 8); EVAL_TOKENS overrides.
 #   CAPACITY=N: also sweep DeepSeek-V3 bf16 with fixed-capacity backends built for N tokens/rank
@@ -19,6 +23,18 @@ OUT=${OUT:-/tmp/a2a-out}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 step() { echo; echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; }
+counts() {  # measurements per run, and cases measured twice in a run (a resumed sweep must repeat nothing)
+  python3 - "$1" <<'PY'
+import sys
+from collections import Counter
+from a2a_tune.db import open_store
+with open_store(sys.argv[1]) as store:
+    for run in store.runs():
+        keys = Counter(m.key for m in store.measurements(run.id))
+        twice = sum(n > 1 for n in keys.values())
+        print(f"run {run.id}: status {run.status}, {sum(keys.values())} measurements, {twice} cases measured twice")
+PY
+}
 run_id() { grep -oE "^run [0-9]+ \(completed\)" "$1" 2>/dev/null | tail -1 | grep -oE "[0-9]+"; }  # from a sweep's output
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 || { tail "$LOG"; exit 1; }
@@ -48,19 +64,15 @@ one.get_moe_alltoall_module("trtllm"); two.get_comm_alltoall_module(); print("AO
 ' 2>&1 | tail -5 | tee -a "$LOG"
 fi
 
-if [ "${PROFILE:-0}" = 1 ]; then
-  step "profile"
-  timeout 180 python3 scripts/device_profile.py 2>&1 | tee -a "$LOG" | grep -v "^-\|^ *$" | head -150
-fi
-
 step "probe"
 $A2A probe 2>&1 | tee -a "$LOG"
 $A2A probe --json >"$OUT/probe.json" 2>>"$LOG"
 $A2A probe --record "$OUT/nvml_record.json" >/dev/null 2>>"$LOG"
 
 if [ "${FI_CHECK:-${TESTS:-1}}" = 1 ] && [ -d .flashinfer/site ]; then
-  step "flashinfer backends, W=2: quick invariant check"
-  timeout 160 python3 scripts/device_check.py --timeout 75 2>&1 | tee -a "$LOG"
+  step "a2a-tune check: FlashInfer's backends, W=2, DeepSeek-V3 shape"
+  timeout 160 $A2A check --device cuda --world 2 --preset deepseek-v3 --timeout 75 --no-progress \
+    --backend flashinfer_nvlink_one_sided --backend flashinfer_nvlink_two_sided 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${TESTS:-1}" = 1 ]; then
@@ -70,7 +82,7 @@ fi
 
 if [ "${QUANT_BENCH:-0}" = 1 ]; then
   step "block-FP8 quantize: Triton kernel vs torch path (one GPU)"
-  timeout 120 python3 scripts/device_quant_bench.py 2>&1 | tee -a "$LOG"
+  timeout 120 python3 bench/quant.py 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${SWEEP:-1}" = 1 ]; then
@@ -160,14 +172,9 @@ if [ "${RESUME:-0}" = 1 ]; then
   RDB="sqlite:///$OUT/resume.db"
   RARGS="--device cuda --preset deepseek-v3 --dtype bf16 --db $RDB --no-progress"
   timeout -s KILL ${KILL_AFTER:-30} $A2A sweep $RARGS >>"$LOG" 2>&1; echo "first sweep: exit $? (137 = killed)" | tee -a "$LOG"
-  python3 scripts/db_counts.py "$OUT/resume.db" 2>&1 | tee -a "$LOG"
+  counts "$RDB" 2>&1 | tee -a "$LOG"
   timeout 200 $A2A sweep --resume $RARGS 2>&1 | tail -4 | tee -a "$LOG"
-  python3 scripts/db_counts.py "$OUT/resume.db" 2>&1 | tee -a "$LOG"
-fi
-
-if [ "${FI_OVERHEAD:-0}" = 1 ]; then
-  step "FlashInfer one-sided adapter: where its round trip goes"
-  timeout ${FI_OVERHEAD_TIMEOUT:-150} python3 scripts/device_fi_overhead.py --json "$OUT/fi_overhead.json" 2>&1 | tee -a "$LOG"
+  counts "$RDB" 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${BENCH:-1}" = 1 ]; then

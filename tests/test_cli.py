@@ -401,7 +401,7 @@ def test_evaluate_scores_a_table_on_a_stored_run_without_measuring(finished_run)
 
 def test_replaying_a_stored_run_through_the_adaptive_search(finished_run, tmp_path):
     root, env, _ = finished_run
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "replay_adaptive.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "replay_adaptive.py")
     r = subprocess.run(
         [sys.executable, script, "--db", str(root / "t.db"), "--run", "1", "--out", str(tmp_path)],
         capture_output=True,
@@ -420,7 +420,7 @@ def test_evaluate_rejects_a_broken_profile_in_one_line(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{")
     r = a2a("evaluate", "--profile", str(bad), "--device", "cpu")
-    assert r.returncode == 2 and "not a readable profile" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "invalid JSON" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_capacity_builds_fixed_capacity_backends_for_the_engines_largest_batch(tmp_path):

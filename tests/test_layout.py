@@ -46,3 +46,13 @@ def test_the_vllm_entry_point_resolves():
 
     (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "a2a_tune"]
     assert callable(ep.load())
+
+
+def test_the_store_and_the_table_name_a_shape_with_the_same_keys():
+    """One vocabulary: the table's shape keys (runtime.table.SHAPE_KEYS, the one order the
+    tuner uses) are the columns a store record carries its point in, less the token count."""
+    from a2a_tune.db.models import SHAPE_FIELDS
+    from a2a_tune.tuner.runtime.table import SHAPE_KEYS, Shape
+
+    assert Shape._fields == SHAPE_KEYS
+    assert set(SHAPE_FIELDS) == {*SHAPE_KEYS, "tokens_per_rank"}

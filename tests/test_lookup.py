@@ -33,6 +33,7 @@ import types
 from pathlib import Path
 
 import pytest
+from bad_tables import BAD_TABLES, FIXTURE, FP, fixture_data
 
 from a2a_tune.tuner.runtime import lookup as lk
 from a2a_tune.tuner.runtime.lookup import (
@@ -47,9 +48,7 @@ from a2a_tune.tuner.runtime.lookup import (
     profile_search_paths,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
-FP = "test.fixture.node1"
-FIXTURE = FIXTURES / f"{FP}.json"
+FIXTURES = FIXTURE.parent
 A = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
 B = dict(ep_size=2, hidden=4096, topk=6, num_experts=64, dtype="bf16", routing="uniform")
 
@@ -72,10 +71,6 @@ def fixture_dir(monkeypatch):
 
 def warnings_of(caplog):
     return [r for r in caplog.records if r.name == "a2a_tune" and r.levelno == logging.WARNING]
-
-
-def fixture_data() -> dict:
-    return json.loads(FIXTURE.read_text())
 
 
 def write(dirpath: Path, data, name: str = f"{FP}.json") -> Path:
@@ -362,94 +357,6 @@ def test_explicit_profile_checks_fingerprint_only_when_given(caplog):
 # ------------------------------------------------------------------------ bad tables
 
 
-def _text() -> str:
-    return FIXTURE.read_text()
-
-
-def _mutated(fn):
-    def make():
-        data = fixture_data()
-        fn(data)
-        return json.dumps(data)
-
-    return make
-
-
-BAD_TABLES = {
-    "truncated_json": (lambda: _text()[: len(_text()) // 2], "invalid JSON"),
-    "empty_file": (lambda: "", "invalid JSON"),
-    "garbage_bytes": (lambda: b"\x89PNG\r\n\x1a\n\x00\xff\xfe\xfa" * 20, "not UTF-8"),
-    "top_level_array": (lambda: "[1, 2, 3]", "top level: expected a JSON object"),
-    "schema_99": (_mutated(lambda d: d.__setitem__("schema", 99)), "schema: unsupported version 99"),
-    "schema_missing": (_mutated(lambda d: d.pop("schema")), "schema: missing"),
-    "empty_entries": (_mutated(lambda d: d.__setitem__("entries", [])), "entries: empty table"),
-    "nan_bare_token": (
-        lambda: _text().replace(
-            '"median_us": [20.0, 21.0, 25.0, 50.0, 195.0, null]', '"median_us": [20.0, NaN, 25.0, 50.0, 195.0, null]'
-        ),
-        "entries[1].backends.nvlink_one_sided.median_us[1]: not a positive finite number",
-    ),
-    "infinity_token": (
-        lambda: _text().replace('"median_us": [40.0, 70.0, 300.0]', '"median_us": [40.0, Infinity, 300.0]'),
-        "entries[0].backends.nccl_all2allv.median_us[1]: not a positive finite number",
-    ),
-    "negative_timing": (
-        _mutated(lambda d: d["entries"][0]["backends"]["nccl_all2allv"]["median_us"].__setitem__(2, -3.0)),
-        "entries[0].backends.nccl_all2allv.median_us[2]: not a positive finite number",
-    ),
-    "string_timing": (
-        _mutated(lambda d: d["entries"][0]["backends"]["nccl_all2allv"]["median_us"].__setitem__(0, "40")),
-        "entries[0].backends.nccl_all2allv.median_us[0]: not a positive finite number",
-    ),
-    "wrong_field_type": (_mutated(lambda d: d["entries"][1].__setitem__("hidden", "7168")), "entries[1].hidden"),
-    "curve_length_mismatch": (
-        _mutated(lambda d: d["entries"][0]["backends"]["nccl_all2allv"]["median_us"].pop()),
-        "entries[0].backends.nccl_all2allv.median_us: expected an array of 3 values",
-    ),
-    "unknown_backend_in_winners": (
-        _mutated(lambda d: d["entries"][1]["winners"][0].__setitem__("backend", "mystery_backend")),
-        "entries[1].winners[0].backend: unknown backend 'mystery_backend'",
-    ),
-    "undeclared_backend_curve": (
-        _mutated(lambda d: (d["backends"].pop("nccl_all2allv"), d["tie_preference"].remove("nccl_all2allv"))),
-        "entries[0].backends.nccl_all2allv: backend not declared",
-    ),
-    "unknown_backend_in_tie_preference": (
-        _mutated(lambda d: d["tie_preference"].insert(0, "mystery_backend")),
-        "tie_preference[0]: unknown backend 'mystery_backend'",
-    ),
-    "schema_1_as_string": (_mutated(lambda d: d.__setitem__("schema", "1")), "schema: unsupported version '1'"),
-    "schema_3": (
-        _mutated(lambda d: d.__setitem__("schema", 3)),
-        "schema: unsupported version 3 (this a2a-tune reads schemas 1, 2",
-    ),
-    "nan_p90": (
-        lambda: _text().replace('"p90_us": [41.2, 72.1, 309.0]', '"p90_us": [41.2, NaN, 309.0]'),
-        "entries[0].backends.nccl_all2allv.p90_us[1]: not a positive finite number",
-    ),
-    "bad_timing_mode": (
-        _mutated(lambda d: d["entries"][1]["backends"]["nvlink_one_sided"].__setitem__("timing", "warp")),
-        "entries[1].backends.nvlink_one_sided.timing: expected one of 'eager', 'graph', got 'warp'",
-    ),
-    "median_outside_spread": (
-        _mutated(lambda d: d["entries"][0]["backends"]["nccl_all2allv"]["p90_us"].__setitem__(2, 250.0)),
-        "entries[0].backends.nccl_all2allv.median_us[2]: median 300.0 outside its p10..p90 spread",
-    ),
-    "tie_not_boolean": (
-        _mutated(lambda d: d["entries"][0]["winners"][0].__setitem__("tie", "yes")),
-        "entries[0].winners[0].tie: expected true or false",
-    ),
-    "unsorted_tokens": (
-        _mutated(lambda d: d["entries"][0].__setitem__("tokens", [64, 1, 1024])),
-        "entries[0].tokens[1]",
-    ),
-    "other_fingerprint": (
-        _mutated(lambda d: d["hardware"].__setitem__("fingerprint", "h100.nvl18x8.node1")),
-        "profile is for 'h100.nvl18x8.node1', this machine is 'test.fixture.node1'",
-    ),
-}
-
-
 @pytest.mark.parametrize("case", sorted(BAD_TABLES))
 def test_bad_table_falls_back_with_exactly_one_warning(case, tmp_path, monkeypatch, caplog):
     make, problem = BAD_TABLES[case]
@@ -484,7 +391,7 @@ def test_load_profile_raises_one_line_error_naming_the_field(tmp_path):
 
 
 def test_unreadable_file_chmod_000(tmp_path, monkeypatch, caplog):
-    p = write(tmp_path, _text())
+    p = write(tmp_path, FIXTURE.read_text())
     p.chmod(0)
     try:
         if os.access(p, os.R_OK):
@@ -500,7 +407,7 @@ def test_unreadable_file_chmod_000(tmp_path, monkeypatch, caplog):
 
 def test_unreadable_file_open_fails(tmp_path, monkeypatch, caplog):
     """Same as chmod 000, but also runs as root: open() itself raises PermissionError."""
-    p = write(tmp_path, _text())
+    p = write(tmp_path, FIXTURE.read_text())
     real_open = builtins.open
 
     def deny(file, *a, **k):
@@ -575,7 +482,7 @@ print(json.dumps({{"import_s": t1 - t0, "backend": c.backend,
 
 
 def test_warm_lookup_is_cached(tmp_path, monkeypatch):
-    p = write(tmp_path, _text())
+    p = write(tmp_path, FIXTURE.read_text())
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     opened = []
     real_open = builtins.open
@@ -938,3 +845,32 @@ def test_loading_restores_the_garbage_collector(tmp_path):
         assert not gc.isenabled()  # an engine that runs without the GC keeps it off
     finally:
         gc.enable()
+
+
+def test_a_table_at_the_edges_of_its_ranges_is_computed_without_error(tmp_path):
+    """Every value validation lets through is one the lookup computes with: the smallest and
+    largest times and token counts a table may hold, for every kind of request."""
+    from a2a_tune.tuner.runtime.table import MAX_COUNT, MAX_US, MIN_US
+
+    data = fixture_data()
+    e = data["entries"][0]  # shape B: allgather_reducescatter, nccl_all2allv
+    e["tokens"] = [1, MAX_COUNT - 1, MAX_COUNT]
+    curves = {"allgather_reducescatter": [MIN_US, MAX_US, MIN_US], "nccl_all2allv": [MAX_US, MIN_US, MAX_US]}
+    for b, v in curves.items():
+        e["backends"][b].update(median_us=v, p10_us=v, p90_us=v)
+    e["winners"] = []
+    path = write(tmp_path, data)
+    requests = [
+        {"tokens": 1},
+        {"tokens": MAX_COUNT - 1},
+        {"tokens": MAX_COUNT},
+        {"tokens": 2**40},  # clamped to the last count
+        {"tokens": 1 << 30},  # interpolated over a 2^30-fold step
+        {"phase": "decode", "max_tokens": MAX_COUNT},
+        {"phase": "prefill", "max_tokens": MAX_COUNT - 1},
+        {"workload": {1: 1, MAX_COUNT - 1: 1, MAX_COUNT: 2}},
+    ]
+    for req in requests:
+        c = lookup(profile=path, quiet=True, **B, **req)
+        assert c.match == "exact", (req, c.reason)
+        assert all(MIN_US <= v <= MAX_US for v in c.expected_us.values()), (req, c.expected_us)

@@ -561,3 +561,41 @@ def test_a_wide_spread_never_ties_a_backend_more_than_3_percent_slower():
     ms_no_close = [m for m in ms if m["backend"] != "nvlink_one_sided"]
     (e,) = build_profile(ms_no_close, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
     assert (e["winners"][0]["backend"], e["winners"][0]["tie"]) == ("nccl_all2allv", False)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [5e-324, 1e-4, 1e300, float("nan")],
+    ids=["subnormal", "below-a-nanosecond", "absurd", "nan"],
+)
+def test_validation_rejects_every_time_the_lookup_cannot_compute_with(value, tmp_path):
+    """A median of 5e-324 rounds to 0 in the lookup and divides by zero: it never gets written."""
+    p = fixture_profile()
+    curve = entry(p, **SHAPE_B)["backends"]["nccl_all2allv"]
+    for key in ("median_us", "p10_us", "p90_us"):
+        curve[key][0] = value
+    with pytest.raises(ProfileError) as info:
+        validate_profile(p)
+    assert info.value.field.startswith("entries[0].backends.nccl_all2allv."), str(info.value)
+    with pytest.raises(ProfileError):
+        write_profile(p, tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_validation_rejects_counts_beyond_int32():
+    p = fixture_profile()
+    entry(p, **SHAPE_B)["tokens"][-1] = 2**31
+    with pytest.raises(ProfileError) as info:
+        validate_profile(p)
+    assert info.value.field == "entries[0].tokens[2]", str(info.value)
+
+
+def test_select_leaves_out_a_median_the_table_cannot_hold(caplog):
+    ms = measurements_from(
+        {"X": (SHAPE_B, [1, 64], {"nccl_all2allv": [40.0, 70.0], "allgather_reducescatter": [20, 60]})}
+    )
+    ms[0]["median_us"] = ms[0]["p10_us"] = 5e-324  # nccl_all2allv at 1 token
+    p = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
+    assert p["entries"][0]["backends"]["nccl_all2allv"]["median_us"] == [None, 70.0]
+    validate_profile(p)
+    assert "ignoring nccl_all2allv" in caplog.text and "5e-324" in caplog.text

@@ -1,9 +1,11 @@
 """a2a-tune: probe -> sweep -> store -> select -> lookup.
 
-The offline tuner, read top-down: ``probe`` names the machine; ``sweep`` (ranks started by
-``launch``, timed by ``timing``, token counts chosen by ``adaptive``; launch knobs searched by
-``knobs``) checks and times every backend; ``db`` stores it; ``select`` writes the table;
-``evaluate`` scores a table on held-out token counts; ``cli`` is the command line.
+The offline tuner, read top-down: ``probe`` names the machine; ``sweep`` checks and times
+every backend (ranks started by ``launch``; each case built, gated and timed by ``measure``
+with ``timing``; token counts chosen by ``adaptive``), ``knobs`` searches launch settings and
+``check`` runs the conformance cases through the same path; ``db`` stores the results;
+``select`` writes the table; ``evaluate`` scores a table on held-out token counts; ``cli`` is
+the command line.
 ``runtime/`` is what engines import at start-up (standard library only) and ``views/`` what
 operators read.
 

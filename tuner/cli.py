@@ -92,6 +92,34 @@ def _resolve_device(device: str) -> tuple[str, int]:
     return device, gpus
 
 
+def _resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
+    """--device and --world: the device type and the ranks to run (a torchrun/srun job's own)."""
+    from .launch import launched_externally
+
+    device, gpus = _resolve_device(device)
+    if launched_externally():
+        world = int(os.environ["WORLD_SIZE"])
+    elif world is None:
+        world = gpus if device == "cuda" else 2
+    if device == "cuda" and not launched_externally() and world > gpus:
+        raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
+    if world < 2:
+        raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
+    return device, world
+
+
+def _shapes(presets, model_configs) -> list:
+    """--preset and --model-config: the model shapes [default: every preset]."""
+    from .shapes import ShapeSpecError, from_model_config, preset
+    from .shapes import presets as all_presets
+
+    try:
+        shapes = [preset(p) for p in presets] + [from_model_config(p) for p in model_configs]
+    except ShapeSpecError as exc:
+        raise _fail(str(exc), 2) from None
+    return shapes or list(all_presets().values())
+
+
 def _build_plan(
     device,
     world,
@@ -111,26 +139,10 @@ def _build_plan(
     from a2a_tune.kernels.reference import ROUTINGS
 
     from .adaptive import REFINE_RATIO
-    from .launch import launched_externally
-    from .shapes import ShapeSpecError, from_model_config, preset
-    from .shapes import presets as all_presets
     from .sweep import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
 
-    device, gpus = _resolve_device(device)
-    if launched_externally():
-        world = int(os.environ["WORLD_SIZE"])
-    elif world is None:
-        world = gpus if device == "cuda" else 2
-    if device == "cuda" and not launched_externally() and world > gpus:
-        raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
-    if world < 2:
-        raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
-    try:
-        shapes = [preset(p) for p in presets] + [from_model_config(p) for p in model_configs]
-    except ShapeSpecError as exc:
-        raise _fail(str(exc), 2) from None
-    if not shapes:
-        shapes = list(all_presets().values())
+    device, world = _resolve_ranks(device, world)
+    shapes = _shapes(presets, model_configs)
     for d in dtypes:
         if d not in PAYLOAD_DTYPES:
             raise _fail(f"unknown --dtype {d!r}; choose from {', '.join(PAYLOAD_DTYPES)}", 2)
@@ -157,15 +169,12 @@ def _build_plan(
     return plan, device, world
 
 
-def _check_capacity(capacity: int | None, token_counts, table_name: str | None = None, table=None) -> int | None:
-    """--capacity, or without it the capacity `table` was measured with (its run.capacity),
+def _check_capacity(capacity: int | None, token_counts, table_capacity: int | None = None) -> int | None:
+    """--capacity, or without it the capacity a table was measured with (its run.capacity),
     checked against the token counts to measure; None: each load's own."""
     source = None
-    if capacity is None and table is not None:
-        run = table.get("run") if isinstance(table, dict) else None
-        capacity = run.get("capacity") if isinstance(run, dict) else None
-        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
-            raise _fail(f"{table_name}: run.capacity must be a positive integer, got {capacity!r}", 2)
+    if capacity is None and table_capacity is not None:
+        capacity = table_capacity
         source = f"the table's run.capacity {capacity}"
     if capacity is not None and token_counts and capacity < max(token_counts):
         raise _fail(
@@ -558,15 +567,15 @@ def evaluate(
     from .evaluate import evaluate as run_evaluation
     from .evaluate import held_out_tokens
     from .launch import RankFailed
+    from .runtime.lookup import ProfileError, load_profile
     from .shapes import ModelShape
     from .sweep import DEFAULT_ITERS, SweepPlan
     from .sweep import sweep as run_sweep
 
     try:
-        table = json.loads(profile.read_text())
-        entries = table["entries"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _fail(f"{profile}: not a readable profile ({exc})", 2) from None
+        table = load_profile(profile)
+    except ProfileError as exc:
+        raise _fail(str(exc), 2) from None
     if scored_run is not None:
         try:
             with open_store(db) as store:
@@ -578,24 +587,27 @@ def evaluate(
         return
     device, gpus = _resolve_device(device)
     world = world or (gpus if device == "cuda" else 2)
-    entries = [e for e in entries if e.get("ep_size") == world]
-    if not entries:
+    shapes_here = [e.shape for e in table.entries if e.shape.ep_size == world]
+    if not shapes_here:
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
     shapes = {
-        ModelShape(f"E{e['num_experts']}-k{e['topk']}-H{e['hidden']}", e["num_experts"], e["topk"], e["hidden"])
-        for e in entries
+        ModelShape(f"E{s.num_experts}-k{s.topk}-H{s.hidden}", s.num_experts, s.topk, s.hidden) for s in shapes_here
     }
-    held = _parse_tokens(tokens) if tokens else held_out_tokens(t for e in entries for t in e["tokens"])
+    held = (
+        _parse_tokens(tokens)
+        if tokens
+        else held_out_tokens(t for e in table.entries if e.shape.ep_size == world for t in e.tokens)
+    )
     if not held:
         raise _fail(f"{profile.name}: its token counts leave no held-out midpoint; give --tokens", 2)
     _check_backends(backend)
-    capacity = _check_capacity(capacity, held, profile.name, table)  # measured as the table's own points
+    capacity = _check_capacity(capacity, held, table.capacity)  # measured as the table's own points
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)),
         tokens=held,
-        dtypes=tuple(sorted({e["dtype"] for e in entries})),
-        routings=tuple(sorted({e["routing"] for e in entries})),
+        dtypes=tuple(sorted({s.dtype for s in shapes_here})),
+        routings=tuple(sorted({s.routing for s in shapes_here})),
         backends=tuple(backend),
         warmup=default_warmup if warmup is None else warmup,
         iters=default_iters if iters is None else iters,
@@ -702,8 +714,9 @@ def tune_knobs(
     from .knobs import DEFAULT_ITERS, KnobPlan
     from .knobs import tune_knobs as run_search
     from .launch import RankFailed
-    from .runtime.lookup import ProfileError
-    from .select import SHAPE_KEYS, with_knobs, write_profile_to
+    from .runtime.lookup import ProfileError, load_profile
+    from .runtime.table import SHAPE_KEYS, parse_profile
+    from .select import with_knobs, write_profile_to
 
     try:
         cls = get_backend(backend)
@@ -730,13 +743,13 @@ def tune_knobs(
     )
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
-    table = None
+    table_capacity = None
     if profile is not None:  # tune as the table's points were measured
         try:
-            table = json.loads(profile.read_text())
-        except (OSError, ValueError):
-            table = {}  # an unreadable table is reported where the knobs are written
-    capacity = _check_capacity(capacity, plan.tokens, profile.name if profile else None, table)
+            table_capacity = load_profile(profile).capacity
+        except ProfileError:
+            pass  # an unusable table is reported where the knobs are written
+    capacity = _check_capacity(capacity, plan.tokens, table_capacity)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
         backend=backend,
@@ -799,6 +812,9 @@ def tune_knobs(
         return
     try:
         table = json.loads(profile.read_text())
+        parse_profile(table, str(profile))  # judged as the lookup judges it, before it is edited
+    except ProfileError as exc:
+        raise _fail(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise _fail(f"{profile}: not a readable profile ({exc})") from None
     values = dict(zip(SHAPE_KEYS, (world, shape.hidden, shape.topk, shape.num_experts, dtype, routing)))
@@ -925,7 +941,7 @@ def lookup(
 
 # ------------------------------------------------------------------------------ ops views
 # show / diff / plot / report: read-only views of a table (profile JSON) or of a sweep run
-# in a database (tuner/views.py, plot.py, report.py). They never create or change a store.
+# in a database (tuner/views/). They never create or change a store.
 # Help texts avoid bare square brackets: the rich help renderer takes "[...]" for markup.
 
 _profile_in_opt = typer.Option(None, "--profile", help="A profile JSON (selection table) to read.")
@@ -957,7 +973,8 @@ def _view_fail(exc: Exception) -> typer.Exit:
 
 
 def _load_view(profile: Path | None, db: str | None, run_id: int | None):
-    from .views.core import ViewError, load_view
+    from .views.load import load_view
+    from .views.model import ViewError
 
     try:
         return load_view(profile=profile, db=db, run=run_id)
@@ -970,8 +987,10 @@ def _load_view(profile: Path | None, db: str | None, run_id: int | None):
         "Winners per shape and token range, margins, failures with reasons, and where the numbers come from.",
         "Reads a profile (--profile FILE) or a run in a database (--db URL, --run ID). Consecutive token counts "
         "with the same winner are shown as one range, e.g. '1–64: allgather_reducescatter, margin 12–80%'. "
-        "A '*' on a margin marks a tie: the runner-up's median lies inside the fastest's p10–p90 spread there.",
-        "Exit code 2 when the input cannot be read (missing file, not JSON, not a database, no such run).",
+        "A '*' on a margin marks a tie: the runner-up's median lies inside the fastest's p10–p90 spread there "
+        "and within 3% of it. Winners are what the lookup answers at each measured token count.",
+        "Exit code 2 when the input cannot be read (missing file, not JSON, not a database, no such run) "
+        "or is a table the lookup refuses.",
     )
 )
 def show(
@@ -980,7 +999,7 @@ def show(
     run: int | None = _run_in_opt,
     as_json: bool = typer.Option(False, "--json", help="Print the same content as JSON."),
 ) -> None:
-    from .views.core import render_show, show_data
+    from .views.show import render_show, show_data
 
     view = _load_view(profile, db, run)
     if as_json:
@@ -1000,7 +1019,7 @@ def show(
         "change is 'within noise' when B's spreads of the old and the new winner overlap; those never fail "
         "the command.",
         "Exit code: 0 when nothing that --fail-on names happened; 1 on regressions (and on clear winner changes "
-        "with --fail-on winner-change); 2 on bad input. In a cluster's CI: "
+        "with --fail-on winner-change); 2 on bad input, a table the lookup refuses included. In a cluster's CI: "
         "a2a-tune diff last-month.json this-month.json --fail-on regressions",
     )
 )
@@ -1026,7 +1045,9 @@ def diff(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
 ) -> None:
-    from .views.core import ViewError, diff_views, load_run_view, load_source, render_diff
+    from .views.diff import diff_views, render_diff
+    from .views.load import load_run_view, load_source
+    from .views.model import ViewError
 
     modes = set(fail_on) or {"regressions"}
     bad = modes - {"regressions", "winner-change", "none"}
@@ -1080,7 +1101,7 @@ def plot(
     out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from .views.core import ViewError
+    from .views.model import ViewError
     from .views.plot import plot_view
 
     view = _load_view(profile, db, run)
@@ -1108,7 +1129,7 @@ def report(
     ),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from .views.core import ViewError
+    from .views.model import ViewError
     from .views.report import write_report
 
     view = _load_view(profile, db, run)
@@ -1143,6 +1164,75 @@ def backends(
         vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
         table.add_row(name, vllm, cls.sglang_name or "-", "[green]available[/]" if ok else f"[yellow]{reason}[/]")
     out.print(table)
+
+
+@app.command(
+    help=_help(
+        "Check backends against the invariant every backend must satisfy (ARCHITECTURE: y[t] = sum_j "
+        "w[t,j] f(e_j, x[t]) after dispatch -> expert compute -> combine), over the standard cases: ranks with "
+        "different loads, a rank with no tokens under skewed routing, tokens whose experts are all local, "
+        "repeated calls on one instance, block-FP8 payloads where supported, and CUDA-graph replays where the "
+        "backend is capturable; for each model shape. Nothing is timed or stored.",
+        "Each backend runs in its own launch of ranks (gloo on cpu, NCCL on cuda) with a watchdog: a case that "
+        "makes no progress for --timeout seconds FAILs as hung and the next backend runs.",
+        "An out-of-tree backend: name its module in A2A_TUNE_BACKEND_MODULES (comma-separated, importable in "
+        "every rank) and run `a2a-tune check --backend NAME --device cpu` (if it runs on gloo) or on GPUs.",
+        "Exit status: 0 when every case passed or was skipped (with the reason), 1 when one FAILed, 2 on bad options.",
+    )
+)
+def check(
+    backend: list[str] = typer.Option(
+        [],
+        "--backend",
+        help="Backend to check, repeatable [default: every registered one; those unavailable here are skipped]. "
+        "A backend named here that cannot run here FAILs.",
+    ),
+    device: str = _device_opt,
+    world: int | None = _world_opt,
+    preset: list[str] = _preset_opt,
+    model_config: list[Path] = _config_opt,
+    timeout: float = typer.Option(
+        300.0, min=1, help="Seconds one case may make no progress before its ranks are stopped and it FAILs."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the rows to FILE (JSON)."),
+    progress: bool = _progress_opt,
+) -> None:
+    from a2a_tune.kernels import list_backends
+
+    from .check import check as run_check
+    from .check import render
+    from .progress import progress_bar
+
+    _check_backends(backend)
+    device, world = _resolve_ranks(device, world)
+    shapes = _shapes(preset, model_config)
+    names = list(dict.fromkeys(backend)) or list_backends()
+    speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun/srun: rank 0 reports
+    with progress_bar(progress and speaks, "check") as bar:
+        task = bar.add_task("", total=len(names)) if bar else None
+        rows = run_check(
+            names,
+            shapes,
+            device_type=device,
+            world_size=world,
+            required=bool(backend),
+            timeout=timeout,
+            on_backend=(lambda name, _rows: bar.update(task, advance=1, description=name)) if bar else None,
+        )
+    if not speaks:
+        raise typer.Exit(0)
+    (out if out.is_terminal else Console(width=160)).print(render(rows))  # a log keeps its lines whole
+    counts = {s: sum(r.status == s for r in rows) for s in ("ok", "FAIL", "skip")}
+    out.print(
+        f"{counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped: {len(names)} backend(s) on {world} "
+        f"{device} rank(s), {len(shapes)} shape(s)",
+        highlight=False,
+    )
+    if json_out is not None:
+        from dataclasses import asdict
+
+        json_out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    raise typer.Exit(1 if counts["FAIL"] else 0)
 
 
 @app.command()

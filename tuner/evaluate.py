@@ -9,13 +9,13 @@ always the single backend that is fastest over all the points.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runtime.lookup import FALLBACK_BACKEND, lookup
+from .runtime.lookup import FALLBACK_BACKEND, load_profile, lookup
+from .runtime.table import SHAPE_KEYS
 
 HELD_OUT_MOST = 8  # default held-out counts: ~2 minutes for 4 shapes x 2 dtypes on 2xH200
 
@@ -56,22 +56,17 @@ class Evaluation:
 
 def _point(r) -> tuple:
     """(ep, H, k, E, dtype, routing, tokens) of a measurement or failure record: the first six
-    are a table entry's shape."""
-    return (r.ep_size, r.hidden, r.topk, r.num_experts, r.dtype, r.routing, r.tokens_per_rank)
-
-
-def _table_shapes(profile: str) -> set[tuple]:
-    with open(profile) as f:
-        entries = json.load(f).get("entries") or []
-    return {(e["ep_size"], e["hidden"], e["topk"], e["num_experts"], e["dtype"], e["routing"]) for e in entries}
+    are a table entry's shape (:data:`~a2a_tune.tuner.runtime.table.SHAPE_KEYS`)."""
+    return (*(getattr(r, k) for k in SHAPE_KEYS), r.tokens_per_rank)
 
 
 def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] = ()) -> Evaluation:
     """Regret of the table `profile` on measured points (store measurement and failure records).
 
     Only points of shapes the table has an entry for are scored (a lookup elsewhere answers
-    a nearest shape or the fallback: not the table's own choice); the others are counted."""
-    shapes = _table_shapes(profile)
+    a nearest shape or the fallback: not the table's own choice); the others are counted.
+    Raises :class:`~a2a_tune.tuner.runtime.table.ProfileError` for a table the lookup refuses."""
+    shapes = set(load_profile(profile).by_shape)
     ev = Evaluation()
     by_point: dict[tuple, dict[str, float]] = {}
     for m in measurements:

@@ -1,13 +1,14 @@
 """Knob search: per (backend, shape, token count) an Optuna study finds the fastest correct setting.
 
 A backend declares its launch parameters in `knob_space` (see `a2a_tune.kernels.base`).
-For one backend, one model shape and each token count per rank, on every rank together:
+For one backend, one model shape and each token count per rank, on every rank together,
+the backend built, gated and timed as the sweep does it (`tuner.measure`):
 
   1. rank 0 asks the study for a trial (the backend's defaults first, enqueued, so the
      study can say what the search gained) and broadcasts its knobs; every rank applies
      them with `set_knobs`;
-  2. the invariant check (`check_invariant`) on fresh inputs: a setting that breaks
-     correctness is a FAILED trial, never a winner;
+  2. the invariant gate on fresh inputs: a setting that breaks correctness is a FAILED
+     trial, never a winner;
   3. a short first measurement with the sweep's timer (CUDA-graph replay for capturable
      backends on CUDA, eager otherwise), reported as the trial's intermediate value: a
      setting clearly slower than the best completed one (`prune_margin`) is PRUNED there;
@@ -34,14 +35,14 @@ import torch.distributed as dist
 from optuna.pruners import BasePruner
 
 from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, get_backend
-from a2a_tune.kernels.reference import check_invariant, make_inputs
 
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
-from .probe import Topology, merge_nodes
+from .measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
 from .progress import progress_bar
+from .runtime.table import SHAPE_KEYS
 from .shapes import ModelShape
-from .sweep import capacity_for, probe_for_device
-from .timing import summarize, time_graph_round_trips, time_round_trips
+from .sweep import gather_topology
+from .timing import summarize
 
 DEFAULT_TRIALS = 16
 DEFAULT_ITERS = {"cuda": (10, 30, 5), "cpu": (1, 6, 2)}  # (warm-up, timed samples, short first measurement)
@@ -139,82 +140,55 @@ def _tune_rank(ctx: RankContext, plan: KnobPlan, url: str, show_progress: bool) 
     ok, reason = cls.availability(BackendEnv.local(ctx.world_size, ctx.device.type))
     if not ok:
         raise RuntimeError(f"{plan.backend} is unavailable here: {reason}")
-    topologies: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(topologies, probe_for_device(ctx.device.type).to_dict())
-    fingerprint = merge_nodes([Topology.from_dict(t) for t in topologies]).fingerprint
+    fingerprint = gather_topology(ctx).fingerprint
     owner = _StudyOwner(url, plan) if ctx.rank == 0 else None
     results = []
     with progress_bar(show_progress and owner is not None, "knobs") as bar:
         task = bar.add_task("", total=len(plan.tokens) * plan.trials) if bar else None
         for tokens in plan.tokens:
-            result = _tune_point(ctx, plan, cls, fingerprint, tokens, owner, bar, task)
+            result = _tune_point(ctx, plan, fingerprint, tokens, owner, bar, task)
             results.append(result)
     return results if owner is not None else None
 
 
-def _tune_point(ctx, plan: KnobPlan, cls, fingerprint: str, tokens: int, owner, bar, task) -> KnobResult:
+def _tune_point(ctx, plan: KnobPlan, fingerprint: str, tokens: int, owner, bar, task) -> KnobResult:
     m = plan.shape
-    # Fixed-capacity backends are built as the sweep builds them: for the load being timed,
-    # or for the engine's capacity when one is given.
-    cap = capacity_for(plan.capacity, tokens) if cls.capacity_bound else max(max(plan.tokens), 1)
-    shape = MoEShape(m.num_experts, m.topk, m.hidden, cap, plan.dtype)
+    # built as the sweep builds it: fixed-capacity backends for the load being timed, or for
+    # the engine's capacity when one is given
+    shape = MoEShape(m.num_experts, m.topk, m.hidden, max(plan.tokens), plan.dtype)
     name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing, plan.tuned_capacity())
+    cls = get_backend(plan.backend)
     result = KnobResult(plan.backend, tokens, name, default_knobs=dict(cls.knob_defaults))
 
     def advance(n: int, text: str) -> None:
         if bar is not None:
             bar.update(task, advance=n, description=f"{plan.backend} T={tokens}: {text}")
 
-    feasible, why = cls.feasibility(shape, ctx.world_size)
-    if not feasible:
-        result.skipped = f"infeasible: {why}"
-        advance(plan.trials, result.skipped)
-        return result
-    error = ""
-    try:
-        backend = cls(ctx.group, shape, ctx.device)
-    except Exception as exc:
-        backend, error = None, one_line(exc)
-    if not all_ranks_ok(not error, ctx):
-        result.skipped = f"construction failed: {error or 'on another rank'}"
-        advance(plan.trials, result.skipped)
-        return result
-    try:
-        if tokens:
-            backend.set_step_tokens(tokens)  # every rank has `tokens`: the step's size, as in the sweep
-        inputs = [
-            make_inputs(
-                shape,
-                tokens,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
-                routing=plan.routing,
-                seed=plan.seed + i,
-                device=ctx.device,
-            )
-            for i in range(plan.input_sets)
-        ]
-        graph = cls.graph_capturable and ctx.device.type == "cuda"
-        result.timing = "graph" if graph else "eager"
+    with Backends(ctx, shape, capacity=plan.capacity) as backends:
+        backend = backends.get(plan.backend, tokens)  # every rank has `tokens`: the step's size
+        if isinstance(backend, Result):
+            result.skipped = f"infeasible: {backend.reason}" if backend.kind == "infeasible" else backend.reason
+            advance(plan.trials, result.skipped)
+            return result
+        inputs = input_sets(ctx, shape, tokens, routing=plan.routing, seed=plan.seed, sets=plan.input_sets)
+        result.timing = timing_mode(cls, ctx.device)
         study = owner.study(name, result, fingerprint, ctx.world_size) if owner else None
         # `trials` counts settings measured: a repeat (the sampler asked for a setting that
         # has an outcome) costs nothing and is not counted, up to a bound on asks in all.
         asks = 0
         while result.trials - result.repeats < plan.trials and asks < MAX_ASKS_PER_TRIAL * plan.trials:
             asks += 1
-            if not _one_trial(ctx, plan, backend, inputs, graph, study, result):
+            if not _one_trial(ctx, plan, backend, inputs, study, result):
                 break  # every setting of the space has an outcome
             if result.trials - result.repeats <= plan.trials and not result.last_was_repeat:
                 advance(1, f"best {result.best_us:.1f} us" if result.best_us else "searching")
         advance(plan.trials - (result.trials - result.repeats), f"done, best {result.best_us or 0:.1f} us")
         if owner is not None:
             owner.finish(study, result)
-    finally:
-        backend.close()
     return result
 
 
-def _one_trial(ctx, plan: KnobPlan, backend, inputs, graph: bool, study, result: KnobResult) -> bool:
+def _one_trial(ctx, plan: KnobPlan, backend, inputs, study, result: KnobResult) -> bool:
     """Ask (rank 0), evaluate (every rank), tell (rank 0). False: the space is exhausted."""
     msg: list[Any] = [None]
     if study is not None:
@@ -228,19 +202,6 @@ def _one_trial(ctx, plan: KnobPlan, backend, inputs, graph: bool, study, result:
     if repeat:
         result.repeats += 1
         return True
-    timer = time_graph_round_trips if graph else time_round_trips
-
-    def measure(iters: int) -> tuple[list[float], str]:
-        error = ""
-        samples: list[float] = []
-        try:
-            samples, _host = timer(backend, inputs, warmup=plan.warmup, iters=iters)
-            if backend.gave_up():  # a flag wait timed out: the samples are garbage
-                error = "a flag wait timed out (a peer never signalled)"
-        except Exception as exc:
-            error = one_line(exc)
-        return samples, ("" if all_ranks_ok(not error, ctx) else error or "failed on another rank")
-
     error = ""
     try:
         backend.set_knobs(params)
@@ -248,20 +209,18 @@ def _one_trial(ctx, plan: KnobPlan, backend, inputs, graph: bool, study, result:
         error = one_line(exc)
     if not all_ranks_ok(not error, ctx):
         return _tell(study, result, "fail", reason=error or "set_knobs failed on another rank")
-    gate = check_invariant(backend, inputs[0])
-    if not gate.ok:
-        return _tell(study, result, "fail", reason=f"incorrect: {gate.reason}")
-    short, error = measure(plan.probe_iters)
-    if error:
-        return _tell(study, result, "fail", reason=error)
-    verdict: list[Any] = [study.report_and_judge(summarize(short).median_us) if study is not None else None]
+    # gate, then a short first measurement: the trial's intermediate value, judged for pruning
+    short = measure(ctx, backend, inputs, warmup=plan.warmup, iters=plan.probe_iters)
+    if not short.ok:
+        return _tell(study, result, "fail", reason=f"{short.kind}: {short.reason}")
+    verdict: list[Any] = [study.report_and_judge(short.stats.median_us) if study is not None else None]
     dist.broadcast_object_list(verdict, src=0, group=ctx.group)
     if verdict[0]:
         return _tell(study, result, "pruned")
-    full, error = measure(plan.iters)
-    if error:
-        return _tell(study, result, "fail", reason=error)
-    _tell(study, result, "complete", value=summarize(short + full).median_us)
+    full = time_agreed(ctx, backend, inputs, warmup=plan.warmup, iters=plan.iters)
+    if not full.ok:
+        return _tell(study, result, "fail", reason=f"{full.kind}: {full.reason}")
+    _tell(study, result, "complete", value=summarize(short.device_us + full.device_us).median_us)
     return True
 
 
@@ -453,6 +412,6 @@ def stored_knobs(
             continue
         if _capacity_bound(attrs.get("backend")) and attrs.get("capacity") != capacity:
             continue  # tuned for another workspace size: another point than this table's
-        shape = {k: attrs.get(k) for k in ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")}
+        shape = {k: attrs.get(k) for k in SHAPE_KEYS}
         found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))
     return found

@@ -8,12 +8,15 @@ raise `RankFailed` with that rank's one-line error, after the other ranks are st
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -175,3 +178,41 @@ def run_ranks(
             raise RanksStalled(line)
         raise RankFailed(f"rank {rank}: {line}") from RuntimeError(tb)
     return out
+
+
+class Heartbeat:
+    """A file in which rank 0 says what it is doing, for the spawning parent's watchdog:
+    `run_ranks(..., stalled=heartbeat.stalled_after(s))` stops every rank once one item of
+    work has run for `s` seconds, and `last()` then names that item."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+
+    def beat(self, doing: dict[str, Any] | None) -> None:
+        """Rank 0: `doing` starts now (JSON-able; None: between items)."""
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"doing": doing, "since": time.time()}, f)
+        os.replace(tmp, self.path)
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            return json.loads(Path(self.path).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def last(self) -> dict[str, Any] | None:
+        """What rank 0 said it was doing last (None: nothing, or between items)."""
+        return self._read().get("doing")
+
+    def clear(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+    def stalled_after(self, seconds: float) -> Callable[[], str | None]:
+        def stalled() -> str | None:
+            state = self._read()
+            if state.get("doing") and time.time() - state["since"] > seconds:
+                return f"{state['doing']} made no progress for {seconds:.0f} s"
+            return None
+
+        return stalled

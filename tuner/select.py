@@ -21,13 +21,16 @@ Rules:
   failures there is listed in ``failed`` as well, so the table says why it is absent.
 * ``winners``: per token count, among the non-failed backends, the ``fastest`` by
   median, the ``runner_up``, ``margin = runner_up / fastest - 1`` and ``tie``: whether the
-  runner-up's median lies inside the fastest's p10..p90 spread. Without a tie the winner
-  (``backend``) is the fastest; with one it is the most preferred backend inside that
-  spread (:func:`a2a_tune.tuner.runtime.estimate.decide`, the rule lookup applies too) in the
-  order written as ``tie_preference``: the engine default ``allgather_reducescatter``
-  first (a difference the measurement cannot resolve is no reason to leave the engine's
-  default), then the order of ``backend_names`` (the registry's order: registered first,
-  preferred first), then any other backend by name.
+  fastest's p10..p90 spread (capped at 3%) holds another backend's median. Without a tie
+  the winner (``backend``) is the fastest; with one it is the most preferred backend inside
+  that spread (:func:`a2a_tune.tuner.runtime.estimate.winners`, the rule lookup and the views
+  apply too) in the order written as ``tie_preference``: the engine default
+  ``allgather_reducescatter`` first (a difference the measurement cannot resolve is no
+  reason to leave the engine's default), then the order of ``backend_names`` (the
+  registry's order: registered first, preferred first), then any other backend by name.
+* Times are stored to the nanosecond; a measurement whose median lies outside the range a
+  table may hold (:data:`~a2a_tune.tuner.runtime.table.MIN_US` ..
+  :data:`~a2a_tune.tuner.runtime.table.MAX_US`) is left out with a warning.
 * A point measured twice in one timing mode (e.g. a resumed sweep) keeps the lower median.
 * Timing modes may differ between backends (schema 2: ``timing`` per backend per entry;
   capturable backends are timed under CUDA-graph replay, as engines run them in decode).
@@ -43,27 +46,30 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 
-from a2a_tune.tuner.runtime.estimate import decide
+from a2a_tune.tuner.runtime.estimate import winners
 from a2a_tune.tuner.runtime.lookup import profile_filename
 from a2a_tune.tuner.runtime.table import (
     FALLBACK_BACKEND,
     GRAPH_WORDS,
+    MAX_US,
+    MIN_US,
     SCHEMA_VERSION,
+    SHAPE_KEYS,
     TIMING_MODES,
     ProfileError,
     parse_profile,
+    round_us,
 )
 
 __all__ = [
-    "SHAPE_KEYS",
     "build_profile",
+    "select_entries",
     "validate_profile",
     "with_knobs",
     "write_profile",
@@ -75,11 +81,6 @@ __all__ = [
 
 log = logging.getLogger("a2a_tune")
 
-#: Keys that identify an entry, in table order.
-SHAPE_KEYS = ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")
-
-_US_DECIMALS = 3
-_MARGIN_DECIMALS = 4
 # Precedence when one backend has several failures for one entry (lower wins).
 _FAILURE_RANK = {"incorrect": 0, "unavailable": 1, "error": 2, "timeout": 3}
 
@@ -93,11 +94,6 @@ def _get(obj, key, default=None):
 
 def _one_line(text) -> str:
     return " ".join(str(text).split())
-
-
-def _round_us(v: float) -> float:
-    r = round(float(v), _US_DECIMALS)
-    return r if r > 0 else float(v)  # never round a tiny positive time to 0
 
 
 def _version() -> str:
@@ -150,40 +146,12 @@ def build_profile(
     :func:`write_profile` refuses it). Raises ``ValueError`` for a timing mode other than
     eager / graph. The result is not validated; :func:`write_profile` does that.
     """
-    # shape -> backend -> timing mode -> tokens -> (median, p10, p90)
-    points: dict = {}
-    seen_backends = set()
-    for m in measurements:
-        backend = _get(m, "backend")
-        shape = _shape_of(m)
-        t = _get(m, "tokens_per_rank")
-        med = _get(m, "median_us")
-        if not isinstance(t, int) or isinstance(t, bool) or t < 1:
-            raise ValueError(f"measurement of {backend} at {shape}: tokens_per_rank={t!r} is not a positive integer")
-        if med is None or not math.isfinite(med) or med <= 0:
-            log.warning("a2a-tune select: ignoring %s %s at %s tokens/rank: median_us=%r", backend, shape, t, med)
-            continue
-        timing = _get(m, "timing") or "eager"
-        timing = "graph" if str(timing).lower() in GRAPH_WORDS else timing
-        if timing not in TIMING_MODES:
-            raise ValueError(f"measurement of {backend} at {shape}: timing={timing!r} is not one of {TIMING_MODES}")
-        seen_backends.add(backend)
-        stats = _stats(float(med), _opt_us(_get(m, "p10_us")), _opt_us(_get(m, "p90_us")))
-        per_t = points.setdefault(shape, {}).setdefault(backend, {}).setdefault(timing, {})
-        if t not in per_t or stats[0] < per_t[t][0]:
-            per_t[t] = stats
-    run_out = _run_section(run)
-
     failures = list(failures)
-    seen_backends.update(_get(f, "backend") for f in failures)
-    preference = _tie_preference(seen_backends, backend_names)
-
-    entries = []
-    for shape in sorted(points, key=_shape_sort_key):
-        entries.append(_build_entry(shape, points[shape], failures, preference))
-
+    entries, preference = select_entries(
+        measurements, failures, order=backend_names if isinstance(backend_names, Mapping) else ()
+    )
     backends_out = {}
-    for b in sorted(seen_backends):
+    for b in sorted(preference):
         spec = backend_names.get(b) if isinstance(backend_names, Mapping) else None
         if spec is None:
             log.warning("a2a-tune select: no engine names for backend %r; writing null literals", b)
@@ -206,17 +174,59 @@ def build_profile(
             "facts_hash": _get(hardware, "facts_hash"),
             "facts": _get(hardware, "facts"),
         },
-        "run": run_out,
+        "run": _run_section(run),
         "backends": backends_out,
         "tie_preference": preference,
         "entries": entries,
     }
 
 
+def select_entries(measurements: Iterable, failures: Iterable, *, order: Iterable = ()) -> tuple[list, list]:
+    """(entries, tie preference) of one run's measurements and failures, by the rules of the
+    module docstring: what :func:`build_profile` writes, and what the views show of a run.
+
+    ``order``: backend names in registry order (after the engine default, they rank first in
+    the tie preference); the preference lists every backend measured or failed.
+    """
+    # shape -> backend -> timing mode -> tokens -> (median, p10, p90)
+    points: dict = {}
+    seen_backends = set()
+    for m in measurements:
+        backend = _get(m, "backend")
+        shape = _shape_of(m)
+        t = _get(m, "tokens_per_rank")
+        med = _get(m, "median_us")
+        if not isinstance(t, int) or isinstance(t, bool) or t < 1:
+            raise ValueError(f"measurement of {backend} at {shape}: tokens_per_rank={t!r} is not a positive integer")
+        if not _in_range(med):
+            log.warning("a2a-tune select: ignoring %s %s at %s tokens/rank: median_us=%r", backend, shape, t, med)
+            continue
+        timing = _get(m, "timing") or "eager"
+        timing = "graph" if str(timing).lower() in GRAPH_WORDS else timing
+        if timing not in TIMING_MODES:
+            raise ValueError(f"measurement of {backend} at {shape}: timing={timing!r} is not one of {TIMING_MODES}")
+        seen_backends.add(backend)
+        stats = _stats(float(med), _opt_us(_get(m, "p10_us")), _opt_us(_get(m, "p90_us")))
+        per_t = points.setdefault(shape, {}).setdefault(backend, {}).setdefault(timing, {})
+        if t not in per_t or stats[0] < per_t[t][0]:
+            per_t[t] = stats
+
+    failures = list(failures)
+    seen_backends.update(_get(f, "backend") for f in failures)
+    preference = _tie_preference(seen_backends, order)
+    entries = [
+        _build_entry(shape, points[shape], failures, preference) for shape in sorted(points, key=_shape_sort_key)
+    ]
+    return entries, preference
+
+
+def _in_range(v) -> bool:
+    """A time a table may hold (see the module docstring)."""
+    return v is not None and MIN_US <= v <= MAX_US
+
+
 def _opt_us(v):
-    if v is None or not math.isfinite(v) or v <= 0:
-        return None
-    return float(v)
+    return float(v) if _in_range(v) else None
 
 
 def _stats(med: float, p10, p90) -> tuple:
@@ -225,11 +235,10 @@ def _stats(med: float, p10, p90) -> tuple:
     return med, (p10 if p10 is not None and p10 <= med else None), (p90 if p90 is not None and p90 >= med else None)
 
 
-def _tie_preference(backends: set, backend_names) -> list:
-    """Engine default first, then registry order (``backend_names``' order), then by name."""
+def _tie_preference(backends: set, registry_order: Iterable) -> list:
+    """Engine default first, then registry order, then by name."""
     order = [FALLBACK_BACKEND] if FALLBACK_BACKEND in backends else []
-    if isinstance(backend_names, Mapping):
-        order += [b for b in backend_names if b in backends and b not in order]
+    order += [b for b in registry_order if b in backends and b not in order]
     return order + sorted(b for b in backends if b not in order)
 
 
@@ -271,33 +280,12 @@ def _pick_mode(per_mode: dict) -> str:
 
 
 def _winners(tokens: list, backends: dict, failed, preference: list) -> list:
-    """Per token count: the winner by the tie rule, the fastest, runner-up, margin, tie."""
-    winners = []
-    for j, t in enumerate(tokens):
-        live = [b for b in backends if b not in failed and backends[b]["median_us"][j] is not None]
-        if not live:
-            continue
-        medians = {b: backends[b]["median_us"][j] for b in live}
-        chosen, fastest, tied = decide(
-            medians,
-            {b: backends[b]["p10_us"][j] for b in live},
-            {b: backends[b]["p90_us"][j] for b in live},
-            preference,
-        )
-        ranked = sorted((v, b) for b, v in medians.items())
-        runner_up = next((b for _, b in ranked if b != fastest), None)
-        winners.append(
-            {
-                "tokens": t,
-                "backend": chosen,
-                "median_us": medians[chosen],
-                "fastest": fastest,
-                "runner_up": runner_up,
-                "margin": round(medians[runner_up] / medians[fastest] - 1, _MARGIN_DECIMALS) if runner_up else None,
-                "tie": len(tied) > 1,
-            }
-        )
-    return winners
+    """The entry's ``winners`` array (the one rule: :func:`~a2a_tune.tuner.runtime.estimate.winners`)."""
+    curves = {key: {b: c[key] for b, c in backends.items()} for key in ("median_us", "p10_us", "p90_us")}
+    return [
+        w._asdict()
+        for w in winners(tokens, curves["median_us"], curves["p10_us"], curves["p90_us"], failed, preference)
+    ]
 
 
 def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: list) -> dict:
@@ -321,9 +309,9 @@ def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: li
         cols = [per_t.get(t) for t in tokens]
         backends[b] = {
             "timing": mode,
-            "median_us": [None if c is None else _round_us(c[0]) for c in cols],
-            "p10_us": [None if c is None or c[1] is None else _round_us(c[1]) for c in cols],
-            "p90_us": [None if c is None or c[2] is None else _round_us(c[2]) for c in cols],
+            "median_us": [None if c is None else round_us(c[0]) for c in cols],
+            "p10_us": [None if c is None or c[1] is None else round_us(c[1]) for c in cols],
+            "p90_us": [None if c is None or c[2] is None else round_us(c[2]) for c in cols],
         }
 
     winners = _winners(tokens, backends, failed, preference)

@@ -1,13 +1,11 @@
 """The sweep: every available backend, correctness-checked then timed, over a grid of cases.
 
-One case = (model shape, payload dtype, routing, tokens per rank, backend). For each case,
-on every rank together:
-  1. the invariant check (a2a_tune.kernels.reference.check_invariant) on fresh inputs —
-     a backend that fails it is recorded as "incorrect" and is not timed;
-  2. warm-up, then timed round trips (tuner.timing): CUDA-graph replay for backends that
-     can be captured (as engines run decode), eager launches for the others;
-  3. rank 0 commits the measurement to the store at once, so an interrupted sweep loses
-     nothing and `--resume` skips what is already there.
+Read top-down: the plan's groups (shape, dtype, routing) -> each point (tokens per rank) of
+the grid, or of the adaptive search -> each case (a backend at that point) measured on every
+rank together by `tuner.measure` (built at its capacity, gated on the invariant, timed: a
+backend that fails the gate is recorded as "incorrect" and is not timed) -> rank 0 commits
+the measurement to the store at once, so an interrupted sweep loses nothing and `--resume`
+skips what is already there.
 Unavailable backends (availability() says why), impossible shapes and backends that raise
 are recorded with their one-line reason and the sweep goes on. Cases a backend declares
 infeasible (feasibility(), e.g. beyond a fixed capacity) are skipped and reported.
@@ -17,11 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -31,17 +27,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from a2a_tune.db import open_store
+from a2a_tune.db import MeasurementKey, open_store
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels._flashinfer import flashinfer_version
-from a2a_tune.kernels.reference import check_invariant, make_inputs
 
 from .adaptive import AdaptiveSearch
-from .launch import RankContext, RankFailed, RanksStalled, all_ranks_ok, launched_externally, one_line, run_ranks
+from .launch import Heartbeat, RankContext, RankFailed, RanksStalled, launched_externally, run_ranks
+from .measure import Backends, Result, capacity_for, input_sets, measure_case
 from .probe import Topology, cpu_topology, merge_nodes, probe
 from .progress import progress_bar
 from .shapes import ModelShape
-from .timing import summarize, time_graph_round_trips, time_round_trips
+from .timing import summarize
 
 DEFAULT_TOKENS = {
     # 1 .. 16384 tokens per rank (decode to prefill): powers of 2 and 3·2^k between them. The
@@ -52,12 +48,6 @@ DEFAULT_TOKENS = {
     "cpu": (1, 4, 16, 64, 256),  # gloo on CPU: enough to see a crossover in minutes
 }
 DEFAULT_ITERS = {"cuda": (10, 50), "cpu": (3, 15)}  # (warm-up, timed) round trips per case
-
-
-def capacity_for(capacity: int | None, tokens: int) -> int:
-    """max_tokens_per_rank a fixed-capacity backend is built with to carry `tokens`: the load's
-    own (capacity None, their best case) or an engine's capacity."""
-    return max(tokens, 1) if capacity is None else max(capacity, tokens, 1)
 
 
 @dataclass(frozen=True)
@@ -126,6 +116,13 @@ def probe_for_device(device_type: str) -> Topology:
     return probe() if device_type == "cuda" else cpu_topology()
 
 
+def gather_topology(ctx: RankContext) -> Topology:
+    """Collective: every rank's hardware, merged into the job's (its fingerprint names the table)."""
+    topologies: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(topologies, probe_for_device(ctx.device.type).to_dict())
+    return merge_nodes([Topology.from_dict(t) for t in topologies])
+
+
 def library_versions(device_type: str, topology: Topology) -> dict[str, str | None]:
     def dist_version(name: str) -> str | None:
         try:
@@ -172,8 +169,8 @@ def sweep(
     """
     skip: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="a2a-tune-") as tmp:
-        beat = Path(tmp) / "heartbeat.json"
-        stalled = None if launched_externally() else (lambda: _stalled(beat, case_timeout))
+        heartbeat = Heartbeat(Path(tmp) / "heartbeat.json")
+        stalled = None if launched_externally() else heartbeat.stalled_after(case_timeout)
         for _ in range(MAX_RESTARTS + 1):
             try:
                 results = run_ranks(
@@ -184,16 +181,17 @@ def sweep(
                     db_url,
                     resume,
                     progress,
-                    str(beat),
+                    heartbeat,
                     dict(skip),
                     stalled=stalled,
                 )
             except RanksStalled:
-                run_id, key = _last_beat(beat)
-                beat.unlink()  # the restarted ranks start a fresh heartbeat
+                hung = heartbeat.last()
+                heartbeat.clear()  # the restarted ranks start a fresh heartbeat
+                key = MeasurementKey(*hung["key"])
                 reason = f"no progress for {case_timeout:.0f} s; every rank was stopped"
-                _record_timeout(db_url, run_id, key, reason)
-                skip[key[0]] = f"timed out at {key[6]} tokens/rank ({reason})"
+                _record_timeout(db_url, hung["run_id"], key, reason)
+                skip[key.backend] = f"timed out at {key.tokens_per_rank} tokens/rank ({reason})"
                 resume = True  # continue the same run
                 continue
             outcome = next((r for r in results if r is not None), None)
@@ -206,69 +204,213 @@ def sweep(
     raise RankFailed(f"gave up after {MAX_RESTARTS} restarts of stalled ranks")
 
 
-def _stalled(beat: Path, case_timeout: float) -> str | None:
-    try:
-        state = json.loads(beat.read_text())
-    except (OSError, ValueError):
-        return None
-    if state.get("key") and time.time() - state["since"] > case_timeout:
-        return f"case {state['key']} made no progress for {case_timeout:.0f} s"
-    return None
-
-
-def _last_beat(beat: Path) -> tuple[int, tuple]:
-    state = json.loads(beat.read_text())
-    return state["run_id"], tuple(state["key"])
-
-
-def _record_timeout(db_url: str | None, run_id: int, key: tuple, reason: str) -> None:
-    backend, experts, topk, hidden, dtype, ep, tokens, routing = key
+def _record_timeout(db_url: str | None, run_id: int, key: MeasurementKey, reason: str) -> None:
     with open_store(db_url) as store:
-        store.add_failure(
-            run_id,
-            backend=backend,
-            kind="timeout",
-            reason=reason,
-            num_experts=experts,
-            topk=topk,
-            hidden=hidden,
-            dtype=dtype,
-            ep_size=ep,
-            tokens_per_rank=tokens,
-            routing=routing,
+        store.add_failure(run_id, kind="timeout", reason=reason, **key._asdict())
+
+
+# --------------------------------------------------------------------------------- ranks
+
+
+def _sweep_rank(
+    ctx: RankContext,
+    plan: SweepPlan,
+    db_url: str | None,
+    resume: bool,
+    show_progress: bool,
+    heartbeat: Heartbeat,
+    skip: dict,
+):
+    rec = _Recorder(ctx, plan, db_url, resume, heartbeat)
+    usable = _usable_backends(ctx, plan, rec, skip)
+    try:
+        with progress_bar(show_progress and rec.is_writer, "sweep") as bar:
+            progress = _Progress(bar, plan.total())
+            backends: Backends | None = None
+            for model, dtype, routing in plan.groups():
+                shape = MoEShape(model.num_experts, model.topk, model.hidden, max(plan.tokens), dtype)
+                if backends is None or backends.shape != shape:  # groups run shape-major: free the last
+                    if backends is not None:
+                        backends.close()
+                    backends = Backends(ctx, shape, capacity=plan.capacity)
+                _sweep_group(ctx, plan, rec, backends, f"{model.name} {dtype} {routing}", routing, usable, progress)
+            if backends is not None:
+                backends.close()
+    except KeyboardInterrupt:
+        rec.finish("interrupted")
+        raise
+    except BaseException:
+        rec.finish("failed")
+        raise
+    rec.finish("completed")
+    return rec.outcome if rec.is_writer else None
+
+
+def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[str, str]) -> list[str]:
+    """The plan's backends that can run here; the others recorded with their reason."""
+    env = BackendEnv.local(ctx.world_size, ctx.device.type)
+    usable: list[str] = []
+    for name in plan.backend_names():
+        ok, reason = get_backend(name).availability(env)
+        if name in skip:  # timed out earlier in this sweep
+            rec.infeasible(name, skip[name])
+        elif ok:
+            usable.append(name)
+        else:
+            rec.outcome.unavailable[name] = reason
+            if name not in rec.unavailable_recorded:
+                rec.failure(name, "unavailable", reason)
+    return usable
+
+
+def _sweep_group(
+    ctx: RankContext,
+    plan: SweepPlan,
+    rec: _Recorder,
+    backends: Backends,
+    label: str,
+    routing: str,
+    usable: list[str],
+    progress: _Progress,
+) -> None:
+    """One (shape, dtype, routing): every point of the grid then the refinements, or the
+    points the adaptive search asks for."""
+
+    def point(tokens: int, names: list[str]) -> dict[str, float | None]:
+        return _run_point(ctx, plan, rec, backends, label, routing, tokens, names, progress)
+
+    if not plan.adaptive:
+        # the whole grid is the coarse pass; the search then only refines crossovers and races
+        search = AdaptiveSearch(plan.tokens, tuple(usable), coarse_step=1, refine_ratio=plan.refine_ratio)
+        for tokens in plan.tokens:
+            progress.advance(len(plan.backend_names()) - len(usable), f"{label} T={tokens}")
+            for b, median in point(tokens, usable).items():
+                search.observe(tokens, b, median)
+        if plan.refine_ratio is not None:
+            _follow(search, plan, usable, point, progress)
+        return
+    search = AdaptiveSearch(plan.tokens, tuple(usable), refine_ratio=plan.refine_ratio)
+    _observe_stored(search, rec, backends.shape, routing, usable, plan.tokens)  # a resumed run: what is stored counts
+    points = _follow(search, plan, usable, point, progress)
+    rec.outcome.adaptive_saved += len(plan.tokens) * len(usable) - points
+    progress.advance(len(plan.tokens) * len(plan.backend_names()) - points, label)
+
+
+def _follow(search: AdaptiveSearch, plan: SweepPlan, usable: list[str], point, progress: _Progress) -> int:
+    """Run `search` to its end; how many grid points (tokens, backend) it handed out.
+
+    A full-grid sweep times every usable backend at a refinement count, not only the
+    contenders the search asks for: its table has no gaps, so every backend stays in
+    lookups over ranges that span the count (an engine's default among them)."""
+    points = 0
+    while batch := search.next_points():
+        for tokens in sorted({t for t, _ in batch}):
+            names = [b for t, b in batch if t == tokens]
+            if tokens not in plan.tokens:
+                if not plan.adaptive:
+                    names = [b for b in usable if (tokens, b) not in search.medians]
+                progress.grow(len(names))  # beyond the grid's total
+            for b, median in point(tokens, names).items():
+                search.observe(tokens, b, median)
+            points += len(names) if tokens in plan.tokens else 0
+    return points
+
+
+def _observe_stored(search: AdaptiveSearch, rec: _Recorder, shape: MoEShape, routing, usable, grid) -> None:
+    """Feed `search` the medians a resumed run stored for one shape group, refinement counts
+    between the grid's ends included."""
+    for key, median in rec.medians.items():
+        if (
+            (key.num_experts, key.topk, key.hidden, key.dtype, key.routing)
+            == (shape.num_experts, shape.topk, shape.hidden, shape.dtype, routing)
+            and key.backend in usable
+            and grid[0] <= key.tokens_per_rank <= grid[-1]
+        ):
+            search.observe(key.tokens_per_rank, key.backend, median)
+
+
+def _run_point(
+    ctx: RankContext,
+    plan: SweepPlan,
+    rec: _Recorder,
+    backends: Backends,
+    label: str,
+    routing: str,
+    tokens: int,
+    names: list[str],
+    progress: _Progress,
+) -> dict[str, float | None]:
+    """Every backend of `names` at one token count: median µs, or None (failed / infeasible)."""
+    shape = backends.shape
+    label = f"{label} T={tokens}"
+    keys = {
+        name: MeasurementKey(
+            name, shape.num_experts, shape.topk, shape.hidden, shape.dtype, ctx.world_size, tokens, routing
         )
+        for name in names
+    }
+    result = {name: rec.medians.get(keys[name]) for name in names if keys[name] in rec.done}
+    todo = [name for name in names if keys[name] not in rec.done]
+    rec.outcome.skipped += len(names) - len(todo)
+    progress.advance(len(names) - len(todo), label)
+    if not todo:
+        return result
+    try:
+        inputs = input_sets(ctx, shape, tokens, routing=routing, seed=plan.seed, sets=plan.input_sets)
+    except ShapeError as exc:
+        for name in todo:
+            rec.failure(name, "error", str(exc), keys[name])
+            result[name] = None
+        progress.advance(len(todo), label)
+        return result
+    for name in todo:
+        progress.advance(0, f"{label} {name}")
+        rec.beat(keys[name])
+        measured = measure_case(ctx, backends, name, tokens, inputs, warmup=plan.warmup, iters=plan.iters)
+        result[name] = rec.record(keys[name], measured)
+        rec.beat(None)
+        progress.advance(1, label)
+    return result
 
 
-def _case_key(backend: str, shape: MoEShape, ep_size: int, tokens: int, routing: str) -> tuple:
-    # Must match the key order of Store.done_keys().
-    return (backend, shape.num_experts, shape.topk, shape.hidden, shape.dtype, ep_size, tokens, routing)
+class _Progress:
+    """The sweep's progress bar (rank 0 with --progress), or nothing."""
+
+    def __init__(self, bar, total: int) -> None:
+        self.bar = bar
+        self.task = bar.add_task("", total=total) if bar is not None else None
+
+    def advance(self, n: int, text: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=n, description=text)
+
+    def grow(self, n: int) -> None:
+        if self.bar is not None:
+            total = next(t.total for t in self.bar.tasks if t.id == self.task)
+            self.bar.update(self.task, total=total + n)
 
 
 class _Recorder:
     """Rank 0's side of the store; other ranks hold a recorder that writes nothing."""
 
-    def __init__(
-        self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, beat: str
-    ):
+    def __init__(self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, heartbeat: Heartbeat):
         self.is_writer = ctx.rank == 0
-        self.beat_path = beat
+        self.heartbeat = heartbeat
         self.store = None
-        topologies: list[Any] = [None] * ctx.world_size
-        dist.all_gather_object(topologies, probe_for_device(device_type).to_dict())
-        self.topology = merge_nodes([Topology.from_dict(t) for t in topologies])
+        self.topology = gather_topology(ctx)
         header: list[Any] = [None]
         if self.is_writer:
             try:
-                header[0] = self._open(plan, db_url, resume, device_type, ctx.world_size)
+                header[0] = self._open(plan, db_url, resume, ctx.device.type, ctx.world_size)
             except Exception as exc:  # every rank must learn of it, or they wait forever
                 header[0] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
         dist.broadcast_object_list(header, src=0)
         if "error" in header[0]:
             raise RuntimeError(header[0]["error"])
         self.run_id: int = header[0]["run_id"]
-        self.done: set[tuple] = header[0]["done"]
+        self.done: set[MeasurementKey] = header[0]["done"]
         self.unavailable_recorded: set[str] = header[0]["unavailable_recorded"]  # a resumed run has them
-        self.medians: dict[tuple, float | None] = header[0]["medians"]  # stored results, for a resumed search
+        self.medians: dict[MeasurementKey, float | None] = header[0]["medians"]  # stored, for a resumed search
         self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size)
 
     def _open(self, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, world: int) -> dict:
@@ -291,8 +433,8 @@ class _Recorder:
             )
         failures = self.store.failures(run_id)
         recorded = {f.backend for f in failures if f.kind == "unavailable"}
-        medians = {tuple(m.key): m.median_us for m in self.store.measurements(run_id)}
-        medians.update({tuple(f.key): None for f in failures if f.key is not None})
+        medians = {m.key: m.median_us for m in self.store.measurements(run_id)}
+        medians.update({f.key: None for f in failures if f.key is not None})
         return {
             "run_id": run_id,
             "done": self.store.done_keys(run_id),
@@ -300,64 +442,51 @@ class _Recorder:
             "medians": medians,
         }
 
-    def measurement(self, key: tuple, timing: str, device_us: list[float], host_us: list[float], knobs: dict) -> None:
+    def record(self, key: MeasurementKey, result: Result) -> float | None:
+        """Store what measuring the case `key` gave; its median µs, or None."""
+        if result.kind == "measured":
+            self.measurement(key, result)
+        elif result.kind == "infeasible":
+            self.infeasible(key.backend, result.reason)
+        else:
+            self.failure(key.backend, result.kind, result.reason, key)
+        return result.median_us
+
+    def measurement(self, key: MeasurementKey, result: Result) -> None:
         self.outcome.measured += 1
-        self.medians[key] = summarize(device_us).median_us
+        stats = result.stats
+        self.medians[key] = stats.median_us
         if not self.is_writer:
             return
-        stats = summarize(device_us)
-        backend, experts, topk, hidden, dtype, ep, tokens, routing = key
         self.store.add_measurement(
             self.run_id,
-            backend=backend,
-            num_experts=experts,
-            topk=topk,
-            hidden=hidden,
-            dtype=dtype,
-            ep_size=ep,
-            tokens_per_rank=tokens,
-            routing=routing,
-            timing=timing,
+            **key._asdict(),
+            timing=result.timing,
             median_us=stats.median_us,
             p10_us=stats.p10_us,
             p90_us=stats.p90_us,
             ci_low_us=stats.ci_low_us,
             ci_high_us=stats.ci_high_us,
             n=stats.n,
-            host_median_us=summarize(host_us).median_us,
-            samples=[round(s, 3) for s in device_us],
-            knobs=knobs,
+            host_median_us=summarize(result.host_us).median_us,
+            samples=[round(s, 3) for s in result.device_us],
+            knobs=result.knobs,
         )
 
-    def beat(self, key: tuple | None) -> None:
+    def beat(self, key: MeasurementKey | None) -> None:
         """Tell the watching parent which case runs now (None: between cases)."""
-        if not self.is_writer or not self.beat_path:
-            return
-        tmp = self.beat_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"run_id": self.run_id, "key": list(key) if key else None, "since": time.time()}, f)
-        os.replace(tmp, self.beat_path)
+        if self.is_writer:
+            self.heartbeat.beat({"run_id": self.run_id, "key": list(key)} if key else None)
 
     def infeasible(self, backend: str, reason: str) -> None:
         self.outcome.infeasible[backend] = reason
 
-    def failure(self, backend: str, kind: str, reason: str, key: tuple | None = None) -> None:
+    def failure(self, backend: str, kind: str, reason: str, key: MeasurementKey | None = None) -> None:
         self.outcome.failed[kind] = self.outcome.failed.get(kind, 0) + 1
         if not self.is_writer:
             return
-        shape_fields: dict[str, Any] = {}
-        if key is not None:
-            _, experts, topk, hidden, dtype, ep, tokens, routing = key
-            shape_fields = dict(
-                num_experts=experts,
-                topk=topk,
-                hidden=hidden,
-                dtype=dtype,
-                ep_size=ep,
-                tokens_per_rank=tokens,
-                routing=routing,
-            )
-        self.store.add_failure(self.run_id, backend=backend, kind=kind, reason=reason[:500], **shape_fields)
+        fields = key._asdict() if key is not None else {"backend": backend}
+        self.store.add_failure(self.run_id, kind=kind, reason=reason[:500], **fields)
 
     def finish(self, status: str) -> None:
         self.outcome.status = status
@@ -369,208 +498,3 @@ class _Recorder:
             }
             self.store.finish_run(self.run_id, status, summary=summary)
             self.store.close()
-
-
-def _sweep_rank(
-    ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, show_progress: bool, beat: str, skip: dict
-):
-    device_type = ctx.device.type
-    rec = _Recorder(ctx, plan, db_url, resume, device_type, beat)
-    env = BackendEnv.local(ctx.world_size, device_type)
-    usable: list[str] = []
-    for name in plan.backend_names():
-        ok, reason = get_backend(name).availability(env)
-        if name in skip:  # timed out earlier in this sweep
-            rec.infeasible(name, skip[name])
-        elif ok:
-            usable.append(name)
-        else:
-            rec.outcome.unavailable[name] = reason
-            if name not in rec.unavailable_recorded:
-                rec.failure(name, "unavailable", reason)
-    try:
-        with progress_bar(show_progress and rec.is_writer, "sweep") as bar:
-            task = bar.add_task("", total=plan.total()) if bar else None
-            _sweep_cases(ctx, plan, rec, usable, bar, task)
-    except KeyboardInterrupt:
-        rec.finish("interrupted")
-        raise
-    except BaseException:
-        rec.finish("failed")
-        raise
-    rec.finish("completed")
-    return rec.outcome if rec.is_writer else None
-
-
-def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, usable: list[str], bar, task) -> None:
-    built: dict[tuple, dict[str, Any]] = {}  # (shape, dtype) -> backend instances, built once per shape
-
-    def advance(n: int, text: str) -> None:
-        if bar is not None:
-            bar.update(task, advance=n, description=text)
-
-    skipped_backends = len(plan.backend_names()) - len(usable)
-    for model, dtype, routing in plan.groups():
-        for other in [k for k in built if k != (model, dtype)]:  # groups run shape-major: free the last
-            for backend in built.pop(other).values():
-                if backend is not None:
-                    backend.close()
-        instances = built.setdefault((model, dtype), {})
-        label = f"{model.name} {dtype} {routing}"
-
-        def measure(search: AdaptiveSearch, model=model, dtype=dtype, routing=routing, instances=instances) -> int:
-            """Run `search` to its end; how many grid points (tokens, backend) it handed out.
-
-            A full-grid sweep times every usable backend at a refinement count, not only the
-            contenders the search asks for: its table has no gaps, so every backend stays in
-            lookups over ranges that span the count (an engine's default among them)."""
-            points = 0
-            while batch := search.next_points():
-                for tokens in sorted({t for t, _ in batch}):
-                    names = [b for t, b in batch if t == tokens]
-                    if tokens not in plan.tokens:
-                        if not plan.adaptive:
-                            names = [b for b in usable if (tokens, b) not in search.medians]
-                        if bar is not None:  # beyond the grid's total
-                            bar.update(task, total=next(t.total for t in bar.tasks if t.id == task) + len(names))
-                    for b, median in _run_point(
-                        ctx,
-                        plan,
-                        rec,
-                        model,
-                        dtype,
-                        routing,
-                        tokens,
-                        names,
-                        instances,
-                        advance,
-                    ).items():
-                        search.observe(tokens, b, median)
-                    points += len(names) if tokens in plan.tokens else 0
-            return points
-
-        if not plan.adaptive:
-            # the whole grid is the coarse pass; the search then only refines crossovers and races
-            search = AdaptiveSearch(plan.tokens, tuple(usable), coarse_step=1, refine_ratio=plan.refine_ratio)
-            for tokens in plan.tokens:
-                advance(skipped_backends, f"{label} T={tokens}")
-                for b, median in _run_point(
-                    ctx, plan, rec, model, dtype, routing, tokens, usable, instances, advance
-                ).items():
-                    search.observe(tokens, b, median)
-            if plan.refine_ratio is not None:
-                measure(search)
-            continue
-        search = AdaptiveSearch(plan.tokens, tuple(usable), refine_ratio=plan.refine_ratio)
-        _observe_stored(search, rec, model, dtype, routing, usable, plan.tokens)  # a resumed run: what is stored counts
-        points = measure(search)
-        rec.outcome.adaptive_saved += len(plan.tokens) * len(usable) - points
-        advance(len(plan.tokens) * len(plan.backend_names()) - points, label)
-    for instances in built.values():
-        for backend in instances.values():
-            if backend is not None:
-                backend.close()
-
-
-def _observe_stored(search: AdaptiveSearch, rec, model, dtype: str, routing: str, usable: list[str], grid) -> None:
-    """Feed `search` the medians a resumed run stored for one shape group, refinement counts
-    between the grid's ends included."""
-    group = (model.num_experts, model.topk, model.hidden, dtype, routing)
-    for (backend, experts, topk, hidden, dt, _, tokens, rt), median in rec.medians.items():
-        if (experts, topk, hidden, dt, rt) == group and backend in usable and grid[0] <= tokens <= grid[-1]:
-            search.observe(tokens, backend, median)
-
-
-def _run_point(ctx, plan, rec, model, dtype, routing, tokens, names, instances, advance) -> dict[str, float | None]:
-    """Every backend of `names` at one token count: median µs, or None (failed / infeasible)."""
-    world = ctx.world_size
-    shape = MoEShape(model.num_experts, model.topk, model.hidden, max(plan.tokens), dtype)
-    label = f"{model.name} {dtype} {routing} T={tokens}"
-    keys = {name: _case_key(name, shape, world, tokens, routing) for name in names}
-    result = {name: rec.medians.get(keys[name]) for name in names if keys[name] in rec.done}
-    todo = [name for name in names if keys[name] not in rec.done]
-    rec.outcome.skipped += len(names) - len(todo)
-    advance(len(names) - len(todo), label)
-    if not todo:
-        return result
-    try:
-        shape.validate(world)
-        inputs = [
-            make_inputs(
-                shape, tokens, rank=ctx.rank, world_size=world, routing=routing, seed=plan.seed + i, device=ctx.device
-            )
-            for i in range(plan.input_sets)
-        ]
-    except ShapeError as exc:
-        for name in todo:
-            rec.failure(name, "error", str(exc), keys[name])
-            result[name] = None
-        advance(len(todo), label)
-        return result
-    for name in todo:
-        advance(0, f"{label} {name}")
-        rec.beat(keys[name])
-        result[name] = _measure_case(ctx, plan, rec, name, shape, instances, inputs, keys[name])
-        rec.beat(None)
-        advance(1, label)
-    return result
-
-
-def _measure_case(
-    ctx, plan: SweepPlan, rec: _Recorder, name: str, shape: MoEShape, instances: dict, inputs, key
-) -> float | None:
-    """Gate, then time one case; returns its median µs (the same on every rank) or None."""
-    cls = get_backend(name)
-    slot = name
-    tokens = inputs[0].x.shape[0]  # on every rank: the step's max over ranks
-    if cls.capacity_bound:
-        # Fixed-capacity backends cost what their capacity costs: by default sized to this load,
-        # not to the sweep's largest token count. That is their best case: an engine that
-        # allocates one workspace for its largest batch pays that capacity at every smaller
-        # step, which `plan.capacity` (--capacity) measures -- except in the backends that take
-        # the step's size at run time (`step_sized`), told it below as an engine tells them.
-        shape = MoEShape(shape.num_experts, shape.topk, shape.hidden, plan.capacity_for(tokens), shape.dtype)
-        slot = (name, shape.max_tokens_per_rank)
-        for old in [k for k in instances if isinstance(k, tuple) and k[0] == name and k != slot]:
-            if instances[old] is not None:
-                instances[old].close()
-            del instances[old]
-    feasible, why = cls.feasibility(shape, ctx.world_size)
-    if not feasible:  # e.g. beyond a fixed-capacity backend's slots: not measured, not a failure
-        rec.infeasible(name, why)
-        return None
-    if slot not in instances:
-        error = ""
-        try:
-            instances[slot] = cls(ctx.group, shape, ctx.device)
-        except Exception as exc:
-            instances[slot], error = None, one_line(exc)
-        if not all_ranks_ok(not error, ctx):
-            instances[slot] = None
-            rec.failure(name, "error", f"construction failed: {error or 'on another rank'}", key)
-            return None
-    backend = instances[slot]
-    if backend is None:  # construction failed earlier for this shape
-        rec.failure(name, "error", "construction failed (see the first failure of this shape)", key)
-        return None
-    if tokens:
-        backend.set_step_tokens(tokens)
-    gate = check_invariant(backend, inputs[0])
-    if not gate.ok:
-        rec.failure(name, "error" if gate.crashed else "incorrect", gate.reason, key)
-        return None
-    # Graph-capturable backends are timed as engines run them in decode: CUDA-graph replay.
-    graph = cls.graph_capturable and ctx.device.type == "cuda"
-    timer = time_graph_round_trips if graph else time_round_trips
-    error = ""
-    try:
-        device_us, host_us = timer(backend, inputs, warmup=plan.warmup, iters=plan.iters)
-        if backend.gave_up():  # a flag wait timed out: the samples are garbage
-            error = "a flag wait timed out (a peer never signalled); timings discarded"
-    except Exception as exc:
-        error = one_line(exc)
-    if not all_ranks_ok(not error, ctx):
-        rec.failure(name, "error", error or "failed on another rank", key)
-        return None
-    rec.measurement(key, "graph" if graph else "eager", device_us, host_us, backend.knobs())
-    return summarize(device_us).median_us

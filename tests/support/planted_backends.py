@@ -70,3 +70,16 @@ class HangsOnOneRank(NcclAll2Allv):
 
             time.sleep(3600)
         return super().dispatch(x, topk_ids, topk_weights)
+
+
+@register_backend
+class FailsToBuildOnOneRank(NcclAll2Allv):
+    """Rank 1's constructor raises (a workspace that does not fit on one GPU): the other ranks
+    must learn of it rather than wait for rank 1 in the first collective."""
+
+    name = "planted_build_fails"
+
+    def __init__(self, group, shape, device):
+        super().__init__(group, shape, device)
+        if self.rank == 1:
+            raise RuntimeError("planted failure: out of memory for the workspace")

@@ -33,18 +33,30 @@ order in which the backends are registered. Without a spread for F (not measured
 an exactly equal median ties. The spread is that of single samples, which on a shared
 host can be wide (a graph replay's p90 twice its median was measured on 2xH200), so a tie
 is also capped: a backend more than ``TIE_MAX_MARGIN`` (3%) slower than F never ties --
-preferring the engine's default may cost at most that much.
+preferring the engine's default may cost at most that much. Medians compare at
+``US_DECIMALS`` (a nanosecond), the resolution a table stores.
+
+**Winners** (:func:`winners`): per measured token count of a table entry, :func:`decide`
+over the backends not failed for the shape and measured there, plus the runner-up (the
+lowest median after the fastest) and ``margin`` = runner-up / fastest - 1. Select writes
+them, the views show them (for a table and for a run read straight from the store), and
+they are what lookup answers at a measured token count -- one rule for all three.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections import namedtuple
 
-__all__ = ["TIE_MAX_MARGIN", "decide", "expected", "where_text"]
+__all__ = ["MARGIN_DECIMALS", "TIE_MAX_MARGIN", "US_DECIMALS", "Winner", "decide", "expected", "where_text", "winners"]
 
 #: A tie never spans more than this fraction above the fastest median (see the tie rule).
 TIE_MAX_MARGIN = 0.03
+#: Decimals of a time in µs that a table stores and the tie rule compares (1 ns).
+US_DECIMALS = 3
+#: Decimals of a winner's margin.
+MARGIN_DECIMALS = 4
 
 
 def _point_plan(grid: tuple, t: int):
@@ -182,3 +194,45 @@ def decide(medians: dict, p10: dict, p90: dict, preference) -> tuple:
     rank = {b: i for i, b in enumerate(preference)}
     chosen = min(tied, key=lambda b: (rank.get(b, len(rank)), b))
     return chosen, fastest, tied
+
+
+class Winner(namedtuple("Winner", "tokens backend median_us fastest runner_up margin tie")):
+    """The winner at one token count: ``backend`` (chosen by the tie rule) and its median,
+    the ``fastest`` backend, the ``runner_up`` after it (None: nothing else competed),
+    ``margin`` = runner-up / fastest - 1 (None likewise) and ``tie`` (the fastest's spread
+    held another backend, so ``tie_preference`` chose)."""
+
+    __slots__ = ()
+
+    @property
+    def other(self):
+        """The backend the winner was chosen over: the fastest when a tie gave the win to a
+        preferred backend, else the runner-up."""
+        return self.fastest if self.fastest != self.backend else self.runner_up
+
+
+def winners(tokens, median_us, p10_us, p90_us, failed, preference) -> list:
+    """[:class:`Winner`] per token count where a backend competes (module docstring).
+
+    ``median_us`` / ``p10_us`` / ``p90_us``: backend -> values aligned with ``tokens`` (None:
+    not measured there); ``failed``: backends never chosen; ``preference``: as for :func:`decide`.
+    """
+    out = []
+    for j, t in enumerate(tokens):
+        medians = {
+            b: round(curve[j], US_DECIMALS)
+            for b, curve in median_us.items()
+            if b not in failed and curve[j] is not None
+        }
+        if not medians:
+            continue
+        chosen, fastest, tied = decide(
+            medians,
+            {b: p10_us[b][j] for b in medians},
+            {b: p90_us[b][j] for b in medians},
+            preference,
+        )
+        runner_up = min(((v, b) for b, v in medians.items() if b != fastest), default=(None, None))[1]
+        margin = round(medians[runner_up] / medians[fastest] - 1, MARGIN_DECIMALS) if runner_up else None
+        out.append(Winner(t, chosen, medians[chosen], fastest, runner_up, margin, len(tied) > 1))
+    return out

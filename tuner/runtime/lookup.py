@@ -84,7 +84,7 @@ from functools import cache
 from types import MappingProxyType
 
 from a2a_tune.tuner.runtime import engines
-from a2a_tune.tuner.runtime.estimate import decide, expected, where_text
+from a2a_tune.tuner.runtime.estimate import US_DECIMALS, decide, expected, where_text
 from a2a_tune.tuner.runtime.fingerprint import (
     HW_DEFAULT,
     HW_EXACT,
@@ -818,7 +818,7 @@ def _choose(
     if engine is not None:
         col = 0 if engine == "vllm" else 1
         curves = {b: c for b, c in curves.items() if engines.accepts(engine, prof.backends[b][col])}
-    medians = {b: round(v, 3) for b, v in expected(entry.tokens, curves, dist).items()}
+    medians = {b: round(v, US_DECIMALS) for b, v in expected(entry.tokens, curves, dist).items()}
     if not medians:
         return _fallback(
             f"{path}: {shape_text}: no usable backend{f' with a {engine} name' if engine else ''} {where}"

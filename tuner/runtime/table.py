@@ -1,10 +1,25 @@
 """The selection table on disk: schema versions 1 and 2 -> one validated, read-only model.
 
-Written by :mod:`a2a_tune.tuner.select` (always the current :data:`SCHEMA_VERSION`), read
-by :mod:`a2a_tune.tuner.runtime.lookup` at engine start-up, so this module is standard library
-only and checks by hand exactly what lookup relies on (jsonschema is too slow and heavy
-for an engine's start-up; ``select.validate_profile`` runs the published JSON Schema
-``profiles/schema-v2.json`` as well before writing).
+The one reader of tables: written by :mod:`a2a_tune.tuner.select` (always the current
+:data:`SCHEMA_VERSION`, checked here before writing), read by
+:mod:`a2a_tune.tuner.runtime.lookup` at engine start-up, and by every other command that
+reads a table (``show``, ``diff``, ``plot``, ``report``, ``evaluate``, ``tune-knobs``), so
+each judges a table as the lookup does. Standard library only; it checks by hand exactly
+what lookup relies on (jsonschema is too slow and heavy for an engine's start-up;
+``select.validate_profile`` runs the published JSON Schema ``profiles/schema-v2.json`` as
+well before writing).
+
+Two modes, one set of rules. **Strict** (the default; what lookup uses): the first problem
+raises :class:`ProfileError`. **Lenient** (``notes=[]``; the views): the same problems
+still raise -- a view refuses what every engine would refuse -- and what the lookup
+tolerates but an operator should hear about is appended to ``notes``, one line each: an
+entry without winners, winners that disagree with the entry's curves (lookup answers from
+the curves: :func:`a2a_tune.tuner.runtime.estimate.winners`).
+
+**Ranges.** Every time is a number of µs in [:data:`MIN_US`, :data:`MAX_US`] and every
+count (token counts, shape sizes, capacity) an integer in [1, :data:`MAX_COUNT`]: inside
+them every ratio, logarithm and power law the lookup computes is finite and non-zero
+(a median of 5e-324 would round to 0 and divide by zero).
 
 Schema 2 adds to schema 1 (see the JSON Schema for every field):
 
@@ -36,19 +51,26 @@ from collections import namedtuple
 from operator import le as _le
 from types import MappingProxyType
 
+from a2a_tune.tuner.runtime.estimate import US_DECIMALS, winners
 from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
 
 __all__ = [
     "FALLBACK_BACKEND",
+    "MAX_COUNT",
+    "MAX_US",
+    "MIN_US",
     "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
+    "SHAPE_KEYS",
     "TIMING_MODES",
     "Profile",
     "ProfileEntry",
     "ProfileError",
     "Shape",
     "describe_shape",
+    "entry_winners",
     "parse_profile",
+    "round_us",
 ]
 
 #: vLLM's own default (``--all2all-backend``); the answer whenever the table cannot give one,
@@ -59,6 +81,14 @@ SCHEMA_VERSION = 2
 #: The versions this reader loads (1 is converted on load).
 READABLE_SCHEMAS = (1, 2)
 TIMING_MODES = ("eager", "graph")
+#: The keys that identify a table entry, in table order: the one shape-key order (the
+#: store's records and the lookup's arguments carry the same names).
+SHAPE_KEYS = ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")
+#: The range of a time a table may hold, in µs: 1 ns (the stored resolution) to 1000 s.
+MIN_US = 10.0**-US_DECIMALS
+MAX_US = 1e9
+#: The largest count a table may hold (token counts, shape sizes, capacity): int32.
+MAX_COUNT = 2**31 - 1
 
 _INF = float("inf")
 _NUMBER_TYPES = frozenset({float, int})
@@ -81,8 +111,13 @@ class ProfileError(ValueError):
         return ": ".join(parts + [self.problem])
 
 
-#: Model shape of one table entry (everything but the token count).
-Shape = namedtuple("Shape", "ep_size hidden topk num_experts dtype routing")
+#: Model shape of one table entry (everything but the token count), in :data:`SHAPE_KEYS` order.
+Shape = namedtuple("Shape", SHAPE_KEYS)
+
+
+def round_us(v: float) -> float:
+    """A time in µs as a table stores it: to the nanosecond."""
+    return round(float(v), US_DECIMALS)
 
 
 def describe_shape(s: Shape) -> str:
@@ -110,12 +145,14 @@ class ProfileEntry(namedtuple("ProfileEntry", "shape source tokens median_us p10
     __slots__ = ()
 
 
-class Profile(namedtuple("Profile", "path schema fingerprint backends tie_preference entries by_shape")):
-    """A validated profile: only what lookup needs.
+class Profile(namedtuple("Profile", "path schema fingerprint backends tie_preference entries by_shape capacity")):
+    """A validated profile: what lookup needs, and the capacity the table was measured at.
 
     ``schema``: the file's version (1 is converted on load); ``backends``: backend ->
     (vllm_name, sglang_name); ``tie_preference``: backends, most preferred first;
-    ``entries``: tuple of :class:`ProfileEntry`; ``by_shape``: Shape -> ProfileEntry.
+    ``entries``: tuple of :class:`ProfileEntry`; ``by_shape``: Shape -> ProfileEntry;
+    ``capacity``: ``run.capacity`` (tokens per rank the fixed-capacity backends were built
+    for) or None.
     """
 
     __slots__ = ()
@@ -128,12 +165,25 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _is_pos_finite(v) -> bool:
-    return (type(v) is float or type(v) is int) and 0 < v < _INF
+def _is_us(v) -> bool:
+    """A time a table may hold (NaN fails both comparisons)."""
+    return (type(v) is float or type(v) is int) and MIN_US <= v <= MAX_US
 
 
-def _is_pos_int(v) -> bool:
-    return type(v) is int and v >= 1
+def _is_count(v) -> bool:
+    return type(v) is int and 1 <= v <= MAX_COUNT
+
+
+def _us_problem(v) -> str:
+    if (type(v) is float or type(v) is int) and 0 < v < _INF:
+        return f"{v!r} us is outside the range a table may hold ({MIN_US:g}..{MAX_US:g} us)"
+    return "not a positive finite number"
+
+
+def _count_problem(v) -> str:
+    if type(v) is int and v > MAX_COUNT:
+        return f"{v} is above the largest count a table may hold ({MAX_COUNT})"
+    return f"not a positive integer ({v!r})"
 
 
 def _jtype(v) -> str:
@@ -165,24 +215,24 @@ def _opt_str(v, where: str):
 
 
 def _curve(raw, n: int, where: str, key: str) -> tuple:
-    """A strict curve ``where.key``: an array of n values, each null or a positive finite
-    number -> (the values as a tuple, True if none of them is null)."""
+    """A strict curve ``where.key``: an array of n values, each null or a time in range
+    -> (the values as a tuple, True if none of them is null)."""
     if type(raw) is not list or len(raw) != n:
         raise ProfileError(f"expected an array of {n} values (one per token count)", field=f"{where}.{key}")
     # Fast path (a table has thousands of curves; this is most of a cold lookup): only
-    # numbers (type(), not isinstance: bools are ints), all > 0, and a finite sum (so no
-    # NaN or inf among them).
+    # numbers (type(), not isinstance: bools are ints), all in range, and a finite sum (so
+    # no NaN among them: min and max skip it).
     types = set(map(type, raw))
     if types <= _NUMBER_TYPES:
-        if min(raw) > 0 and sum(raw) < _INF:
+        if min(raw) >= MIN_US and max(raw) <= MAX_US and sum(raw) < _INF:
             return tuple(raw), True
     elif types <= _NUMBER_OR_NONE:
         values = [v for v in raw if v is not None]
-        if not values or (min(values) > 0 and sum(values) < _INF):
+        if not values or (min(values) >= MIN_US and max(values) <= MAX_US and sum(values) < _INF):
             return tuple(raw), False
     for j, v in enumerate(raw):
-        if v is not None and not ((type(v) is float or type(v) is int) and 0 < v < _INF):
-            raise ProfileError("not a positive finite number", field=f"{where}.{key}[{j}]")
+        if v is not None and not _is_us(v):
+            raise ProfileError(_us_problem(v), field=f"{where}.{key}[{j}]")
     raise ProfileError("not a positive finite number", field=f"{where}.{key}")  # unreachable
 
 
@@ -190,26 +240,27 @@ def _lenient_curve(raw, n: int) -> tuple:
     """Schema 1 p10/p90 (never checked by schema-1 readers): valid values or None."""
     if not isinstance(raw, list) or len(raw) != n:
         return (None,) * n
-    return tuple(v if _is_pos_finite(v) else None for v in raw)
+    return tuple(v if _is_us(v) else None for v in raw)
 
 
 # ------------------------------------------------------------------------------ parse
 
 
-def parse_profile(data, path: str | None = None) -> Profile:
+def parse_profile(data, path: str | None = None, *, notes: list | None = None) -> Profile:
     """Validate decoded profile JSON (schema 1 or 2) -> :class:`Profile`.
 
-    Raises :class:`ProfileError` naming the first bad field.
+    Raises :class:`ProfileError` naming the first bad field. ``notes``: a list for the
+    lenient mode (module docstring): what lookup tolerates is appended there, one line each.
     """
     try:
-        return _parse(data, path)
+        return _parse(data, path, notes)
     except ProfileError as exc:
         if exc.path is None and path is not None:
             exc.path = path
         raise
 
 
-def _parse(data, path) -> Profile:
+def _parse(data, path, notes) -> Profile:
     top = _obj(data, "top level")
     if "schema" not in top:
         raise ProfileError("missing", field="schema")
@@ -228,6 +279,10 @@ def _parse(data, path) -> Profile:
         fp = normalize_fingerprint(fp)
     except ValueError as exc:
         raise ProfileError(str(exc), field="hardware.fingerprint") from None
+    run = top.get("run")
+    capacity = run.get("capacity") if isinstance(run, dict) else None
+    if capacity is not None and not _is_count(capacity):
+        raise ProfileError(_count_problem(capacity), field="run.capacity")
 
     backends = {}
     for name, spec in _obj(top.get("backends"), "backends").items():
@@ -260,6 +315,9 @@ def _parse(data, path) -> Profile:
             raise ProfileError(f"same shape as entries[{j}]", field=f"entries[{i}]")
         by_shape[entry.shape] = entry
         entries.append(entry)
+    if notes is not None:
+        for i, (raw, entry) in enumerate(zip(raw_entries, entries)):
+            notes.extend(_winner_notes(raw.get("winners"), entry, preference, f"entries[{i}]", v1=schema == 1))
     return Profile(
         path=path,
         schema=schema,
@@ -268,6 +326,7 @@ def _parse(data, path) -> Profile:
         tie_preference=preference,
         entries=tuple(entries),
         by_shape=MappingProxyType(by_shape),
+        capacity=capacity,
     )
 
 
@@ -299,13 +358,13 @@ def _preference(raw, backends: dict) -> tuple:
 def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> ProfileEntry:
     e = _obj(raw, where)
     ints = []
-    for key in ("ep_size", "hidden", "topk", "num_experts"):
+    for key in SHAPE_KEYS[:4]:
         v = e.get(key)
-        if not _is_pos_int(v):
-            raise ProfileError(f"not a positive integer ({v!r})", field=f"{where}.{key}")
+        if not _is_count(v):
+            raise ProfileError(_count_problem(v), field=f"{where}.{key}")
         ints.append(v)
     strs = []
-    for key in ("dtype", "routing"):
+    for key in SHAPE_KEYS[4:]:
         v = e.get(key)
         if not isinstance(v, str) or not v:
             raise ProfileError(f"not a non-empty string ({v!r})", field=f"{where}.{key}")
@@ -320,8 +379,8 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
     if not isinstance(tokens, list) or not tokens:
         raise ProfileError("expected a non-empty array of token counts", field=f"{where}.tokens")
     for j, t in enumerate(tokens):
-        if not _is_pos_int(t):
-            raise ProfileError(f"not a positive integer ({t!r})", field=f"{where}.tokens[{j}]")
+        if not _is_count(t):
+            raise ProfileError(_count_problem(t), field=f"{where}.tokens[{j}]")
         if j and t <= tokens[j - 1]:
             raise ProfileError("token counts must be strictly ascending", field=f"{where}.tokens[{j}]")
     n = len(tokens)
@@ -419,7 +478,7 @@ def _check_winners(winners, where: str, token_set: set, medians: dict, failed: d
                 and type(b) is str
                 and b in live
                 and (type(mu) is float or type(mu) is int)
-                and 0 < mu < _INF
+                and MIN_US <= mu <= MAX_US
                 and (ru is None or (type(ru) is str and ru in medians))
                 and (m is None or ((type(m) is float or type(m) is int) and 0 <= m < _INF))
                 and (v1 or (type(w.get("fastest")) is str and w["fastest"] in live and type(w.get("tie")) is bool))
@@ -430,7 +489,7 @@ def _check_winners(winners, where: str, token_set: set, medians: dict, failed: d
 
 def _winner_error(w, wwhere: str, token_set: set, medians: dict, failed: dict, *, v1: bool) -> None:
     w = _obj(w, wwhere)
-    if not _is_pos_int(w.get("tokens")) or w.get("tokens") not in token_set:
+    if not _is_count(w.get("tokens")) or w.get("tokens") not in token_set:
         raise ProfileError(f"{w.get('tokens')!r} is not one of the entry's token counts", field=f"{wwhere}.tokens")
     for key in ("backend",) if v1 else ("backend", "fastest"):
         b = w.get(key)
@@ -438,8 +497,8 @@ def _winner_error(w, wwhere: str, token_set: set, medians: dict, failed: dict, *
             raise ProfileError(f"unknown backend {b!r}", field=f"{wwhere}.{key}")
         if b in failed:
             raise ProfileError(f"backend {b!r} is listed in 'failed'", field=f"{wwhere}.{key}")
-    if not _is_pos_finite(w.get("median_us")):
-        raise ProfileError("not a positive finite number", field=f"{wwhere}.median_us")
+    if not _is_us(w.get("median_us")):
+        raise ProfileError(_us_problem(w.get("median_us")), field=f"{wwhere}.median_us")
     ru = w.get("runner_up")
     if ru is not None and (not isinstance(ru, str) or ru not in medians):
         raise ProfileError(f"unknown backend {ru!r}", field=f"{wwhere}.runner_up")
@@ -449,3 +508,36 @@ def _winner_error(w, wwhere: str, token_set: set, medians: dict, failed: dict, *
     if not v1 and not isinstance(w.get("tie"), bool):
         raise ProfileError(f"expected true or false, got {_jtype(w.get('tie'))}", field=f"{wwhere}.tie")
     raise ProfileError("invalid winner", field=wwhere)  # unreachable unless the fast path and these disagree
+
+
+# ------------------------------------------------------------------ winners (lenient)
+
+
+def entry_winners(entry: ProfileEntry, preference) -> list:
+    """The entry's :class:`~a2a_tune.tuner.runtime.estimate.Winner` per token count: what
+    lookup answers at each measured count (the tie rule over the curves)."""
+    return winners(entry.tokens, entry.median_us, entry.p10_us, entry.p90_us, entry.failed, preference)
+
+
+def _winner_notes(raw, entry: ProfileEntry, preference, where: str, *, v1: bool) -> list:
+    """Lenient mode: one note when the entry's written winners are missing or differ from
+    what its curves give (the table was edited, or written by an older rule)."""
+    if raw is None:
+        return [f"{where}: no winners in the table; derived from its curves"]
+    written = {w["tokens"]: w for w in raw}  # checked by _check_winners
+    differ = []
+    for w in entry_winners(entry, preference):
+        got = written.get(w.tokens)
+        if (
+            got is None
+            or got["backend"] != w.backend
+            or (not v1 and (got["fastest"], got["tie"]) != (w.fastest, w.tie))
+        ):
+            differ.append(w.tokens)
+    if not differ:
+        return []
+    shown = ", ".join(map(str, differ[:6])) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+    return [
+        f"{where}: the table's winners differ from its curves at {shown} tokens/rank; "
+        "shown as its curves give them (what the lookup answers)"
+    ]

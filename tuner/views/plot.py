@@ -28,7 +28,8 @@ import io
 import math
 from pathlib import Path
 
-from .core import ShapeView, TableView, ViewError, shape_label, shape_slug, timing_summary
+from .model import ShapeView, TableView, ViewError, shape_label, shape_slug
+from .show import timing_summary
 
 __all__ = ["CopyBound", "copy_bound", "plot_view", "render_png", "backend_colors", "PlotUnavailable"]
 
@@ -175,6 +176,12 @@ def render_png(
 ) -> bytes:
     """The figure of one shape as PNG bytes."""
     plt = _pyplot()
+    # Names and reasons come from tables: a "$" in them is text, never matplotlib math.
+    with plt.rc_context({"text.parse_math": False}):
+        return _figure(plt, view, shape, link_gbs, colors, dpi)
+
+
+def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) -> bytes:
     from matplotlib.patches import Patch
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 

@@ -12,18 +12,8 @@ import datetime as _dt
 import html
 from pathlib import Path
 
-from .core import (
-    EN_DASH,
-    TableView,
-    ViewError,
-    fmt_us,
-    group_failures,
-    provenance_lines,
-    shape_label,
-    shape_slug,
-    timing_summary,
-    winner_ranges,
-)
+from .model import EN_DASH, TableView, ViewError, fmt_us, shape_label, shape_slug
+from .show import group_failures, provenance_lines, timing_summary, winner_ranges
 
 __all__ = ["render_report", "write_report"]
 
@@ -271,8 +261,8 @@ def render_report(view: TableView, *, link_gbs: float | None = None, plots: bool
 {_summary(view)}
 <h2 id="winners">Winners per shape and token range</h2>
 <p class="muted">Margin: how much slower the runner-up's median is than the fastest's. "tie": the
-runner-up's median lies inside the fastest backend's p10–p90 spread there, so the measurement cannot
-tell them apart (the table then prefers the engine default).</p>
+runner-up's median lies inside the fastest backend's p10–p90 spread there and within 3% of its median,
+so the measurement cannot tell them apart (the table then prefers the engine default).</p>
 <section>{_winners_section(view)}</section>
 <h2 id="failures">Failures</h2><section>{_failures_section(view)}</section>
 <h2 id="facts">Probe facts</h2><section>{_facts_section(view)}</section>

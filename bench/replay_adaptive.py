@@ -5,7 +5,7 @@ so the result isolates the search's choices from run-to-run noise. Prints how ma
 run's measurements the search needed, writes the table built from just those, and scores it
 (`evaluate`) on the full run and on any other stored runs (e.g. held-out points).
 
-    python scripts/replay_adaptive.py --db sqlite:///a2a_tune.db --run 4 --score 5 --out /tmp/adaptive
+    python bench/replay_adaptive.py --db sqlite:///a2a_tune.db --run 4 --score 5 --out /tmp/adaptive
 """
 
 from __future__ import annotations

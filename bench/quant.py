@@ -2,7 +2,7 @@
 
 Both timed as an engine runs decode: N calls captured in one CUDA graph, replayed, device time
 by CUDA events / N. Prints one line per token count; --json writes the rows.
-    python scripts/device_quant_bench.py [--hidden 7168] [--json out.json]
+    python bench/quant.py [--hidden 7168] [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""`a2a-tune check` as a backend author runs it: real subprocesses, 2 CPU ranks over gloo, the
+built-in CPU backends and deliberately broken out-of-tree ones (tests/support/planted_backends.py,
+loaded through A2A_TUNE_BACKEND_MODULES like any plugin)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+CPU_BACKENDS = ("allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv")
+INVARIANT_CASES = {"uniform", "skewed-zero", "local", "repeated"}
+
+
+def a2a_check(tmp_path, *args: str, env_extra: dict | None = None) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    config = tmp_path / "tiny" / "config.json"  # a small MoE layer: the cases stay quick on CPU
+    config.parent.mkdir(exist_ok=True)
+    config.write_text(json.dumps({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 96}))
+    rows = tmp_path / "rows.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "a2a_tune.tuner.cli", "check", "--device", "cpu", "--world", "2"]
+        + ["--model-config", str(config), "--no-progress", "--json", str(rows), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **(env_extra or {})},
+        timeout=600,
+    )
+    return r, json.loads(rows.read_text()) if rows.exists() else []
+
+
+def by_backend(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    table: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        table.setdefault(row["backend"], {})[row["case"]] = row
+    return table
+
+
+def test_the_built_in_cpu_backends_pass_every_case_that_applies(tmp_path):
+    r, rows = a2a_check(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = by_backend(rows)
+    for name in CPU_BACKENDS:
+        cases = table[name]
+        for case in INVARIANT_CASES:
+            assert cases[case]["status"] == "ok", cases[case]
+            assert 0 <= cases[case]["max_rel_error"] <= 2.5e-2
+        assert cases["skewed-zero"]["tokens"] == [0, 300] and cases["repeated"]["tokens"] == [1024, 1024]
+        assert cases["fp8"]["status"] == "skip" and "not implemented" in cases["fp8"]["reason"]
+    # graph replays: only for capturable backends, and only on CUDA
+    assert table["allgather_reducescatter_padded"]["graph-replays"]["status"] == "skip"
+    assert "graph-replays" not in table["nccl_all2allv"]
+    # GPU backends are skipped here with their reason, not failed
+    assert table["nvlink_one_sided"]["-"]["status"] == "skip"
+    assert table["nvlink_one_sided"]["-"]["reason"].startswith("unavailable: needs CUDA")
+    assert "0 FAIL" in r.stdout and "nccl_all2allv" in r.stdout
+
+
+def test_broken_out_of_tree_backends_fail_the_check_and_a_hung_one_is_stopped(tmp_path):
+    names = ["planted_off_by_one", "planted_crash", "planted_hang", "nccl_all2allv", "planted_unavailable"]
+    r, rows = a2a_check(
+        tmp_path,
+        "--timeout",
+        "8",
+        *[arg for n in names for arg in ("--backend", n)],
+        env_extra={"A2A_TUNE_BACKEND_MODULES": "planted_backends"},
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    table = by_backend(rows)
+    for case in INVARIANT_CASES:
+        assert table["planted_off_by_one"][case]["status"] == "FAIL"
+        assert table["planted_off_by_one"][case]["reason"].startswith("incorrect: ")
+        crash = table["planted_crash"][case]
+        assert crash["status"] == "FAIL" and "RuntimeError: planted failure: kernel image not found" in crash["reason"]
+        assert table["nccl_all2allv"][case]["status"] == "ok"  # checked after the hung backend's ranks were stopped
+    (hung,) = table["planted_hang"].values()  # its first case hangs; the rest is not run
+    assert (
+        hung["case"] == "uniform"
+        and hung["status"] == "FAIL"
+        and hung["reason"].startswith("hung: no progress for 8 s")
+    )
+    # asked for by name and unavailable here: nothing was checked, so the check fails
+    unavailable = table["planted_unavailable"]["-"]
+    assert (unavailable["status"], unavailable["reason"]) == ("FAIL", "unavailable: package planted_ext not installed")
+    assert "FAIL" in r.stdout and "planted_off_by_one" in r.stdout
+
+
+def test_an_unknown_backend_is_a_one_line_usage_error(tmp_path):
+    r, _ = a2a_check(tmp_path, "--backend", "no_such_backend")
+    assert r.returncode == 2
+    assert "no_such_backend" in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

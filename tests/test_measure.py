@@ -1,0 +1,82 @@
+"""The one measurement path (tuner.measure) on 2 CPU ranks over gloo: build, gate, time, agree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from a2a_tune.kernels import MoEShape
+from a2a_tune.tuner.launch import run_ranks
+from a2a_tune.tuner.measure import Backends, Result, capacity_for, input_sets, measure
+
+SHAPE = MoEShape(8, 2, 32, 16, "bf16")  # built for 16 tokens per rank: the largest count measured
+
+
+def _outcomes(ctx) -> dict:
+    got = {}
+    with Backends(ctx, SHAPE) as built:
+        first = built.get("planted_build_fails", 4)
+        again = built.get("planted_build_fails", 8)
+        got["build"] = (first.kind, first.reason)
+        got["build again"] = (again.kind, again.reason)
+        fp8 = Backends(ctx, dataclasses.replace(SHAPE, dtype="fp8_e4m3")).get("nccl_all2allv", 4)
+        got["fp8"] = (fp8.kind, fp8.reason)
+        # a fixed-capacity backend: built for the load (no engine capacity given), told the step
+        small, large = built.get("capacity_reporter", 4), built.get("capacity_reporter", 8)
+        got["capacity"] = [b.knobs() for b in (small, large)]
+        # the others: built once for the largest count, each step told
+        a, b = built.get("nccl_all2allv", 4), built.get("nccl_all2allv", 8)
+        got["shared"] = (a is b, b.shape.max_tokens_per_rank, b.step_capacity)
+        inputs = input_sets(ctx, SHAPE, 8, sets=2)
+        good = measure(ctx, b, inputs, warmup=0, iters=3)
+        got["measured"] = (good.kind, good.timing, len(good.device_us), good.median_us is not None)
+        bad = measure(ctx, built.get("planted_off_by_one", 8), inputs, warmup=0, iters=3)
+        got["incorrect"] = (bad.kind, bad.device_us, bad.median_us)
+    with Backends(ctx, SHAPE, capacity=64) as engine:  # an engine's capacity: paid at every step
+        got["engine capacity"] = engine.get("capacity_reporter", 4).knobs()
+    return got
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends,knob_backends")
+        return run_ranks(_outcomes, 2, "cpu")
+
+
+def test_a_construction_failing_on_one_rank_fails_on_every_rank_once_in_full(outcomes):
+    rank0, rank1 = outcomes
+    assert rank1["build"] == (
+        "error",
+        "construction failed: RuntimeError: planted failure: out of memory for the workspace",
+    )
+    assert rank0["build"] == ("error", "construction failed: on another rank")
+    for rank in outcomes:  # remembered: not built again at the next token count
+        assert rank["build again"] == ("error", "construction failed (see the first failure of this shape)")
+
+
+def test_an_infeasible_shape_is_skipped_with_the_backends_reason(outcomes):
+    for rank in outcomes:
+        assert rank["fp8"] == ("infeasible", "fp8_e4m3 payloads not implemented for this backend")
+
+
+def test_backends_are_built_at_the_capacity_of_the_point_and_told_the_step(outcomes):
+    for rank in outcomes:
+        assert rank["capacity"] == [
+            {"built_for_tokens": 4, "step_tokens": 4},
+            {"built_for_tokens": 8, "step_tokens": 8},
+        ]
+        assert rank["engine capacity"] == {"built_for_tokens": 64, "step_tokens": 4}
+        assert rank["shared"] == (True, 16, 8)
+
+
+def test_a_backend_is_timed_only_after_it_passed_the_gate(outcomes):
+    for rank in outcomes:
+        assert rank["measured"] == ("measured", "eager", 3, True)
+        assert rank["incorrect"] == ("incorrect", [], None)
+
+
+def test_capacity_for_is_the_load_or_the_engines_capacity():
+    assert (capacity_for(None, 0), capacity_for(None, 8), capacity_for(64, 8), capacity_for(4, 8)) == (1, 8, 64, 8)
+    assert not Result("infeasible", "why").ok and Result("passed").ok

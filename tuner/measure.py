@@ -1,0 +1,224 @@
+"""The one measurement path: build a backend for a point, gate it, time it, agree across ranks.
+
+The sweep, the knob search, the round-trip benchmark (bench/roundtrip.py) and `a2a-tune
+check` all measure through here, so a case is built, gated and timed one way:
+
+  1. build (`Backends.get`): at the capacity the point calls for (`capacity_of`), if the
+     backend declares the shape feasible (infeasible: skipped, not a failure); constructed
+     on every rank, one rank's failure failing all; told the step (`set_step_tokens`);
+  2. gate (`gate`): the invariant (`a2a_tune.kernels.reference.check_invariant`) on fresh
+     inputs: a backend that breaks it is never timed;
+  3. time (`time_agreed`): CUDA-graph replay for capturable backends on CUDA (as engines run
+     decode), eager launches otherwise (`tuner.timing`); samples of a backend that gave up a
+     flag wait are discarded; every rank agrees on the verdict.
+
+Every step is collective (every rank of the group calls it) and returns a `Result` of the same
+kind on every rank, so all ranks take the same branch: measured (the samples, already the max
+over ranks, and the mode they were timed in), passed (gated, not timed), or why not, in the
+store's failure vocabulary ("infeasible" is not stored); the reason is the failing rank's own
+("failed on another rank" elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from a2a_tune.kernels import All2AllBackend, MoEShape, get_backend
+from a2a_tune.kernels.reference import RankInputs, check_invariant, make_inputs
+
+from .launch import RankContext, all_ranks_ok, one_line
+from .timing import Stats, summarize, time_graph_round_trips, time_round_trips
+
+GAVE_UP = "a flag wait timed out (a peer never signalled); timings discarded"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One case's outcome; its kind is the same on every rank."""
+
+    kind: str  # "measured" | "passed" (gated only) | "infeasible" | "error" | "incorrect"
+    reason: str = ""  # one line when not ok
+    timing: str = ""  # measured: "graph" | "eager"
+    device_us: list[float] = field(default_factory=list)  # per round trip, max over ranks
+    host_us: list[float] = field(default_factory=list)
+    knobs: dict[str, Any] = field(default_factory=dict)  # the backend's settings in effect
+    max_rel_error: float | None = None  # gated: the invariant's worst per-token error
+
+    @property
+    def ok(self) -> bool:
+        return self.kind in ("measured", "passed")
+
+    @property
+    def stats(self) -> Stats:
+        return summarize(self.device_us)
+
+    @property
+    def median_us(self) -> float | None:
+        return self.stats.median_us if self.kind == "measured" else None
+
+
+def capacity_for(capacity: int | None, tokens: int) -> int:
+    """max_tokens_per_rank a fixed-capacity backend is built with to carry `tokens`: the load's
+    own (capacity None, their best case) or an engine's capacity."""
+    return max(tokens, 1) if capacity is None else max(capacity, tokens, 1)
+
+
+def capacity_of(cls: type[All2AllBackend], tokens: int, *, capacity: int | None, largest: int) -> int:
+    """The capacity `cls` is built with to time `tokens` per rank. Fixed-capacity backends cost
+    what their capacity costs: by default sized to the load, not to the largest count measured
+    (their best case); an engine that allocates one workspace for its largest batch pays that
+    capacity at every smaller step, which `capacity` (--capacity) measures -- except in the
+    backends that take the step's size at run time (`step_sized`), told it as an engine tells
+    them. The others are built once for the `largest` count."""
+    return capacity_for(capacity, tokens) if cls.capacity_bound else max(largest, 1)
+
+
+def timing_mode(cls: type[All2AllBackend], device: torch.device) -> str:
+    """Graph-capturable backends are timed as engines run them in decode: CUDA-graph replay."""
+    return "graph" if cls.graph_capturable and device.type == "cuda" else "eager"
+
+
+def input_sets(
+    ctx: RankContext, shape: MoEShape, tokens: int, *, routing: str = "uniform", seed: int = 0, sets: int = 1
+) -> list[RankInputs]:
+    """`sets` input sets of this rank (seeds seed, seed+1, ...), rotated by the timers so repeated
+    round trips do not replay a warm cache. ShapeError (one line) for a shape or routing the
+    world cannot take."""
+    shape.validate(ctx.world_size)
+    return [
+        make_inputs(
+            shape, tokens, rank=ctx.rank, world_size=ctx.world_size, routing=routing, seed=seed + i, device=ctx.device
+        )
+        for i in range(sets)
+    ]
+
+
+class Backends:
+    """The backends built for one layer shape on every rank, reused across token counts.
+
+    One instance per backend, built for `largest` tokens per rank, except fixed-capacity ones:
+    one per (backend, capacity), the previous capacity's closed when another is built. A
+    construction that failed is remembered, so each shape reports it once in full."""
+
+    def __init__(self, ctx: RankContext, shape: MoEShape, *, capacity: int | None = None) -> None:
+        self.ctx = ctx
+        self.shape = shape  # max_tokens_per_rank: the largest count measured
+        self.capacity = capacity
+        self._built: dict[tuple[str, int], All2AllBackend | None] = {}
+
+    def get(self, name: str, tokens: int) -> All2AllBackend | Result:
+        """`name` built to run steps of `tokens` per rank (the step's max over ranks, the same
+        on every rank) and told that step; or the Result saying why it cannot be."""
+        cls = get_backend(name)
+        cap = capacity_of(cls, tokens, capacity=self.capacity, largest=self.shape.max_tokens_per_rank)
+        shape = dataclasses.replace(self.shape, max_tokens_per_rank=cap)
+        slot = (name, cap)
+        for old in [s for s in self._built if s[0] == name and s != slot]:
+            self._close(old)
+        feasible, why = cls.feasibility(shape, self.ctx.world_size)
+        if not feasible:  # e.g. beyond a fixed-capacity backend's slots: not measured, not a failure
+            return Result("infeasible", why)
+        if slot not in self._built:
+            error = ""
+            try:
+                self._built[slot] = cls(self.ctx.group, shape, self.ctx.device)
+            except Exception as exc:
+                self._built[slot], error = None, one_line(exc)
+            if not all_ranks_ok(not error, self.ctx):
+                self._close(slot)
+                self._built[slot] = None
+                return Result("error", f"construction failed: {error or 'on another rank'}")
+        backend = self._built[slot]
+        if backend is None:
+            return Result("error", "construction failed (see the first failure of this shape)")
+        if tokens:
+            backend.set_step_tokens(tokens)
+        return backend
+
+    def _close(self, slot: tuple[str, int]) -> None:
+        backend = self._built.pop(slot, None)
+        if backend is not None:
+            backend.close()
+
+    def close(self) -> None:
+        for slot in list(self._built):
+            self._close(slot)
+
+    def __enter__(self) -> Backends:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def gate(backend: All2AllBackend, inputs: RankInputs) -> Result:
+    """The invariant on `inputs`: "passed", or "incorrect" / "error" (the backend raised)."""
+    check = check_invariant(backend, inputs)
+    if check.ok:
+        return Result("passed", max_rel_error=check.max_rel_error)
+    return Result("error" if check.crashed else "incorrect", check.reason, max_rel_error=check.max_rel_error)
+
+
+def time_agreed(
+    ctx: RankContext,
+    backend: All2AllBackend,
+    inputs: Sequence[RankInputs],
+    *,
+    warmup: int,
+    iters: int,
+    timing: str | None = None,
+) -> Result:
+    """Time round trips in `timing` mode (default: `timing_mode`): "measured", or "error"
+    when the timer raised or the backend gave up a flag wait on any rank."""
+    mode = timing or timing_mode(type(backend), ctx.device)
+    timer = time_graph_round_trips if mode == "graph" else time_round_trips
+    error = ""
+    device_us: list[float] = []
+    host_us: list[float] = []
+    try:
+        device_us, host_us = timer(backend, inputs, warmup=warmup, iters=iters)
+        if backend.gave_up():  # the samples are garbage
+            error = GAVE_UP
+    except Exception as exc:
+        error = one_line(exc)
+    if not all_ranks_ok(not error, ctx):
+        return Result("error", error or "failed on another rank")
+    return Result("measured", timing=mode, device_us=device_us, host_us=host_us, knobs=backend.knobs())
+
+
+def measure(
+    ctx: RankContext,
+    backend: All2AllBackend,
+    inputs: Sequence[RankInputs],
+    *,
+    warmup: int,
+    iters: int,
+    timing: str | None = None,
+) -> Result:
+    """Gate on the first input set, then time: never a timing of a backend that just failed."""
+    checked = gate(backend, inputs[0])
+    if not checked.ok:
+        return checked
+    return time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing=timing)
+
+
+def measure_case(
+    ctx: RankContext,
+    backends: Backends,
+    name: str,
+    tokens: int,
+    inputs: Sequence[RankInputs],
+    *,
+    warmup: int,
+    iters: int,
+) -> Result:
+    """One case: `name` built (or reused) for steps of `tokens` per rank, gated, timed."""
+    backend = backends.get(name, tokens)
+    if isinstance(backend, Result):
+        return backend
+    return measure(ctx, backend, inputs, warmup=warmup, iters=iters)

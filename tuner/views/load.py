@@ -1,0 +1,387 @@
+"""Read a table or a run into a :class:`~.model.TableView`.
+
+* A **profile** (table file) is read by the one table reader,
+  :func:`a2a_tune.tuner.runtime.table.parse_profile`, in its lenient mode: what the lookup
+  refuses, a view refuses too (:class:`~.model.ViewError`, one line: the file and the field),
+  and what the lookup tolerates (no winners written, winners that disagree with the curves)
+  is shown and named in ``TableView.notes``. Winners are what the lookup answers at each
+  measured token count: the tie rule over the curves
+  (:func:`a2a_tune.tuner.runtime.estimate.winners`), never the copy written in the file.
+* A **run** in a store (read only: a missing file is never created) becomes the entries
+  ``a2a-tune select`` would write for it (:func:`a2a_tune.tuner.select.select_entries`: one
+  timing mode per backend and shape, failures, winners by the same rule), read back by the
+  same reader. Its tie preference is the engine default, then the run's backends in the
+  order the run lists them (the registry's order, as select writes it).
+
+Only input that is not a table at all (missing file, not JSON, not a database, no such run)
+or a table the lookup refuses raises :class:`~.model.ViewError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..runtime.fingerprint import normalize_fingerprint
+from ..runtime.table import (
+    FALLBACK_BACKEND,
+    GRAPH_WORDS,
+    SCHEMA_VERSION,
+    SHAPE_KEYS,
+    ProfileEntry,
+    ProfileError,
+    entry_winners,
+    parse_profile,
+)
+from ..select import iso_timestamp, select_entries
+from .model import Curve, FailureView, ShapeView, TableView, ViewError, clean, shape_label
+
+__all__ = [
+    "is_sqlite_file",
+    "load_profile_view",
+    "load_run_view",
+    "load_source",
+    "load_view",
+    "run_tie_preference",
+    "view_from_records",
+]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ViewError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ViewError(f"{path}: is a directory, not a profile") from None
+    except OSError as exc:
+        raise ViewError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if raw.startswith(SQLITE_MAGIC):
+        raise ViewError(f"{path}: is an SQLite database, not a profile (pass it as --db)")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ViewError(f"{path}: not a profile (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise ViewError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise ViewError(f"{path}: not valid JSON (nested too deeply)") from None
+
+
+def _parse(data, label: str, notes: list):
+    try:
+        return parse_profile(data, label, notes=notes)
+    except ProfileError as exc:
+        raise ViewError(f"{exc} (the lookup refuses this table)") from None
+
+
+def load_profile_view(path) -> TableView:
+    """Read a profile JSON file (schema 1 or 2) into a view; refuse what the lookup refuses."""
+    path = Path(path)
+    data = _read_json(path)
+    notes: list = []
+    prof = _parse(data, str(path), notes)
+    shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
+    failures = []
+    for s in shapes:
+        for b, text in s.failed.items():
+            kind, reason, t = _parse_failed(text)
+            failures.append(FailureView(b, kind, reason, shape=s.key, tokens=t))
+    hw = data["hardware"]
+    run = dict(data.get("run")) if isinstance(data.get("run"), Mapping) else {}
+    facts = hw.get("facts") if isinstance(hw.get("facts"), Mapping) else {}
+    backends = data.get("backends")
+    return TableView(
+        kind="profile",
+        label=clean(path),
+        fingerprint=prof.fingerprint,
+        schema=prof.schema,
+        generated_at=_str(data.get("generated_at")),
+        generated_by=_str(data.get("generated_by")),
+        facts_hash=_str(hw.get("facts_hash")) or _str(facts.get("facts_hash")),
+        facts=dict(facts),
+        run=_normalise_run(run),
+        backends={clean(k): dict(v) for k, v in backends.items()},
+        shapes=shapes,
+        failures=failures,
+        notes=notes,
+    )
+
+
+def _str(v) -> str | None:
+    return clean(v) if isinstance(v, str) else None
+
+
+def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
+    """A validated entry as the views show it: curves, the winners lookup answers, failures."""
+    c = clean
+    curves = {
+        c(b): Curve(c(b), entry.timing[b], list(entry.median_us[b]), list(entry.p10_us[b]), list(entry.p90_us[b]))
+        for b in entry.median_us
+    }
+    winners = [
+        w._replace(backend=c(w.backend), fastest=c(w.fastest), runner_up=w.runner_up and c(w.runner_up))
+        for w in entry_winners(entry, preference)
+    ]
+    ep, hidden, topk, ne, dtype, routing = entry.shape
+    return ShapeView(
+        ep,
+        hidden,
+        topk,
+        ne,
+        c(dtype),
+        c(routing),
+        source=entry.source,
+        tokens=list(entry.tokens),
+        curves=curves,
+        winners=winners,
+        failed={c(b): c(reason) for b, reason in entry.failed.items()},
+    )
+
+
+_FAILED_TEXT = re.compile(r"^(?P<kind>[a-z_]+)(?: at (?P<tokens>\d+) tokens/rank)?: (?P<reason>.*)$", re.S)
+
+
+def _parse_failed(text: str) -> tuple:
+    """A table's ``failed[backend]`` text, as select writes it ("kind[ at T tokens/rank]:
+    reason") -> (kind, reason, tokens or None); other text is kind "failed"."""
+    m = _FAILED_TEXT.match(text)
+    if m is None:
+        return "failed", text, None
+    t = m.group("tokens")
+    return m.group("kind"), m.group("reason"), int(t) if t else None
+
+
+def _normalise_run(run: Mapping) -> dict:
+    versions = run.get("versions") if isinstance(run.get("versions"), Mapping) else {}
+
+    def text(v):
+        return v if v is None or isinstance(v, (int, float)) else clean(v)
+
+    return {
+        "id": text(run.get("id")),
+        "status": text(run.get("status")),
+        "device_type": text(run.get("device_type")),
+        "world_size": text(run.get("world_size")),
+        "versions": {clean(k): (None if v is None else clean(v)) for k, v in versions.items()},
+        "timing": text(run.get("timing")),
+        "started_at": text(iso_timestamp(run.get("started_at"))),
+        "finished_at": text(iso_timestamp(run.get("finished_at"))),
+        "git_sha": text(run.get("git_sha")),
+        "config": dict(run["config"]) if isinstance(run.get("config"), Mapping) else {},
+    }
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The file behind an SQLite URL, or None (another dialect, in-memory)."""
+    if not url.startswith("sqlite"):
+        return None
+    try:
+        from sqlalchemy.engine import make_url
+
+        db = make_url(url).database
+    except Exception:
+        return None
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return db
+
+
+def _check_db_file(url: str) -> None:
+    """Views never create a database: open_store would create a missing or empty file."""
+    path = _sqlite_file(url)
+    if path is None:
+        return
+    p = Path(path)
+    if not p.exists():
+        raise ViewError(f"no database at {p} (pass --db URL or --profile FILE)")
+    if p.is_dir():
+        raise ViewError(f"{p}: is a directory, not a database")
+    try:
+        with p.open("rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        raise ViewError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if not head:
+        raise ViewError(f"{p}: empty file, not an a2a-tune database")
+    if head != SQLITE_MAGIC:
+        raise ViewError(f"{p}: not an SQLite database")
+
+
+def load_run_view(db: str | None, run_id: int | None = None) -> TableView:
+    """One run of a store as a view (``run_id`` None: the latest completed run, else the
+    latest run of any status)."""
+    from a2a_tune.db import NotFoundError, StoreError, open_store, resolve_url
+    from a2a_tune.db.store import display_url
+
+    url = resolve_url(db)
+    shown = display_url(url)
+    _check_db_file(url)
+    try:
+        with open_store(url) as store:
+            if run_id is None:
+                run = store.latest_run(status="completed") or store.latest_run(status=None)
+                if run is None:
+                    raise ViewError(f"{shown} holds no runs; run `a2a-tune sweep` first")
+            else:
+                try:
+                    run = store.get_run(run_id)
+                except NotFoundError:
+                    known = ", ".join(str(r.id) for r in reversed(store.runs())) or "none"
+                    raise ViewError(f"no run {run_id} in {shown} (runs: {known})") from None
+            hw = store.hardware_for_run(run.id)
+            measurements = store.measurements(run.id)
+            failures = store.failures(run.id)
+    except StoreError as exc:
+        raise ViewError(str(exc)) from None
+    return view_from_records(run, hw, measurements, failures, label=f"{shown} run {run.id}")
+
+
+def run_tie_preference(config: Mapping | None) -> tuple:
+    """select's tie preference for a run: the engine default, then the run's backends in order."""
+    backends = [str(b) for b in (config or {}).get("backends", []) if isinstance(b, str)]
+    return tuple(dict.fromkeys([FALLBACK_BACKEND, *backends]))
+
+
+def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, label: str) -> TableView:
+    """Build a view from store records (or objects with the same attributes): the entries
+    select would write for the run, read back by the table reader."""
+    g = _getter
+    measurements = list(measurements)
+    failures = list(failures)
+    notes: list = []
+    try:
+        entries, preference = select_entries(measurements, failures, order=run_tie_preference(g(run, "config")))
+    except ValueError as exc:  # a timing mode or token count select cannot write
+        raise ViewError(f"{label}: {exc}") from None
+    shapes = []
+    if entries:
+        table = {
+            "schema": SCHEMA_VERSION,
+            "hardware": {"fingerprint": _fingerprint_or_placeholder(g(hw, "fingerprint"))},
+            "backends": {b: {"vllm_name": None, "sglang_name": None} for b in preference},
+            "tie_preference": preference,
+            "entries": entries,
+        }
+        prof = _parse(table, label, notes)
+        shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
+    notes += _other_modes(measurements, shapes)
+    fviews = [
+        FailureView(
+            backend=clean(g(f, "backend")),
+            kind=clean(g(f, "kind") or "error"),
+            reason=clean(g(f, "reason") or "no reason recorded"),
+            shape=tuple(g(f, k) for k in SHAPE_KEYS) if all(g(f, k) is not None for k in SHAPE_KEYS) else None,
+            tokens=g(f, "tokens_per_rank"),
+        )
+        for f in failures
+    ]
+    timings = sorted({c.timing for s in shapes for c in s.curves.values() if c.timing}, key=str)
+    run_dict = {
+        "id": g(run, "id"),
+        "status": g(run, "status"),
+        "device_type": g(run, "device_type"),
+        "world_size": g(run, "world_size"),
+        "versions": g(run, "versions") or {},
+        "timing": timings[0] if len(timings) == 1 else None,
+        "started_at": g(run, "started_at"),
+        "finished_at": g(run, "finished_at"),
+        "git_sha": g(run, "git_sha"),
+        "config": g(run, "config") or {},
+    }
+    status = g(run, "status")
+    if status and status != "completed":
+        notes.append(f"run {g(run, 'id')} is {clean(status)}: its measurements may be partial")
+    if not shapes:
+        notes.append(f"run {g(run, 'id')} has no measurements")
+    facts = g(hw, "facts") if isinstance(g(hw, "facts"), Mapping) else {}
+    fp = g(hw, "fingerprint") or g(run, "fingerprint")
+    return TableView(
+        kind="run",
+        label=clean(label),
+        fingerprint=clean(fp) if fp else None,
+        schema=None,
+        generated_at=None,
+        generated_by=None,
+        facts_hash=_str(g(hw, "facts_hash")),
+        facts=dict(facts),
+        run=_normalise_run(run_dict),
+        backends={},
+        shapes=shapes,
+        failures=fviews,
+        notes=notes,
+    )
+
+
+def _fingerprint_or_placeholder(fp) -> str:
+    """The run's fingerprint for the table reader (the view shows the store's own)."""
+    try:
+        return normalize_fingerprint(fp)
+    except ValueError:
+        return "unknown"
+
+
+def _other_modes(measurements: list, shapes: list) -> list:
+    """Notes naming the timing modes a run measured but select does not keep (one mode per
+    backend and shape)."""
+    kept = {(s.key, c.backend): c.timing for s in shapes for c in s.curves.values()}
+    other: dict = {}
+    for m in measurements:
+        key = (tuple(_getter(m, k) for k in SHAPE_KEYS), clean(_getter(m, "backend")))
+        mode = _getter(m, "timing") or "eager"
+        mode = "graph" if str(mode).lower() in GRAPH_WORDS else mode
+        if key in kept and mode != kept[key]:
+            other.setdefault(key, set()).add(mode)
+    return [
+        f"{shape_label(shape)}: {backend} also has {clean(mode)} timings; showing {kept[(shape, backend)]} "
+        "(as select keeps it)"
+        for (shape, backend), modes in other.items()
+        for mode in sorted(modes, key=str)
+    ]
+
+
+def _getter(obj, key, default=None):
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+def is_sqlite_file(path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def load_source(source: str, run_id: int | None = None) -> TableView:
+    """A positional input: an SQLite database file (its latest completed run, or
+    ``run_id``), a database URL (``scheme://``), or a profile JSON file."""
+    if "://" in source:
+        return load_run_view(source, run_id)
+    if is_sqlite_file(source):
+        return load_run_view(source, run_id)
+    return load_profile_view(source)
+
+
+def load_view(*, profile=None, db: str | None = None, run: int | None = None) -> TableView:
+    """``--profile FILE`` or ``--db URL [--run ID]`` (db None: $A2A_TUNE_DB / default)."""
+    if profile is not None:
+        if db is not None or run is not None:
+            raise ViewError("give either --profile FILE or --db URL [--run ID], not both")
+        return load_profile_view(profile)
+    return load_run_view(db, run)

@@ -1,0 +1,298 @@
+"""``a2a-tune show``: what a table or a run says, per shape: consecutive token counts with
+the same winner collapsed into ranges (margins, runners-up, ties), the failures grouped with
+their reasons, and where the numbers come from.
+
+The winners are what the lookup answers at each measured token count (see :mod:`.load`);
+a '*' marks a tie: the fastest's p10..p90 spread, capped at 3% above its median, holds
+another backend's median, and the table's tie preference chose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..runtime.table import SHAPE_KEYS
+from .model import EN_DASH, ShapeView, TableView, clean, fmt_pct, fmt_us, parse_time, shape_label, token_range, when
+
+__all__ = [
+    "WinnerRange",
+    "group_failures",
+    "provenance_lines",
+    "render_show",
+    "show_data",
+    "timing_summary",
+    "winner_ranges",
+]
+
+
+@dataclass
+class WinnerRange:
+    """Consecutive token counts of one shape with the same winner."""
+
+    lo: int
+    hi: int
+    backend: str | None  # None: nothing measured there
+    points: int
+    margin_lo: float | None
+    margin_hi: float | None
+    runners_up: list  # distinct runner-ups, in order
+    ties: list  # token counts where the table marks a tie
+    median_lo: float | None
+    median_hi: float | None
+
+    @property
+    def tokens(self) -> str:
+        return token_range(self.lo, self.hi)
+
+    @property
+    def margin(self) -> str:
+        if self.margin_lo is None:
+            return "-"
+        if fmt_pct(self.margin_lo) == fmt_pct(self.margin_hi):
+            return fmt_pct(self.margin_lo)
+        return f"{self.margin_lo * 100:.0f}{EN_DASH}{self.margin_hi * 100:.0f}%"
+
+    def line(self) -> str:
+        """``1–64: allgather_reducescatter (margin 12–80%)``."""
+        if self.backend is None:
+            return f"{self.tokens}: no backend measured"
+        extra = f"margin {self.margin}" if self.margin_lo is not None else "only backend"
+        if self.ties:
+            extra += f"; tie at {_list_tokens(self.ties)}"
+        return f"{self.tokens}: {self.backend} ({extra})"
+
+
+def _list_tokens(ts: list) -> str:
+    return ", ".join(str(t) for t in ts) if len(ts) <= 4 else f"{len(ts)} token counts"
+
+
+def _tie_phrase(ts: list) -> str:
+    """'1, 2 tokens/rank' or '7 token counts' (the count already names its unit)."""
+    return _list_tokens(ts) + (" tokens/rank" if len(ts) <= 4 else "")
+
+
+def winner_ranges(shape: ShapeView) -> list:
+    """Collapse consecutive token buckets with the same winner into ranges."""
+    by_t = {w.tokens: w for w in shape.winners}
+    ranges: list = []
+    for t in shape.tokens:
+        w = by_t.get(t)
+        b = w.backend if w else None
+        cur = ranges[-1] if ranges else None
+        if cur is None or cur.backend != b:
+            cur = WinnerRange(t, t, b, 0, None, None, [], [], None, None)
+            ranges.append(cur)
+        cur.hi = t
+        cur.points += 1
+        if w is None:
+            continue
+        if w.margin is not None:
+            cur.margin_lo = w.margin if cur.margin_lo is None else min(cur.margin_lo, w.margin)
+            cur.margin_hi = w.margin if cur.margin_hi is None else max(cur.margin_hi, w.margin)
+        if w.other and w.other not in cur.runners_up:
+            cur.runners_up.append(w.other)
+        if w.tie:
+            cur.ties.append(t)
+        if w.median_us is not None:
+            cur.median_lo = w.median_us if cur.median_lo is None else min(cur.median_lo, w.median_us)
+            cur.median_hi = w.median_us if cur.median_hi is None else max(cur.median_hi, w.median_us)
+    return ranges
+
+
+def _duration(run: Mapping) -> str | None:
+    a, b = parse_time(run.get("started_at")), parse_time(run.get("finished_at"))
+    if a is None or b is None:
+        return None
+    s = (b - a).total_seconds()
+    return f"{s:.0f} s" if s < 120 else (f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h")
+
+
+def timing_summary(view: TableView) -> str | None:
+    """'eager', or per mode the backends timed that way when a table mixes modes
+    (schema 2: a timing mode per backend per entry)."""
+    per_mode: dict = {}
+    for s in view.shapes:
+        for c in s.curves.values():
+            per_mode.setdefault(c.timing or "unknown", set()).add(c.backend)
+    if not per_mode:
+        return view.run.get("timing")
+    if len(per_mode) == 1:
+        mode = next(iter(per_mode))
+        return None if mode == "unknown" else mode
+    return "; ".join(f"{mode}: {', '.join(sorted(bs))}" for mode, bs in sorted(per_mode.items()))
+
+
+def provenance_lines(view: TableView) -> list:
+    """(label, value) pairs saying where the numbers come from (the view's strings are
+    terminal-safe already; the run's free-form config is made so here)."""
+    run = view.run
+    rows = [
+        (
+            "fingerprint",
+            f"{view.fingerprint or 'unknown'}" + (f"  (facts hash {view.facts_hash})" if view.facts_hash else ""),
+        )
+    ]
+    rows.append(("source", view.label + (f"  (profile schema {view.schema})" if view.kind == "profile" else "")))
+    bits = []
+    if run.get("id") is not None:
+        bits.append(f"run {run['id']}" + (f" ({run['status']})" if run.get("status") else ""))
+    if run.get("device_type"):
+        bits.append(f"{run.get('world_size') or '?'} {run['device_type']} rank(s)")
+    timing = timing_summary(view)
+    if timing:
+        bits.append(f"timing {timing}")
+    if bits:
+        rows.append(("run", ", ".join(bits)))
+    if run.get("started_at"):
+        dur = _duration(run)
+        rows.append(("measured", f"{when(run['started_at'])}" + (f" ({dur})" if dur else "")))
+    versions = run.get("versions") or {}
+    if versions:
+        order = ["torch", "nccl", "cuda", "driver", "triton", "flashinfer", "python", "a2a_tune"]
+        keys = [k for k in order if k in versions] + sorted(k for k in versions if k not in order)
+        rows.append(("versions", "  ".join(f"{k} {versions[k] if versions[k] is not None else '-'}" for k in keys)))
+    if run.get("git_sha"):
+        rows.append(("git", str(run["git_sha"])))
+    config = run.get("config") or {}
+    if isinstance(config.get("iters"), int):
+        timed = f"{clean(config.get('warmup', '?'))} warm-up + {config['iters']} timed round trips per point"
+        if isinstance(config.get("input_sets"), int):
+            timed += f", {config['input_sets']} rotated input sets"
+        rows.append(("timed", timed))
+    if isinstance(config.get("argv"), list) and config["argv"]:
+        rows.append(("command", "a2a-tune " + " ".join(clean(a) for a in config["argv"])))
+    if view.generated_at or view.generated_by:
+        rows.append(
+            (
+                "table written",
+                " ".join(
+                    x for x in (when(view.generated_at), f"by {view.generated_by}" if view.generated_by else None) if x
+                ),
+            )
+        )
+    return rows
+
+
+def group_failures(view: TableView) -> list:
+    """Failures grouped by (backend, kind, tokens, reason) -> (backend, kind, where, reason),
+    where = 'every shape', 'no shape' (not about one point) or the shape labels."""
+    groups: dict = {}
+    for f in view.failures:
+        groups.setdefault((f.backend, f.kind, f.tokens, f.reason), []).append(f.shape)
+    all_keys = {s.key for s in view.shapes}
+    rows = []
+    for (backend, kind, tokens, reason), shapes in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)
+    ):
+        keys = {s for s in shapes if s is not None}
+        if not keys:
+            where = "every shape" if view.kind == "run" else "-"
+        elif len(all_keys) > 1 and keys == all_keys:
+            where = "every shape"
+        else:
+            where = "; ".join(shape_label(k) for k in sorted(keys, key=lambda k: tuple(str(x) for x in k)))
+        if tokens is not None:
+            where += f", {tokens} tokens/rank"
+        rows.append((backend, kind, where, reason))
+    return rows
+
+
+def show_data(view: TableView) -> dict:
+    """What ``show --json`` prints: provenance, collapsed winner ranges, failures, notes."""
+    return {
+        "source": view.label,
+        "kind": view.kind,
+        "fingerprint": view.fingerprint,
+        "facts_hash": view.facts_hash,
+        "schema": view.schema,
+        "run": view.run,
+        "shapes": [
+            {
+                **dict(zip(SHAPE_KEYS, s.key)),
+                "source": s.source,
+                "tokens": s.tokens,
+                "ranges": [
+                    {
+                        "tokens": [r.lo, r.hi],
+                        "winner": r.backend,
+                        "margin": [r.margin_lo, r.margin_hi],
+                        "runners_up": r.runners_up,
+                        "ties": r.ties,
+                        "median_us": [r.median_lo, r.median_hi],
+                        "text": r.line(),
+                    }
+                    for r in winner_ranges(s)
+                ],
+                "failed": s.failed,
+            }
+            for s in view.shapes
+        ],
+        "failures": [{"backend": b, "kind": k, "where": w, "reason": r} for b, k, w, r in group_failures(view)],
+        "notes": view.notes,
+    }
+
+
+def render_show(view: TableView, console) -> None:
+    """Print the view with rich: provenance, one winners table per shape, failures."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    kind = "table" if view.kind == "profile" else "run"
+    console.print(Text(f"a2a-tune {kind}: {view.fingerprint or 'unknown hardware'}", style="bold"))
+    for k, v in provenance_lines(view):
+        console.print(Text.assemble((f"  {k:<14}", "dim"), v), soft_wrap=True)
+    for note in view.notes:
+        console.print(Text(f"  note: {note}", style="yellow"), soft_wrap=True)
+    if not view.shapes:
+        console.print("no shapes in this table", style="yellow")
+    for s in view.shapes:
+        console.print()
+        title = shape_label(s) + ("  (predicted)" if s.source != "measured" else "")
+        console.print(Text(title, style="bold cyan"), soft_wrap=True)
+        # Fits 80 columns with the longest backend names in both winner and runner-up.
+        t = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), show_edge=False, pad_edge=False, collapse_padding=True)
+        t.add_column("tokens", justify="right", no_wrap=True)
+        t.add_column("winner", no_wrap=True)
+        t.add_column("margin", justify="right", no_wrap=True)
+        t.add_column("runner-up", min_width=13, overflow="fold")
+        t.add_column("winner µs", justify="right", no_wrap=True)
+        for r in winner_ranges(s):
+            if r.backend is None:
+                t.add_row(r.tokens, Text("no backend measured", style="yellow"), "-", "-", "-")
+                continue
+            margin = Text(r.margin)
+            if r.ties:
+                margin.append("*", style="bold yellow")
+            med = (
+                fmt_us(r.median_lo)
+                if r.median_lo == r.median_hi
+                else f"{fmt_us(r.median_lo)}{EN_DASH}{fmt_us(r.median_hi)}"
+            )
+            runners_up = Text(", ".join(r.runners_up) or "none (only backend)")  # Text: never markup
+            t.add_row(r.tokens, Text(r.backend, style="green"), margin, runners_up, med)
+        console.print(t)
+        ties = [t_ for r in winner_ranges(s) for t_ in r.ties]
+        if ties:
+            console.print(
+                Text.assemble(
+                    ("  * tie at ", "yellow"), _tie_phrase(ties), (": the runner-up is within noise there", "dim")
+                ),
+                soft_wrap=True,
+            )
+        if s.failed:
+            console.print(
+                Text.assemble(("  never selected here: ", "red"), ", ".join(s.failed), " (see failures)"),
+                soft_wrap=True,
+            )
+    console.print()
+    rows = group_failures(view)
+    if rows:
+        # One failure per two lines (what, then why): long reasons wrap cleanly in a terminal.
+        console.print(Text(f"failures ({len(rows)})", style="bold red"))
+        for backend, kind, where, reason in rows:
+            console.print(Text.assemble("  ", (backend, "bold"), " ", (kind, "red"), f"  ({where})"), soft_wrap=True)
+            console.print(Text(f"      {reason}"), soft_wrap=True)
+    else:
+        console.print("no failures recorded", style="green")
