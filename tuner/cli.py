@@ -346,7 +346,7 @@ _refine_opt = typer.Option(
     "--refine/--no-refine",
     help="Where the winner changes between neighbouring token counts, or the top two "
     "are within 3% at both, also measure between them (bisecting until <= 20% apart): a backend whose cost steps "
-    "between grid points is caught, at a few measurements per crossover or close race [default: on for cuda, off "
+    "between grid counts is caught, at a few measurements per crossover or close race [default: on for cuda, off "
     "for cpu, where gloo noise makes every pair a race].",
 )
 _timeout_opt = typer.Option(
