@@ -1,6 +1,6 @@
-"""Start-up cost of the runtime lookup: what an engine pays to ask the table (issue 6).
+"""Start-up cost of the runtime lookup: what an engine pays to ask the table (issues 6, 17).
 
-    python bench/startup.py [--runs 21] [--json FILE]
+    python bench/startup.py [--runs 21] [--probe-runs 5] [--json FILE]
 
 Every number is measured in fresh child interpreters, so nothing this script imports
 (select and jsonschema, to write the table) is counted or cached for the lookup. The
@@ -20,9 +20,17 @@ at an empty directory), for machines that forbid writing bytecode.
     ``select.write_profile``) -> ``clear_cache()`` then one lookup: stat + read + JSON
     parse + validation + interpolation; median over 20 repeats per child, and the very
     first lookup of each fresh interpreter (import excluded).
+(d) this machine's fingerprint (issue 17): the first lookup of a fresh interpreter without
+    ``$A2A_TUNE_FINGERPRINT`` (import excluded), once with an empty fingerprint cache (the
+    NVML probe runs in its child process) and then with the cache it filled; median over
+    ``--probe-runs`` interpreters each. On a GPU host the probed fingerprint has no table in
+    the bench directory, so the answer is the fallback: the cost measured is finding out.
+(e) ``a2a-tune probe --json``: wall time and peak RSS of the command's own process (the
+    NVML child not included), median over ``--probe-runs`` runs.
 
-Targets (issue 6): import < 30 ms and no heavy import, warm < 50 µs, cold < 20 ms. Exit
-status 1 when one is missed.
+Targets (issues 6 and 17): import < 30 ms and no heavy import, warm < 50 µs, cold < 20 ms,
+first lookup with a cached fingerprint < 20 ms, ``a2a-tune probe`` < 1.5 s and < 200 MB.
+Exit status 1 when one is missed.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HEAVY = ["torch", "sqlalchemy", "pynvml", "jsonschema", "rich", "numpy", "a2a_tune.kernels", "a2a_tune.db"]
@@ -138,10 +147,47 @@ def run_child(table_dir: Path, workload: Path, *, no_bytecode: bool = False) -> 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+PROBED = r"""
+import json, time
+import a2a_tune.tuner.runtime.lookup as lk
+t0 = time.perf_counter()
+c = lk.lookup(tokens=200, **ASK)
+print(json.dumps({"first_s": time.perf_counter() - t0, "match": c.match, "hardware": c.hardware_match}))
+"""
+
+
+def run_probed_child(cache_dir: Path, table_dir: Path) -> dict:
+    """(d): a fresh interpreter's first lookup with no fingerprint given, cache in `cache_dir`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("A2A_TUNE_FINGERPRINT", "PYTHONDONTWRITEBYTECODE")}
+    env.update(A2A_TUNE_PROFILE_DIR=str(table_dir), XDG_DATA_HOME=str(table_dir / "xdg"), XDG_CACHE_HOME=str(cache_dir))
+    code = f"ASK = {ASK!r}\n" + PROBED
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_probe_command(cache_dir: Path) -> tuple[float, float]:
+    """(e): wall seconds and peak RSS (MB) of one `a2a-tune probe --json`."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir)}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "a2a_tune.tuner.cli", "probe", "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"a2a-tune probe exited with {proc.returncode}")
+    return wall, usage.ru_maxrss / 1024  # Linux reports KiB
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=21, help="fresh interpreters [default: 21]")
     ap.add_argument("--json", default=None, help="also write the raw results to this file")
+    ap.add_argument("--probe-runs", type=int, default=5, help="interpreters for (d) and runs for (e) [default: 5]")
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = [run_child(tmp, workload) for _ in range(args.runs)]
         source_runs = [run_child(tmp, workload, no_bytecode=True) for _ in range(max(3, args.runs // 3))]
         size_kb = table.stat().st_size / 1024
+        uncached, cached = [], []
+        for i in range(args.probe_runs):
+            cache = tmp / f"cache{i}"  # empty: the first lookup probes and fills it
+            uncached.append(run_probed_child(cache, tmp))
+            cached.append(run_probed_child(cache, tmp))
+        probe_cmd = [run_probe_command(tmp / "probe-cache") for _ in range(args.probe_runs)]
 
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     us = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
@@ -208,6 +260,34 @@ def main(argv: list[str] | None = None) -> int:
             "< 20 ms",
             ms([r["first_s"] for r in runs]) < 20,
         ),
+        (
+            "first lookup, no fingerprint given, empty cache (NVML probe)",
+            f"{ms([r['first_s'] for r in uncached]):.1f} ms",
+            f"{min(r['first_s'] for r in uncached) * 1e3:.1f} .. {max(r['first_s'] for r in uncached) * 1e3:.1f} ms",
+            "< 5 s (the probe's timeout)",
+            max(r["first_s"] for r in uncached) < 6,
+        ),
+        (
+            "first lookup, no fingerprint given, cached fingerprint",
+            f"{ms([r['first_s'] for r in cached]):.2f} ms",
+            f"{min(r['first_s'] for r in cached) * 1e3:.2f} .. {max(r['first_s'] for r in cached) * 1e3:.2f} ms",
+            "< 20 ms",
+            ms([r["first_s"] for r in cached]) < 20,
+        ),
+        (
+            "a2a-tune probe --json: wall time",
+            f"{statistics.median(w for w, _ in probe_cmd):.2f} s",
+            f"{min(w for w, _ in probe_cmd):.2f} .. {max(w for w, _ in probe_cmd):.2f} s",
+            "< 1.5 s",
+            statistics.median(w for w, _ in probe_cmd) < 1.5,
+        ),
+        (
+            "a2a-tune probe --json: peak RSS (without the NVML child)",
+            f"{statistics.median(m for _, m in probe_cmd):.0f} MB",
+            "",
+            "< 200 MB",
+            statistics.median(m for _, m in probe_cmd) < 200,
+        ),
     ]
     load = " load average {:.2f} {:.2f} {:.2f},".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
     print(
@@ -220,7 +300,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, value, spread, target, ok in rows:
         print(f"| {name} | {value} | {spread} | {target} | {'yes' if ok else 'NO'} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": runs, "table_kib": size_kb}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "runs": runs,
+                    "table_kib": size_kb,
+                    "probed_uncached": uncached,
+                    "probed_cached": cached,
+                    "probe_command": [{"wall_s": w, "max_rss_mb": m} for w, m in probe_cmd],
+                },
+                indent=2,
+            )
+        )
     return 0 if all(ok for *_, ok in rows) else 1
 
 

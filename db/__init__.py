@@ -11,25 +11,46 @@ Typical use::
 
     from a2a_tune.db import open_store
     with open_store(url) as store:          # url None -> $A2A_TUNE_DB -> sqlite:///a2a_tune.db
+        me = Writer.this_process()          # the run's one writer (its lease)
         hw = store.get_or_create_hardware(fingerprint, facts_hash, facts)
-        run = store.find_resumable_run(hw, config_hash) or store.start_run(hw, ...)
+        run = store.find_resumable_run(hw, config_hash)
+        if run is not None:
+            store.claim_run(run, me)        # RunBusyError while another live process holds it
+        else:
+            run = store.start_run(hw, ..., writer=me)
         done = store.done_keys(run)
-        ...
-        store.add_measurement(run, backend=..., ...)   # committed on return
-        store.finish_run(run, "completed", summary)
+        with LeaseHeartbeat(store, run, me):
+            ...
+            store.add_measurement(run, backend=..., writer=me)   # committed on return
+        store.finish_run(run, "completed", summary, writer=me)
 """
 
-from .errors import DuplicateMeasurementError, NotFoundError, StoreError, StoreOutdatedError
+from .errors import (
+    DuplicateMeasurementError,
+    EmptyStoreError,
+    LeaseLostError,
+    NotFoundError,
+    RunBusyError,
+    StoreError,
+    StoreOutdatedError,
+)
 from .store import (
     DEFAULT_URL,
     ENV_VAR,
+    LEASE_STALE_S,
     FailureRecord,
     HardwareRecord,
+    LeaseHeartbeat,
     MeasurementKey,
     MeasurementRecord,
     RunRecord,
     Store,
+    Writer,
+    check_url,
+    display_url,
     head_revision,
+    is_in_memory,
+    mask_secrets,
     open_store,
     resolve_url,
     upgrade,
@@ -38,17 +59,27 @@ from .store import (
 __all__ = [
     "DEFAULT_URL",
     "ENV_VAR",
+    "LEASE_STALE_S",
     "DuplicateMeasurementError",
+    "EmptyStoreError",
     "FailureRecord",
     "HardwareRecord",
+    "LeaseHeartbeat",
+    "LeaseLostError",
     "MeasurementKey",
     "MeasurementRecord",
     "NotFoundError",
+    "RunBusyError",
     "RunRecord",
     "Store",
     "StoreError",
     "StoreOutdatedError",
+    "Writer",
+    "check_url",
+    "display_url",
     "head_revision",
+    "is_in_memory",
+    "mask_secrets",
     "open_store",
     "resolve_url",
     "upgrade",

@@ -29,6 +29,10 @@ class StoreOutdatedError(StoreError):
         )
 
 
+class EmptyStoreError(StoreError):
+    """A store opened read-only that does not exist yet or holds no a2a-tune data."""
+
+
 class NotFoundError(StoreError):
     """A run id or hardware id that this database does not hold."""
 
@@ -43,3 +47,31 @@ class DuplicateMeasurementError(StoreError):
     def __init__(self, key: tuple) -> None:
         self.key = key
         super().__init__(f"measurement already stored for run {key[0]}: {key[1:]}")
+
+
+class RunBusyError(StoreError):
+    """Another live process holds the run's lease (see ``Store.claim_run``).
+
+    Attributes: ``run_id``, ``host``, ``pid``, ``since`` (when it took the run) and
+    ``heartbeat`` (its last sign of life), as stored.
+    """
+
+    def __init__(self, run_id: int, host: str | None, pid: int | None, since, heartbeat, stale_after_s: float) -> None:
+        self.run_id, self.host, self.pid, self.since, self.heartbeat = run_id, host, pid, since, heartbeat
+        ago = ""
+        if heartbeat is not None:
+            import datetime as dt
+
+            seconds = (dt.datetime.now(dt.timezone.utc) - heartbeat).total_seconds()
+            ago = f", last heartbeat {max(seconds, 0):.0f} s ago"
+        when = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since is not None else "an unknown time"
+        super().__init__(
+            f"run {run_id} is being written by another process (host {host or '?'}, pid {pid or '?'}, "
+            f"since {when}{ago}); wait for it to finish or stop it (a writer silent for "
+            f"{stale_after_s:.0f} s is taken over)"
+        )
+
+
+class LeaseLostError(StoreError):
+    """This process no longer holds the run: another took it over (this one was silent past
+    the stale bound) or it was finished. Nothing was written."""

@@ -124,7 +124,8 @@ class Run(Base):
     """One sweep on one piece of hardware. ``config`` is the sweep plan (shapes, token
     counts, dtypes, routings, backends, iterations...) and ``config_hash`` its digest,
     used to find a run to resume. ``versions`` maps torch, nccl, cuda, driver, triton,
-    flashinfer, python, a2a_tune to a version string or None."""
+    flashinfer, python, a2a_tune to a version string or None. The ``writer_*`` columns and
+    ``heartbeat_at`` are the lease of the one process allowed to write the run."""
 
     __tablename__ = "runs"
 
@@ -140,6 +141,15 @@ class Run(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     config_hash: Mapped[str] = mapped_column(String(128), index=True)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The run's one writer (its lease; see Store.claim_run). NULL token: nobody holds it.
+    writer_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    writer_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    writer_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Where writer_pid means something (boot id + PID namespace): a process with the same
+    # scope may ask the kernel whether that pid is alive.
+    writer_scope: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    writer_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class Measurement(Base):

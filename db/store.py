@@ -28,6 +28,21 @@ Guarantees
 - **Threads and processes.** Each call uses its own short session, so one Store may be
   shared by threads. Do not carry an open Store across ``fork``; open it in the process
   that writes (rank 0).
+- **One writer per run.** A run is held by at most one :class:`Writer` at a time (its
+  lease: token, host, pid, since, heartbeat in the ``runs`` row). Every write to a run --
+  measurement, failure, finish -- first checks the lease in the same transaction, so a
+  process that lost the run writes nothing and never changes another's status
+  (:class:`LeaseLostError`); a write without a writer is refused while anyone holds the
+  run. :meth:`Store.claim_run` takes a run over only when nobody holds it, its holder is
+  silent for :data:`LEASE_STALE_S` seconds (:class:`LeaseHeartbeat` beats every
+  :data:`HEARTBEAT_S`), or its holder's pid is dead on this same host (same boot and PID
+  namespace); otherwise it raises :class:`RunBusyError` naming the holder. Lease times come
+  from the writers' clocks: hosts sharing a store keep them within seconds (NTP).
+- **Read-only opening.** ``open_store(url, readonly=True)`` never creates, migrates or
+  writes: SQLite files open with ``mode=ro`` (and ``immutable=1`` in a directory this
+  process cannot write, where no writer can be either); PostgreSQL sessions are READ ONLY.
+- **Secrets stay out of messages.** A URL's password is shown as ``***`` in every error
+  and in :func:`display_url`, also for URLs that do not parse.
 
 Duplicate measurements: ``add_measurement`` with a key already stored for the run raises
 :class:`DuplicateMeasurementError` (nothing is overwritten); the sweep consults
@@ -40,17 +55,29 @@ import dataclasses
 import datetime as dt
 import math
 import os
+import re
+import socket
+import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, column, create_engine, event, inspect, select, table
+from sqlalchemy import Engine, column, create_engine, event, inspect, select, table, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import DuplicateMeasurementError, NotFoundError, StoreError, StoreOutdatedError
+from .errors import (
+    DuplicateMeasurementError,
+    EmptyStoreError,
+    LeaseLostError,
+    NotFoundError,
+    RunBusyError,
+    StoreError,
+    StoreOutdatedError,
+)
 from .models import (
     DEVICE_TYPES,
     FAILURE_KINDS,
@@ -80,6 +107,8 @@ PG_DRIVER = "postgresql+psycopg"
 PG_MIGRATION_LOCK = 0x61326174
 MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
 MAX_REASON_CHARS = 2000
+LEASE_STALE_S = 60.0  # a writer silent this long is taken for dead: its run may be taken over
+HEARTBEAT_S = 10.0  # how often a live writer says so (LeaseHeartbeat); well inside LEASE_STALE_S
 
 
 # --------------------------------------------------------------------------- URLs
@@ -103,12 +132,52 @@ def resolve_url(url: str | None = None) -> str:
     return url
 
 
+_CREDENTIALS = re.compile(r"(://[^\s:/@]*:)\S*@")
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` in it shown as ``***``
+    (also in URLs SQLAlchemy cannot parse, and in driver messages quoting them)."""
+    return _CREDENTIALS.sub(r"\1***@", str(text))
+
+
 def display_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for messages and logs)."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # unparsable: the creation step reports it
-        return url
+        return mask_secrets(url)
+
+
+def check_url(url: str | None = None, *, persistent: bool = False) -> str:
+    """The resolved URL (see :func:`resolve_url`) if it parses, and with ``persistent`` if it is
+    not an in-memory database (commands that store: their records must outlive them);
+    else :class:`StoreError` in one line, password masked. Connects to nothing."""
+    url = resolve_url(url)
+    try:
+        make_url(url)
+    except Exception:
+        raise StoreError(f"cannot open database {display_url(url)}: not a valid database URL") from None
+    if persistent and is_in_memory(url):
+        raise StoreError(
+            f"{display_url(url)} is an in-memory database: nothing stored there outlives the command "
+            "(and spawned ranks would each see their own); give a file (e.g. --db runs.db) or a server URL"
+        )
+    return url
+
+
+def is_in_memory(url: str) -> bool:
+    """True for an SQLite database that lives only in this process (``sqlite://``,
+    ``sqlite:///:memory:``, ``mode=memory`` URIs): nothing written there outlives it, and
+    spawned ranks would each see their own empty one."""
+    try:
+        parsed = make_url(resolve_url(url))
+    except Exception:
+        return False
+    if not parsed.get_backend_name() == "sqlite":
+        return False
+    db = parsed.database or ""
+    return db in ("", ":memory:") or db.startswith("file::memory:") or parsed.query.get("mode") == "memory"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -117,7 +186,7 @@ def _one_line(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)
     text = str(orig) if orig is not None else (str(exc.args[0]) if exc.args else "")
     text = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
-    return text or type(orig if orig is not None else exc).__name__
+    return mask_secrets(text) or type(orig if orig is not None else exc).__name__
 
 
 @contextmanager
@@ -156,7 +225,35 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
-def _create_engine(url: str) -> Engine:
+def _sqlite_file(url: str) -> str | None:
+    """The file of an SQLite URL (not in memory, not a ``file:`` URI), else None."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None
+    db = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return db
+
+
+def _readonly_url(url: str) -> str:
+    """An SQLite file URL opened read-only: ``mode=ro``; plus ``immutable=1`` where the
+    directory is not writable and holds no ``-wal`` file (SQLite cannot create the WAL index
+    there, and no process can be writing the database). Other URLs are returned as they are."""
+    from urllib.parse import quote
+
+    db = _sqlite_file(url)
+    if db is None:
+        return url
+    path = os.path.abspath(db)
+    options = "mode=ro"
+    if not os.access(os.path.dirname(path), os.W_OK) and not os.path.exists(path + "-wal"):
+        options += "&immutable=1"
+    return f"sqlite:///file:{quote(path)}?{options}&uri=true"
+
+
+def _create_engine(url: str, *, readonly: bool = False) -> Engine:
     shown = display_url(url)
     connect_args: dict[str, Any] = {}
     try:
@@ -166,7 +263,11 @@ def _create_engine(url: str) -> Engine:
     except Exception:  # unparsable: create_engine says why below
         parsed = None
     try:
+        if readonly:
+            url = _readonly_url(url)
         engine = create_engine(url, connect_args=connect_args)
+        if readonly and engine.dialect.name == "postgresql":
+            engine = engine.execution_options(postgresql_readonly=True)
     except ImportError as exc:
         hint = "; pip install 'a2a-tune[postgres]'" if parsed is not None and parsed.drivername == PG_DRIVER else ""
         raise StoreError(f"cannot open database {shown}: driver not installed ({exc}){hint}") from exc
@@ -272,12 +373,16 @@ def _migrate(engine: Engine) -> None:
                 conn.commit()
 
 
-def _check_or_migrate(engine: Engine, url: str, *, allow_upgrade: bool) -> tuple[str | None, str]:
+def _check_or_migrate(
+    engine: Engine, url: str, *, allow_upgrade: bool, readonly: bool = False
+) -> tuple[str | None, str]:
     shown = display_url(url)
     with _db_errors(f"cannot open database {shown}"):
         script = _script_directory()
         head = script.get_current_head()
         before = _schema_state(engine, script)
+    if readonly and before.state == "empty":
+        raise EmptyStoreError(f"database {shown} holds no a2a-tune data (opened read-only: nothing created)")
     if before.state == "unknown":
         raise StoreError(
             f"database {shown} is at schema revision {before.current}, which this a2a-tune "
@@ -302,16 +407,20 @@ def _check_or_migrate(engine: Engine, url: str, *, allow_upgrade: bool) -> tuple
     return before.current, head
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
     """Open (creating if new or empty) the store at ``url`` (see :func:`resolve_url`).
 
+    ``readonly``: for readers (show, select, report, diff): nothing is created, migrated or
+    written, and a database in a read-only directory or on a read-only mount can be read.
     Raises :class:`StoreOutdatedError` for an older schema, :class:`StoreError` for a
     newer/unknown one, for a file that is not a database, or any failure to connect.
     """
     url = resolve_url(url)
-    engine = _create_engine(url)
+    if readonly and _sqlite_file(url) is not None and not os.path.exists(_sqlite_file(url)):
+        raise EmptyStoreError(f"no database at {_sqlite_file(url)} (opened read-only: nothing created)")
+    engine = _create_engine(url, readonly=readonly)
     try:
-        _check_or_migrate(engine, url, allow_upgrade=False)
+        _check_or_migrate(engine, url, allow_upgrade=False, readonly=readonly)
     except BaseException:
         engine.dispose()
         raise
@@ -377,6 +486,11 @@ class RunRecord:
     config: dict[str, Any]
     config_hash: str
     summary: dict[str, Any] | None
+    # The writer holding the run (None while nobody does) and its last heartbeat.
+    writer_host: str | None = None
+    writer_pid: int | None = None
+    writer_since: dt.datetime | None = None
+    heartbeat_at: dt.datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,6 +553,95 @@ class FailureRecord:
 def _record(cls: type, row: Any, **extra: Any) -> Any:
     names = [f.name for f in dataclasses.fields(cls) if f.name not in extra]
     return cls(**{n: getattr(row, n) for n in names}, **extra)
+
+
+def _run_record(run: Run, fingerprint: str) -> RunRecord:
+    record = _record(RunRecord, run, fingerprint=fingerprint)
+    if run.writer_token is None:  # finished or never held: no current writer to show
+        record = dataclasses.replace(record, writer_host=None, writer_pid=None, writer_since=None)
+    return record
+
+
+# --------------------------------------------------------------------------- writers
+
+
+def _pid_scope() -> str:
+    """Where a pid names one process: this boot (Linux boot id) and PID namespace; "" when
+    unknown (then no pid is ever checked, only heartbeats)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process in this PID namespace."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    except OSError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # killed, not yet reaped: dead
+    except (OSError, IndexError):
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Writer:
+    """The identity a process writes a run under (see "One writer per run" above).
+
+    ``token`` is random and secret to the writer; ``host`` and ``pid`` name it to people;
+    ``scope`` says where ``pid`` can be checked. A sweep makes one in the process the
+    operator started and hands it to the rank that writes, so restarted ranks keep the run.
+    """
+
+    token: str
+    host: str
+    pid: int
+    scope: str
+
+    @classmethod
+    def this_process(cls) -> Writer:
+        return cls(uuid.uuid4().hex, socket.gethostname(), os.getpid(), _pid_scope())
+
+
+class LeaseHeartbeat:
+    """Keeps a writer's hold on a run fresh from a daemon thread (every ``interval`` s) while
+    the writer's main thread measures. ``lost`` holds the reason once the run was taken
+    over; the writer's next write raises :class:`LeaseLostError` anyway. A context manager."""
+
+    def __init__(self, store: Store, run_id: int, writer: Writer, interval: float = HEARTBEAT_S) -> None:
+        self.lost: str | None = None
+        self._args = (store, run_id, writer)
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"a2a-tune run {run_id} heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        store, run_id, writer = self._args
+        while not self._stop.wait(self._interval):
+            try:
+                store.heartbeat(run_id, writer)
+            except LeaseLostError as exc:
+                self.lost = str(exc)
+                return
+            except StoreError:
+                pass  # a busy or briefly unreachable database: the next beat tries again
+
+    def __enter__(self) -> LeaseHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 # --------------------------------------------------------------------------- validation
@@ -601,8 +804,9 @@ class Store:
         git_sha: str | None,
         config: dict[str, Any],
         config_hash: str,
+        writer: Writer | None = None,
     ) -> int:
-        """Insert a run with status "running"; returns its id."""
+        """Insert a run with status "running", held by ``writer`` when given; returns its id."""
         if device_type not in DEVICE_TYPES:
             raise ValueError(f"device_type must be one of {DEVICE_TYPES}, got {device_type!r}")
         world_size = _int("world_size", world_size, minimum=1)
@@ -622,31 +826,106 @@ class Store:
                 git_sha=git_sha,
                 config=config,
                 config_hash=config_hash,
+                **(self._lease_values(writer, utcnow()) if writer is not None else {}),
             )
             s.add(run)
             s.flush()
             return run.id
 
-    def finish_run(self, run_id: int, status: str, summary: dict[str, Any] | None = None) -> None:
-        """Set the final status ("completed", "interrupted" or "failed") and finished_at;
-        ``summary`` replaces the stored one when given."""
+    def finish_run(
+        self, run_id: int, status: str, summary: dict[str, Any] | None = None, *, writer: Writer | None = None
+    ) -> None:
+        """Set the final status ("completed", "interrupted" or "failed") and finished_at, and
+        release the run; ``summary`` replaces the stored one when given. Only ``writer``, the
+        run's holder, may (without a writer: only while nobody holds the run)."""
         if status not in RUN_STATUSES or status == "running":
             raise ValueError(f"finish status must be completed, interrupted or failed, got {status!r}")
         if summary is not None:
             _json("summary", summary)
+        values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "writer_token": None}
+        if summary is not None:
+            values["summary"] = summary
         with self._session("finishing a run") as s:
-            run = self._run_or_raise(s, run_id)
-            run.status = status
-            run.finished_at = utcnow()
-            if summary is not None:
-                run.summary = summary
+            self._fence(s, run_id, writer, values)
 
-    def resume_run(self, run_id: int) -> None:
-        """Mark a run found by :meth:`find_resumable_run` as "running" again."""
-        with self._session("resuming a run") as s:
-            run = self._run_or_raise(s, run_id)
-            run.status = "running"
-            run.finished_at = None
+    # -- the run's one writer
+
+    @staticmethod
+    def _lease_values(writer: Writer, now: dt.datetime) -> dict[str, Any]:
+        return {
+            "writer_token": writer.token,
+            "writer_host": writer.host[:255],
+            "writer_pid": writer.pid,
+            "writer_scope": writer.scope[:128],
+            "writer_since": now,
+            "heartbeat_at": now,
+        }
+
+    def _fence(self, s: Session, run_id: int, writer: Writer | None, values: dict[str, Any] | None = None) -> None:
+        """The first statement of every write to a run: an UPDATE of its row that matches only
+        while ``writer`` holds it (None: while nobody does), refreshing the heartbeat. It takes
+        the row's write lock, so a takeover cannot slip between the check and the write."""
+        held = Run.writer_token.is_(None) if writer is None else Run.writer_token == writer.token
+        if values is None:
+            values = {"heartbeat_at": utcnow()} if writer is not None else {"writer_token": None}
+        elif writer is not None and "writer_token" not in values:
+            values = {**values, "heartbeat_at": utcnow()}
+        if s.execute(update(Run).where(Run.id == run_id, held).values(**values)).rowcount == 1:
+            return
+        row = s.get(Run, run_id)
+        if row is None:
+            raise NotFoundError(f"no run {run_id} in this store")
+        if writer is None:
+            raise self._busy(row)
+        holder = f"now held by host {row.writer_host}, pid {row.writer_pid}" if row.writer_token else "released"
+        raise LeaseLostError(
+            f"run {run_id} is no longer held by this process (pid {writer.pid}): {holder}; nothing was written"
+        )
+
+    @staticmethod
+    def _busy(row: Run, stale_after: float = LEASE_STALE_S) -> RunBusyError:
+        return RunBusyError(row.id, row.writer_host, row.writer_pid, row.writer_since, row.heartbeat_at, stale_after)
+
+    def claim_run(self, run_id: int, writer: Writer, *, stale_after: float = LEASE_STALE_S) -> None:
+        """Take ``run_id`` for ``writer`` and mark it "running" again (``--resume``).
+
+        Succeeds when nobody holds the run, ``writer`` already does (restarted ranks), the
+        holder's last heartbeat is older than ``stale_after`` seconds, or the holder's pid is
+        dead on this host. Otherwise raises :class:`RunBusyError` naming the holder (host,
+        pid, since). A completed run is not resumed (:class:`StoreError`)."""
+        now = utcnow()
+        with self._session("claiming a run") as s:
+            row = s.execute(
+                select(Run.id, Run.status, Run.writer_token, Run.writer_pid, Run.writer_scope, Run.heartbeat_at).where(
+                    Run.id == run_id
+                )
+            ).first()
+            if row is None:
+                raise NotFoundError(f"no run {run_id} in this store")
+            if row.status == "completed":
+                raise StoreError(f"run {run_id} is completed: nothing to resume")
+            if row.writer_token not in (None, writer.token):
+                stale = row.heartbeat_at is None or (now - row.heartbeat_at).total_seconds() > stale_after
+                dead = bool(row.writer_scope) and row.writer_scope == writer.scope and not _pid_alive(row.writer_pid)
+                if not (stale or dead):
+                    raise self._busy(s.get(Run, run_id), stale_after)
+            # Compare and swap: the holder (and its heartbeat) seen above, else someone moved first.
+            same = [
+                Run.status == row.status,
+                Run.writer_token.is_(None) if row.writer_token is None else Run.writer_token == row.writer_token,
+                Run.heartbeat_at.is_(None) if row.heartbeat_at is None else Run.heartbeat_at == row.heartbeat_at,
+            ]
+            values: dict[str, Any] = {"status": "running", "finished_at": None, **self._lease_values(writer, now)}
+            if row.writer_token == writer.token:
+                del values["writer_since"]  # still the same writer since it first took the run
+            if s.execute(update(Run).where(Run.id == run_id, *same).values(**values)).rowcount != 1:
+                raise self._busy(s.get(Run, run_id), stale_after)
+
+    def heartbeat(self, run_id: int, writer: Writer) -> None:
+        """Say ``writer`` is alive and still writing ``run_id``; raises :class:`LeaseLostError`
+        when it no longer holds it."""
+        with self._session("refreshing a run's heartbeat") as s:
+            self._fence(s, run_id, writer)
 
     def find_resumable_run(self, hardware_id: int, config_hash: str) -> int | None:
         """The latest run on this hardware with this config hash, if it is not completed
@@ -676,7 +955,7 @@ class Store:
             row = s.execute(self._run_query().where(Run.id == run_id)).first()
             if row is None:
                 raise NotFoundError(f"no run {run_id} in this store")
-            return _record(RunRecord, row[0], fingerprint=row[1])
+            return _run_record(row[0], row[1])
 
     def runs(self, fingerprint: str | None = None) -> list[RunRecord]:
         """All runs, newest first; only those on ``fingerprint`` when given."""
@@ -684,7 +963,7 @@ class Store:
         if fingerprint is not None:
             query = query.where(Hardware.fingerprint == fingerprint)
         with self._session("listing runs") as s:
-            return [_record(RunRecord, run, fingerprint=fp) for run, fp in s.execute(query)]
+            return [_run_record(run, fp) for run, fp in s.execute(query)]
 
     def latest_run(self, fingerprint: str | None = None, status: str | None = "completed") -> RunRecord | None:
         """The newest run (on ``fingerprint`` if given) with ``status`` (any if None)."""
@@ -695,7 +974,7 @@ class Store:
             query = query.where(Run.status == status)
         with self._session("reading runs") as s:
             row = s.execute(query).first()
-            return None if row is None else _record(RunRecord, row[0], fingerprint=row[1])
+            return None if row is None else _run_record(row[0], row[1])
 
     # -- measurements and failures
 
@@ -721,11 +1000,14 @@ class Store:
         ci_high_us: float | None = None,
         host_median_us: float | None = None,
         knobs: dict[str, Any] | None = None,
+        writer: Writer | None = None,
     ) -> int:
         """Store one timed case, committed before returning; returns its id.
 
         Numbers may be numpy/torch scalars (converted); ``samples`` in µs. Raises
-        :class:`DuplicateMeasurementError` when (run, key, timing) is already stored.
+        :class:`DuplicateMeasurementError` when (run, key, timing) is already stored, and
+        :class:`LeaseLostError` / :class:`RunBusyError` when ``writer`` does not hold the run
+        (see :meth:`finish_run`).
         """
         row = Measurement(
             run_id=run_id,
@@ -751,7 +1033,7 @@ class Store:
         key = (run_id, *(getattr(row, f) for f in KEY_FIELDS), row.timing)
         try:
             with self._session("adding a measurement", conflicts=True) as s:
-                self._run_or_raise(s, run_id)
+                self._fence(s, run_id, writer)
                 s.add(row)
                 s.flush()
                 return row.id
@@ -782,6 +1064,7 @@ class Store:
         ep_size: int | None = None,
         tokens_per_rank: int | None = None,
         routing: str | None = None,
+        writer: Writer | None = None,
     ) -> int:
         """Record why ``backend`` was not timed, committed before returning; returns its id.
 
@@ -804,7 +1087,7 @@ class Store:
             routing=_str("routing", routing, optional=True),
         )
         with self._session("adding a failure") as s:
-            self._run_or_raise(s, run_id)
+            self._fence(s, run_id, writer)
             s.add(row)
             s.flush()
             return row.id

@@ -36,8 +36,10 @@ def _load_extra_modules() -> None:
     for module in filter(None, (m.strip() for m in os.environ.get("A2A_TUNE_BACKEND_MODULES", "").split(","))):
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            raise KernelsError(f"A2A_TUNE_BACKEND_MODULES: cannot import {module!r} ({exc})") from exc
+        except Exception as exc:  # whatever the module raises: one line naming it, not a traceback
+            cause = (str(exc).strip().splitlines() or [""])[0]
+            kind = "" if isinstance(exc, ImportError) else f"{type(exc).__name__}: "
+            raise KernelsError(f"A2A_TUNE_BACKEND_MODULES: cannot import {module!r} ({kind}{cause})") from exc
     _extra_loaded = True
 
 

@@ -45,6 +45,7 @@ def db_url(request, tmp_path):
 def _isolated_user_profiles(tmp_path_factory, monkeypatch):
     """Tables a user measured on this machine must not leak into test lookups."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))  # the fingerprint cache
     monkeypatch.delenv("A2A_TUNE_PROFILE_DIR", raising=False)
     monkeypatch.delenv("A2A_TUNE_FINGERPRINT", raising=False)
     monkeypatch.delenv("A2A_TUNE_DB", raising=False)

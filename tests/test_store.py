@@ -25,6 +25,7 @@ from a2a_tune.db import (
     NotFoundError,
     StoreError,
     StoreOutdatedError,
+    Writer,
     head_revision,
     open_store,
     resolve_url,
@@ -276,9 +277,10 @@ def test_find_resumable_run(store):
     store.finish_run(r2, "failed")
     assert store.find_resumable_run(hw, "A") == r2  # the latest unfinished one
 
-    store.resume_run(r2)
+    me = Writer.this_process()
+    store.claim_run(r2, me)
     assert store.get_run(r2).status == "running" and store.get_run(r2).finished_at is None
-    store.finish_run(r2, "completed")
+    store.finish_run(r2, "completed", writer=me)
     # A completed run with this config supersedes the older interrupted r1.
     assert store.find_resumable_run(hw, "A") is None
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from a2a_tune.db import open_store
 from a2a_tune.tuner.shapes import ModelShape
 from a2a_tune.tuner.sweep import SweepPlan, sweep
@@ -96,24 +98,34 @@ def test_sigkill_halfway_then_resume_loses_and_repeats_nothing(tmp_path):
     assert len(keys) == len(set(keys)) == 24  # 2 shapes x 6 token counts x 2 backends, each once
 
 
-def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
-    db = tmp_path / "int.db"
-    slow = list(SWEEP_ARGS)
-    slow[slow.index("--iters") + 1] = "40"  # 40 timed samples a case: the signal lands mid-run
-    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *slow, "--db", str(db)]
-    # A shell running the suite in the background ignores SIGINT, and children inherit that:
-    # give the sweep the default disposition a terminal's foreground job has.
-    first = subprocess.Popen(
+def _foreground(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+    """`cmd` as a terminal's foreground job runs: its own process group, and the default SIGINT
+    disposition (a shell running the suite in the background ignores SIGINT; children inherit it)."""
+    return subprocess.Popen(
         cmd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def _wait_stored(db, n: int, proc: subprocess.Popen, poll: float = 0.2) -> None:
+    """Until `db` holds `n` measurements, `proc` ended, or 4 minutes passed."""
     deadline = time.monotonic() + 240
-    while _count(db) < 3 and time.monotonic() < deadline and first.poll() is None:
-        time.sleep(0.05)
+    while _count(db) < n and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(poll)
+
+
+def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
+    db = tmp_path / "int.db"
+    slow = list(SWEEP_ARGS)
+    slow[slow.index("--iters") + 1] = "40"  # 40 timed samples a case: the signal lands mid-run
+    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *slow, "--db", str(db)]
+    first = _foreground(cmd)
+    _wait_stored(db, 3, first, poll=0.05)
     assert first.poll() is None, "the sweep ended before it could be interrupted"
     os.killpg(first.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
     _, err = first.communicate(timeout=120)
@@ -125,3 +137,152 @@ def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
     with open_store(f"sqlite:///{db}") as store:
         (run,) = store.runs()
         assert run.status == "interrupted"
+
+
+# ----------------------------------------------------------------- one writer, no orphans
+
+GATED_ARGS = [
+    "sweep",
+    "--device",
+    "cpu",
+    "--world",
+    "2",
+    "--preset",
+    "mixtral-8x7b",
+    "--tokens",
+    "1,2",
+    "--warmup",
+    "0",
+    "--iters",
+    "2",
+    "--no-progress",
+    "--backend",
+    "allgather_reducescatter",
+    "--backend",
+    "planted_gate",
+]
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is `pid` (the spawned ranks, and multiprocessing's helpers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gated_sweep(tmp_path, db):
+    """A sweep held at planted_gate (after one allgather measurement) until the gate file goes."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    env = {**os.environ, "A2A_TUNE_BACKEND_MODULES": "planted_backends", "A2A_TUNE_TEST_GATE": str(gate)}
+    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *GATED_ARGS, "--db", str(db)]
+    proc = _foreground(cmd, env)
+    _wait_stored(db, 1, proc)
+    assert proc.poll() is None and _count(db) == 1, "the sweep should wait at the gate"
+    ranks = [p for p in _children(proc.pid) if "spawn_main" in open(f"/proc/{p}/cmdline").read()]
+    assert len(ranks) == 2, ranks
+    return proc, ranks, gate, cmd, env
+
+
+def _wait_gone(pids, seconds=30):
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def test_resume_refuses_a_live_sweep_and_takes_over_a_killed_one(tmp_path):
+    db = tmp_path / "race.db"
+    first, ranks, gate, cmd, env = _gated_sweep(tmp_path, db)
+    try:
+        # A second sweep asked to resume the run the first one is writing: refused, in one line.
+        second = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 1
+        message = " ".join(second.stderr.split())
+        assert "run 1 is being written by another process" in message, second.stderr
+        assert f"pid {first.pid}" in message and "since 20" in message and "Traceback" not in second.stderr
+        with open_store(f"sqlite:///{db}") as store:
+            (run,) = store.runs()
+            assert (run.status, run.writer_pid) == ("running", first.pid)  # untouched by the loser
+
+        # kill -9 of the sweep alone (what the OOM killer does): its ranks go with it.
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        assert _wait_gone(ranks) == [], "ranks outlived the sweep that started them"
+        assert _count(db) == 1
+
+        # The run is resumable at once (its writer is dead on this host) and nothing is measured twice.
+        gate.unlink()
+        third = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+        assert third.returncode == 0, third.stderr
+        assert "1 already stored" in third.stdout and "3 measured" in third.stdout
+        with open_store(f"sqlite:///{db}") as store:
+            (run,) = store.runs()
+            assert run.status == "completed" and run.writer_pid is None
+            keys = [m.key for m in store.measurements(run.id)]
+        assert len(keys) == len(set(keys)) == 4
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+
+
+def test_sigterm_stops_the_ranks_and_leaves_the_run_resumable(tmp_path):
+    db = tmp_path / "term.db"
+    first, ranks, gate, cmd, env = _gated_sweep(tmp_path, db)
+    try:
+        first.send_signal(signal.SIGTERM)  # the sweep only, not its process group
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 143
+        assert _wait_gone(ranks) == []
+        line = " ".join(err.split())
+        assert "interrupted (SIGTERM)" in line and "run 1 holds 1 of 4 planned measurements" in line, err
+        assert "Traceback" not in err
+        with open_store(f"sqlite:///{db}") as store:
+            (run,) = store.runs()
+            assert run.status == "interrupted" and run.writer_pid is None
+        gate.unlink()
+        again = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr
+        assert "1 already stored" in again.stdout and "3 measured" in again.stdout
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.communicate()
+
+
+def test_the_reported_error_is_rank_0s_cause_not_its_peers_echo(tmp_path, monkeypatch):
+    from a2a_tune.tuner.launch import RankFailed
+
+    monkeypatch.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
+    url = f"sqlite:///{tmp_path / 'full.db'}"
+    plan = SweepPlan(
+        shapes=(ModelShape("tiny", 8, 2, 16),),
+        tokens=(1, 2, 4),
+        backends=("planted_disk_full",),
+        warmup=0,
+        iters=2,
+        input_sets=1,
+    )
+    with pytest.raises(RankFailed) as info:
+        sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
+    assert str(info.value) == "rank 0: OSError: [Errno 28] No space left on device"
+    with open_store(url) as store:
+        (run,) = store.runs()
+        assert run.status == "failed" and run.writer_pid is None

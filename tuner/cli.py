@@ -34,9 +34,24 @@ DB_HELP = "SQLAlchemy URL or SQLite file path [env: A2A_TUNE_DB; default: sqlite
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    # messages quote user input and file names: never rich markup
+    # messages quote user input and file names: never rich markup; URLs never show a password
+    if "://" in message:
+        from a2a_tune.db import mask_secrets
+
+        message = mask_secrets(message)
     err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def _store_url(db: str | None) -> str:
+    """--db for a command that stores, checked before any rank starts: it parses, and it is
+    not an in-memory database (what a sweep stored there would vanish with it)."""
+    from a2a_tune.db import StoreError, check_url
+
+    try:
+        return check_url(db, persistent=True)
+    except StoreError as exc:
+        raise _fail(str(exc), 2) from None
 
 
 # ---------------------------------------------------------------------------------- probe
@@ -47,9 +62,14 @@ def probe(
     as_json: bool = typer.Option(False, "--json", help="Print the full facts and the fingerprint as JSON."),
     record: Path | None = typer.Option(None, help="Also save the raw NVML answers to FILE (a test fixture)."),
 ) -> None:
-    """Detect GPUs, NVLink islands, fabric domains and degraded links; print the fingerprint."""
+    """Detect GPUs, NVLink islands, fabric domains and degraded links; print the fingerprint.
+
+    Also refreshes the fingerprint engines' lookups cache for this boot and driver.
+    """
+    from .nvml import NvmlQueryError
+    from .probe import cpu_topology, render_summary
     from .probe import probe as run_probe
-    from .probe import render_summary
+    from .runtime.fingerprint import remember_fingerprint
 
     if record is not None:
         from .nvml import RealNvml
@@ -59,7 +79,13 @@ def probe(
             record.write_text(json.dumps(record_nvml(RealNvml()), indent=2))
         except Exception as exc:  # no NVML here: nothing to record
             raise _fail(f"cannot record NVML answers: {exc}") from None
-    topo = run_probe()
+    try:
+        topo = run_probe(strict=True)
+    except NvmlQueryError as exc:  # a crashed or hung NVML: say so, cache nothing
+        err.print(f"warning: NVML probe failed ({exc}); reporting this host as CPU-only", highlight=False, markup=False)
+        topo = cpu_topology()
+    else:
+        remember_fingerprint(topo.fingerprint)
     if as_json:
         out.print_json(json.dumps(topo.to_dict()))
     else:
@@ -70,12 +96,16 @@ def probe(
 
 
 def _parse_tokens(text: str) -> tuple[int, ...]:
+    from .shapes import MAX_TOKENS_PER_RANK
+
     try:
         values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
     except ValueError:
         raise _fail(f"--tokens must be comma-separated integers, got {text!r}", 2) from None
     if not values or values[0] < 1:
         raise _fail(f"--tokens must be positive integers, got {text!r}", 2)
+    if values[-1] > MAX_TOKENS_PER_RANK:
+        raise _fail(f"--tokens {values[-1]} is above the largest supported count, {MAX_TOKENS_PER_RANK} per rank", 2)
     return tuple(values)
 
 
@@ -94,7 +124,7 @@ def _resolve_device(device: str) -> tuple[str, int]:
 
 def _resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
     """--device and --world: the device type and the ranks to run (a torchrun/srun job's own)."""
-    from .launch import launched_externally
+    from .launch import cpu_rank_limit, launched_externally
 
     device, gpus = _resolve_device(device)
     if launched_externally():
@@ -105,6 +135,10 @@ def _resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
         raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
     if world < 2:
         raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
+    if device == "cpu" and not launched_externally():
+        limit, why = cpu_rank_limit()
+        if world > limit:
+            raise _fail(f"--world {world} on cpu: this machine holds at most {limit} CPU ranks ({why})", 2)
     return device, world
 
 
@@ -228,6 +262,7 @@ def _do_sweep(
     capacity=None,
     refine=None,
 ):
+    _store_url(db)  # before the imports below: they cost torch
     from a2a_tune.db import StoreError
 
     from .launch import RankFailed
@@ -266,9 +301,11 @@ def _do_sweep(
         )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"sweep stopped: {exc}") from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
-            f"interrupted after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total())}", 130
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
+            143 if by == "SIGTERM" else 130,
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
@@ -280,24 +317,20 @@ def _do_sweep(
     return outcome
 
 
-def _stored_so_far(db: str | None, planned: int) -> str:
-    """What an interrupted sweep left in the store, in one line (the Ctrl-C summary); marks
-    its run interrupted (resumable) if no rank got to."""
+def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
+    """What an interrupted sweep left in its run, in one line (the Ctrl-C summary). The sweep
+    marked the run interrupted itself; this only reads."""
     from a2a_tune.db import open_store
 
+    if run_id is None:
+        return "no run was opened yet: nothing was stored"
     try:
-        with open_store(db) as store:
-            runs = store.runs()
-            if not runs:
-                return "nothing was stored"
-            run = max(runs, key=lambda r: r.id)
-            if run.status == "running":  # its ranks were stopped before rank 0 could say so
-                store.finish_run(run.id, "interrupted")
-            measured, failed = len(store.measurements(run.id)), len(store.failures(run.id))
+        with open_store(db, readonly=True) as store:
+            measured, failed = len(store.measurements(run_id)), len(store.failures(run_id))
     except Exception as exc:  # noqa: BLE001 - the summary must not hide the interrupt
         return f"the store could not be read ({_one_line_text(exc)})"
     return (
-        f"run {run.id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
+        f"run {run_id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
         "rerun the same command with --resume to continue"
     )
 
@@ -402,7 +435,7 @@ def sweep(
 
 
 def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
-    from a2a_tune.db import NotFoundError, StoreError, open_store
+    from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError, open_store
     from a2a_tune.kernels import engine_names
 
     from .runtime.lookup import ProfileError, user_profile_dir
@@ -410,7 +443,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
 
     names = engine_names()
     try:
-        with open_store(db) as store:
+        with open_store(db, readonly=True) as store:
             if run_id is None:
                 run = store.latest_run(status="completed")
                 if run is None:
@@ -423,6 +456,8 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
                     raise _fail(f"no run {run_id} in the database") from None
             profile = profile_from_store(store, run_id, backend_names=names)
             url = store.url
+    except EmptyStoreError as exc:
+        raise _fail(f"{exc}; run `a2a-tune sweep` first") from None
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if not profile["entries"]:
@@ -578,15 +613,15 @@ def evaluate(
         raise _fail(str(exc), 2) from None
     if scored_run is not None:
         try:
-            with open_store(db) as store:
+            with open_store(db, readonly=True) as store:
                 store.get_run(scored_run)
                 measured, failed = store.measurements(scored_run), store.failures(scored_run)
         except StoreError as exc:
             raise _fail(f"run {scored_run} could not be read: {exc}", 2) from None
         _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)")
         return
-    device, gpus = _resolve_device(device)
-    world = world or (gpus if device == "cuda" else 2)
+    _store_url(db)
+    device, world = _resolve_ranks(device, world)
     shapes_here = [e.shape for e in table.entries if e.shape.ep_size == world]
     if not shapes_here:
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
@@ -620,7 +655,7 @@ def evaluate(
         outcome = run_sweep(
             plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout
         )
-    except RankFailed as exc:
+    except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
@@ -708,7 +743,8 @@ def tune_knobs(
     environment variables read once per process; NCCL-based: NCCL_PROTO/ALGO are read at
     communicator creation) are reported as such.
     """
-    from a2a_tune.db import StoreError, resolve_url
+    url = _store_url(db)  # before the imports below: they cost torch
+    from a2a_tune.db import StoreError, display_url
     from a2a_tune.kernels import UnknownBackendError, get_backend
 
     from .knobs import DEFAULT_ITERS, KnobPlan
@@ -767,7 +803,7 @@ def tune_knobs(
     shape = plan.shapes[0]
     out.print(
         f"searching {backend} knobs at {shape.name} {dtype} ep{world}, {len(plan.tokens)} token count(s) x "
-        f"{trials} trials on {world} {device} rank(s); studies in {resolve_url(db)}",
+        f"{trials} trials on {world} {device} rank(s); studies in {display_url(url)}",
         highlight=False,
         markup=False,
     )
@@ -863,14 +899,19 @@ def lookup(
     ),
     engine: str | None = typer.Option(
         None,
-        help="Only backends this engine (vllm, sglang) can be told \\[default: "
-        "implied by --format vllm/sglang, else any].",
+        help="Only backends this engine (vllm, sglang, trtllm) can be told \\[default: "
+        "implied by --format vllm/sglang/trtllm, else any].",
     ),
-    fmt: str = typer.Option("name", "--format", help="name | vllm | sglang | env | json"),
+    fmt: str = typer.Option(
+        "name",
+        "--format",
+        help="name | vllm (--all2all-backend X) | sglang (--moe-a2a-backend X, with --deepep-mode M for DeepEP) | "
+        "trtllm (TRTLLM_FORCE_COMM_METHOD=X) | env | json",
+    ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
 
-    A missing or broken table or workload file is not an error: it prints the engine default and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` always starts.
+    With --format vllm / sglang / trtllm: what to add to that engine's launch, for the fastest backend the engine can run (one it has no name for is left out). A missing or broken table or workload file is not an error: it prints the engine's default (for TensorRT-LLM nothing, so it keeps its own choice) and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` and `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` always start.
     """
     import logging
 
@@ -878,8 +919,8 @@ def lookup(
     from .runtime.lookup import lookup as do_lookup
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
-    if fmt not in ("name", "vllm", "sglang", "env", "json"):
-        raise _fail(f"--format must be name, vllm, sglang, env or json, got {fmt!r}", 2)
+    if fmt not in ("name", *engines.ENGINES, "env", "json"):
+        raise _fail(f"--format must be name, {', '.join(engines.ENGINES)}, env or json, got {fmt!r}", 2)
     if engine is not None and engine not in engines.ENGINES:
         raise _fail(f"--engine must be {' or '.join(engines.ENGINES)}, got {engine!r}", 2)
     given = [name for name, v in (("--tokens", tokens), ("--phase", phase), ("--workload", workload)) if v is not None]
@@ -920,18 +961,14 @@ def lookup(
     if fmt == "json":
         print(json.dumps(choice.to_dict(), indent=2))
     elif fmt in engines.ENGINES:
-        name = choice.vllm_name if fmt == "vllm" else choice.sglang_name
-        print(engines.engine_flag(fmt, name if choice.match != "fallback" else None))
+        flag = engines.engine_flag(fmt, *choice.engine_args(fmt))
+        if flag:  # TensorRT-LLM without a method: nothing, it keeps its own choice
+            print(flag)
     elif fmt == "env":
         # Each engine gets the fastest backend it can be told (asked separately; an engine
         # that can be told none of the table's backends keeps its default: not worth a warning).
-        vllm, sglang = ask("vllm", quiet=True), ask("sglang", quiet=True)
-        for line in engines.env_lines(
-            choice.backend,
-            vllm.vllm_name if vllm.match != "fallback" else None,
-            sglang.sglang_name if sglang.match != "fallback" else None,
-            choice.match,
-        ):
+        vllm, sglang, trtllm = (ask(e, quiet=True).engine_args(e) for e in ("vllm", "sglang", "trtllm"))
+        for line in engines.env_lines(choice.backend, vllm[0], sglang[0], choice.match, trtllm[0], sglang[1]):
             print(line)
     else:
         print(choice.backend)
@@ -1247,21 +1284,25 @@ def presets() -> None:
 @db_app.command("upgrade")
 def db_upgrade(db: str | None = _db_opt) -> None:
     """Migrate a database made by an older a2a-tune to the current schema."""
-    from a2a_tune.db import StoreError, resolve_url, upgrade
+    from a2a_tune.db import StoreError, display_url, resolve_url, upgrade
 
     try:
         upgrade(db)
     except StoreError as exc:
         raise _fail(str(exc)) from None
-    out.print(f"{resolve_url(db)} is at the current schema", highlight=False)
+    out.print(f"{display_url(resolve_url(db))} is at the current schema", highlight=False, markup=False)
 
 
 def main() -> None:
-    from a2a_tune.kernels.errors import KernelsError
-
     try:
         app()
-    except KernelsError as exc:  # e.g. an out-of-tree backend module that does not import
+    except Exception as exc:
+        # e.g. an out-of-tree backend module that does not import. Looked up, not imported:
+        # importing a2a_tune.kernels costs torch (seconds, hundreds of MB), and a command that
+        # never imported it (probe, lookup, show) cannot have raised its errors.
+        errors = sys.modules.get("a2a_tune.kernels.errors")
+        if errors is None or not isinstance(exc, errors.KernelsError):
+            raise
         _fail(str(exc), 2)
         raise SystemExit(2) from None
 

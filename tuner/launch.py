@@ -2,7 +2,17 @@
 
 `run_ranks(fn, world_size, device_type, *args)` calls `fn(ctx, *args)` on every rank and
 returns the list of per-rank results (index = rank). A rank that raises makes `run_ranks`
-raise `RankFailed` with that rank's one-line error, after the other ranks are stopped.
+raise `RankFailed` with the first real error in one line, after the other ranks are stopped.
+
+Spawned ranks are supervised by the process that spawned them (the operator's `a2a-tune`):
+- they never outlive it: on Linux each rank asks the kernel for SIGKILL when its parent dies
+  (prctl PR_SET_PDEATHSIG), elsewhere a thread watches the parent pid; so `kill -9` of the
+  sweep (the OOM killer's signal) takes its ranks, their GPUs and communicators with it;
+- they ignore SIGINT: Ctrl-C (and SIGTERM, turned into `Terminated`) reaches the supervisor,
+  which stops every rank and raises `KeyboardInterrupt` for the caller to record;
+- the error reported is the cause, not its echo: once a rank fails, the others' reports are
+  collected for a moment and a peer's "connection closed" (or a `PeerFailed`) is reported
+  only when no rank said anything better.
 """
 
 from __future__ import annotations
@@ -11,10 +21,15 @@ import datetime as _dt
 import json
 import os
 import queue
+import re
+import signal
 import socket
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +53,24 @@ class RanksStalled(RankFailed):
     """The `stalled` watchdog of `run_ranks` fired: every rank was stopped."""
 
 
+class PeerFailed(RuntimeError):
+    """Raised by a rank that cannot go on because another rank failed (and said why)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """The supervising process got SIGTERM: handled like Ctrl-C (ranks stopped, run recorded)."""
+
+
+# How long the supervisor keeps listening, after a first failure, for a better cause.
+FIRST_ERROR_GRACE_S = 3.0
+# A rank's error that only echoes a peer's death: gloo / NCCL / sockets noticing it left.
+_ECHO = re.compile(
+    r"connection (closed|reset|refused) by peer|broken pipe|remote process exited|"
+    r"connection (was )?(closed|reset)|socket (closed|timeout)|peer (closed|disconnected)",
+    re.IGNORECASE,
+)
+
+
 @dataclass(frozen=True)
 class RankContext:
     rank: int
@@ -58,6 +91,38 @@ def one_line(exc: BaseException) -> str:
     """`Type: first line of the message`: how a failure is recorded and reported."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+# CPU ranks (gloo) per core before the machine only thrashes, and what one rank costs in
+# memory (torch, gloo, a sweep's buffers at small shapes): the ceiling `cpu_rank_limit` puts
+# on --world for spawned CPU ranks.
+CPU_RANKS_PER_CORE = 8
+CPU_RANK_MEMORY_BYTES = 256 * 1024 * 1024
+
+
+def cpu_rank_limit() -> tuple[int, str]:
+    """How many CPU ranks this machine can hold, and why that many (one line)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    by_cores = CPU_RANKS_PER_CORE * cores
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        return by_cores, f"{cores} core(s) x {CPU_RANKS_PER_CORE}"
+    by_memory = available // CPU_RANK_MEMORY_BYTES
+    why = (
+        f"{cores} core(s) x {CPU_RANKS_PER_CORE} = {by_cores}; {available / 2**30:.1f} GiB available / "
+        f"~{CPU_RANK_MEMORY_BYTES / 2**30:.2f} GiB per rank = {by_memory}"
+    )
+    return max(min(by_cores, by_memory), 2), why
 
 
 def launched_externally() -> bool:
@@ -89,18 +154,70 @@ def _init(rank: int, world_size: int, local_rank: int, device_type: str) -> Rank
     return RankContext(rank, world_size, local_rank, device, None)
 
 
-def _rank_main(rank: int, world_size: int, device_type: str, port: int, fn: Callable, args: tuple, results) -> None:
+def _die_with_parent(parent: int) -> None:
+    """End this rank when the process that spawned it ends, however it ends."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    else:
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="a2a-tune parent watch", daemon=True).start()
+    if os.getppid() != parent:  # it died before the kernel was told
+        os._exit(1)
+
+
+def _is_echo(exc: BaseException, text: str) -> bool:
+    return isinstance(exc, PeerFailed) or bool(_ECHO.search(text))
+
+
+def _rank_main(
+    rank: int, world_size: int, device_type: str, port: int, fn: Callable, args: tuple, results, parent: int
+) -> None:
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C for every rank
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     try:
         ctx = _init(rank, world_size, rank, device_type)
+    except BaseException as exc:
+        results.put((rank, False, (one_line(exc), traceback.format_exc(), _is_echo(exc, str(exc)))))
+        return
+    try:
+        value = fn(ctx, *args)
+    except BaseException as exc:  # report first: peers learn of it when the group goes away
+        results.put((rank, False, (one_line(exc), traceback.format_exc(), _is_echo(exc, str(exc)))))
+    else:
+        results.put((rank, True, value))
+    finally:
         try:
-            results.put((rank, True, fn(ctx, *args)))
-        finally:
             dist.destroy_process_group()
-    except BaseException as exc:  # report, then let the parent stop the others
-        last = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        results.put((rank, False, (last, traceback.format_exc())))
+        except Exception:  # noqa: BLE001 - the outcome is already reported
+            pass
+
+
+def _first_cause(failures: list[tuple[int, str, str, bool]]) -> tuple[int, str, str]:
+    """The failure to report: the first that is not an echo of a peer's, else the first."""
+    rank, line, tb, _ = next((f for f in failures if not f[3]), failures[0])
+    return rank, line, tb
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():  # stuck in a driver call: SIGTERM is not enough
+            p.kill()
+    for p in procs:
+        p.join()
 
 
 def run_ranks(
@@ -132,52 +249,74 @@ def run_ranks(
     mpctx = mp.get_context("spawn")
     results = mpctx.Queue()
     port = _free_port()
+    parent = os.getpid()
     procs = [
-        mpctx.Process(target=_rank_main, args=(r, world_size, device_type, port, fn, args, results), daemon=False)
+        mpctx.Process(
+            target=_rank_main, args=(r, world_size, device_type, port, fn, args, results, parent), daemon=False
+        )
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
     out = [None] * world_size
-    failure: tuple[int, str, str] | None = None
-    pending = world_size
-    try:
-        while pending and failure is None:
-            try:
-                rank, ok, value = results.get(timeout=1.0)
-            except queue.Empty:
-                # A rank that died without reporting (segfault, OOM kill) would otherwise hang us.
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and out[r] is None]
-                if dead:
-                    failure = (dead[0], f"process exited with code {procs[dead[0]].exitcode}", "")
-                elif stalled is not None and (reason := stalled()):
-                    failure = (-1, reason, "stalled")
-                continue
-            pending -= 1
-            if ok:
-                out[rank] = value
+    failures: list[tuple[int, str, str, bool]] = []  # (rank, line, traceback, echo) in arrival order
+    stall: str | None = None
+    pending = set(range(world_size))
+    with _sigterm_as_interrupt():
+        try:
+            for p in procs:
+                p.start()
+            grace_end = 0.0
+            while pending and stall is None:
+                if failures and (any(not f[3] for f in failures) or time.monotonic() >= grace_end):
+                    break  # the cause is known, or no rank had more to say than an echo
+                try:
+                    rank, ok, value = results.get(timeout=0.2 if failures else 1.0)
+                except queue.Empty:
+                    # A rank that died without reporting (segfault, OOM kill) would otherwise hang us.
+                    for r in sorted(pending):
+                        code = procs[r].exitcode
+                        if code not in (None, 0):
+                            pending.discard(r)
+                            failures.append((r, f"process exited with code {code}", "", False))
+                    if not failures and stalled is not None:
+                        stall = stalled()
+                else:
+                    pending.discard(rank)
+                    if ok:
+                        out[rank] = value
+                    else:
+                        failures.append((rank, *value))
+                if failures and not grace_end:
+                    grace_end = time.monotonic() + FIRST_ERROR_GRACE_S
+        finally:
+            if failures or stall is not None or pending:
+                _stop(procs)
             else:
-                failure = (rank, *value)
-    except KeyboardInterrupt:
-        failure = (-1, "interrupted", "")
-        raise
-    finally:
-        if failure is not None:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():  # stuck in a driver call: SIGTERM is not enough
-                    p.kill()
-        for p in procs:
-            p.join()
-    if failure is not None:
-        rank, line, tb = failure
-        if tb == "stalled":
-            raise RanksStalled(line)
+                for p in procs:
+                    p.join()
+    if stall is not None:
+        raise RanksStalled(stall)
+    if failures:
+        rank, line, tb = _first_cause(failures)
         raise RankFailed(f"rank {rank}: {line}") from RuntimeError(tb)
     return out
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM to the supervisor raises `Terminated` (a KeyboardInterrupt) while ranks run, so
+    they are stopped and the caller records the interruption; outside the main thread, as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated("terminated (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class Heartbeat:
@@ -188,11 +327,12 @@ class Heartbeat:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
 
-    def beat(self, doing: dict[str, Any] | None) -> None:
-        """Rank 0: `doing` starts now (JSON-able; None: between items)."""
+    def beat(self, doing: dict[str, Any] | None, **facts: Any) -> None:
+        """Rank 0: `doing` starts now (JSON-able; None: between items); `facts` are for the
+        parent to read with `fact()` (e.g. the sweep's run id), not watched."""
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"doing": doing, "since": time.time()}, f)
+            json.dump({**facts, "doing": doing, "since": time.time()}, f)
         os.replace(tmp, self.path)
 
     def _read(self) -> dict[str, Any]:
@@ -204,6 +344,10 @@ class Heartbeat:
     def last(self) -> dict[str, Any] | None:
         """What rank 0 said it was doing last (None: nothing, or between items)."""
         return self._read().get("doing")
+
+    def fact(self, name: str) -> Any:
+        """A fact rank 0 gave with its last beat, or None."""
+        return self._read().get(name)
 
     def clear(self) -> None:
         Path(self.path).unlink(missing_ok=True)

@@ -330,22 +330,32 @@ def _gpu_from_dict(g: dict[str, Any]) -> GpuFacts:
 # ---------------------------------------------------------------------------------------
 
 
-def probe(source: NvmlSource | None = None, *, hostname: str | None = None) -> Topology:
-    """Probe this node (or ``source``); never raises.
+def probe(
+    source: NvmlSource | None = None,
+    *,
+    hostname: str | None = None,
+    timeout_s: float = 60.0,
+    strict: bool = False,
+) -> Topology:
+    """Probe this node (or ``source``); never raises unless ``strict``.
 
-    With ``source`` None the live NVML is used; when NVML cannot start (no library, no
-    driver) the result is a CPU-only topology. ``hostname`` overrides the host name the
-    source reports (e.g. the name the launcher uses).
+    With ``source`` None the live NVML is used, in a child process given ``timeout_s``
+    seconds; when NVML cannot start (no library, no driver) the result is a CPU-only
+    topology. Another failure (the child crashed or hung) is logged and also reported as
+    CPU-only -- or, with ``strict``, raised as :class:`~a2a_tune.tuner.nvml.NvmlQueryError`
+    (the runtime lookup: a GPU host must not borrow a CPU fingerprint). ``hostname``
+    overrides the host name the source reports (e.g. the name the launcher uses).
     """
     try:
         # The live library is read in a child process: a crash inside NVML must not take
         # the sweep or an engine's start-up with it.
-        raw = record_live() if source is None else record(source)
+        raw = record_live(timeout_s) if source is None else record(source)
     except NvmlQueryError as exc:
-        topo = cpu_topology(hostname=hostname)
         if exc.code_name not in _NO_NVML_CODES:
+            if strict:
+                raise
             _log.warning("NVML probe failed (%s); reporting this host as CPU-only", exc)
-        return topo
+        return cpu_topology(hostname=hostname)
     return topology_from_record(raw, hostname=hostname)
 
 

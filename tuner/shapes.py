@@ -11,6 +11,10 @@ from pathlib import Path
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 _TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
 _HIDDEN_KEYS = ("hidden_size", "d_model")
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config.json is a few KB; never read a FIFO or /dev/zero
+# Tokens per rank a sweep point may have: 64x the default grid's largest (16384), far beyond
+# any engine step, and with top-k 8 on 64 ranks still inside int32 row indices.
+MAX_TOKENS_PER_RANK = 1 << 20
 
 
 class ShapeSpecError(ValueError):
@@ -48,13 +52,21 @@ def _first(config: dict, keys: tuple[str, ...]) -> int | None:
 
 def from_model_config(path: str | Path) -> ModelShape:
     """Read (experts, top-k, hidden) from a Hugging Face config.json (text_config too)."""
+    from .runtime.files import FileRefused, read_capped
+
     path = Path(path)
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(read_capped(path, MAX_CONFIG_BYTES).decode("utf-8-sig"))
     except OSError as exc:
         raise ShapeSpecError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except FileRefused as exc:
+        raise ShapeSpecError(f"{path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ShapeSpecError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise ShapeSpecError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except RecursionError:
+        raise ShapeSpecError(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(config, dict):
         raise ShapeSpecError(f"{path}: expected a JSON object")
     for candidate in (config, config.get("text_config") or {}, config.get("llm_config") or {}):

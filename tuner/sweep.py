@@ -27,12 +27,30 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from a2a_tune.db import MeasurementKey, open_store
+from a2a_tune.db import (
+    LeaseHeartbeat,
+    LeaseLostError,
+    MeasurementKey,
+    StoreError,
+    Writer,
+    check_url,
+    mask_secrets,
+    open_store,
+)
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels._flashinfer import flashinfer_version
 
 from .adaptive import AdaptiveSearch
-from .launch import Heartbeat, RankContext, RankFailed, RanksStalled, launched_externally, run_ranks
+from .launch import (
+    Heartbeat,
+    PeerFailed,
+    RankContext,
+    RankFailed,
+    RanksStalled,
+    launched_externally,
+    one_line,
+    run_ranks,
+)
 from .measure import Backends, Result, capacity_for, input_sets, measure_case
 from .probe import Topology, cpu_topology, merge_nodes, probe
 from .progress import progress_bar
@@ -149,6 +167,16 @@ DEFAULT_CASE_TIMEOUT_S = 600.0  # one case: gate + warm-up + timing (first cases
 MAX_RESTARTS = 8
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the sweep; its run (``run_id``, None if none was opened yet)
+    is marked "interrupted" and can be resumed."""
+
+    def __init__(self, run_id: int | None, signal_name: str = "SIGINT") -> None:
+        super().__init__(f"run {run_id} interrupted by {signal_name}")
+        self.run_id = run_id
+        self.signal_name = signal_name
+
+
 def sweep(
     plan: SweepPlan,
     *,
@@ -162,12 +190,21 @@ def sweep(
     """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job).
     Returns the outcome; None on the non-zero ranks of a torchrun/srun job.
 
+    The run has one writer: this process (see a2a_tune.db, "One writer per run"). `resume`
+    continues the latest unfinished run of the same plan unless another live process holds
+    it (then `RankFailed` says who); a sweep that lost its run stops without changing it.
+
     Spawned ranks are watched: a case that makes no progress for `case_timeout` seconds (a
     hung collective or kernel) gets every rank killed — the only way to free a wedged NCCL
     communicator or GPU — is recorded as a "timeout" failure, its backend is left out of the
     rest of this sweep, and the ranks restart on the same run, skipping what is stored.
+    Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
+    `SweepInterrupted`; after `kill -9` the run stays "running" and `resume` takes it over.
     """
+    check_url(db_url, persistent=True)  # before any rank starts
+    writer = Writer.this_process()
     skip: dict[str, str] = {}
+    run_id: int | None = None  # known once rank 0 opened the run (its first heartbeat)
     with tempfile.TemporaryDirectory(prefix="a2a-tune-") as tmp:
         heartbeat = Heartbeat(Path(tmp) / "heartbeat.json")
         stalled = None if launched_externally() else heartbeat.stalled_after(case_timeout)
@@ -178,8 +215,7 @@ def sweep(
                     world_size,
                     device_type,
                     plan,
-                    db_url,
-                    resume,
+                    _Target(db_url, resume, run_id, writer),
                     progress,
                     heartbeat,
                     dict(skip),
@@ -189,11 +225,17 @@ def sweep(
                 hung = heartbeat.last()
                 heartbeat.clear()  # the restarted ranks start a fresh heartbeat
                 key = MeasurementKey(*hung["key"])
+                run_id = hung["run_id"]
                 reason = f"no progress for {case_timeout:.0f} s; every rank was stopped"
-                _record_timeout(db_url, hung["run_id"], key, reason)
+                _record_timeout(db_url, run_id, key, reason, writer)
                 skip[key.backend] = f"timed out at {key.tokens_per_rank} tokens/rank ({reason})"
-                resume = True  # continue the same run
-                continue
+                continue  # the same run, held by the same writer
+            except KeyboardInterrupt as exc:
+                run_id = run_id or heartbeat.fact("run_id")
+                if run_id is not None and not launched_externally():
+                    _mark_interrupted(db_url, run_id, writer)
+                signal_name = "SIGTERM" if type(exc).__name__ == "Terminated" else "SIGINT"
+                raise SweepInterrupted(run_id, signal_name) from None
             outcome = next((r for r in results if r is not None), None)
             if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
                 return None
@@ -204,24 +246,28 @@ def sweep(
     raise RankFailed(f"gave up after {MAX_RESTARTS} restarts of stalled ranks")
 
 
-def _record_timeout(db_url: str | None, run_id: int, key: MeasurementKey, reason: str) -> None:
+def _record_timeout(db_url: str | None, run_id: int, key: MeasurementKey, reason: str, writer: Writer) -> None:
     with open_store(db_url) as store:
-        store.add_failure(run_id, kind="timeout", reason=reason, **key._asdict())
+        store.add_failure(run_id, kind="timeout", reason=reason, writer=writer, **key._asdict())
+
+
+def _mark_interrupted(db_url: str | None, run_id: int, writer: Writer) -> None:
+    """Mark `run_id` interrupted for `writer`; nothing when rank 0 already finished it (or the
+    run is another's): the lease decides."""
+    try:
+        with open_store(db_url) as store:
+            store.finish_run(run_id, "interrupted", writer=writer)
+    except StoreError:
+        pass
 
 
 # --------------------------------------------------------------------------------- ranks
 
 
 def _sweep_rank(
-    ctx: RankContext,
-    plan: SweepPlan,
-    db_url: str | None,
-    resume: bool,
-    show_progress: bool,
-    heartbeat: Heartbeat,
-    skip: dict,
+    ctx: RankContext, plan: SweepPlan, target: _Target, show_progress: bool, heartbeat: Heartbeat, skip: dict
 ):
-    rec = _Recorder(ctx, plan, db_url, resume, heartbeat)
+    rec = _Recorder(ctx, plan, target, heartbeat)
     usable = _usable_backends(ctx, plan, rec, skip)
     try:
         with progress_bar(show_progress and rec.is_writer, "sweep") as bar:
@@ -237,10 +283,10 @@ def _sweep_rank(
             if backends is not None:
                 backends.close()
     except KeyboardInterrupt:
-        rec.finish("interrupted")
+        rec.abandon("interrupted")
         raise
     except BaseException:
-        rec.finish("failed")
+        rec.abandon("failed")
         raise
     rec.finish("completed")
     return rec.outcome if rec.is_writer else None
@@ -390,37 +436,60 @@ class _Progress:
             self.bar.update(self.task, total=total + n)
 
 
-class _Recorder:
-    """Rank 0's side of the store; other ranks hold a recorder that writes nothing."""
+@dataclass(frozen=True)
+class _Target:
+    """Where the ranks record: the store, which run (`run_id` when the ranks restart on a known
+    run, else the latest unfinished one with `resume`, else a new one) and as which writer."""
 
-    def __init__(self, ctx: RankContext, plan: SweepPlan, db_url: str | None, resume: bool, heartbeat: Heartbeat):
+    db_url: str | None
+    resume: bool
+    run_id: int | None
+    writer: Writer
+
+
+class _Recorder:
+    """Rank 0's side of the store, written under the sweep's writer (the run's lease, kept
+    fresh by a LeaseHeartbeat thread); other ranks hold a recorder that writes nothing."""
+
+    def __init__(self, ctx: RankContext, plan: SweepPlan, target: _Target, heartbeat: Heartbeat):
         self.is_writer = ctx.rank == 0
         self.heartbeat = heartbeat
+        self.writer = target.writer
         self.store = None
+        self.lease: LeaseHeartbeat | None = None
         self.topology = gather_topology(ctx)
         header: list[Any] = [None]
+        error: Exception | None = None
         if self.is_writer:
             try:
-                header[0] = self._open(plan, db_url, resume, ctx.device.type, ctx.world_size)
+                header[0] = self._open(plan, target, ctx.device.type, ctx.world_size)
             except Exception as exc:  # every rank must learn of it, or they wait forever
-                header[0] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+                error, header[0] = exc, {"error": one_line(exc)}
         dist.broadcast_object_list(header, src=0)
+        if error is not None:
+            raise error
         if "error" in header[0]:
-            raise RuntimeError(header[0]["error"])
+            raise PeerFailed(f"rank 0 could not open the run: {header[0]['error']}")
         self.run_id: int = header[0]["run_id"]
         self.done: set[MeasurementKey] = header[0]["done"]
         self.unavailable_recorded: set[str] = header[0]["unavailable_recorded"]  # a resumed run has them
         self.medians: dict[MeasurementKey, float | None] = header[0]["medians"]  # stored, for a resumed search
         self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size)
+        if self.is_writer:
+            self.lease = LeaseHeartbeat(self.store, self.run_id, self.writer).__enter__()
+            self.beat(None)  # the supervisor learns the run id
 
-    def _open(self, plan: SweepPlan, db_url: str | None, resume: bool, device_type: str, world: int) -> dict:
-        self.store = open_store(db_url)
+    def _open(self, plan: SweepPlan, target: _Target, device_type: str, world: int) -> dict:
+        """Open the store and take the run (see _Target)."""
+        self.store = open_store(target.db_url)
         topo = self.topology
         hw = self.store.get_or_create_hardware(topo.fingerprint, topo.facts_hash, topo.to_dict())
         config_hash = plan.config_hash(device_type, world)
-        run_id = self.store.find_resumable_run(hw, config_hash) if resume else None
+        run_id = target.run_id
+        if run_id is None and target.resume:
+            run_id = self.store.find_resumable_run(hw, config_hash)
         if run_id is not None:
-            self.store.resume_run(run_id)
+            self.store.claim_run(run_id, self.writer)  # refuses a run another live sweep holds
         else:
             run_id = self.store.start_run(
                 hw,
@@ -428,8 +497,14 @@ class _Recorder:
                 world_size=world,
                 versions=library_versions(device_type, topo),
                 git_sha=None,
-                config={**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": sys.argv[1:]},
+                config={
+                    **plan.to_dict(),
+                    "device_type": device_type,
+                    "world_size": world,
+                    "argv": [mask_secrets(a) for a in sys.argv[1:]],
+                },
                 config_hash=config_hash,
+                writer=self.writer,
             )
         failures = self.store.failures(run_id)
         recorded = {f.backend for f in failures if f.kind == "unavailable"}
@@ -471,12 +546,13 @@ class _Recorder:
             host_median_us=summarize(result.host_us).median_us,
             samples=[round(s, 3) for s in result.device_us],
             knobs=result.knobs,
+            writer=self.writer,
         )
 
     def beat(self, key: MeasurementKey | None) -> None:
         """Tell the watching parent which case runs now (None: between cases)."""
         if self.is_writer:
-            self.heartbeat.beat({"run_id": self.run_id, "key": list(key)} if key else None)
+            self.heartbeat.beat({"run_id": self.run_id, "key": list(key)} if key else None, run_id=self.run_id)
 
     def infeasible(self, backend: str, reason: str) -> None:
         self.outcome.infeasible[backend] = reason
@@ -486,15 +562,32 @@ class _Recorder:
         if not self.is_writer:
             return
         fields = key._asdict() if key is not None else {"backend": backend}
-        self.store.add_failure(self.run_id, kind=kind, reason=reason[:500], **fields)
+        self.store.add_failure(self.run_id, kind=kind, reason=reason[:500], writer=self.writer, **fields)
 
     def finish(self, status: str) -> None:
+        """Record the run's end and release it. Raises when that fails (LeaseLostError: the run
+        was taken over; nothing is changed then); `abandon` is the quiet form for error paths."""
         self.outcome.status = status
-        if self.store is not None:
-            summary = {
-                "measured": self.outcome.measured,
-                "skipped": self.outcome.skipped,
-                "failed": self.outcome.failed,
-            }
-            self.store.finish_run(self.run_id, status, summary=summary)
+        if self.store is None:
+            return
+        if self.lease is not None:
+            self.lease.__exit__(None, None, None)
+            self.lease = None
+        summary = {
+            "measured": self.outcome.measured,
+            "skipped": self.outcome.skipped,
+            "failed": self.outcome.failed,
+        }
+        try:
+            self.store.finish_run(self.run_id, status, summary=summary, writer=self.writer)
+        finally:
             self.store.close()
+            self.store = None
+
+    def abandon(self, status: str) -> None:
+        """`finish` on the way out of an error: the error that got us here is the one to report,
+        so a store that fails too (disk full, the run taken over) does not replace it."""
+        try:
+            self.finish(status)
+        except (StoreError, LeaseLostError):
+            pass

@@ -73,6 +73,37 @@ class HangsOnOneRank(NcclAll2Allv):
 
 
 @register_backend
+class WaitsAtAGate(NcclAll2Allv):
+    """Every rank waits in dispatch while the file $A2A_TUNE_TEST_GATE exists (at most 10
+    minutes): a sweep that is alive and holding its run for as long as a test needs."""
+
+    name = "planted_gate"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        import os
+        import time
+
+        gate = os.environ.get("A2A_TUNE_TEST_GATE")
+        deadline = time.monotonic() + 600
+        while gate and os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return super().dispatch(x, topk_ids, topk_weights)
+
+
+@register_backend
+class DiskFullOnRankZero(NcclAll2Allv):
+    """Rank 0 fails where only it runs (as the store's writer does: disk full) while rank 1
+    goes on into the next collective and finds its peer gone."""
+
+    name = "planted_disk_full"
+
+    def knobs(self):
+        if self.rank == 0:
+            raise OSError(28, "No space left on device")
+        return super().knobs()
+
+
+@register_backend
 class FailsToBuildOnOneRank(NcclAll2Allv):
     """Rank 1's constructor raises (a workspace that does not fit on one GPU): the other ranks
     must learn of it rather than wait for rank 1 in the first collective."""

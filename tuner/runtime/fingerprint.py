@@ -19,13 +19,36 @@ Fallback levels used by lookup when no table has this machine's exact fingerprin
    borrows a healthy machine's table or the other way round (``-degraded`` is part of the
    interconnect), and CPU fingerprints have no NVLink domain: exact only.
 3. ``engine-default``: no table; the engine keeps its own default.
+
+**This machine's fingerprint at start-up** (:func:`probed_fingerprint`, when neither
+``fingerprint=`` nor ``$A2A_TUNE_FINGERPRINT`` is given) comes from the topology probe,
+which reads NVML in a child process (a few hundred ms on a GPU host). The answer is cached
+in ``$XDG_CACHE_HOME/a2a-tune/`` (default ``~/.cache/a2a-tune/``), keyed by what could
+change it without notice: the boot (Linux boot id), the host name, the NVIDIA driver version
+and GPU set the kernel lists (``/proc/driver/nvidia``), and the probe's own code; an entry
+is trusted for :data:`CACHE_MAX_AGE_S` at most (a link that failed since is seen within a
+day; ``a2a-tune probe`` refreshes it at once). A cached first lookup costs well under a
+millisecond of file reads; a probe is given :data:`PROBE_TIMEOUT_S` seconds, so a hung NVML
+delays an engine's start by that much at worst, and falls back with a warning.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
-__all__ = ["HW_EXACT", "HW_SAME_DOMAIN", "HW_DEFAULT", "domain_key", "node_count", "normalize_fingerprint"]
+__all__ = [
+    "HW_EXACT",
+    "HW_SAME_DOMAIN",
+    "HW_DEFAULT",
+    "CACHE_MAX_AGE_S",
+    "PROBE_TIMEOUT_S",
+    "domain_key",
+    "node_count",
+    "normalize_fingerprint",
+    "probed_fingerprint",
+    "remember_fingerprint",
+]
 
 HW_EXACT = "exact"
 HW_SAME_DOMAIN = "same-gpu-domain"
@@ -80,3 +103,105 @@ def domain_key(fingerprint: str) -> tuple | None:
     if not all(_PART_RE.match(p) for p in islands) or not any(p.startswith(("nvl", "mnnvl")) for p in islands):
         return None
     return sku, interconnect
+
+
+# --------------------------------------------------------------------------- this machine
+
+PROBE_TIMEOUT_S = 5.0
+CACHE_MAX_AGE_S = 24 * 3600.0
+_NVIDIA_PROC = "/proc/driver/nvidia"
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "a2a-tune")
+
+
+def _host_key() -> str | None:
+    """What this machine's fingerprint depends on and could change without a new probe; None
+    where it cannot be told (no Linux boot id): then nothing is cached."""
+    from a2a_tune.tuner.runtime.files import MAX_CACHE_BYTES, read_capped
+
+    try:
+        boot = read_capped("/proc/sys/kernel/random/boot_id", MAX_CACHE_BYTES).decode().strip()
+    except (OSError, ValueError):
+        return None
+    try:
+        driver = read_capped(os.path.join(_NVIDIA_PROC, "version"), MAX_CACHE_BYTES).decode(errors="replace")
+        driver = driver.strip().splitlines()[0] if driver.strip() else "?"
+        gpus = ",".join(sorted(os.listdir(os.path.join(_NVIDIA_PROC, "gpus"))))
+    except (OSError, ValueError):
+        driver, gpus = "none", ""
+    tuner = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = []
+    for name in ("probe.py", "nvml.py"):
+        try:
+            st = os.stat(os.path.join(tuner, name))
+            code.append(f"{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            code.append("?")
+    return "|".join([boot, os.uname().nodename if hasattr(os, "uname") else "", driver, gpus, *code])
+
+
+def _cache_path(key: str) -> str:
+    import zlib  # not hashlib: ~5 ms to import; a clash only costs a probe (the key is checked)
+
+    return os.path.join(_cache_dir(), f"fingerprint-{zlib.crc32(key.encode()):08x}")
+
+
+_CACHE_FORMAT = "a2a-tune fingerprint cache 1"  # then: key, fingerprint, probed at (epoch s); one a line
+
+
+def _cached(key: str) -> str | None:
+    import time
+
+    from a2a_tune.tuner.runtime.files import MAX_CACHE_BYTES, read_capped
+
+    try:
+        fmt, stored_key, fingerprint, probed_at = (
+            read_capped(_cache_path(key), MAX_CACHE_BYTES).decode().split("\n")[:4]
+        )
+        if fmt != _CACHE_FORMAT or stored_key != key or not 0 <= time.time() - float(probed_at) <= CACHE_MAX_AGE_S:
+            return None
+        return normalize_fingerprint(fingerprint)
+    except (OSError, ValueError):
+        return None  # missing, stale, foreign or damaged: probe again
+
+
+def remember_fingerprint(fingerprint: str, key: str | None = None) -> None:
+    """Cache ``fingerprint`` as this machine's (``a2a-tune probe`` and the lookup's probe do).
+    Best effort: an unwritable cache directory only costs the next start-up a probe."""
+    import tempfile
+    import time
+
+    key = key or _host_key()
+    if key is None:
+        return
+    path = _cache_path(key)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".fingerprint-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{_CACHE_FORMAT}\n{key}\n{normalize_fingerprint(fingerprint)}\n{time.time()!r}\n")
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except (OSError, ValueError):
+        pass
+
+
+def probed_fingerprint(timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """This machine's fingerprint: cached (see the module docstring), else probed (NVML in a
+    child given ``timeout_s`` seconds) and cached. Raises on a failed or hung probe."""
+    key = _host_key()
+    if key is not None:
+        hit = _cached(key)
+        if hit is not None:
+            return hit
+    from a2a_tune.tuner.probe import probe  # lazy: the probe and its NVML child only on a miss
+
+    fingerprint = normalize_fingerprint(probe(timeout_s=timeout_s, strict=True).fingerprint)
+    remember_fingerprint(fingerprint, key)
+    return fingerprint

@@ -15,7 +15,8 @@ Formats (chosen by content: a first non-blank character ``{`` or ``[`` means JSO
 
 Rules: tokens are integers >= 0 (an integral float such as ``8.0`` is accepted), weights
 finite numbers >= 0 with at least one > 0, a token count listed twice adds its weights, at
-most :data:`MAX_POINTS` distinct token counts (keeps a lookup's cost bounded). Anything else
+most :data:`MAX_POINTS` distinct token counts (keeps a lookup's cost bounded); the file is a
+regular file of at most ``files.MAX_WORKLOAD_BYTES`` (4 MiB), never a FIFO or device. Anything else
 is a :class:`WorkloadError` whose ``str()`` is one line naming the file and the line or
 field. Standard library only: the runtime lookup imports this module when asked for a
 workload.
@@ -170,9 +171,10 @@ def load_workload(path) -> Workload:
     ident = (st.st_mtime_ns, st.st_size, st.st_ino)
     hit = _CACHE.get(path)
     if hit is None or hit[0] != ident:
+        from a2a_tune.tuner.runtime.files import MAX_WORKLOAD_BYTES, FileRefused, read_capped
+
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = read_capped(path, MAX_WORKLOAD_BYTES)
             try:
                 text = raw.decode("utf-8-sig")
             except UnicodeDecodeError as exc:
@@ -180,6 +182,8 @@ def load_workload(path) -> Workload:
             result = parse_workload_text(text)
         except OSError as exc:
             result = WorkloadError(f"cannot read: {exc.strerror or exc}")
+        except FileRefused as exc:
+            result = WorkloadError(str(exc))
         except WorkloadError as exc:
             result = exc
         except Exception as exc:  # defensive: still one line, still a WorkloadError

@@ -229,7 +229,7 @@ def load_run_view(db: str | None, run_id: int | None = None) -> TableView:
     shown = display_url(url)
     _check_db_file(url)
     try:
-        with open_store(url) as store:
+        with open_store(url, readonly=True) as store:
             if run_id is None:
                 run = store.latest_run(status="completed") or store.latest_run(status=None)
                 if run is None:

@@ -1,0 +1,73 @@
+"""The only way the start-up path reads a file: a regular file under a size cap, or an error.
+
+An engine's start-up must not hang or run out of memory on whatever sits at a path it was
+given (``profile=``, ``workload=``, ``$A2A_TUNE_WORKLOAD``, the table search path, the
+fingerprint cache): a FIFO would block a plain ``open()`` forever, ``/dev/zero`` would be
+read until memory runs out, and a 100 MB table costs seconds in every engine process.
+
+:func:`read_capped` opens without blocking (``O_NONBLOCK``: opening a FIFO returns at once),
+checks the opened descriptor with ``fstat`` -- a regular file, at most ``cap`` bytes -- and
+only then reads, at most ``cap`` bytes (a file growing meanwhile is refused, not truncated).
+Anything else raises :class:`FileRefused`, a ``ValueError`` whose message is one line without
+the path (callers add it). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+__all__ = ["MAX_TABLE_BYTES", "MAX_WORKLOAD_BYTES", "MAX_CACHE_BYTES", "FileRefused", "read_capped"]
+
+#: A selection table (the shipped 2xH200 one is ~0.1 MB): 16 MiB parses in well under a second.
+MAX_TABLE_BYTES = 16 * 1024 * 1024
+#: A workload histogram: MAX_POINTS lines of "tokens,weight" fit several times over.
+MAX_WORKLOAD_BYTES = 4 * 1024 * 1024
+#: The fingerprint cache (a few hundred bytes).
+MAX_CACHE_BYTES = 64 * 1024
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class FileRefused(ValueError):
+    """A file the start-up path will not read; ``str()`` is one line."""
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.3g} MiB" if n >= 1024 * 1024 else f"{n} bytes"
+
+
+def read_capped(path: str | os.PathLike, cap: int) -> bytes:
+    """The content of ``path`` if it is a regular file of at most ``cap`` bytes.
+
+    Raises :class:`FileRefused` for anything else (a FIFO, a device, a directory, a larger
+    file) and ``OSError`` when it cannot be opened or read.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags |= getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            raise FileRefused(f"not a regular file ({kind}): not read")
+        if st.st_size > cap:
+            raise FileRefused(f"{_mib(st.st_size)}, over the {_mib(cap)} cap: not read")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(cap + 1 - size, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > cap:
+                raise FileRefused(f"grew past the {_mib(cap)} cap while being read: not read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
