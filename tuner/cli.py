@@ -311,7 +311,9 @@ def _do_sweep(
         raise typer.Exit(0)
     _print_outcome(outcome, time.perf_counter() - start)
     if outcome.adaptive_saved:
-        out.print(f"  adaptive search: {outcome.adaptive_saved} grid points not needed", highlight=False, markup=False)
+        out.print(
+            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed", highlight=False, markup=False
+        )
     return outcome
 
 
@@ -369,7 +371,7 @@ _capacity_opt = typer.Option(
     None,
     min=1,
     help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
-    "e.g. your engine's largest batch per rank; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
+    "e.g. your engine's largest step; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
     "told each step's size as engines tell them, the others pay the capacity [default: each token count's own].",
 )
 _refine_opt = typer.Option(
@@ -377,7 +379,7 @@ _refine_opt = typer.Option(
     "--refine/--no-refine",
     help="Where the winner changes between neighbouring token counts, or the top two "
     "are within 3% at both, also measure between them (bisecting until <= 20% apart): a backend whose cost steps "
-    "between grid points is caught, at a few measurements per crossover or close race [default: on for cuda, off "
+    "between grid counts is caught, at a few measurements per crossover or close race [default: on for cuda, off "
     "for cpu, where gloo noise makes every pair a race].",
 )
 _timeout_opt = typer.Option(
@@ -469,7 +471,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
         path = write_profile(profile, directory)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
-    knobs_note = f", with the knobs of {kept} tuned point(s)" if kept else ""
+    knobs_note = f", with the knobs of {kept} tuned case(s)" if kept else ""
     out.print(
         f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}",
         highlight=False,
@@ -877,7 +879,7 @@ def lookup(
     hidden: int = typer.Option(..., help="Hidden size H of the token rows."),
     topk: int = typer.Option(..., help="Experts per token."),
     experts: int = typer.Option(..., help="Number of routed experts E."),
-    tokens: int | None = typer.Option(None, help="Tokens per rank per step (one point). Or use --phase / --workload."),
+    tokens: int | None = typer.Option(None, help="Tokens per rank of one step. Or use --phase / --workload."),
     phase: str | None = typer.Option(
         None,
         help="decode (with --max-batch) or prefill (with --max-tokens): the backend for an engine's whole life "
@@ -902,14 +904,19 @@ def lookup(
     ),
     engine: str | None = typer.Option(
         None,
-        help="Only backends this engine (vllm, sglang) can be told \\[default: "
-        "implied by --format vllm/sglang, else any].",
+        help="Only backends this engine (vllm, sglang, trtllm) can be told \\[default: "
+        "implied by --format vllm/sglang/trtllm, else any].",
     ),
-    fmt: str = typer.Option("name", "--format", help="name | vllm | sglang | env | json"),
+    fmt: str = typer.Option(
+        "name",
+        "--format",
+        help="name | vllm (--all2all-backend X) | sglang (--moe-a2a-backend X, with --deepep-mode M for DeepEP) | "
+        "trtllm (TRTLLM_FORCE_COMM_METHOD=X) | env | json",
+    ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
 
-    A missing or broken table or workload file is not an error: it prints the engine default and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` always starts.
+    With --format vllm / sglang / trtllm: what to add to that engine's launch, for the fastest backend the engine can run (one it has no name for is left out). A missing or broken table or workload file is not an error: it prints the engine's default (for TensorRT-LLM nothing, so it keeps its own choice) and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` and `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` always start.
     """
     import logging
 
@@ -917,8 +924,8 @@ def lookup(
     from .runtime.lookup import lookup as do_lookup
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
-    if fmt not in ("name", "vllm", "sglang", "env", "json"):
-        raise _fail(f"--format must be name, vllm, sglang, env or json, got {fmt!r}", 2)
+    if fmt not in ("name", *engines.ENGINES, "env", "json"):
+        raise _fail(f"--format must be name, {', '.join(engines.ENGINES)}, env or json, got {fmt!r}", 2)
     if engine is not None and engine not in engines.ENGINES:
         raise _fail(f"--engine must be {' or '.join(engines.ENGINES)}, got {engine!r}", 2)
     given = [name for name, v in (("--tokens", tokens), ("--phase", phase), ("--workload", workload)) if v is not None]
@@ -959,18 +966,14 @@ def lookup(
     if fmt == "json":
         print(json.dumps(choice.to_dict(), indent=2))
     elif fmt in engines.ENGINES:
-        name = choice.vllm_name if fmt == "vllm" else choice.sglang_name
-        print(engines.engine_flag(fmt, name if choice.match != "fallback" else None))
+        flag = engines.engine_flag(fmt, *choice.engine_args(fmt))
+        if flag:  # TensorRT-LLM without a method: nothing, it keeps its own choice
+            print(flag)
     elif fmt == "env":
         # Each engine gets the fastest backend it can be told (asked separately; an engine
         # that can be told none of the table's backends keeps its default: not worth a warning).
-        vllm, sglang = ask("vllm", quiet=True), ask("sglang", quiet=True)
-        for line in engines.env_lines(
-            choice.backend,
-            vllm.vllm_name if vllm.match != "fallback" else None,
-            sglang.sglang_name if sglang.match != "fallback" else None,
-            choice.match,
-        ):
+        vllm, sglang, trtllm = (ask(e, quiet=True).engine_args(e) for e in ("vllm", "sglang", "trtllm"))
+        for line in engines.env_lines(choice.backend, vllm[0], sglang[0], choice.match, trtllm[0], sglang[1]):
             print(line)
     else:
         print(choice.backend)
