@@ -8,20 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from run_cli import a2a
 
 CPU_BACKENDS = {"allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"}
-
-
-def a2a(*args: str, env_extra: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")

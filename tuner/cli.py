@@ -311,7 +311,9 @@ def _do_sweep(
         raise typer.Exit(0)
     _print_outcome(outcome, time.perf_counter() - start)
     if outcome.adaptive_saved:
-        out.print(f"  adaptive search: {outcome.adaptive_saved} grid points not needed", highlight=False, markup=False)
+        out.print(
+            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed", highlight=False, markup=False
+        )
     return outcome
 
 
@@ -369,7 +371,7 @@ _capacity_opt = typer.Option(
     None,
     min=1,
     help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
-    "e.g. your engine's largest batch per rank; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
+    "e.g. your engine's largest step; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
     "told each step's size as engines tell them, the others pay the capacity [default: each token count's own].",
 )
 _refine_opt = typer.Option(
@@ -377,7 +379,7 @@ _refine_opt = typer.Option(
     "--refine/--no-refine",
     help="Where the winner changes between neighbouring token counts, or the top two "
     "are within 3% at both, also measure between them (bisecting until <= 20% apart): a backend whose cost steps "
-    "between grid points is caught, at a few measurements per crossover or close race [default: on for cuda, off "
+    "between grid counts is caught, at a few measurements per crossover or close race [default: on for cuda, off "
     "for cpu, where gloo noise makes every pair a race].",
 )
 _timeout_opt = typer.Option(
@@ -469,7 +471,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
         path = write_profile(profile, directory)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
-    knobs_note = f", with the knobs of {kept} tuned point(s)" if kept else ""
+    knobs_note = f", with the knobs of {kept} tuned case(s)" if kept else ""
     out.print(
         f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}",
         highlight=False,
@@ -671,6 +673,9 @@ def evaluate(
         )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
+    except KeyboardInterrupt as exc:
+        by = getattr(exc, "signal_name", "SIGINT")
+        raise _fail(f"evaluation interrupted ({by}); its run is kept", 143 if by == "SIGTERM" else 130) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
     _print_evaluation(ev, f"run {outcome.run_id}")
@@ -829,6 +834,8 @@ def tune_knobs(
         results = run_search(knob_plan, device_type=device, world_size=world, db_url=db, progress=progress)
     except (RankFailed, StoreError) as exc:
         raise _fail(f"knob search stopped: {exc}") from None
+    except KeyboardInterrupt:  # the trials finished so far are in the studies
+        raise _fail("knob search interrupted; the finished trials are stored in the studies", 130) from None
     if results is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
         raise typer.Exit(0)
     from rich.table import Table
@@ -892,7 +899,7 @@ def lookup(
     hidden: int = typer.Option(..., help="Hidden size H of the token rows."),
     topk: int = typer.Option(..., help="Experts per token."),
     experts: int = typer.Option(..., help="Number of routed experts E."),
-    tokens: int | None = typer.Option(None, help="Tokens per rank per step (one point). Or use --phase / --workload."),
+    tokens: int | None = typer.Option(None, help="Tokens per rank of one step. Or use --phase / --workload."),
     phase: str | None = typer.Option(
         None,
         help="decode (with --max-batch) or prefill (with --max-tokens): the backend for an engine's whole life "
