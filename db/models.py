@@ -7,9 +7,10 @@ Four tables, one direction of reference::
 
 ``hardware`` is one probed machine/cluster (fingerprint + hash of the full probe facts);
 ``runs`` is one sweep on it (versions, sweep plan, status); ``measurements`` holds one
-timed (backend, shape, token count, routing, timing mode) point with its statistics and
-raw samples; ``failures`` records why a backend was not timed (unavailable, incorrect
-result, error, timeout, not applicable to the run's EP group), with the shape when the failure is shape-specific.
+timed case (backend, shape, dtype, routing, token count) in one timing mode with its
+statistics and raw samples; ``failures`` records why a backend was not timed (unavailable, incorrect
+result, error, timeout, not applicable to the run's EP group), with the shape when the failure is
+shape-specific.
 
 The schema is owned by the Alembic revisions in ``migrations/versions``: a change here
 needs a new revision there (``tests/test_store.py`` compares the two). Columns use only
@@ -56,7 +57,7 @@ DEVICE_TYPES = ("cuda", "cpu")
 # "not_applicable": the run's EP group is beyond the backend's reach (not a failure of it).
 FAILURE_KINDS = ("unavailable", "incorrect", "error", "timeout", "not_applicable")
 
-# The columns that identify what a sweep has done at one point (see Store.done_keys);
+# The columns that identify one case, what a sweep has done (see Store.done_keys);
 # a measurement adds ``timing`` to make its unique key.
 KEY_FIELDS = (
     "backend",
@@ -154,7 +155,7 @@ class Run(Base):
 
 
 class Measurement(Base):
-    """One timed point. Times are microseconds per dispatch+combine round trip measured
+    """One timed case. Times are microseconds per dispatch+combine round trip measured
     on the device; ``host_median_us`` is host wall time per round trip; ``samples`` the
     raw per-iteration device times; ``knobs`` backend-specific settings used."""
 

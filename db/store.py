@@ -446,7 +446,7 @@ def upgrade(url: str | None = None) -> tuple[str | None, str]:
 
 
 class MeasurementKey(NamedTuple):
-    """What a sweep has done at one point; equal (and hashing equal) to the plain tuple
+    """What a sweep has done for one case; equal (and hashing equal) to the plain tuple
     ``(backend, num_experts, topk, hidden, dtype, ep_size, tokens_per_rank, routing)``."""
 
     backend: str
@@ -1002,7 +1002,7 @@ class Store:
         knobs: dict[str, Any] | None = None,
         writer: Writer | None = None,
     ) -> int:
-        """Store one timed point, committed before returning; returns its id.
+        """Store one timed case, committed before returning; returns its id.
 
         Numbers may be numpy/torch scalars (converted); ``samples`` in µs. Raises
         :class:`DuplicateMeasurementError` when (run, key, timing) is already stored, and

@@ -34,6 +34,7 @@ class AllGatherReduceScatter(All2AllBackend):
     name = "allgather_reducescatter"
     vllm_name = "allgather_reducescatter"
     sglang_name = None  # SGLang's default (`none`) runs no all2all at all
+    trtllm_name = "ALLGATHER"  # TensorRT-LLM's AllGatherReduceScatter
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)

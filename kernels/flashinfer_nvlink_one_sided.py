@@ -58,6 +58,7 @@ class FlashInferNvlinkOneSided(All2AllBackend):
     name = "flashinfer_nvlink_one_sided"
     vllm_name = "flashinfer_nvlink_one_sided"
     sglang_name = "flashinfer"
+    trtllm_name = "NVLINK_ONE_SIDED"  # FlashInfer's one-sided kernels are TensorRT-LLM's MoeAlltoAll
     graph_capturable = True
     quantized_payloads = True  # payloads are bytes to FlashInfer: fp8 rows + fp32 block scales
     capacity_bound = True

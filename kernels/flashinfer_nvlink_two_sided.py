@@ -32,6 +32,7 @@ class FlashInferNvlinkTwoSided(All2AllBackend):
     name = "flashinfer_nvlink_two_sided"
     vllm_name = "flashinfer_nvlink_two_sided"
     sglang_name = None
+    trtllm_name = "NVLINK_TWO_SIDED"  # TensorRT-LLM's MnnvlMoe two-sided kernels
     graph_capturable = True
     quantized_payloads = True  # the fp8 rows and their fp32 block scales travel as two exchanges
     capacity_bound = True

@@ -8,7 +8,11 @@ backend's availability, then runs each case (a backend at a shape and token coun
 invariant check, CUDA-graph replays for the capturable ones, a rebuild after `close()`) in
 freshly spawned ranks, so that a kernel trap or a hang ends that case only. Availability is
 reported, not enforced: a case runs even where it says no (e.g. one rank), to record what the
-library itself answers. The full test is `pytest -m gpu tests/test_deepep_gpu.py` (2 GPUs).
+library itself answers. The conformance run over the standard cases is `a2a-tune check --backend
+deepep_low_latency --device cuda --world 2` (tuner/check.py); this script adds what that does not
+check: the machine's facts, a rebuild after `close()`, and two backends sharing the same ranks.
+Inputs and the invariant gate are tuner.measure's. The full test is `pytest -m gpu
+tests/test_deepep_gpu.py` (2 GPUs).
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ def deepep_import() -> str:
 def _case(ctx, case) -> list[str]:
     """One case on every rank; lines of what happened (rank 0's are kept)."""
     from a2a_tune.kernels import MoEShape, get_backend
-    from a2a_tune.kernels.reference import check_invariant, graph_replay_error, make_inputs
+    from a2a_tune.kernels.reference import graph_replay_error
+    from a2a_tune.tuner.measure import gate, input_sets
 
     names, experts, topk, hidden, capacity, dtype, counts, replays, rebuild = case
     shape = MoEShape(experts, topk, hidden, capacity, dtype)
@@ -102,10 +107,7 @@ def _case(ctx, case) -> list[str]:
             lines.append(f"{name}: built in {time.perf_counter() - t0:.1f} s{again}")
             try:
                 for i, tokens in enumerate(counts):
-                    inputs = make_inputs(
-                        shape, tokens, rank=ctx.rank, world_size=ctx.world_size, seed=i, device=ctx.device
-                    )
-                    r = check_invariant(backend, inputs)
+                    r = gate(backend, input_sets(ctx, shape, tokens, seed=i)[0])
                     verdict = "ok" if r.ok else "FAILED"
                     lines.append(f"{name}: T={tokens}: {verdict} max rel error {r.max_rel_error:.3g} {r.reason}")
                 if replays and not build:

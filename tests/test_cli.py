@@ -8,20 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from run_cli import a2a
 
 CPU_BACKENDS = {"allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"}
-
-
-def a2a(*args: str, env_extra: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +287,41 @@ def test_lookup_engine_formats_print_only_accepted_literals(fmt, expected):
     assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
 
 
+def test_lookup_trtllm_format_leaves_tensorrt_llm_its_own_choice_without_a_method():
+    # The fixture table names no TensorRT-LLM method: nothing to force, one warning why.
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "trtllm", env_extra=FIXTURE_ENV)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "no usable backend with a trtllm name" in line and line.endswith(
+        "TensorRT-LLM keeps its own choice (no TRTLLM_FORCE_COMM_METHOD)"
+    )
+    sh = subprocess.run(
+        ["env", *r.stdout.split(), "sh", "-c", 'echo "[$TRTLLM_FORCE_COMM_METHOD]"'], capture_output=True
+    )
+    assert sh.stdout == b"[]\n"  # `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` still starts
+
+
+# The shipped 2xH200 table, DeepSeek-V3's block-FP8 shape, a decode engine of max batch 64:
+# ours (nvlink_one_sided) is fastest; each engine gets the fastest it can be told.
+SHIPPED = {"A2A_TUNE_FINGERPRINT": "h200.nvl18x2.node1"}
+DSV3_DECODE = ("--ep-size", "2", "--hidden", "7168", "--topk", "8", "--experts", "256", "--dtype", "fp8_e4m3")
+DSV3_DECODE += ("--phase", "decode", "--max-batch", "64")
+
+
+@pytest.mark.parametrize(
+    "fmt, expected",
+    [
+        ("name", "nvlink_one_sided"),
+        ("vllm", "--all2all-backend flashinfer_nvlink_one_sided"),
+        ("sglang", "--moe-a2a-backend flashinfer"),
+        ("trtllm", "TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED"),
+    ],
+)
+def test_lookup_engine_formats_on_the_shipped_table(fmt, expected):
+    r = a2a("lookup", *DSV3_DECODE, "--format", fmt, env_extra=SHIPPED)
+    assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
+
+
 def test_lookup_env_format_is_shell_lines(tmp_path):
     r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "env", env_extra=FIXTURE_ENV)
     assert r.returncode == 0, r.stderr
@@ -305,6 +329,7 @@ def test_lookup_env_format_is_shell_lines(tmp_path):
         "export A2A_TUNE_BACKEND=nvlink_one_sided",
         "export A2A_TUNE_VLLM_ALL2ALL_BACKEND=allgather_reducescatter",
         "export A2A_TUNE_SGLANG_MOE_A2A_BACKEND=none",
+        "export A2A_TUNE_SGLANG_ARGS='--moe-a2a-backend none'",
         "export A2A_TUNE_MATCH=exact",
     ]
     assert "a2a-tune:" not in r.stderr  # engines without a literal here are no warning
@@ -312,6 +337,8 @@ def test_lookup_env_format_is_shell_lines(tmp_path):
         ["bash", "-c", 'eval "$(cat)"; echo $A2A_TUNE_BACKEND'], input=r.stdout, capture_output=True, text=True
     )
     assert sh.stdout.strip() == "nvlink_one_sided"
+    r = a2a("lookup", *DSV3_DECODE, "--format", "env", env_extra=SHIPPED)
+    assert "export TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED" in r.stdout.splitlines()
 
 
 def test_lookup_with_a_bad_workload_file_still_prints_the_default(tmp_path):

@@ -182,9 +182,52 @@ def test_engine_restricts_to_backends_it_can_name(tmp_path, caplog):
     # SGLang has a literal for none of the competing backends in the fixture.
     c = lookup(profile=FIXTURE, tokens=64, engine="sglang", **A)
     assert c.match == "fallback" and "no usable backend with a sglang name" in c.reason
-    c = lookup(profile=FIXTURE, tokens=64, engine="trtllm", **A)
-    assert c.match == "fallback" and "engine='trtllm'" in c.reason
+    c = lookup(profile=FIXTURE, tokens=64, engine="tgi", **A)
+    assert c.match == "fallback" and "engine='tgi'" in c.reason
     assert len(warnings_of(caplog)) == 2
+
+
+def test_trtllm_gets_the_fastest_method_it_has_and_its_rule_for_uneven_experts(tmp_path):
+    # Shape A at 64 tokens: nvlink_one_sided 50 us (no TensorRT-LLM method), nccl_all2allv 75,
+    # allgather_reducescatter 100. As for vLLM, the fastest backend TensorRT-LLM can be told wins.
+    data = fixture_data()
+    data["backends"]["allgather_reducescatter"]["trtllm_name"] = "ALLGATHER"
+    data["backends"]["nccl_all2allv"]["trtllm_name"] = "NVLINK_TWO_SIDED"
+    path = write(tmp_path, data)
+    c = lookup(profile=path, tokens=64, engine="trtllm", **A)
+    assert (c.backend, c.trtllm_name, c.match) == ("nccl_all2allv", "NVLINK_TWO_SIDED", "exact")
+    assert set(c.expected_us) == {"allgather_reducescatter", "nccl_all2allv"}
+    assert lookup(profile=path, tokens=64, **A).backend == "nvlink_one_sided"  # without an engine: untouched
+    # Experts that do not divide over the ranks: TensorRT-LLM refuses a forced NVLINK_TWO_SIDED.
+    even = dict(A, num_experts=A["num_experts"] + 2)  # 258 over 2 ranks: even, answered by A's entry
+    assert lookup(profile=path, tokens=64, engine="trtllm", **even).backend == "nccl_all2allv"
+    c = lookup(profile=path, tokens=64, engine="trtllm", **dict(A, num_experts=A["num_experts"] + 1))
+    assert (c.backend, c.trtllm_name, c.match) == ("allgather_reducescatter", "ALLGATHER", "nearest-shape")
+
+
+def test_engine_options_are_part_of_what_an_engine_accepts(tmp_path):
+    # SGLang runs both DeepEP kernels under one literal; the mode tells them apart.
+    data = fixture_data()
+    data["backends"]["nccl_all2allv"].update(
+        sglang_name="deepep", engine_options={"sglang": ["--deepep-mode", "normal"]}
+    )
+    c = lookup(profile=write(tmp_path, data), tokens=64, engine="sglang", **A)
+    assert (c.backend, c.sglang_name, c.engine_options["sglang"]) == (
+        "nccl_all2allv",
+        "deepep",
+        ("--deepep-mode", "normal"),
+    )
+    assert c.to_dict()["engine_options"] == {"sglang": ["--deepep-mode", "normal"]}
+    # A mode SGLang does not know: the backend cannot be told to SGLang.
+    data["backends"]["nccl_all2allv"]["engine_options"] = {"sglang": ["--deepep-mode", "lowlatency"]}
+    clear_cache()
+    c = lookup(profile=write(tmp_path, data), tokens=64, engine="sglang", **A)
+    assert c.match == "fallback"
+    # A malformed options object is a broken table, named by its field.
+    data["backends"]["nccl_all2allv"]["engine_options"] = {"sglang": "--deepep-mode normal"}
+    clear_cache()
+    c = lookup(profile=write(tmp_path, data), tokens=64, **A)
+    assert c.match == "fallback" and "backends.nccl_all2allv.engine_options.sglang" in c.reason
 
 
 def test_choice_is_frozen_and_serialisable(fixture_dir):
@@ -828,10 +871,24 @@ def test_engine_literal_table():
     assert engines.accepts("vllm", "allgather_reducescatter") and engines.accepts("vllm", "flashinfer_nvlink_one_sided")
     for bogus in ("pplx", "naive", "flashinfer_all2allv", None, "", "deepep"):
         assert not engines.accepts("vllm", bogus)
+    assert engines.accepts("vllm", "moonep") and not engines.accepts("vllm", "passthrough")  # vLLM binds that itself
     assert engines.accepts("sglang", "deepep") and not engines.accepts("sglang", "deepep_low_latency")
+    assert engines.accepts("sglang", "deepep", ("--deepep-mode", "low_latency"))
+    assert not engines.accepts("sglang", "deepep", ("--deepep-mode",))
+    assert not engines.accepts("sglang", "deepep", ("--moe-runner-backend", "triton"))  # not an option we know
+    assert engines.accepts("trtllm", "DEEPEPLOWLATENCY") and not engines.accepts("trtllm", "deepep_low_latency")
+    assert engines.accepts("trtllm", "DEEPEP", num_experts=256, ep_size=8)
+    assert not engines.accepts("trtllm", "DEEPEP", num_experts=257, ep_size=8)
+    assert engines.accepts("trtllm", "ALLGATHER", num_experts=257, ep_size=8)
     assert engines.engine_flag("vllm", "pplx") == "--all2all-backend allgather_reducescatter"
     assert engines.engine_flag("sglang", None) == "--moe-a2a-backend none"
+    assert engines.engine_flag("sglang", "deepep", ("--deepep-mode", "normal")) == (
+        "--moe-a2a-backend deepep --deepep-mode normal"
+    )
+    assert engines.engine_flag("trtllm", "NVLINK_ONE_SIDED") == "TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED"
+    assert engines.engine_flag("trtllm", None) == ""  # TensorRT-LLM keeps its own choice
     assert engines.env_lines("x y", None, "deepep", "exact")[0] == "export A2A_TUNE_BACKEND='x y'"
+    assert set(engines.VERSIONS) == set(engines.ENGINES) == set(engines.DEFAULT)
 
 
 def test_loading_restores_the_garbage_collector(tmp_path):

@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
+from run_cli import a2a
 
 from a2a_tune.tuner.runtime import fingerprint as fpmod
 from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES, FileRefused, read_capped
@@ -32,18 +33,6 @@ def _fresh_lookup():
     clear_cache()
     yield
     clear_cache()
-
-
-def a2a(*args: str, env_extra: dict | None = None, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=cwd,
-    )
 
 
 def one_error_line(r: subprocess.CompletedProcess) -> str:
@@ -142,7 +131,7 @@ def test_the_cli_lookup_and_the_plugin_variable_survive_a_fifo(fifo, tmp_path):
         ["--workload", str(fifo), "--profile", str(FIXTURES / f"{FP}.json")],
         ["--tokens", "64", "--profile", "/dev/zero"],
     ):
-        r = a2a("lookup", "--ep-size", "2", "--hidden", "7168", "--topk", "8", "--experts", "64", *args, timeout=60)
+        r = a2a("lookup", "--ep-size", "2", "--hidden", "7168", "--topk", "8", "--experts", "64", *args)
         assert r.returncode == 0 and r.stdout.strip() == FALLBACK_BACKEND, r.stderr
         assert "not a regular file" in r.stderr and "Traceback" not in r.stderr
 
@@ -269,7 +258,7 @@ def test_a_model_config_that_is_not_utf8_is_one_line(tmp_path):
     r = a2a("sweep", "--device", "cpu", "--model-config", str(bad), "--db", str(tmp_path / "c.db"))
     assert r.returncode == 2
     assert f"{bad}: not UTF-8 text" in one_error_line(r)
-    r = a2a("sweep", "--device", "cpu", "--model-config", "/dev/zero", "--db", str(tmp_path / "c.db"), timeout=60)
+    r = a2a("sweep", "--device", "cpu", "--model-config", "/dev/zero", "--db", str(tmp_path / "c.db"))
     assert r.returncode == 2 and "not a regular file" in one_error_line(r)
 
 

@@ -1,7 +1,7 @@
 """A run has one writer: the store's lease (db/store.py, "One writer per run").
 
 Run on an SQLite file and, when $A2A_TUNE_TEST_POSTGRES_URL names a server whose user may
-create databases, on a fresh PostgreSQL database too.
+create databases, on a fresh PostgreSQL database too (the `db_url` fixture).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -21,29 +20,7 @@ import sqlalchemy as sa
 from a2a_tune.db import LeaseHeartbeat, LeaseLostError, RunBusyError, StoreError, Writer, open_store
 from a2a_tune.db.models import Run
 
-POSTGRES_ENV = "A2A_TUNE_TEST_POSTGRES_URL"
 SHAPE = dict(num_experts=8, topk=2, hidden=16, dtype="bf16", ep_size=2, routing="uniform")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'lease.db'}"
-        return
-    server = os.environ.get(POSTGRES_ENV)
-    if not server:
-        pytest.skip(f"no PostgreSQL server: set {POSTGRES_ENV}")
-    admin_url = sa.engine.make_url(server).set(drivername="postgresql+psycopg")
-    name = f"a2a_lease_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 def _start(store, writer=None) -> int:
@@ -88,9 +65,9 @@ def _elsewhere() -> Writer:
     return dataclasses.replace(Writer.this_process(), host="other-node", pid=4242, scope="another-boot:1")
 
 
-def test_a_live_writer_keeps_its_run_and_the_refusal_names_it(url):
+def test_a_live_writer_keeps_its_run_and_the_refusal_names_it(db_url):
     first, second = _elsewhere(), Writer.this_process()
-    with open_store(url) as store:
+    with open_store(db_url) as store:
         run = _start(store, first)
         with pytest.raises(RunBusyError) as info:
             store.claim_run(run, second)
@@ -108,9 +85,9 @@ def test_a_live_writer_keeps_its_run_and_the_refusal_names_it(url):
         assert (record.status, record.writer_host, record.writer_pid) == ("running", "other-node", 4242)
 
 
-def test_a_stale_writer_is_taken_over_and_then_changes_nothing(url):
+def test_a_stale_writer_is_taken_over_and_then_changes_nothing(db_url):
     old, new = _elsewhere(), Writer.this_process()
-    with open_store(url) as store:
+    with open_store(db_url) as store:
         run = _start(store, old)
         _measure(store, run, old, tokens=1)
         _age_heartbeat(store, run, 30)
@@ -139,11 +116,11 @@ def test_a_stale_writer_is_taken_over_and_then_changes_nothing(url):
             store.claim_run(run, old)
 
 
-def test_a_dead_writer_on_this_host_is_taken_over_at_once(url):
+def test_a_dead_writer_on_this_host_is_taken_over_at_once(db_url):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # exited and reaped: its pid names no process
     dead = dataclasses.replace(Writer.this_process(), pid=child.pid)
-    with open_store(url) as store:
+    with open_store(db_url) as store:
         run = _start(store, dead)
         me = Writer.this_process()
         store.claim_run(run, me)  # heartbeat fresh, but the pid is gone
@@ -155,9 +132,9 @@ def test_a_dead_writer_on_this_host_is_taken_over_at_once(url):
             store.claim_run(run2, me)
 
 
-def test_restarted_ranks_keep_their_run_and_its_since(url):
+def test_restarted_ranks_keep_their_run_and_its_since(db_url):
     me = Writer.this_process()
-    with open_store(url) as store:
+    with open_store(db_url) as store:
         run = _start(store, me)
         since = store.get_run(run).writer_since
         time.sleep(0.01)
@@ -166,8 +143,8 @@ def test_restarted_ranks_keep_their_run_and_its_since(url):
         assert record.writer_since == since and record.heartbeat_at > since
 
 
-def test_runs_without_a_writer_stay_writable_by_anyone(url):
-    with open_store(url) as store:
+def test_runs_without_a_writer_stay_writable_by_anyone(db_url):
+    with open_store(db_url) as store:
         run = _start(store)  # no lease: library use, and runs stored before the lease existed
         _measure(store, run, None)
         store.finish_run(run, "interrupted")
@@ -179,9 +156,9 @@ def test_runs_without_a_writer_stay_writable_by_anyone(url):
         assert store.get_run(run).status == "completed"
 
 
-def test_heartbeat_keeps_the_run_fresh_and_notices_a_takeover(url):
+def test_heartbeat_keeps_the_run_fresh_and_notices_a_takeover(db_url):
     me, other = Writer.this_process(), _elsewhere()
-    with open_store(url) as store:
+    with open_store(db_url) as store:
         run = _start(store, me)
         _age_heartbeat(store, run, 50)
         with LeaseHeartbeat(store, run, me, interval=0.05) as beat:
@@ -205,15 +182,15 @@ def test_heartbeat_keeps_the_run_fresh_and_notices_a_takeover(url):
         assert store.get_run(run).writer_host == "other-node"
 
 
-def test_two_takeovers_at_once_leave_one_writer(url):
-    with open_store(url) as store:
+def test_two_takeovers_at_once_leave_one_writer(db_url):
+    with open_store(db_url) as store:
         run = _start(store, _elsewhere())
         _age_heartbeat(store, run, 3600)
     contenders = [Writer.this_process() for _ in range(4)]
     won, lost, go = [], [], threading.Barrier(len(contenders))
 
     def take(writer):
-        with open_store(url) as store:
+        with open_store(db_url) as store:
             go.wait()
             try:
                 store.claim_run(run, writer)
@@ -227,7 +204,7 @@ def test_two_takeovers_at_once_leave_one_writer(url):
     for t in threads:
         t.join(60)
     assert len(won) == 1 and len(lost) == 3
-    with open_store(url) as store:
+    with open_store(db_url) as store:
         _measure(store, run, won[0])
         for loser in lost:
             with pytest.raises(LeaseLostError):

@@ -599,3 +599,25 @@ def test_select_leaves_out_a_median_the_table_cannot_hold(caplog):
     assert p["entries"][0]["backends"]["nccl_all2allv"]["median_us"] == [None, 70.0]
     validate_profile(p)
     assert "ignoring nccl_all2allv" in caplog.text and "5e-324" in caplog.text
+
+
+def test_tables_record_every_engines_name_and_options(tmp_path):
+    # The registry's names (kernels declare them) go into the table as select writes it, pass
+    # the published schema, and are what lookup tells each engine.
+    from a2a_tune.kernels.registry import engine_names
+
+    names = dict(engine_names())
+    names["nccl_all2allv"] = dict(names["nccl_all2allv"], sglang_name="deepep", trtllm_name="DEEPEP")
+    names["nccl_all2allv"]["engine_options"] = {"sglang": ("--deepep-mode", "normal")}
+    p = build_profile(measurements_from(), [], hardware=HARDWARE, run=RUN, backend_names=names)
+    validate_profile(p)
+    assert p["backends"]["flashinfer_nvlink_one_sided"]["trtllm_name"] == "NVLINK_ONE_SIDED"
+    assert p["backends"]["allgather_reducescatter"]["trtllm_name"] == "ALLGATHER"
+    assert "trtllm_name" not in p["backends"]["nvlink_one_sided"]  # no TensorRT-LLM method: left out
+    assert p["backends"]["nccl_all2allv"]["engine_options"] == {"sglang": ["--deepep-mode", "normal"]}
+    out = write_profile(p, tmp_path)
+    c = lookup(profile=out, tokens=1024, engine="sglang", **SHAPE_B)
+    assert (c.backend, c.engine_args("sglang")) == ("nccl_all2allv", ("deepep", ("--deepep-mode", "normal")))
+    # Shape B: allgather_reducescatter 20 us at 1 token, nccl_all2allv (here DEEPEP) 300 at 1024.
+    assert lookup(profile=out, tokens=1, engine="trtllm", **SHAPE_B).engine_args("trtllm") == ("ALLGATHER", ())
+    assert lookup(profile=out, tokens=1024, engine="trtllm", **SHAPE_B).engine_args("trtllm") == ("DEEPEP", ())

@@ -12,16 +12,15 @@ import base64
 import copy
 import html
 import json
-import os
 import re
 import subprocess
-import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 from bad_tables import BAD_TABLES
 from bad_tables import FIXTURE as LOOKUP_FIXTURE
+from run_cli import a2a
 
 from a2a_tune.tuner.runtime.lookup import clear_cache, lookup
 from a2a_tune.tuner.views.diff import diff_views
@@ -166,18 +165,6 @@ def planted(factor: float, backend: str, shape: str, tokens: list) -> dict:
     for t in tokens:
         per_backend[backend][toks.index(t)] *= factor
     return curves
-
-
-def a2a(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 def one_line_error(r: subprocess.CompletedProcess) -> str:

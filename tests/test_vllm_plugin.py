@@ -1,10 +1,12 @@
-"""The vLLM general plugin against a minimal stand-in for vLLM (no vLLM installed here).
+"""The vLLM general plugin against a minimal stand-in for vLLM (the real vLLM runs in
+tests/test_engines_real.py, where CI installs it).
 
 The stand-in mimics what the plugin relies on in vLLM (vllm/engine/arg_utils.py): a
 dataclass ``EngineArgs`` with an ``all2all_backend`` field (default
-"allgather_reducescatter") whose ``create_engine_config()`` validates the literal and
-returns a config with ``model_config.hf_config``, ``parallel_config`` and
-``scheduler_config``. The fixture table (tests/fixtures/profiles, see test_lookup.py) has
+"allgather_reducescatter") whose ``create_engine_config()`` validates the literal, binds
+``passthrough`` for a MoE backend that communicates itself (as vLLM 0.33's
+``bind_passthrough_all2all_backend``) and returns a config with ``model_config.hf_config``,
+``parallel_config`` and ``scheduler_config``. The fixture table (tests/fixtures/profiles, see test_lookup.py) has
 vLLM literals for allgather_reducescatter and (failed) flashinfer_nvlink_one_sided only;
 tests that need the table to pick another vLLM literal give nvlink_one_sided one.
 """
@@ -43,6 +45,9 @@ def make_vllm(calls: list):
         enable_expert_parallel: bool = True
         data_parallel_size: int = 2
         tensor_parallel_size: int = 1
+        prefill_context_parallel_size: int = 1
+        moe_backend: str = "auto"
+        quantization: str | None = None
         max_num_seqs: int = 64
         max_num_batched_tokens: int = 1024
         kv_role: str | None = None
@@ -54,14 +59,23 @@ def make_vllm(calls: list):
             calls.append(self.all2all_backend)
             if self.all2all_backend not in ACCEPTED:  # vLLM's pydantic Literal check
                 raise ValueError(f"Input should be one of ... got {self.all2all_backend!r}")
+            a2a = self.all2all_backend
+            if self.moe_backend == "flashinfer_moe_ep_cutedsl":  # dispatches and combines itself
+                if a2a != "allgather_reducescatter":
+                    raise ValueError(f"moe_backend ... cannot be paired with all2all_backend={a2a!r}")
+                a2a = "passthrough"
+            tp, dp, ep = self.tensor_parallel_size, self.data_parallel_size, self.enable_expert_parallel
             return SimpleNamespace(
-                model_config=SimpleNamespace(hf_config=SimpleNamespace(**self.hf), dtype="torch.bfloat16"),
+                model_config=SimpleNamespace(
+                    hf_config=SimpleNamespace(**self.hf), dtype="torch.bfloat16", quantization=self.quantization
+                ),
                 parallel_config=SimpleNamespace(
-                    all2all_backend=self.all2all_backend,
-                    enable_expert_parallel=self.enable_expert_parallel,
-                    data_parallel_size=self.data_parallel_size,
-                    tensor_parallel_size=self.tensor_parallel_size,
-                    prefill_context_parallel_size=1,
+                    all2all_backend=a2a,
+                    enable_expert_parallel=ep,
+                    data_parallel_size=dp,
+                    tensor_parallel_size=tp,
+                    prefill_context_parallel_size=self.prefill_context_parallel_size,
+                    use_sequence_parallel_moe=ep and tp > 1 and dp > 1,
                 ),
                 scheduler_config=SimpleNamespace(
                     max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens
@@ -151,21 +165,29 @@ def test_phase_and_workload_from_the_environment(fake_vllm, monkeypatch, caplog)
 
 @pytest.mark.parametrize(
     "how",
-    ["argv", "argv_equals", "argv_underscore", "non_default_value", "legacy_env"],
+    [
+        ["--all2all-backend", "B"],
+        ["--all2all-backend=B"],
+        ["--all2all_backend", "B"],
+        ["--all2all", "B"],  # argparse takes an unambiguous prefix
+        ["--all2", "B"],
+        ["--all2all-b=B"],
+        "config_yaml",
+        "non_default_value",
+    ],
+    ids=str,
 )
 def test_an_explicit_user_choice_is_never_overridden(how, fake_vllm, monkeypatch, caplog):
     vllm_plugin.register()
     backend = "allgather_reducescatter"
-    if how == "argv":
-        monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m", "--all2all-backend", backend])
-    elif how == "argv_equals":
-        monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m", f"--all2all-backend={backend}"])
-    elif how == "argv_underscore":
-        monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m", "--all2all_backend", backend])
-    elif how == "non_default_value":
-        backend = "deepep_high_throughput"
+    if isinstance(how, list):
+        monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m", *(a.replace("B", backend) for a in how)])
+    elif how == "config_yaml":
+        cfg = fake_vllm.dir / "serve.yaml"
+        cfg.write_text(f"# launch settings\nmodel: m\nall2all_backend: {backend}\nmax-num-seqs: 64\n")
+        monkeypatch.setattr(sys, "argv", ["vllm", "serve", "--config", str(cfg)])
     else:
-        monkeypatch.setenv("VLLM_ALL2ALL_BACKEND", backend)
+        backend = "deepep_high_throughput"
     config = fake_vllm.EngineArgs(all2all_backend=backend).create_engine_config()
     assert config.parallel_config.all2all_backend == backend
     assert fake_vllm.calls == [backend]
@@ -173,14 +195,92 @@ def test_an_explicit_user_choice_is_never_overridden(how, fake_vllm, monkeypatch
     assert level == "INFO" and msg == f"a2a-tune: all2all backend {backend!r} was set explicitly; not changed"
 
 
-def test_no_all2all_without_expert_and_data_parallelism(fake_vllm, caplog):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--all", "x"],  # ambiguous for vLLM's parser (--allowed-*): vLLM refuses it anyway
+        ["--all2all-backends", "x"],  # not the option
+        ["--model", "--all2all-backend-config"],
+        ["--config", "/nonexistent.yaml"],
+    ],
+)
+def test_what_is_not_a_choice(argv, fake_vllm, monkeypatch, caplog):
     vllm_plugin.register()
-    for kwargs in ({"enable_expert_parallel": False}, {"data_parallel_size": 1}):
+    monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m", *argv])
+    monkeypatch.setenv("VLLM_ALL2ALL_BACKEND", "allgather_reducescatter")  # vLLM no longer reads it
+    assert fake_vllm.EngineArgs().create_engine_config().parallel_config.all2all_backend == "deepep_low_latency"
+
+
+def test_config_yaml_without_the_option_is_no_choice(fake_vllm, monkeypatch):
+    vllm_plugin.register()
+    cfg = fake_vllm.dir / "serve.yaml"
+    cfg.write_text("model: m\nkv-transfer-config:\n  all2all_backend: nested, not an option\n")
+    monkeypatch.setattr(sys, "argv", ["vllm", "serve", f"--config={cfg}"])
+    assert fake_vllm.EngineArgs().create_engine_config().parallel_config.all2all_backend == "deepep_low_latency"
+
+
+def test_a_backend_vllm_set_itself_is_kept_without_a_second_build(fake_vllm, caplog):
+    vllm_plugin.register()
+    config = fake_vllm.EngineArgs(moe_backend="flashinfer_moe_ep_cutedsl").create_engine_config()
+    assert config.parallel_config.all2all_backend == "passthrough"
+    assert fake_vllm.calls == ["allgather_reducescatter"]  # one build
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO" and msg == (
+        "a2a-tune: vLLM set all2all backend 'passthrough' itself (asked for 'allgather_reducescatter'); not changed"
+    )
+
+
+def test_no_all2all_without_expert_parallelism_across_ranks(fake_vllm, caplog):
+    vllm_plugin.register()
+    for kwargs in (
+        {"enable_expert_parallel": False},
+        {"data_parallel_size": 1},
+        {"data_parallel_size": 1, "tensor_parallel_size": 2},
+    ):
         caplog.clear()
         config = fake_vllm.EngineArgs(**kwargs).create_engine_config()
         assert config.parallel_config.all2all_backend == "allgather_reducescatter"
         ((level, msg),) = lines(caplog)
         assert level == "INFO" and "vLLM uses no all2all backend here" in msg
+
+
+def test_expert_parallelism_over_prefill_context_parallel_ranks_uses_all2all(fake_vllm, caplog):
+    # vLLM 0.33 runs all2all kernels with EP and PCP > 1 even at DP = 1; the EP group is TP x DP x PCP.
+    vllm_plugin.register()
+    config = fake_vllm.EngineArgs(data_parallel_size=1, prefill_context_parallel_size=2).create_engine_config()
+    assert config.parallel_config.all2all_backend == "deepep_low_latency"
+    assert "ep_size=2 hidden=7168" in lines(caplog)[0][1]
+
+
+DSV3_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+
+
+def _cfg_groups(acts):
+    return {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"input_activations": acts}}}
+
+
+@pytest.mark.parametrize(
+    "qcfg, dtype",
+    [
+        (DSV3_FP8, "fp8_e4m3"),  # DeepSeek-V3: block FP8, activations dispatched with 1x128 scales
+        ({"quant_method": "awq", "bits": 4}, "bf16"),  # weight-only: activations in the model dtype
+        (_cfg_groups(None), "bf16"),
+        (_cfg_groups({"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128}), "fp8_e4m3"),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, None),  # per-tensor FP8: not in the table
+        (_cfg_groups({"num_bits": 8, "type": "float", "strategy": "token"}), None),
+        ({"quant_method": "modelopt_fp4"}, None),
+    ],
+)
+def test_payload_dtype_follows_the_checkpoints_quantization(qcfg, dtype, fake_vllm, caplog):
+    vllm_plugin.register()
+    hf = {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256, "quantization_config": qcfg}
+    config = fake_vllm.EngineArgs(hf=hf, quantization=qcfg["quant_method"]).create_engine_config()
+    ((level, msg),) = lines(caplog)
+    if dtype is None:
+        assert config.parallel_config.all2all_backend == "allgather_reducescatter"
+        assert level == "WARNING" and "the table has no payload dtype for" in msg and "\n" not in msg
+    else:
+        assert f"experts=256 {dtype}, decode" in msg, msg
 
 
 # case -> (prepare(fake, monkeypatch), EngineArgs keyword arguments)

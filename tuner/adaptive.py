@@ -1,9 +1,9 @@
 """Adaptive token search: find where the backends' ranking changes with few measurements.
 
 Instead of timing every backend at every token count of the grid, measure a coarse subset
-(every 6th grid point, both ends included), then bisect (over grid indices) every interval
+(every 6th grid count, both ends included), then bisect (over grid indices) every interval
 whose two ends have different winners -- or, with refinement on, whose top two are close at
-both ends (below) -- until the change is pinned between neighbouring grid points. Backends
+both ends (below) -- until the change is pinned between neighbouring grid counts. Backends
 clearly beaten are dropped early: the two ends of the grid are measured first, and a
 backend that took at least `drop_factor` × the best time at both ends is not measured in
 between (a backend's cost is close to latency + bytes / bandwidth, so its ratio to another
@@ -17,22 +17,19 @@ for close races, and the `evaluate` command measures held-out points to bound th
 adaptive): where neighbouring measured counts still disagree on the winner and are more
 than ``refine_ratio`` apart, the search measures the contenders at a token count between
 them (their geometric mean, rounded to a coarse multiple: 320 between 256 and 384), and
-again inside the half that still disagrees. A backend's cost can step between grid points
-(on 2xH200 FlashInfer's one-sided round trip is 5% above the log-log interpolation of its
-256- and 384-token times at 320), and interpolation cannot see a step; bisection pins it to
-within ``refine_ratio``. Where neighbouring grid points agree but the top two are within
-``contest_margin`` (the tie cap, 3%) at both, the table's choice in between rests on the tie
-rule and on interpolation, so the racers are measured between them too, down to
-``refine_ratio`` (a coarse interval counts as a race up to 3% × (1 + log2 of the grid steps
-it spans): it has more room to hide a reversal). On 2xH200 FlashInfer's round trip steps up
-just past every 264 tokens per rank (measured every 16 tokens: 256 -> 272, 528 -> 544,
-784 -> 800; waves of 2 x 132 SMs would do that), right after the power-of-2 grid points where
-it ties with ours, and is 4-9% slower than ours for the next ~100 tokens. Elsewhere nothing
-is refined: a few measurements per crossover or close race, not per grid point.
+again inside the half that still disagrees. A backend's cost can step between grid counts
+(FlashInfer's one-sided round trip does: BENCHMARKS.md), and interpolation cannot see a
+step; bisection pins it to within ``refine_ratio``. Where neighbouring grid counts agree but
+the top two are within ``contest_margin`` (the tie cap, 3%) at both, the table's choice in
+between rests on the tie rule and on interpolation, so the racers are measured between them
+too, down to ``refine_ratio`` (a coarse interval counts as a race up to 3% × (1 + log2 of
+the grid intervals it spans): it has more room to hide a reversal). A step just past a grid
+count where two backends tie is what this catches. Elsewhere nothing is refined: a few
+measurements per crossover or close race, not per grid count.
 
-Pure logic: the caller measures. `next_points()` says what to measure next; `observe()`
-takes the medians back. All ranks run the same search on the same (all-reduced) numbers, so
-they take the same decisions without talking.
+Pure logic: the caller measures. `next_points()` says which cases (token count, backend) to
+measure next; `observe()` takes the medians back. All ranks run the same search on the
+same (all-reduced) numbers, so they take the same decisions without talking.
 """
 
 from __future__ import annotations
@@ -53,13 +50,13 @@ class AdaptiveSearch:
     keep_within: float = 1.3
     drop_factor: float = 1.5
     coarse_step: int = 6
-    refine_ratio: float | None = None  # split neighbouring grid points (off-grid counts) while hi/lo > this
+    refine_ratio: float | None = None  # split neighbouring grid counts (off-grid counts) while hi/lo > this
     # ... or whose top two are this close at both ends (a race: wider for coarse intervals)
     contest_margin: float = TIE_MAX_MARGIN
     medians: dict[tuple[int, str], float | None] = field(default_factory=dict)  # (tokens, backend) -> µs; None: failed
     _pending: list[tuple[int, str]] = field(default_factory=list)
     _intervals: list[tuple[int, int]] = field(default_factory=list)  # token-count pairs still to split
-    _coarse_done: int = 0  # coarse points handed out so far
+    _coarse_done: int = 0  # coarse counts handed out so far
 
     def coarse(self) -> list[int]:
         idx = sorted(set(range(0, len(self.grid), self.coarse_step)) | {len(self.grid) - 1})
@@ -97,8 +94,8 @@ class AdaptiveSearch:
                 return list(self._pending)
 
     def _midpoint(self, lo: int, hi: int) -> int | None:
-        """Where to split a disagreeing or racing interval: its middle grid point; between
-        neighbouring grid points, a refinement count (module docstring); None: pinned down."""
+        """Where to split a disagreeing or racing interval: its middle grid count; between
+        neighbouring grid counts, a refinement count (module docstring); None: pinned down."""
         inside = [t for t in self.grid if lo < t < hi]
         if inside:
             return inside[(len(inside) - 1) // 2]
@@ -117,9 +114,9 @@ class AdaptiveSearch:
         return all(len(self._times(t)) >= 2 and self.margin(t) <= race for t in (lo, hi))
 
     def _race_margin(self, lo: int, hi: int) -> float:
-        """`contest_margin` between neighbouring grid points, growing with the log of the grid
-        steps an interval spans: a coarse interval hides more (on 2xH200 FlashInfer leads ours
-        by 4% at 256 and 1536 tokens and trails it by up to 9% in between)."""
+        """`contest_margin` between neighbouring grid counts, growing with the log of the number
+        of grid intervals between lo and hi: a coarse interval hides more (a backend can lead at
+        both ends and trail in between: FlashInfer's steps, BENCHMARKS.md)."""
         steps = 1 + sum(1 for t in self.grid if lo < t < hi)
         return self.contest_margin * (1 + math.log2(steps))
 
@@ -154,7 +151,7 @@ class AdaptiveSearch:
         return alive
 
     def contenders(self, lo_tokens: int, hi_tokens: int, within: float | None = None) -> list[str]:
-        """Backends worth measuring between two measured points: within `keep_within` (or
+        """Backends worth measuring between two measured token counts: within `keep_within` (or
         1 + `within`) of the best at either end."""
         factor = self.keep_within if within is None else 1 + within
         keep = []
@@ -177,7 +174,7 @@ class AdaptiveSearch:
 def refinement_count(lo: int, hi: int) -> int:
     """The geometric mean of lo and hi, rounded to a multiple of the largest power of two
     <= 1/8 of it (320 between 256 and 384, 896 between 768 and 1024): counts engines pad
-    batches to, and a token count the table can name; the plain rounded mean when that
+    steps to, and a token count the table can name; the plain rounded mean when that
     multiple falls outside (lo, hi)."""
     g = math.sqrt(lo * hi)
     step = 2 ** max(0, math.floor(math.log2(g / 8))) if g >= 8 else 1

@@ -328,7 +328,9 @@ def _do_sweep(
         raise typer.Exit(0)
     _print_outcome(outcome, time.perf_counter() - start)
     if outcome.adaptive_saved:
-        out.print(f"  adaptive search: {outcome.adaptive_saved} grid points not needed", highlight=False, markup=False)
+        out.print(
+            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed", highlight=False, markup=False
+        )
     return outcome
 
 
@@ -386,7 +388,7 @@ _capacity_opt = typer.Option(
     None,
     min=1,
     help="Tokens per rank to build fixed-capacity backends for (ours, FlashInfer's, padded AG+RS), "
-    "e.g. your engine's largest batch per rank; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
+    "e.g. your engine's largest step; the step-sized ones (ours, FlashInfer one-sided, padded AG+RS) are "
     "told each step's size as engines tell them, the others pay the capacity [default: each token count's own].",
 )
 _refine_opt = typer.Option(
@@ -394,7 +396,7 @@ _refine_opt = typer.Option(
     "--refine/--no-refine",
     help="Where the winner changes between neighbouring token counts, or the top two "
     "are within 3% at both, also measure between them (bisecting until <= 20% apart): a backend whose cost steps "
-    "between grid points is caught, at a few measurements per crossover or close race [default: on for cuda, off "
+    "between grid counts is caught, at a few measurements per crossover or close race [default: on for cuda, off "
     "for cpu, where gloo noise makes every pair a race].",
 )
 _mixed_opt = typer.Option(
@@ -488,7 +490,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
         path = write_profile(profile, table_dir(str(out_dir) if out_dir else None))
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
-    knobs_note = f", with the knobs of {kept} tuned point(s)" if kept else ""
+    knobs_note = f", with the knobs of {kept} tuned case(s)" if kept else ""
     out.print(
         f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}",
         highlight=False,
@@ -614,12 +616,21 @@ def evaluate(
         help="Measure nothing: score the table on this stored run's points (e.g. an adaptive "
         "sweep's table on the full grid's run, or on an earlier evaluation's held-out run).",
     ),
+    table_points: bool = typer.Option(
+        False,
+        "--table-points",
+        help="Measure nothing: score on the table's own points (every backend's median at each of its token "
+        "counts; in-sample for the table, not for the engines' own rules). No GPU needed.",
+    ),
 ) -> None:
-    """Measure held-out token counts for the table's shapes and report its regret vs the best backend."""
+    """Measure held-out token counts for the table's shapes and report its regret vs the best backend.
+
+    Beside the table: always allgather_reducescatter, always the best single backend, and each engine's own rule (vLLM's default and its proposed GB200/GB300 one-sided default, TensorRT-LLM's priority list on this machine, SGLang's default) against the table's answer for that engine, with the table's speedup over it.
+    """
     from a2a_tune.db import StoreError, open_store
 
     from .evaluate import evaluate as run_evaluation
-    from .evaluate import held_out_tokens
+    from .evaluate import held_out_tokens, table_measurements
     from .launch import RankFailed
     from .runtime.lookup import ProfileError, load_profile
     from .shapes import ModelShape
@@ -630,6 +641,13 @@ def evaluate(
         table = load_profile(profile)
     except ProfileError as exc:
         raise _fail(str(exc), 2) from None
+    if table_points and scored_run is not None:
+        raise _fail("give --run or --table-points, not both", 2)
+    if table_points:
+        _print_evaluation(
+            run_evaluation(table_measurements(str(profile)), str(profile)), f"{profile.name}: its own points"
+        )
+        return
     if scored_run is not None:
         try:
             with open_store(db, readonly=True) as store:
@@ -676,6 +694,9 @@ def evaluate(
         )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
+    except KeyboardInterrupt as exc:
+        by = getattr(exc, "signal_name", "SIGINT")
+        raise _fail(f"evaluation interrupted ({by}); its run is kept", 143 if by == "SIGTERM" else 130) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
     _print_evaluation(ev, f"run {outcome.run_id}")
@@ -702,6 +723,10 @@ def _print_evaluation(ev, title: str) -> None:
         )
     if ev.outside:
         out.print(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", highlight=False)
+    if ev.engines:
+        from .policies import render_scores
+
+        render_scores(ev.engines, out, title)
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
         w = Table("shape", "tokens", "table's pick", "fastest", "regret", title="worst points")
@@ -830,6 +855,8 @@ def tune_knobs(
         results = run_search(knob_plan, device_type=device, world_size=world, db_url=db, progress=progress)
     except (RankFailed, StoreError) as exc:
         raise _fail(f"knob search stopped: {exc}") from None
+    except KeyboardInterrupt:  # the trials finished so far are in the studies
+        raise _fail("knob search interrupted; the finished trials are stored in the studies", 130) from None
     if results is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
         raise typer.Exit(0)
     from rich.table import Table
@@ -893,7 +920,7 @@ def lookup(
     hidden: int = typer.Option(..., help="Hidden size H of the token rows."),
     topk: int = typer.Option(..., help="Experts per token."),
     experts: int = typer.Option(..., help="Number of routed experts E."),
-    tokens: int | None = typer.Option(None, help="Tokens per rank per step (one point). Or use --phase / --workload."),
+    tokens: int | None = typer.Option(None, help="Tokens per rank of one step. Or use --phase / --workload."),
     phase: str | None = typer.Option(
         None,
         help="decode (with --max-batch) or prefill (with --max-tokens): the backend for an engine's whole life "
@@ -918,14 +945,19 @@ def lookup(
     ),
     engine: str | None = typer.Option(
         None,
-        help="Only backends this engine (vllm, sglang) can be told \\[default: "
-        "implied by --format vllm/sglang, else any].",
+        help="Only backends this engine (vllm, sglang, trtllm) can be told \\[default: "
+        "implied by --format vllm/sglang/trtllm, else any].",
     ),
-    fmt: str = typer.Option("name", "--format", help="name | vllm | sglang | env | json"),
+    fmt: str = typer.Option(
+        "name",
+        "--format",
+        help="name | vllm (--all2all-backend X) | sglang (--moe-a2a-backend X, with --deepep-mode M for DeepEP) | "
+        "trtllm (TRTLLM_FORCE_COMM_METHOD=X) | env | json",
+    ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
 
-    A missing or broken table or workload file is not an error: it prints the engine default and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` always starts.
+    With --format vllm / sglang / trtllm: what to add to that engine's launch, for the fastest backend the engine can run (one it has no name for is left out). A missing or broken table or workload file is not an error: it prints the engine's default (for TensorRT-LLM nothing, so it keeps its own choice) and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` and `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` always start.
     """
     import logging
 
@@ -933,8 +965,8 @@ def lookup(
     from .runtime.lookup import lookup as do_lookup
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
-    if fmt not in ("name", "vllm", "sglang", "env", "json"):
-        raise _fail(f"--format must be name, vllm, sglang, env or json, got {fmt!r}", 2)
+    if fmt not in ("name", *engines.ENGINES, "env", "json"):
+        raise _fail(f"--format must be name, {', '.join(engines.ENGINES)}, env or json, got {fmt!r}", 2)
     if engine is not None and engine not in engines.ENGINES:
         raise _fail(f"--engine must be {' or '.join(engines.ENGINES)}, got {engine!r}", 2)
     given = [name for name, v in (("--tokens", tokens), ("--phase", phase), ("--workload", workload)) if v is not None]
@@ -975,18 +1007,14 @@ def lookup(
     if fmt == "json":
         print(json.dumps(choice.to_dict(), indent=2))
     elif fmt in engines.ENGINES:
-        name = choice.vllm_name if fmt == "vllm" else choice.sglang_name
-        print(engines.engine_flag(fmt, name if choice.match != "fallback" else None))
+        flag = engines.engine_flag(fmt, *choice.engine_args(fmt))
+        if flag:  # TensorRT-LLM without a method: nothing, it keeps its own choice
+            print(flag)
     elif fmt == "env":
         # Each engine gets the fastest backend it can be told (asked separately; an engine
         # that can be told none of the table's backends keeps its default: not worth a warning).
-        vllm, sglang = ask("vllm", quiet=True), ask("sglang", quiet=True)
-        for line in engines.env_lines(
-            choice.backend,
-            vllm.vllm_name if vllm.match != "fallback" else None,
-            sglang.sglang_name if sglang.match != "fallback" else None,
-            choice.match,
-        ):
+        vllm, sglang, trtllm = (ask(e, quiet=True).engine_args(e) for e in ("vllm", "sglang", "trtllm"))
+        for line in engines.env_lines(choice.backend, vllm[0], sglang[0], choice.match, trtllm[0], sglang[1]):
             print(line)
     else:
         print(choice.backend)
@@ -1057,10 +1085,30 @@ def show(
     from .views.show import render_show, show_data
 
     view = _load_view(profile, db, run)
+    engines = _engine_scores_of(profile)
     if as_json:
-        print(json.dumps(show_data(view), indent=2, default=str))
+        data = show_data(view)
+        if engines is not None:
+            from .policies import scores_data
+
+            data["engines"] = scores_data(engines)
+        print(json.dumps(data, indent=2, default=str))
     else:
         render_show(view, out)
+        if engines is not None:
+            from .policies import render_scores
+
+            render_scores(engines, out, f"{profile.name}, its measured points")
+
+
+def _engine_scores_of(profile: Path | None):
+    """Each engine's own rule vs the table on the table's points (a profile only: a run is
+    no table; `a2a-tune evaluate --profile T --run N` scores a table on it)."""
+    if profile is None:
+        return None
+    from .policies import score_table
+
+    return score_table(str(profile))
 
 
 @app.command(

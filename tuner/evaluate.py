@@ -4,7 +4,13 @@ Held-out points: token counts between the table's (geometric midpoints) for its 
 is measured for every backend by the ordinary sweep (correctness gate included), then:
 regret(point) = time of the backend the lookup picks / time of the fastest there - 1, and the
 same for two fixed policies: always `allgather_reducescatter` (the engines' default) and
-always the single backend that is fastest over all the points.
+always the single backend that is fastest over all the points. Beside them, each engine's
+own rule (vLLM's default and its proposed GB200/GB300 one, TensorRT-LLM's priority list,
+SGLang's default) against the table's answer for that engine (:mod:`a2a_tune.tuner.policies`).
+
+The points are a stored run's measurements, or the table's own (:func:`table_measurements`):
+every backend's median at each token count it holds (in-sample for the table, not for the
+engines' rules).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Evaluation:
     # worse than any regret; counted apart
     failed: dict[str, int] = field(default_factory=dict)
     outside: int = 0  # measured points of shapes the table has no entry for: not scored
+    engines: list = field(default_factory=list)  # [policies.PolicyScore]: each engine's rule vs the table
 
     def summary(self) -> dict[str, dict[str, float]]:
         return self.policies
@@ -58,6 +65,24 @@ def _point(r) -> tuple:
     """(ep, H, k, E, dtype, routing, tokens) of a measurement or failure record: the first six
     are a table entry's shape (:data:`~a2a_tune.tuner.runtime.table.SHAPE_KEYS`)."""
     return (*(getattr(r, k) for k in SHAPE_KEYS), r.tokens_per_rank)
+
+
+def table_measurements(profile: str) -> list:
+    """The table's own points as measurement records (shape keys, tokens_per_rank, backend,
+    median_us): every backend's median at each token count, failed backends left out."""
+    from types import SimpleNamespace
+
+    out = []
+    for e in load_profile(profile).entries:
+        for b, curve in e.median_us.items():
+            if b in e.failed:
+                continue
+            for t, v in zip(e.tokens, curve):
+                if v is not None:
+                    out.append(
+                        SimpleNamespace(**dict(zip(SHAPE_KEYS, e.shape)), tokens_per_rank=t, backend=b, median_us=v)
+                    )
+    return out
 
 
 def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] = ()) -> Evaluation:
@@ -117,4 +142,12 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
             ev.unscored[policy] = missing
         if regrets:
             ev.policies[policy] = {"mean": sum(regrets) / len(regrets), "worst": max(regrets), "points": len(regrets)}
+    ev.engines = _engine_scores(by_point, profile)
     return ev
+
+
+def _engine_scores(by_point: dict, profile: str) -> list:
+    from .policies import Point, registry_names, score_table
+
+    points = [Point(point[:6], point[6], times) for point, times in sorted(by_point.items())]
+    return score_table(profile, points, names=registry_names())

@@ -141,7 +141,8 @@ def build_profile(
     tokens_per_rank, any of which may be None. ``hardware``: fingerprint, facts_hash,
     facts. ``run``: id, device_type, world_size, versions, started_at, finished_at (extra
     keys kept; a schema-1 style ``timing`` key is dropped: the mode is per backend now).
-    ``backend_names``: backend -> {vllm_name, sglang_name} (mapping or object), in
+    ``backend_names``: backend -> {vllm_name, sglang_name, trtllm_name, vllm_closest,
+    engine_options} (mapping or object; :func:`a2a_tune.kernels.registry.engine_names`), in
     registry order (it sets the tie preference); a backend missing there gets nulls (with
     a warning).
 
@@ -165,6 +166,12 @@ def build_profile(
         closest = _get(spec, "vllm_closest") if spec is not None else None
         if closest and backends_out[b]["vllm_name"] is None:
             backends_out[b]["vllm_closest"] = closest
+        trtllm = _get(spec, "trtllm_name") if spec is not None else None
+        if trtllm:
+            backends_out[b]["trtllm_name"] = trtllm
+        options = _get(spec, "engine_options") if spec is not None else None
+        if options:
+            backends_out[b]["engine_options"] = {engine: list(opts) for engine, opts in options.items()}
 
     if generated_at is None:
         generated_at = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)

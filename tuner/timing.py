@@ -129,9 +129,10 @@ LEAD_IN_ROUND_TRIPS = 1  # eager: one untimed round trip before each sample alig
 def _graph_round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[RankInputs]) -> int:
     """R for graph replay from the DEVICE time of a captured probe, agreed by every rank (max).
 
-    Not from eager wall time: eagerly a small round trip costs 10x its replay (host launches),
-    which would give R = 1-2 and leave each sample to the ranks' start skew after the
-    barrier (tens of µs, paid once per sample): small-token timings then moved 2x between runs."""
+    Not from eager wall time: eagerly a small round trip costs many times its replay (host
+    launches), which would give R = 1-2 and leave each sample to the ranks' start skew after
+    the barrier (paid once per sample): small-token timings then moved between runs
+    (BENCHMARKS.md, "Timing soundness: R under graphs")."""
     probe = torch.cuda.CUDAGraph()
     with torch.cuda.graph(probe):
         _round_trips(backend, input_sets, 0, GRAPH_PROBE_ROUND_TRIPS)
@@ -156,8 +157,9 @@ def _timed_samples(backend: All2AllBackend, iters: int, reps: int, launch, lead_
     the ranks leave the barrier tens of µs apart, and the first round trip of a sample waits
     for the last rank; a round trip completes only when every rank's has, so after the lead-in
     the ranks run in step and the timed round trips carry no start skew. Without it the skew,
-    spread over R, moved small-token medians by 10-20% between runs on 2xH200 (a property of
-    the host, not of the backend, and enough to flip the winner between two close backends)."""
+    spread over R, moved small-token medians between runs: a property of the host, not of the
+    backend, and enough to flip the winner between two close backends (BENCHMARKS.md, "Timing:
+    an untimed lead-in before each sample")."""
     cuda = backend.device.type == "cuda"
     if cuda:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -198,8 +200,8 @@ def _eager_lead_in(backend: All2AllBackend, input_sets: Sequence[RankInputs], fi
     """Untimed round trip(s) on the input set before the sample's first (not the one it uses:
     no warm cache), left queued: the start event runs on the GPU right after them, with the
     ranks in step. A host sync here would let each rank's host wake and launch at its own
-    time again, which is the skew the lead-in removes (on 2xH200 it halved the eager NCCL
-    medians at small T). Known cost: a backend that reads counts on the host waits there for
+    time again, which is the skew the lead-in removes (eager NCCL medians at small T carried
+    it: BENCHMARKS.md). Known cost: a backend that reads counts on the host waits there for
     the lead-in, so its host_us includes up to one lead-in / R (at R = 1, about a round trip)."""
     _round_trips(backend, input_sets, first - LEAD_IN_ROUND_TRIPS, LEAD_IN_ROUND_TRIPS)
 

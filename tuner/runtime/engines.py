@@ -1,28 +1,61 @@
 """What the serving engines accept, and how to tell them: the data behind ``--format``.
 
-Standard library only (imported by the runtime lookup). Literals are data, checked by
-hand against each engine's source; a profile may name any literal, but lookup lets a
-backend compete for an engine only when its literal is listed here, so ``--format
-vllm`` can never print a value the engine would reject.
+Standard library only (imported by the runtime lookup). Literals are data, read from each
+engine's source at the version named here; CI checks the vLLM and SGLang ones against
+the real packages of those versions (``.ci/engines.sh``, ``tests/test_engines_real.py``).
+A table may name any literal, but lookup lets a backend compete for an engine only when
+the engine accepts its literal (and its extra options), so ``--format vllm`` can never
+print a value the engine would reject.
 
-* vLLM ``--all2all-backend``: the ``All2AllBackend`` literal of ``vllm/config/parallel.py``
-  (vllm-project/vllm main at commit 00193b82b0e2, after v0.14.0). Left out although the
-  literal still lists them: ``naive`` and ``pplx`` (removed; vLLM replaces them with
-  ``allgather_reducescatter`` and warns) and ``flashinfer_all2allv`` (a temporary alias of
-  ``flashinfer_nvlink_two_sided``). That version reads no environment variable for the
-  backend: ``VLLM_ALL2ALL_BACKEND`` was deprecated for removal in v0.15.0 and is gone, so
-  ``--format env`` prints a2a-tune's own variables (see :func:`env_lines`).
-* SGLang ``--moe-a2a-backend``: ``MOE_A2A_BACKEND_CHOICES`` of
-  ``python/sglang/srt/server_args.py`` (sgl-project/sglang, 2025 releases). Newer trees add
-  ``nixl`` and ``megamoe``; they are left out until a table needs them. ``none`` is
-  SGLang's default: no all2all kernel (MoE via all-reduce).
+* **vLLM 0.33.0** ``--all2all-backend``: the ``All2AllBackend`` literal of
+  ``vllm/config/parallel.py``. Left out although the literal lists them: ``naive`` and
+  ``pplx`` (removed; vLLM replaces them with ``allgather_reducescatter`` and warns),
+  ``flashinfer_all2allv`` (a temporary alias of ``flashinfer_nvlink_two_sided``) and
+  ``passthrough`` (not offered by the parser: vLLM binds it itself when the MoE backend
+  dispatches and combines on its own, e.g. ``--moe-backend flashinfer_moe_ep_cutedsl``;
+  see :data:`VLLM_INTERNAL`). vLLM reads no environment variable for the backend
+  (``VLLM_ALL2ALL_BACKEND`` was removed after 0.14), so ``--format env`` prints
+  a2a-tune's own variables (see :func:`env_lines`).
+* **SGLang 0.5.23** ``--moe-a2a-backend``: the choices of ``moe_a2a_backend`` in
+  ``python/sglang/srt/arg_groups/fields/exec_.py`` (they moved there from
+  ``server_args.py``); default ``none`` (no all2all kernel: MoE via all-reduce).
+  ``deepep`` stands for two kernels, told apart by ``--deepep-mode`` (``normal`` |
+  ``low_latency`` | ``auto``, same file): a table records the mode as the backend's
+  ``engine_options``.
+* **TensorRT-LLM** (PyTorch backend, ``tensorrt_llm/_torch/modules/fused_moe/communication/
+  communication_factory.py`` at NVIDIA/TensorRT-LLM commit 03c36d6222ad, after 1.2.1):
+  no command-line option; the environment variable ``TRTLLM_FORCE_COMM_METHOD`` overrides
+  its own choice, which tries in order NVLINK_ONE_SIDED, NVLINK_TWO_SIDED, NCCL_EP, DEEPEP,
+  DEEPEPLOWLATENCY and falls back to ALLGATHER (:data:`TRTLLM_PRIORITY`). A forced method
+  other than NVLINK_ONE_SIDED or ALLGATHER is refused when the experts do not divide
+  evenly over the EP ranks. FlashInfer's one- and two-sided NVLink kernels are
+  TensorRT-LLM's.
 """
 
 from __future__ import annotations
 
-__all__ = ["ACCEPTED", "DEFAULT", "ENGINES", "accepts", "engine_flag", "env_lines"]
+__all__ = [
+    "ACCEPTED",
+    "DEFAULT",
+    "ENGINES",
+    "OPTION_CHOICES",
+    "TRTLLM_PRIORITY",
+    "VERSIONS",
+    "VLLM_INTERNAL",
+    "accepts",
+    "engine_flag",
+    "env_lines",
+]
 
-#: engine -> literals its all2all option accepts (see the module docstring for versions).
+#: engine -> the version its literals below were read from (CI installs these).
+VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23", "trtllm": "main@03c36d6222ad"}
+
+#: TensorRT-LLM's own order of preference (communication_factory.py), first that runs wins.
+TRTLLM_PRIORITY = ("NVLINK_ONE_SIDED", "NVLINK_TWO_SIDED", "NCCL_EP", "DEEPEP", "DEEPEPLOWLATENCY", "ALLGATHER")
+#: TensorRT-LLM methods it accepts when num_experts % ep_size != 0.
+TRTLLM_NONDIVISIBLE = frozenset({"NVLINK_ONE_SIDED", "ALLGATHER"})
+
+#: engine -> literals its all2all option accepts from a user (see the module docstring).
 ACCEPTED = {
     "vllm": frozenset(
         {
@@ -32,47 +65,102 @@ ACCEPTED = {
             "deepep_v2",
             "mori_high_throughput",
             "mori_low_latency",
+            "moonep",
             "nixl_ep",
             "flashinfer_nvlink_two_sided",
             "flashinfer_nvlink_one_sided",
         }
     ),
-    "sglang": frozenset({"none", "deepep", "mooncake", "mori", "ascend_fuseep", "flashinfer"}),
+    "sglang": frozenset(
+        {
+            "none",
+            "deepep",
+            "mooncake",
+            "nixl",
+            "mori",
+            "ascend_fuseep",
+            "flashinfer",
+            "megamoe",
+            "deepep_v2",
+            "ascend_tp",
+            "pplx",
+            "flashinfer_megamoe",
+        }
+    ),
+    "trtllm": frozenset(TRTLLM_PRIORITY),
 }
 
-#: engine -> its own default, printed whenever the table cannot answer for that engine.
-DEFAULT = {"vllm": "allgather_reducescatter", "sglang": "none"}
+#: vLLM values the user cannot pass but vLLM sets itself: a config holding one was decided
+#: by vLLM (the MoE backend communicates on its own) and is left alone.
+VLLM_INTERNAL = frozenset({"passthrough"})
 
-#: engine -> its command-line option.
-FLAG = {"vllm": "--all2all-backend", "sglang": "--moe-a2a-backend"}
+#: engine -> option -> the values it accepts, for a backend's ``engine_options``.
+OPTION_CHOICES = {"sglang": {"--deepep-mode": frozenset({"auto", "normal", "low_latency"})}}
+
+#: engine -> its own default, used whenever the table cannot answer for that engine.
+#: TensorRT-LLM has none to print: without the variable it runs its own priority list.
+DEFAULT = {"vllm": "allgather_reducescatter", "sglang": "none", "trtllm": None}
+
+#: engine -> its command-line option (TensorRT-LLM: the environment variable).
+FLAG = {"vllm": "--all2all-backend", "sglang": "--moe-a2a-backend", "trtllm": "TRTLLM_FORCE_COMM_METHOD"}
 
 ENGINES = tuple(ACCEPTED)
 
 
-def accepts(engine: str, literal) -> bool:
-    """True when ``engine`` accepts ``literal`` for its all2all option."""
-    return isinstance(literal, str) and literal in ACCEPTED.get(engine, ())
+def _options_ok(engine: str, options) -> bool:
+    """``options`` (a flat sequence ``opt, value, ...``) are all ones ``engine`` accepts."""
+    if not options:
+        return True
+    choices = OPTION_CHOICES.get(engine, {})
+    if len(options) % 2:
+        return False
+    pairs = zip(options[::2], options[1::2])
+    return all(isinstance(v, str) and v in choices.get(opt, ()) for opt, v in pairs)
 
 
-def engine_flag(engine: str, literal) -> str:
-    """``--all2all-backend X`` / ``--moe-a2a-backend X``; the engine default if X is not accepted."""
-    value = literal if accepts(engine, literal) else DEFAULT[engine]
-    return f"{FLAG[engine]} {value}"
+def accepts(engine: str, literal, options=(), *, num_experts: int | None = None, ep_size: int | None = None) -> bool:
+    """True when ``engine`` accepts ``literal`` (with ``options``) for its all2all choice.
+
+    For TensorRT-LLM, ``num_experts`` / ``ep_size`` (when given) apply its rule for experts
+    that do not divide evenly over the ranks."""
+    if not (isinstance(literal, str) and literal in ACCEPTED.get(engine, ()) and _options_ok(engine, options)):
+        return False
+    if engine == "trtllm" and num_experts and ep_size and num_experts % ep_size:
+        return literal in TRTLLM_NONDIVISIBLE
+    return True
 
 
-def env_lines(backend: str, vllm_literal, sglang_literal, match: str) -> list:
+def engine_flag(engine: str, literal, options=()) -> str:
+    """What to add to the engine's launch: ``--all2all-backend X``, ``--moe-a2a-backend X
+    [--deepep-mode M]``, ``TRTLLM_FORCE_COMM_METHOD=X``. When ``literal`` is not accepted:
+    the engine's default (TensorRT-LLM: an empty string, leaving its own choice)."""
+    if not accepts(engine, literal, options):
+        literal, options = DEFAULT[engine], ()
+    if literal is None:
+        return ""
+    if engine == "trtllm":
+        return f"{FLAG[engine]}={literal}"
+    return " ".join((FLAG[engine], literal, *options))
+
+
+def env_lines(backend: str, vllm_literal, sglang_literal, match: str, trtllm_literal=None, sglang_options=()) -> list:
     """Shell lines for ``eval "$(a2a-tune lookup ... --format env)"``.
 
-    Neither engine reads an environment variable for its all2all backend (see the module
-    docstring), so these are a2a-tune's own names, for launch scripts:
-    ``vllm serve ... --all2all-backend "$A2A_TUNE_VLLM_ALL2ALL_BACKEND"``.
+    Neither vLLM nor SGLang reads an environment variable for its all2all backend (see the
+    module docstring), so these are a2a-tune's own names, for launch scripts:
+    ``vllm serve ... --all2all-backend "$A2A_TUNE_VLLM_ALL2ALL_BACKEND"``. TensorRT-LLM's
+    own variable is exported only when the table has a method for it.
     """
     import shlex  # only the CLI needs it; keeps the lookup's import lean
 
+    sglang_ok = accepts("sglang", sglang_literal, sglang_options)
     values = {
         "A2A_TUNE_BACKEND": backend,
         "A2A_TUNE_VLLM_ALL2ALL_BACKEND": vllm_literal if accepts("vllm", vllm_literal) else DEFAULT["vllm"],
-        "A2A_TUNE_SGLANG_MOE_A2A_BACKEND": sglang_literal if accepts("sglang", sglang_literal) else DEFAULT["sglang"],
+        "A2A_TUNE_SGLANG_MOE_A2A_BACKEND": sglang_literal if sglang_ok else DEFAULT["sglang"],
+        "A2A_TUNE_SGLANG_ARGS": engine_flag("sglang", sglang_literal, sglang_options),
         "A2A_TUNE_MATCH": match,
     }
+    if accepts("trtllm", trtllm_literal):
+        values["TRTLLM_FORCE_COMM_METHOD"] = trtllm_literal
     return [f"export {k}={shlex.quote(str(v))}" for k, v in values.items()]

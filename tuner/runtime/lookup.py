@@ -64,9 +64,9 @@ then the larger topk, then the earlier entry.
 
 Each backend's expected time over that is compared (see :mod:`a2a_tune.tuner.runtime.estimate`
 for interpolation, clamping and which backends compete); backends in the entry's
-``failed`` never compete; with ``engine="vllm"`` / ``"sglang"`` only backends whose
-literal that engine accepts compete, so a faster backend the engine cannot express does
-not push the answer to the fallback. The fastest wins unless the tie rule prefers
+``failed`` never compete; with ``engine="vllm"`` / ``"sglang"`` / ``"trtllm"`` only
+backends whose literal (and options) that engine accepts compete, so a faster backend the
+engine cannot express does not push the answer to the fallback. The fastest wins unless the tie rule prefers
 another inside its p10..p90 spread. ``Choice.alternatives`` gives every other competing
 backend's regret (expected time / best expected time - 1).
 
@@ -150,8 +150,9 @@ HW_UNCHECKED = "unchecked"
 class Choice:
     """The answer of :func:`lookup`; read-only (answers are cached and shared).
 
-    ``backend``: our name; ``vllm_name`` / ``sglang_name``: the engines' literals for it
-    (from the profile) or None; ``match``: ``"exact"``, ``"nearest-shape"`` or
+    ``backend``: our name; ``vllm_name`` / ``sglang_name`` / ``trtllm_name``: the engines'
+    literals for it (from the profile) or None; ``engine_options``: engine -> the options
+    that engine needs beside the literal (e.g. SGLang's ``--deepep-mode``); ``match``: ``"exact"``, ``"nearest-shape"`` or
     ``"fallback"`` (the shape rule, or no answer); ``hardware_match``: ``"exact"``,
     ``"same-gpu-domain"``, ``"engine-default"`` (no table) or ``"unchecked"``
     (``profile=`` given without ``fingerprint=``); ``reason``: one line saying which
@@ -173,6 +174,7 @@ class Choice:
         "backend",
         "vllm_name",
         "sglang_name",
+        "trtllm_name",
         "match",
         "reason",
         "source",
@@ -186,8 +188,9 @@ class Choice:
         "tie",
         "timing",
         "knobs",
+        "engine_options",
     )
-    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs")
+    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs", "engine_options")
     __slots__ = _FIELDS
 
     def __init__(
@@ -208,6 +211,8 @@ class Choice:
         tie: bool = False,
         timing=None,
         knobs=None,
+        trtllm_name=None,
+        engine_options=None,
     ):
         values = dict(locals())
         for name in self._FIELDS:
@@ -236,10 +241,19 @@ class Choice:
     def __repr__(self) -> str:
         return "Choice(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self._FIELDS) + ")"
 
+    def engine_args(self, engine: str) -> tuple:
+        """(literal, options) to tell ``engine`` ("vllm", "sglang", "trtllm") this answer's
+        backend; (None, ()) on a fallback or when the engine has no literal for it."""
+        if self.match == "fallback":
+            return None, ()
+        literal = {"vllm": self.vllm_name, "sglang": self.sglang_name, "trtllm": self.trtllm_name}.get(engine)
+        return literal, tuple(self.engine_options.get(engine, ())) if literal else ()
+
     def to_dict(self) -> dict:
         """Plain JSON-serialisable dict (used by ``a2a-tune lookup --format json``)."""
         out = {n: (dict(getattr(self, n)) if n in self._MAPPINGS else getattr(self, n)) for n in self._FIELDS}
         out["entry_shape"] = dict(self.entry_shape._asdict()) if self.entry_shape else None
+        out["engine_options"] = {engine: list(opts) for engine, opts in self.engine_options.items()}
         return out
 
 
@@ -576,6 +590,21 @@ def _fallback_message(problem: str) -> str:
     return f"{problem}; using fallback all2all backend {FALLBACK_BACKEND!r}"
 
 
+# What an engine that is not told a backend does (the warning says so instead of the fallback).
+_KEPT_DEFAULT = {
+    "sglang": f"SGLang keeps its default --moe-a2a-backend {engines.DEFAULT['sglang']}",
+    "trtllm": "TensorRT-LLM keeps its own choice (no TRTLLM_FORCE_COMM_METHOD)",
+}
+
+
+def _warning_for(reason: str, engine) -> str:
+    kept = _KEPT_DEFAULT.get(engine)
+    generic = _fallback_message("")
+    if kept and reason.endswith(generic):
+        return f"{reason[: -len(generic)]}; {kept}"
+    return reason
+
+
 def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
@@ -596,6 +625,7 @@ def _fallback(
         backend=FALLBACK_BACKEND,
         vllm_name=FALLBACK_BACKEND,
         sglang_name=None,  # SGLang: keep the engine's own default
+        trtllm_name=None,  # TensorRT-LLM: keep its own priority list
         match="fallback",
         reason=_fallback_message(problem),
         source=source,
@@ -744,8 +774,8 @@ def lookup(
     ``{tokens: weight}`` mapping); see the module docstring. ``profile`` names a file
     directly (its fingerprint is then only checked when ``fingerprint`` is given too);
     otherwise the profile of ``fingerprint`` (or ``$A2A_TUNE_FINGERPRINT``, or the
-    probed one) is searched for. ``engine`` (``"vllm"`` or ``"sglang"``) lets only
-    backends that engine accepts a literal for compete. ``quiet``: do not log the
+    probed one) is searched for. ``engine`` (``"vllm"``, ``"sglang"`` or ``"trtllm"``) lets
+    only backends that engine accepts a literal for compete. ``quiet``: do not log the
     fallback warning (the caller reports ``Choice.reason``).
     """
     try:
@@ -767,7 +797,7 @@ def lookup(
     except Exception as exc:  # never crash the engine
         choice = _fallback(f"internal error in a2a-tune lookup ({type(exc).__name__}: {exc})")
     if choice.match == "fallback" and not quiet:
-        _warn_once(choice.reason)
+        _warn_once(_warning_for(choice.reason, engine))
     return choice
 
 
@@ -927,8 +957,7 @@ def _choose(
 
     curves = {b: c for b, c in entry.median_us.items() if b not in entry.failed}
     if engine is not None:
-        col = 0 if engine == "vllm" else 1
-        curves = {b: c for b, c in curves.items() if engines.accepts(engine, prof.backends[b][col])}
+        curves = {b: c for b, c in curves.items() if _expressible(engine, prof.backends[b], want)}
     medians = {b: round(v, US_DECIMALS) for b, v in expected(entry.tokens, curves, dist).items()}
     if not medians:
         return _fallback(
@@ -963,11 +992,13 @@ def _choose(
         HW_SAME_DOMAIN: f" (measured on {prof.fingerprint}: same GPUs and NVLink domain as {machine_fp})",
         HW_CLUSTER: f" (measured by a job over the nodes of {prof.fingerprint}, this node among them)",
     }.get(hw, "")
-    vllm_name, sglang_name = prof.backends[chosen]
+    names = prof.backends[chosen]
     return Choice(
         backend=chosen,
-        vllm_name=vllm_name,
-        sglang_name=sglang_name,
+        vllm_name=names.vllm_name,
+        sglang_name=names.sglang_name,
+        trtllm_name=names.trtllm_name,
+        engine_options=names.engine_options,
         match=match,
         reason=f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}",
         source=path,
@@ -979,6 +1010,17 @@ def _choose(
         timing=modes,
         knobs=_knobs_at(entry, chosen, dist),
         **common,
+    )
+
+
+def _expressible(engine: str, names, want: Shape) -> bool:
+    """Whether ``engine`` can be told to run the backend with these names at ``want``."""
+    return engines.accepts(
+        engine,
+        names.literal(engine),
+        names.engine_options.get(engine, ()),
+        num_experts=want.num_experts,
+        ep_size=want.ep_size,
     )
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "MAX_US",
     "MIN_US",
     "READABLE_SCHEMAS",
+    "BackendNames",
     "SCHEMA_VERSION",
     "SHAPE_KEYS",
     "TIMING_MODES",
@@ -145,11 +146,25 @@ class ProfileEntry(namedtuple("ProfileEntry", "shape source tokens median_us p10
     __slots__ = ()
 
 
+class BackendNames(namedtuple("BackendNames", "vllm_name sglang_name trtllm_name engine_options")):
+    """What the engines call one backend: each engine's literal for it (None: the engine has
+    none) and ``engine_options``: engine -> tuple of the options it needs beside the literal."""
+
+    __slots__ = ()
+
+    def literal(self, engine: str):
+        """The literal of ``engine`` ("vllm", "sglang", "trtllm") for this backend, or None."""
+        return {"vllm": self.vllm_name, "sglang": self.sglang_name, "trtllm": self.trtllm_name}.get(engine)
+
+
+_NO_OPTIONS = MappingProxyType({})
+
+
 class Profile(namedtuple("Profile", "path schema fingerprint backends tie_preference entries by_shape capacity")):
     """A validated profile: what lookup needs, and the capacity the table was measured at.
 
     ``schema``: the file's version (1 is converted on load); ``backends``: backend ->
-    (vllm_name, sglang_name); ``tie_preference``: backends, most preferred first;
+    :class:`BackendNames`; ``tie_preference``: backends, most preferred first;
     ``entries``: tuple of :class:`ProfileEntry`; ``by_shape``: Shape -> ProfileEntry;
     ``capacity``: ``run.capacity`` (tokens per rank the fixed-capacity backends were built
     for) or None.
@@ -288,9 +303,11 @@ def _parse(data, path, notes) -> Profile:
     for name, spec in _obj(top.get("backends"), "backends").items():
         where = f"backends.{name}"
         spec = _obj(spec, where)
-        backends[name] = (
+        backends[name] = BackendNames(
             _opt_str(spec.get("vllm_name"), f"{where}.vllm_name"),
             _opt_str(spec.get("sglang_name"), f"{where}.sglang_name"),
+            _opt_str(spec.get("trtllm_name"), f"{where}.trtllm_name"),
+            _engine_options(spec.get("engine_options"), f"{where}.engine_options"),
         )
 
     if schema == 1:
@@ -328,6 +345,19 @@ def _parse(data, path, notes) -> Profile:
         by_shape=MappingProxyType(by_shape),
         capacity=capacity,
     )
+
+
+def _engine_options(raw, where: str):
+    """``engine_options``: absent/null or an object engine -> array of strings (the options an
+    engine needs beside the literal, e.g. ``{"sglang": ["--deepep-mode", "low_latency"]}``)."""
+    if raw is None:
+        return _NO_OPTIONS
+    out = {}
+    for engine, opts in _obj(raw, where).items():
+        if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
+            raise ProfileError(f"expected an array of strings, got {_jtype(opts)}", field=f"{where}.{engine}")
+        out[engine] = tuple(opts)
+    return MappingProxyType(out)
 
 
 def _v1_timing(run) -> str:

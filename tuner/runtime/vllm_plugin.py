@@ -4,12 +4,12 @@ Enabled by installing a2a-tune into vLLM's environment: the entry point
 ``a2a_tune = a2a_tune.tuner.runtime.vllm_plugin:register`` in the group ``vllm.general_plugins``
 is loaded by vLLM in every process it starts (``vllm.plugins.load_general_plugins``; with
 ``VLLM_PLUGINS`` set, only the plugins it names are loaded, so add ``a2a_tune`` there).
-``A2A_TUNE_VLLM_PLUGIN=0`` turns it off without uninstalling.
+``A2A_TUNE_VLLM_PLUGIN=0`` turns it off without uninstalling. Checked against the real
+vLLM of :data:`a2a_tune.tuner.runtime.engines.VERSIONS` in CI (``tests/test_engines_real.py``).
 
-**Mechanism.** vLLM reads no environment variable for the backend any more
-(``VLLM_ALL2ALL_BACKEND`` was removed after v0.14; see :mod:`a2a_tune.tuner.runtime.engines`), and
-a plugin is called without arguments, after the first ``EngineArgs`` exists (vLLM's
-``EngineArgs.__post_init__`` loads the plugins). So :func:`register` wraps
+**Mechanism.** vLLM reads no environment variable for the backend, and a plugin is called
+without arguments, after the first ``EngineArgs`` exists (vLLM's ``EngineArgs.__post_init__``
+loads the plugins). So :func:`register` wraps
 ``vllm.engine.arg_utils.EngineArgs.create_engine_config`` once per process. The wrapper
 lets vLLM build its config, reads the model shape, parallel sizes and scheduler limits
 from it, asks :func:`a2a_tune.tuner.runtime.lookup.lookup` (``engine="vllm"``: only literals vLLM
@@ -20,11 +20,17 @@ choice. If that second build fails, the first config (vLLM's default) is returne
 
 **What is asked** (:func:`decide`):
 
-* the backend only matters with expert parallelism and data parallelism > 1 (vLLM uses
-  all2all kernels only then): otherwise nothing is changed;
+* the backend only matters where vLLM runs all2all kernels: expert parallelism with data
+  parallelism > 1, prefill context parallelism > 1, or sequence-parallel MoE
+  (``FusedMoEParallelConfig.use_all2all_kernels``); otherwise nothing is changed;
 * shape: hidden size, routed experts and top-k from the model's Hugging Face config (the
   keys ``a2a-tune sweep --model-config`` reads); ``ep_size`` = TP x DP x PCP (vLLM's EP
-  group); payload dtype from the model dtype;
+  group);
+* payload dtype: the model dtype, unless the checkpoint quantizes the MoE's activations:
+  block-FP8 (``quant_method`` fp8 with 128-wide ``weight_block_size``, e.g. DeepSeek-V3;
+  vLLM dispatches FP8 with 1x128 scales) and compressed-tensors FP8 with 128-element
+  groups look up ``fp8_e4m3``; weight-only methods (AWQ, GPTQ, ...) the model dtype; any
+  other quantization keeps vLLM's default with a one-line reason;
 * phase: ``A2A_TUNE_WORKLOAD=FILE`` (a histogram, see :mod:`a2a_tune.tuner.runtime.workload`), else
   ``A2A_TUNE_PHASE=decode|prefill``, else from disaggregated serving's KV role (a
   ``kv_producer`` engine only prefills, a ``kv_consumer`` only decodes), else decode (a
@@ -33,12 +39,17 @@ choice. If that second build fails, the first config (vLLM's default) is returne
 * the table: ``$A2A_TUNE_PROFILE_DIR``, the user's, then the packaged tables, for the
   fingerprint in ``$A2A_TUNE_FINGERPRINT`` or probed (NVML, read in a child process).
 
-**The user's choice wins.** Nothing is changed when the backend was chosen explicitly:
-``--all2all-backend`` / ``--all2all_backend`` on the command line, a value other than
-vLLM's default on ``EngineArgs``, or ``VLLM_ALL2ALL_BACKEND`` set (older vLLM reads it).
-Limit: passing vLLM's default value itself through the Python API
-(``LLM(all2all_backend="allgather_reducescatter")``) or a ``--config`` YAML file looks like
-no choice; set ``A2A_TUNE_VLLM_PLUGIN=0`` there.
+**The user's choice wins, and so does vLLM's own.** Nothing is changed when the backend
+was chosen explicitly: ``--all2all-backend`` in any spelling vLLM's parser accepts
+(``--all2all_backend``, ``--all2all-backend=X``, an unambiguous abbreviation such as
+``--all2all``), the key in a ``--config`` YAML file, or a value other than vLLM's default
+on ``EngineArgs`` (the Python API). Nor when vLLM set the backend itself: a config whose
+backend differs from ``EngineArgs.all2all_backend`` (e.g. ``passthrough``, bound when
+``--moe-backend`` dispatches and combines on its own) is kept as built, without a second
+build. ``VLLM_ALL2ALL_BACKEND`` is no choice: vLLM no longer reads it. Limit: passing
+vLLM's default value itself through the Python API
+(``LLM(all2all_backend="allgather_reducescatter")``) looks like no choice; set
+``A2A_TUNE_VLLM_PLUGIN=0`` there.
 
 **Logging.** One line per engine start on the logger ``vllm.a2a_tune`` (vLLM's handlers
 print it): INFO saying what was chosen and why, or WARNING saying why vLLM's default was
@@ -62,7 +73,10 @@ WORKLOAD_ENV = "A2A_TUNE_WORKLOAD"
 
 #: vLLM's default (``ParallelConfig.all2all_backend``), when the EngineArgs class does not say.
 VLLM_DEFAULT = "allgather_reducescatter"
-_FLAGS = ("--all2all-backend", "--all2all_backend")
+# vLLM's option, and the shortest abbreviation its parser takes for it (argparse accepts any
+# unambiguous prefix; "--all" and shorter also match --allowed-* options).
+_OPTION = "all2all-backend"
+_SHORTEST = "all2all"[:4]
 _MARK = "__a2a_tune_wrapped__"
 
 log = logging.getLogger("vllm.a2a_tune")
@@ -113,6 +127,12 @@ def _apply(engine_args, config, rebuild):
             decision = Decision(
                 None, "a2a-tune: this vLLM has no all2all_backend engine argument; nothing changed", "warning"
             )
+        elif current != engine_args.all2all_backend:
+            decision = Decision(
+                None,
+                f"a2a-tune: vLLM set all2all backend {current!r} itself "
+                f"(asked for {engine_args.all2all_backend!r}); not changed",
+            )
         else:
             decision = decide(config, explicit=_user_chose(engine_args))
     except Exception as exc:
@@ -145,11 +165,42 @@ def _log(decision: Decision) -> None:
 
 def _user_chose(engine_args) -> bool:
     """True when the backend was chosen explicitly (see the module docstring)."""
-    if any(a in _FLAGS or a.startswith(tuple(f + "=" for f in _FLAGS)) for a in sys.argv[1:] if isinstance(a, str)):
+    args = [a for a in sys.argv[1:] if isinstance(a, str)]
+    if any(a.startswith("--") and _names_option(a[2:].split("=", 1)[0]) for a in args):
         return True
-    if os.environ.get("VLLM_ALL2ALL_BACKEND"):
+    if any(_config_sets_option(path) for path in _config_files(args)):
         return True
     return getattr(engine_args, "all2all_backend", None) != _default_of(type(engine_args))
+
+
+def _names_option(key: str) -> bool:
+    """Whether ``key`` (an option name without the dashes, or a YAML key) means
+    ``all2all-backend`` to vLLM's parser: underscores are dashes there, and argparse takes
+    any unambiguous prefix."""
+    key = key.replace("_", "-")
+    return len(key) >= len(_SHORTEST) and _OPTION.startswith(key)
+
+
+def _config_files(args: list) -> list:
+    """The files given to vLLM's ``--config`` (as ``--config F`` or ``--config=F``)."""
+    files = [b for a, b in zip(args, args[1:]) if a == "--config"]
+    return files + [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+
+
+def _config_sets_option(path: str) -> bool:
+    """Whether vLLM's YAML ``--config`` file sets the option (a top-level key); unreadable: no."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read(1 << 20).splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    for line in lines:
+        if line[:1].isspace() or ":" not in line:  # nested keys and list items are not options
+            continue
+        key = line.split(":", 1)[0].strip().strip("\"'")
+        if _names_option(key):
+            return True
+    return False
 
 
 def _default_of(cls) -> str:
@@ -201,7 +252,26 @@ def _model_shape(model_config) -> tuple:
     )
 
 
-def _payload_dtype(model_config) -> str:
+# vLLM 0.33 quantization methods that quantize weights only: the MoE dispatches activations in
+# the model dtype.
+_WEIGHT_ONLY = frozenset(
+    {
+        "awq",
+        "auto_awq",
+        "awq_marlin",
+        "gptq",
+        "auto_gptq",
+        "gptq_marlin",
+        "moe_wna16",
+        "experts_int8",
+        "int8_per_channel_weight_only",
+    }
+)
+# The block width of the table's fp8_e4m3 payloads (one scale per 128 elements of a row).
+_FP8_GROUP = 128
+
+
+def _model_dtype(model_config) -> str:
     text = str(getattr(model_config, "dtype", "bfloat16")).lower()
     if "bfloat16" in text:
         return "bf16"
@@ -210,6 +280,48 @@ def _payload_dtype(model_config) -> str:
     if "float32" in text or text in ("float", "torch.float"):
         return "fp32"
     return "bf16"
+
+
+def _quant_config(model_config) -> dict:
+    for attr in ("hf_config", "hf_text_config"):
+        q = getattr(getattr(model_config, attr, None), "quantization_config", None)
+        if isinstance(q, dict):
+            return q
+        if q is not None and hasattr(q, "to_dict"):
+            return q.to_dict()
+    return {}
+
+
+def _payload_dtype(model_config) -> tuple:
+    """(table dtype of what the MoE dispatches, None) or (None, why the table cannot say)."""
+    qcfg = _quant_config(model_config)
+    method = getattr(model_config, "quantization", None) or qcfg.get("quant_method")
+    if not method or method in _WEIGHT_ONLY:
+        return _model_dtype(model_config), None
+    method = str(method)
+    if method == "fp8":
+        block = qcfg.get("weight_block_size")
+        if isinstance(block, (list, tuple)) and len(block) == 2 and block[1] == _FP8_GROUP:
+            return "fp8_e4m3", None  # block-FP8: activations quantized per 1 x 128 before dispatch
+        return None, f"quantization fp8 with weight_block_size {block!r} (the table's FP8 is 1x{_FP8_GROUP} blocks)"
+    if method == "compressed-tensors":
+        acts = [g.get("input_activations") for g in (qcfg.get("config_groups") or {}).values() if isinstance(g, dict)]
+        if acts and all(a is None for a in acts):
+            return _model_dtype(model_config), None  # weight-only schemes
+        if acts and all(_fp8_groups(a) for a in acts):
+            return "fp8_e4m3", None
+        return None, "compressed-tensors activations other than FP8 in groups of 128"
+    return None, f"quantization {method!r}"
+
+
+def _fp8_groups(spec) -> bool:
+    return (
+        isinstance(spec, dict)
+        and spec.get("type") == "float"
+        and spec.get("num_bits") == 8
+        and spec.get("strategy") == "group"
+        and spec.get("group_size") == _FP8_GROUP
+    )
 
 
 def _pos_int(obj, name: str) -> int:
@@ -242,6 +354,14 @@ def _phase(config) -> tuple:
     return {"phase": "prefill", "max_tokens": n}, f"prefill, {n} tokens/rank per step ({why})"
 
 
+def _sequence_parallel(par) -> bool:
+    """vLLM's ``ParallelConfig.use_sequence_parallel_moe`` where the config has it."""
+    try:
+        return bool(getattr(par, "use_sequence_parallel_moe", False))
+    except Exception:  # a property of a newer vLLM that cannot be evaluated: no
+        return False
+
+
 def decide(config, *, explicit: bool = False) -> Decision:
     """What to do with one vLLM engine config (a ``VllmConfig`` or a stand-in with the same
     attributes). Raises nothing but what reading ``config`` raises (the caller catches)."""
@@ -250,17 +370,23 @@ def decide(config, *, explicit: bool = False) -> Decision:
     if explicit:
         return Decision(None, f"a2a-tune: all2all backend {current!r} was set explicitly; not changed")
     dp = getattr(par, "data_parallel_size", 1) or 1
-    if not getattr(par, "enable_expert_parallel", False) or dp <= 1:
+    pcp = getattr(par, "prefill_context_parallel_size", 1) or 1
+    tp = getattr(par, "tensor_parallel_size", 1) or 1
+    if not (getattr(par, "enable_expert_parallel", False) and (dp > 1 or pcp > 1 or _sequence_parallel(par))):
         return Decision(
             None,
-            "a2a-tune: vLLM uses no all2all backend here (needs expert parallelism and "
-            "data_parallel_size > 1); nothing to choose",
+            "a2a-tune: vLLM uses no all2all backend here (needs expert parallelism with "
+            "data_parallel_size > 1, prefill_context_parallel_size > 1 or sequence-parallel MoE); nothing to choose",
         )
     hidden, topk, experts = _model_shape(config.model_config)
-    ep_size = (
-        dp * (getattr(par, "tensor_parallel_size", 1) or 1) * (getattr(par, "prefill_context_parallel_size", 1) or 1)
-    )
-    dtype = _payload_dtype(config.model_config)
+    ep_size = dp * tp * pcp
+    dtype, unknown = _payload_dtype(config.model_config)
+    if dtype is None:
+        return Decision(
+            None,
+            f"a2a-tune: keeping vLLM's all2all backend {current!r}: the table has no payload dtype for {unknown}",
+            "warning",
+        )
     request, phase_text = _phase(config)
 
     from a2a_tune.tuner.runtime.lookup import lookup  # stdlib only

@@ -1,0 +1,288 @@
+"""The plugin and the printed launch lines against the real engines (vLLM 0.33.0, SGLang 0.5.23).
+
+Needs the environment ``.ci/engines.sh`` builds (CI runs it before the tests; elsewhere
+``bash .ci/engines.sh`` once, or point ``A2A_TUNE_ENGINES_PYTHON`` at another); skipped
+without it. vLLM runs on its CPU platform on a local DeepSeek-V3-shaped ``config.json`` (no
+weights): ``vllm serve``'s parser, ``AsyncEngineArgs``, plugin loading through the entry
+point and ``create_engine_config``, one driver process for every scenario
+(tests/support/engines_driver.py). Each backend vLLM ends up with is compared with what
+``a2a-tune lookup --format vllm`` prints for the same shape and phase.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from engines_driver import MARK, SPELLINGS
+
+from a2a_tune.tuner.runtime import engines
+from a2a_tune.tuner.runtime.vllm_plugin import _names_option
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES_PYTHON = Path(os.environ.get("A2A_TUNE_ENGINES_PYTHON") or ROOT / ".venv-engines" / "bin" / "python")
+
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.timeout(900),  # the first test starts vLLM once for every scenario (~1 min, more under load)
+    pytest.mark.skipif(
+        not ENGINES_PYTHON.exists(), reason=f"no engines environment ({ENGINES_PYTHON}): .ci/engines.sh"
+    ),
+]
+
+DSV3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000,
+    "rms_norm_eps": 1e-06,
+    "vocab_size": 129280,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "tie_word_embeddings": False,
+}
+BLOCK_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+SHAPE = ("--ep-size", "2", "--hidden", "7168", "--topk", "8", "--experts", "256")
+SHIPPED_FP = "h200.nvl18x2.node1"
+TEST_FP = "test.engines.node1"
+
+# A table where decode and prefill disagree (DeepSeek-V3's shape, bf16, EP 2): DeepEP's
+# low-latency kernels win small steps, its high-throughput kernels large ones, and ours
+# (no vLLM literal) is fastest everywhere -- so vLLM's answer shows the engine filter too.
+TOKENS = (1, 16, 128, 1024, 8192)
+CURVES = {
+    "deepep_low_latency": (20, 22, 40, 300, 2400),
+    "deepep_high_throughput": (80, 85, 100, 200, 1200),
+    "allgather_reducescatter": (60, 70, 150, 900, 7000),
+    "nvlink_one_sided": (10, 11, 20, 150, 1000),
+}
+
+
+def _phase_table(directory: Path) -> None:
+    from a2a_tune.kernels.registry import engine_names
+    from a2a_tune.tuner.select import build_profile, write_profile
+
+    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
+    ms = [
+        dict(shape, backend=b, tokens_per_rank=t, timing="eager", median_us=float(v), p10_us=v * 0.99, p90_us=v * 1.01)
+        for b, values in CURVES.items()
+        for t, v in zip(TOKENS, values)
+    ]
+    hardware = {"fingerprint": TEST_FP, "facts_hash": "0" * 16, "facts": {"gpus": [{"name": "Test GPU"}] * 2}}
+    run = {"id": 1, "device_type": "cuda", "world_size": 2, "versions": {}, "started_at": dt.datetime(2026, 12, 1)}
+    write_profile(build_profile(ms, [], hardware=hardware, run=run, backend_names=engine_names()), directory)
+
+
+def _scenarios(tmp: Path) -> list:
+    bf16, fp8 = tmp / "dsv3-bf16", tmp / "dsv3-fp8"
+    for d, extra in ((bf16, {}), (fp8, {"quantization_config": BLOCK_FP8})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({**DSV3, **extra}))
+    tables, empty = tmp / "tables", tmp / "empty"
+    tables.mkdir()
+    empty.mkdir()
+    _phase_table(tables)
+    yaml = tmp / "serve.yaml"
+    yaml.write_text("max-model-len: 8192\nall2all_backend: allgather_reducescatter\n")
+    common = ["--skip-tokenizer-init", "--max-model-len", "8192", "--max-num-seqs", "64"]
+    common += ["--max-num-batched-tokens", "8192", "--enable-expert-parallel"]
+    dp2 = ["--data-parallel-size", "2"]
+    ours = {"A2A_TUNE_PROFILE_DIR": str(tables), "A2A_TUNE_FINGERPRINT": TEST_FP}
+    shipped = {"A2A_TUNE_PROFILE_DIR": str(empty), "A2A_TUNE_FINGERPRINT": SHIPPED_FP}
+
+    def kv(role):
+        return ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": role})]
+
+    sc = [
+        ("decode", [str(bf16), *common, *dp2], ours),
+        ("kv_producer", [str(bf16), *common, *dp2, *kv("kv_producer")], ours),
+        ("kv_consumer", [str(bf16), *common, *dp2, *kv("kv_consumer")], ours),
+        ("phase_env_prefill", [str(bf16), *common, *dp2], {**ours, "A2A_TUNE_PHASE": "prefill"}),
+        ("pcp_dp1", [str(bf16), *common, "--prefill-context-parallel-size", "2"], ours),
+        ("stale_env_var", [str(bf16), *common, *dp2], {**ours, "VLLM_ALL2ALL_BACKEND": "allgather_reducescatter"}),
+        ("block_fp8_shipped_decode", [str(fp8), *common, *dp2], shipped),
+        ("block_fp8_shipped_prefill", [str(fp8), *common, *dp2, *kv("kv_producer")], shipped),
+        ("passthrough", [str(bf16), *common, *dp2, "--moe-backend", "flashinfer_moe_ep_cutedsl"], ours),
+        (
+            "no_table",
+            [str(bf16), *common, *dp2],
+            {"A2A_TUNE_PROFILE_DIR": str(empty), "A2A_TUNE_FINGERPRINT": "h100.nvl8x8.node1"},
+        ),
+        ("no_expert_parallel", [str(bf16), *[a for a in common if a != "--enable-expert-parallel"], *dp2], ours),
+        ("config_yaml", [str(bf16), *common, *dp2, "--config", str(yaml)], ours),
+    ]
+    for spelling in ("--all2all-backend", "--all2all_backend", "--all2all", "--all2all-b"):
+        sc.append((f"explicit {spelling}", [str(bf16), *common, *dp2, spelling, "allgather_reducescatter"], ours))
+    sc.append(("explicit =", [str(bf16), *common, *dp2, "--all2all-backend=allgather_reducescatter"], ours))
+    return [{"name": n, "argv": a, "env": e} for n, a, e in sc]
+
+
+def _drive(kind: str, payload, tmp: Path) -> list:
+    spec = tmp / f"{kind}.json"
+    spec.write_text(json.dumps(payload))
+    # VLLM_USE_V2_MODEL_RUNNER: without Triton on CPU vLLM falls back to its V1 runner, which
+    # refuses prefill context parallelism at config time; the all2all choice does not depend on it.
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}
+    r = subprocess.run(
+        [str(ENGINES_PYTHON), str(ROOT / "tests" / "support" / "engines_driver.py"), kind, str(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        timeout=900,
+    )
+    lines = [json.loads(line[len(MARK) :]) for line in r.stdout.splitlines() if line.startswith(MARK)]
+    assert r.returncode == 0 and lines, f"driver failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    return lines
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm")
+    scenarios = _scenarios(tmp)
+    results = {r["name"]: r for r in _drive("vllm", scenarios, tmp)}
+    return {s["name"]: (s, results.get(s["name"])) for s in scenarios} | {"parser": (None, results["parser"])}
+
+
+def _lookup_vllm(scenario: dict, result: dict) -> str:
+    """What `a2a-tune lookup --format vllm` prints for the scenario's shape and phase."""
+    fp8 = "dsv3-fp8" in scenario["argv"][0]
+    prefill = result["kv_role"] == "kv_producer" or scenario["env"].get("A2A_TUNE_PHASE") == "prefill"
+    ep = result["data_parallel_size"] * result["tensor_parallel_size"] * result["prefill_context_parallel_size"]
+    args = ["--ep-size", str(ep), *SHAPE[2:], "--dtype", "fp8_e4m3" if fp8 else "bf16"]
+    if prefill:
+        args += ["--phase", "prefill", "--max-tokens", str(result["max_num_batched_tokens"])]
+    else:
+        args += ["--phase", "decode", "--max-batch", str(result["max_num_seqs"])]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A2A_TUNE_")} | scenario["env"]
+    r = subprocess.run(
+        [sys.executable, "-m", "a2a_tune.tuner.cli", "lookup", *args, "--format", "vllm"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _ours(result) -> list:
+    return [(lvl, msg) for lvl, msg in result["records"] if msg.startswith("a2a-tune")]
+
+
+@pytest.mark.parametrize(
+    "name, literal",
+    [
+        ("decode", "deepep_low_latency"),
+        ("kv_consumer", "deepep_low_latency"),
+        ("kv_producer", "deepep_high_throughput"),
+        ("phase_env_prefill", "deepep_high_throughput"),
+        ("pcp_dp1", "deepep_low_latency"),  # EP over PCP ranks at DP = 1 runs all2all kernels too
+        ("stale_env_var", "deepep_low_latency"),  # vLLM no longer reads VLLM_ALL2ALL_BACKEND
+        ("block_fp8_shipped_decode", "flashinfer_nvlink_one_sided"),
+        ("block_fp8_shipped_prefill", "flashinfer_nvlink_one_sided"),
+    ],
+)
+def test_vllm_starts_with_what_lookup_prints(vllm_runs, name, literal):
+    scenario, result = vllm_runs[name]
+    assert result and "error" not in result, result
+    assert result["all2all_backend"] == literal
+    assert _lookup_vllm(scenario, result) == f"--all2all-backend {literal}"
+    assert result["builds"] == 2  # vLLM's default, then the choice, validated by vLLM's own rules
+    ((level, msg),) = _ours(result)
+    assert level == "INFO" and msg.startswith(
+        f"a2a-tune: sets --all2all-backend {literal} (was 'allgather_reducescatter')"
+    )
+    dtype = "fp8_e4m3" if "fp8" in name else "bf16"
+    assert f"ep_size=2 hidden=7168 topk=8 experts=256 {dtype}," in msg
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["config_yaml", "explicit --all2all-backend", "explicit --all2all_backend", "explicit --all2all"]
+    + ["explicit --all2all-b", "explicit ="],
+)
+def test_vllm_keeps_an_explicit_choice_in_any_spelling_its_parser_takes(vllm_runs, name):
+    _, result = vllm_runs[name]
+    assert result and "error" not in result, result
+    assert (result["all2all_backend"], result["builds"]) == ("allgather_reducescatter", 1)
+    assert _ours(result) == [
+        ("INFO", "a2a-tune: all2all backend 'allgather_reducescatter' was set explicitly; not changed")
+    ]
+
+
+def test_vllm_keeps_the_passthrough_it_binds_itself_without_another_build(vllm_runs):
+    _, result = vllm_runs["passthrough"]
+    assert result and "error" not in result, result
+    assert (result["all2all_backend"], result["builds"]) == ("passthrough", 1)
+    ours = _ours(result)
+    assert [lvl for lvl, _ in ours] in ([], ["INFO"]) and not any(lvl == "WARNING" for lvl, _ in result["records"])
+
+
+def test_vllm_keeps_its_default_with_one_warning_without_a_table(vllm_runs):
+    _, result = vllm_runs["no_table"]
+    assert result and "error" not in result, result
+    assert (result["all2all_backend"], result["builds"]) == ("allgather_reducescatter", 1)
+    ((level, msg),) = _ours(result)
+    assert level == "WARNING" and "no profile for fingerprint 'h100.nvl8x8.node1'" in msg and "\n" not in msg
+
+
+def test_vllm_without_expert_parallelism_is_left_alone(vllm_runs):
+    _, result = vllm_runs["no_expert_parallel"]
+    assert (result["all2all_backend"], result["builds"]) == ("allgather_reducescatter", 1)
+    ((level, msg),) = _ours(result)
+    assert level == "INFO" and "nothing to choose" in msg
+
+
+def test_vllm_literals_match_its_parser(vllm_runs):
+    parser = vllm_runs["parser"][1]
+    # Offered by the parser but never printed: removed backends vLLM replaces, and an alias.
+    assert set(parser["choices"]) == engines.ACCEPTED["vllm"] | {"naive", "pplx", "flashinfer_all2allv"}
+    assert set(parser["literal"]) - set(parser["choices"]) == engines.VLLM_INTERNAL
+    assert parser["spellings"] == {s: _names_option(s[2:]) for s in SPELLINGS}
+    assert parser["spellings"]["--all2all"] and not parser["spellings"]["--all"]
+
+
+def test_sglang_takes_every_line_lookup_prints(tmp_path):
+    # Each table answer SGLang can get: DeepEP in both modes, FlashInfer, and its default.
+    from a2a_tune.kernels.registry import engine_names
+
+    expected, arg_lists = [], []
+    for spec in engine_names().values():
+        literal, options = spec["sglang_name"], tuple(spec["engine_options"].get("sglang", ()))
+        line = engines.engine_flag("sglang", literal, options)
+        arg_lists.append(line.split())
+        mode = options[1] if options else "auto"  # SGLang's default mode
+        expected.append({"moe_a2a_backend": literal or "none", "deepep_mode": mode})
+    (out,) = _drive("sglang", arg_lists, tmp_path)
+    assert set(out["moe_a2a_backend"]) == engines.ACCEPTED["sglang"]
+    assert out["moe_a2a_backend_default"] == engines.DEFAULT["sglang"]
+    assert set(out["deepep_mode"]) == engines.OPTION_CHOICES["sglang"]["--deepep-mode"]
+    assert out["parsed"] == expected
