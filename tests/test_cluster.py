@@ -423,8 +423,10 @@ def test_a_killed_node_stops_the_job_in_one_line_and_resume_completes_it(tmp_pat
     (rc, out, err), _ = _finish(agents, timeout=120)
     stopped_after = time.monotonic() - killed
     assert rc != 0 and stopped_after < 60, (stopped_after, err)  # the bound: A2A_TUNE_COLLECTIVE_TIMEOUT_S
+    # one line per surviving rank: it lost contact, or torchrun stopped it first (SIGTERM)
     ours = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert ours and all("lost contact with the job" in line and "--resume" in line for line in ours), err
+    assert any("lost contact with the job" in line for line in ours), err
+    assert all("--resume" in line for line in ours), err
     assert not any("a2a_tune" in line and "File " in line for line in err.splitlines())  # no traceback of ours
     stored = _measurements(db)
     assert 3 <= stored < planned
