@@ -105,7 +105,7 @@ def test_torch_nvshmem_has_no_engine_literal_and_names_the_closest_vllm_backend(
     names = engine_names()["torch_nvshmem_all2all"]
     assert names["vllm_name"] is names["sglang_name"] is names["trtllm_name"] is None
     assert names["vllm_closest"] == "flashinfer_nvlink_two_sided" and names["engine_options"] == {}
-    assert engine_names()["allgather_reducescatter"]["trtllm_name"] is None  # the default for the others
+    assert engine_names()["nccl_all2allv"]["trtllm_name"] is None  # the default for the others
 
 
 # ------------------------------------------------------------------------ availability
