@@ -7,10 +7,10 @@ import json
 import platform
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import paths
 import pytest
 from rich.console import Console
 
@@ -27,7 +27,7 @@ from a2a_tune.tuner.probe import (
     sku_slug,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+FIXTURES = paths.FIXTURES / "nvml"
 # One recording per compute tray, as each node of a multi-node launch records itself.
 GB200_TRAYS = sorted((FIXTURES / "gb200_nvl72_slice").glob("node*.json"))
 GB200_CLUSTER = "4d1c7a52-93e0-4b6f-a8d2-5f0e3c7b9a16"

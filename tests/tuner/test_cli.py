@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import paths
 import pytest
 from run_cli import a2a
 
@@ -250,7 +251,7 @@ def test_select_on_an_empty_database_says_what_to_do(tmp_path):
 
 
 FIXTURE_ENV = {
-    "A2A_TUNE_PROFILE_DIR": os.path.join(os.path.dirname(__file__), "fixtures", "profiles"),
+    "A2A_TUNE_PROFILE_DIR": str(paths.FIXTURES / "profiles"),
     "A2A_TUNE_FINGERPRINT": "test.fixture.node1",
 }
 SHAPE_A = ("--ep-size", "2", "--hidden", "7168", "--topk", "8", "--experts", "256")
@@ -428,7 +429,7 @@ def test_evaluate_scores_a_table_on_a_stored_run_without_measuring(finished_run)
 
 def test_replaying_a_stored_run_through_the_adaptive_search(finished_run, tmp_path):
     root, env, _ = finished_run
-    script = os.path.join(os.path.dirname(__file__), "..", "bench", "replay_adaptive.py")
+    script = str(paths.REPO / "bench" / "replay_adaptive.py")
     r = subprocess.run(
         [sys.executable, script, "--db", str(root / "t.db"), "--run", "1", "--out", str(tmp_path)],
         capture_output=True,

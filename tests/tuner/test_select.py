@@ -15,12 +15,13 @@ import stat
 from pathlib import Path
 from types import SimpleNamespace
 
+import paths
 import pytest
 
 from a2a_tune.tuner.runtime.lookup import ProfileError, load_profile, lookup, profile_filename
 from a2a_tune.tuner.select import build_profile, profile_from_store, upgrade_profile, validate_profile, write_profile
 
-FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+FIXTURES = paths.FIXTURES / "profiles"
 FIXTURE_FP = "test.fixture.node1"
 
 SHAPE_A = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")

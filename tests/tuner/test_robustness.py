@@ -15,6 +15,7 @@ import time
 import types
 from pathlib import Path
 
+import paths
 import pytest
 from run_cli import a2a
 
@@ -22,7 +23,7 @@ from a2a_tune.tuner.runtime import fingerprint as fpmod
 from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES, FileRefused, read_capped
 from a2a_tune.tuner.runtime.lookup import FALLBACK_BACKEND, clear_cache, lookup
 
-FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+FIXTURES = paths.FIXTURES / "profiles"
 FP = "test.fixture.node1"
 SHAPE = dict(ep_size=2, hidden=7168, topk=8, num_experts=64)
 SECRET_URL = "postgresql+psycopg2://u:secret@[::1:5432/x"

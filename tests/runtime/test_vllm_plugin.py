@@ -23,14 +23,15 @@ import types
 from pathlib import Path
 from types import SimpleNamespace
 
+import paths
 import pytest
 import tomllib
 
 from a2a_tune.tuner.runtime import vllm_plugin
 from a2a_tune.tuner.runtime.lookup import clear_cache
 
-ROOT = Path(__file__).parent.parent
-FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+ROOT = paths.REPO
+FIXTURES = paths.FIXTURES / "profiles"
 FP = "test.fixture.node1"
 ACCEPTED = {"allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput", "flashinfer_nvlink_one_sided"}
 

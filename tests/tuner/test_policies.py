@@ -7,15 +7,15 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+import paths
 import pytest
 
 from a2a_tune.tuner.policies import Point, default_policies, score_policies, score_table, table_points
 from a2a_tune.tuner.runtime.lookup import load_profile
 from a2a_tune.tuner.runtime.table import BackendNames
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.REPO
 SHIPPED = ROOT / "profiles" / "h200.nvl18x2.node1.json"
 SHAPE = (2, 7168, 8, 256, "bf16", "uniform")
 

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import paths
 import pytest
 import sqlalchemy as sa
 
@@ -33,7 +34,7 @@ from a2a_tune.db import (
 )
 from a2a_tune.db.models import VERSION_TABLE, Base
 
-FIXTURES = Path(__file__).parent / "fixtures" / "db"
+FIXTURES = paths.FIXTURES / "db"
 
 SHAPE = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, tokens_per_rank=128, routing="uniform")
 VERSIONS = {

@@ -18,13 +18,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import paths
 import pytest
 from engines_driver import MARK, SPELLINGS
 
 from a2a_tune.tuner.runtime import engines
 from a2a_tune.tuner.runtime.vllm_plugin import _names_option
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.REPO
 ENGINES_PYTHON = Path(os.environ.get("A2A_TUNE_ENGINES_PYTHON") or ROOT / ".venv-engines" / "bin" / "python")
 
 pytestmark = [

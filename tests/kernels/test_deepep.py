@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import paths
 import pytest
 from invariant_cases import Case, run_cases
 
@@ -25,7 +26,7 @@ from a2a_tune.kernels.deepep_low_latency import slots_per_source
 from a2a_tune.kernels.torch_nvshmem_all2all import expert_groups
 from a2a_tune.tuner.launch import run_ranks
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 DEEPEP = ["deepep_high_throughput", "deepep_low_latency"]
 NEW = [*DEEPEP, "torch_nvshmem_all2all"]
 

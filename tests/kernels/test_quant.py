@@ -2,8 +2,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+import paths
 import pytest
 import torch
 
@@ -16,7 +16,7 @@ from a2a_tune.kernels.quant import (
     scale_blocks,
 )
 
-EMULATOR = Path(__file__).parent / "support" / "emulate_quant.py"
+EMULATOR = paths.SUPPORT / "emulate_quant.py"
 
 
 @pytest.mark.parametrize("hidden", [128, 7168, 136, 1])
