@@ -1,0 +1,135 @@
+"""The glossary's point and shape as types, with the one set of bounds every reader checks.
+
+A *shape* is what identifies a table entry: (ep_size, hidden, topk, num_experts, dtype,
+routing). A *point* is a shape at one token count per rank. Both are named tuples in one
+field order (:data:`SHAPE_FIELDS`, then ``tokens_per_rank``), so they are dictionary keys and
+unpack like the tuples they replace. The command line builds them, the plan and the ranks
+carry them, the store keys its rows by :data:`POINT_FIELDS` (``db.models.KEY_FIELDS`` is
+``("backend",) + POINT_FIELDS``, checked by a test), tables hold entries by :data:`SHAPE_FIELDS`
+and lookup's request is a shape plus a load.
+
+The bounds are checked here and only here (:func:`check_count`, :func:`check_tokens`,
+:meth:`Shape.problem`): the CLI, the store, the table reader and lookup call them.
+Standard library only: the engines' start-up path imports it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = [
+    "MAX_EP_SIZE",
+    "MAX_EXPERTS",
+    "MAX_HIDDEN",
+    "MAX_TOKENS_PER_RANK",
+    "MAX_TOPK",
+    "POINT_FIELDS",
+    "SHAPE_FIELDS",
+    "Point",
+    "PointError",
+    "Shape",
+    "check_count",
+    "check_tokens",
+]
+
+#: The fields that identify a table entry, in the one order used everywhere.
+SHAPE_FIELDS = ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")
+#: A point: a shape at a token count per rank.
+POINT_FIELDS = SHAPE_FIELDS + ("tokens_per_rank",)
+
+#: Tokens per rank of one step: 64x the default grid's largest (16384), far beyond any
+#: engine step, and with top-k 8 on 64 ranks still inside int32 row indices.
+MAX_TOKENS_PER_RANK = 1 << 20
+#: Hidden size: 8x the largest published MoE (DeepSeek-V3's 7168 rounds up to 8192).
+MAX_HIDDEN = 1 << 16
+#: Routed experts: 16x the largest published count (DeepSeek-V3, Qwen3: 256 / 128).
+MAX_EXPERTS = 1 << 12
+#: Experts per token.
+MAX_TOPK = 64
+#: Ranks in one EP group: a GB200 NVL72 domain is 72; 1024 leaves room for larger domains.
+MAX_EP_SIZE = 1024
+
+
+class PointError(ValueError):
+    """A shape or token count outside what a2a-tune measures or looks up (one line)."""
+
+
+def check_count(value, name: str, upper: int) -> int:
+    """``value`` as an int in ``1..upper``, or :class:`PointError` naming ``name``."""
+    if type(value) is not int:
+        raise PointError(f"{name} must be a whole number, got {_short(value)}")
+    if not 1 <= value <= upper:
+        raise PointError(f"{name} must be in 1..{upper}, got {_short(value)}")
+    return value
+
+
+def check_tokens(value, name: str = "tokens per rank") -> int:
+    """A token count per rank in ``1..MAX_TOKENS_PER_RANK``."""
+    return check_count(value, name, MAX_TOKENS_PER_RANK)
+
+
+_SHAPE_BOUNDS = (("ep_size", MAX_EP_SIZE), ("hidden", MAX_HIDDEN), ("topk", MAX_TOPK), ("num_experts", MAX_EXPERTS))
+
+
+class Shape(NamedTuple):
+    """One table entry's key. Build through :meth:`checked` where the values come from outside."""
+
+    ep_size: int
+    hidden: int
+    topk: int
+    num_experts: int
+    dtype: str
+    routing: str
+
+    def problem(self) -> str | None:
+        """Why no backend can run this shape (one line), or None."""
+        try:
+            for name, upper in _SHAPE_BOUNDS:
+                check_count(getattr(self, name), name, upper)
+        except PointError as exc:
+            return str(exc)
+        if self.topk > self.num_experts:
+            return f"topk {self.topk} is more than the {self.num_experts} experts"
+        if self.num_experts % self.ep_size:
+            return f"{self.num_experts} experts do not divide over {self.ep_size} ranks"
+        for name in ("dtype", "routing"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                return f"{name} must be a non-empty name, got {_short(value)}"
+        return None
+
+    def checked(self) -> Shape:
+        """This shape, or :class:`PointError` saying why it is impossible."""
+        problem = self.problem()
+        if problem:
+            raise PointError(problem)
+        return self
+
+    def at(self, tokens_per_rank: int) -> Point:
+        return Point(*self, tokens_per_rank)
+
+
+class Point(NamedTuple):
+    """One shape at one token count per rank (a case is one backend at one point)."""
+
+    ep_size: int
+    hidden: int
+    topk: int
+    num_experts: int
+    dtype: str
+    routing: str
+    tokens_per_rank: int
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(*self[: len(SHAPE_FIELDS)])
+
+    def checked(self) -> Point:
+        self.shape.checked()
+        check_tokens(self.tokens_per_rank)
+        return self
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
