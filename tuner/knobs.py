@@ -378,11 +378,14 @@ class SlowerThanBestPruner(BasePruner):
         return trial.intermediate_values[step] > best * (1 + self.margin)
 
 
-def _capacity_bound(backend) -> bool:
+def _capacity_bound(backend, capacity) -> bool:
+    """Whether the study of `backend` (which recorded `capacity`) is of a fixed-capacity one.
+    Asked without importing out-of-tree modules (select never needs them): for a backend not
+    registered here, only a fixed-capacity backend's study records a capacity."""
     try:
-        return get_backend(backend).capacity_bound
-    except UnknownBackendError:  # a study of a backend not registered here: no capacity to match
-        return False
+        return get_backend(backend, extra=False).capacity_bound
+    except UnknownBackendError:
+        return capacity is not None
 
 
 def stored_knobs(
@@ -410,7 +413,7 @@ def stored_knobs(
         attrs = summary.user_attrs
         if not summary.study_name.startswith(f"a2a-tune knobs: {fingerprint} ") or "best_knobs" not in attrs:
             continue
-        if _capacity_bound(attrs.get("backend")) and attrs.get("capacity") != capacity:
+        if _capacity_bound(attrs.get("backend"), attrs.get("capacity")) and attrs.get("capacity") != capacity:
             continue  # tuned for another workspace size: another point than this table's
         shape = {k: attrs.get(k) for k in SHAPE_KEYS}
         found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -488,3 +489,84 @@ def test_a_plan_without_capacity_hashes_as_before_it_existed():
     sized = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), capacity=64)
     assert sized.to_dict()["capacity"] == 64 and sized.capacity_for(8) == 64
     assert sized.config_hash("cpu", 2) != plan.config_hash("cpu", 2)
+
+
+def test_version():
+    from importlib.metadata import version
+
+    r = a2a("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"a2a-tune {version('a2a-tune')}"
+
+
+def _all_commands():
+    import typer
+
+    from a2a_tune.tuner.cli import app
+
+    def walk(group, path):
+        for name, cmd in group.commands.items():
+            yield (*path, name)
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, (*path, name))
+
+    return list(walk(typer.main.get_command(app), ()))
+
+
+def test_no_help_text_shows_markup_escapes_or_cites_missing_files():
+    from typer.testing import CliRunner
+
+    from a2a_tune.tuner.cli import app
+
+    runner = CliRunner()
+    for command in [(), *_all_commands()]:
+        text = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}).output
+        assert "Usage:" in text, command
+        assert "\\[" not in text and "\\]" not in text, (command, text)
+        for cited in ("ARCHITECTURE", "STYLE.md"):  # design notes that ship outside the repository
+            assert cited not in text, (command, cited)
+
+
+def test_backends_at_80_columns_shows_every_name_whole():
+    from a2a_tune.kernels import engine_names
+
+    r = a2a("backends", "--device", "cpu", env_extra={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and max(map(len, r.stdout.splitlines())) <= 80
+    words = set(re.findall(r"[\w.-]+", r.stdout))
+    literals = {n for spec in engine_names().values() for n in (spec["vllm_name"], spec["vllm_closest"]) if n}
+    assert set(engine_names()) | literals <= words
+
+
+def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_path):
+    """Captured at 80 columns (a log, CI): the announcement counts what runs here, and a
+    backend's one-line reason stays on its line."""
+    r = a2a(
+        "sweep",
+        "--device",
+        "cpu",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1",
+        "--warmup",
+        "0",
+        "--iters",
+        "1",
+        "--backend",
+        "allgather_reducescatter",
+        "--backend",
+        "flashinfer_nvlink_one_sided",
+        "--backend",
+        "deepep_low_latency",
+        "--db",
+        str(tmp_path / "s.db"),
+        "--no-progress",
+        env_extra={"COLUMNS": "80"},
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == (
+        "sweeping 1 shape(s) x 1 token counts x 1 backend(s) on 2 cpu rank(s) "
+        "(2 more unavailable here: `a2a-tune backends` says why)"
+    )
+    assert "  flashinfer_nvlink_one_sided: unavailable: needs CUDA GPUs (FlashInfer's NVLink kernels)" in lines
