@@ -4,8 +4,9 @@ Out-of-tree backends: name their modules in `A2A_TUNE_BACKEND_MODULES` (comma-se
 they are imported on first use of the registry, in every rank, and register themselves.
 Each import is given `A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S` seconds (default 60): a module
 still importing then (waiting on a lock, a socket, a device) fails the command in one line
-naming it, instead of hanging it. The import runs in a thread, so a module that blocks in
-native code without releasing the GIL is beyond this bound.
+naming it, instead of hanging it. The import runs in a thread: a module that blocks in
+native code without releasing the GIL is beyond this bound, and one cannot install signal
+handlers at import.
 """
 
 from __future__ import annotations

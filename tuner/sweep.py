@@ -213,7 +213,9 @@ def sweep(
 
     The run has one writer: this process (see a2a_tune.db, "One writer per run"). `resume`
     continues the latest unfinished run of the same plan unless another live process holds
-    it (then `RankFailed` says who); a sweep that lost its run stops without changing it.
+    it (then `RankFailed` says who), leaving out the backends that hung or crashed in it; when
+    the plan's latest run completed it changes nothing and reports that run. A sweep that lost
+    its run stops without changing it.
 
     `allow_mixed`: sweep even when the nodes differ (tuner.cluster); the run records the mix.
     `publish`: after a completed run, write its table on every node (into `out_dir`, else

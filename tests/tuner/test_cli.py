@@ -111,27 +111,17 @@ def test_select_again_from_the_database(finished_run, tmp_path):
     assert len(list(tmp_path.glob("cpu-*.json"))) == 1
 
 
+def small_sweep(db, *backends: str, iters: int = 2, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """`a2a-tune sweep` of `backends` on 2 CPU ranks at one point of one preset."""
+    args = ["--device", "cpu", "--preset", "mixtral-8x7b", "--tokens", "1", "--iters", str(iters), "--warmup", "0"]
+    for b in backends:
+        args += ["--backend", b]
+    return a2a("sweep", *args, "--db", str(db), "--no-progress", env_extra=env_extra)
+
+
 def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
     root, env, _ = finished_run
-    r = a2a(
-        "sweep",
-        "--device",
-        "cpu",
-        "--preset",
-        "mixtral-8x7b",
-        "--tokens",
-        "1",
-        "--iters",
-        "2",
-        "--warmup",
-        "0",
-        "--backend",
-        "nccl_all2allv",
-        "--db",
-        str(root / "t.db"),
-        "--no-progress",
-        env_extra=env,
-    )
+    r = small_sweep(root / "t.db", "nccl_all2allv", env_extra=env)
     assert r.returncode == 0, r.stderr
     assert "run 2 (completed)" in r.stdout and "1 measured" in r.stdout
 
@@ -540,29 +530,8 @@ def test_backends_at_80_columns_shows_every_name_whole():
 def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_path):
     """Captured at 80 columns (a log, CI): the announcement counts what runs here, and a
     backend's one-line reason stays on its line."""
-    r = a2a(
-        "sweep",
-        "--device",
-        "cpu",
-        "--preset",
-        "mixtral-8x7b",
-        "--tokens",
-        "1",
-        "--warmup",
-        "0",
-        "--iters",
-        "1",
-        "--backend",
-        "allgather_reducescatter",
-        "--backend",
-        "flashinfer_nvlink_one_sided",
-        "--backend",
-        "deepep_low_latency",
-        "--db",
-        str(tmp_path / "s.db"),
-        "--no-progress",
-        env_extra={"COLUMNS": "80"},
-    )
+    backends = ("allgather_reducescatter", "flashinfer_nvlink_one_sided", "deepep_low_latency")
+    r = small_sweep(tmp_path / "s.db", *backends, iters=1, env_extra={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == (

@@ -283,6 +283,10 @@ def test_the_reported_error_is_rank_0s_cause_not_its_peers_echo(tmp_path, monkey
     with pytest.raises(RankFailed) as info:
         sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
     assert str(info.value) == "rank 0: OSError: [Errno 28] No space left on device"
+    _assert_failed_and_released(url)
+
+
+def _assert_failed_and_released(url: str) -> None:
     with open_store(url) as store:
         (run,) = store.runs()
         assert run.status == "failed" and run.writer_pid is None
@@ -298,7 +302,7 @@ CRASHERS = {  # planted backend -> how its rank 1 ended, as the failure row says
 def test_a_rank_that_dies_in_a_case_is_recorded_and_the_run_finishes(tmp_path, monkeypatch):
     """os._exit, abort() and SIGKILL on rank 1 inside dispatch: each is recorded against its
     backend, the ranks restart without it, the backend after them is measured and the run
-    completes; --resume then has nothing to do."""
+    completes; --resume then has nothing to do, and a resumed unfinished run leaves them out."""
     monkeypatch.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
     url = f"sqlite:///{tmp_path / 'crash.db'}"
     plan = SweepPlan(
@@ -330,6 +334,13 @@ def test_a_rank_that_dies_in_a_case_is_recorded_and_the_run_finishes(tmp_path, m
     with open_store(url) as store:
         (same,) = store.runs()
         assert same.finished_at == run.finished_at and len(store.failures(run.id)) == rows
+        store.finish_run(run.id, "interrupted")  # as if stopped: its crashers' later points are not done
+
+    resumed = sweep(plan, device_type="cpu", world_size=2, db_url=url, resume=True, progress=False)
+    assert (resumed.run_id, resumed.status, resumed.measured) == (run.id, "completed", 0)
+    assert all(resumed.infeasible[b].startswith("crashed at 2 tokens/rank") for b in CRASHERS)
+    with open_store(url) as store:
+        assert len(store.failures(run.id)) == rows  # the crashers were not started again
 
 
 def test_a_rank_killed_outside_any_case_fails_the_run_and_releases_it(tmp_path, monkeypatch):
@@ -346,6 +357,4 @@ def test_a_rank_killed_outside_any_case_fails_the_run_and_releases_it(tmp_path, 
     with pytest.raises(RankCrashed) as info:
         sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
     assert str(info.value) == "rank 0: process was killed by SIGKILL (out of memory?)"
-    with open_store(url) as store:
-        (run,) = store.runs()
-        assert run.status == "failed" and run.writer_pid is None
+    _assert_failed_and_released(url)
