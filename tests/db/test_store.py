@@ -18,7 +18,7 @@ import paths
 import pytest
 import sqlalchemy as sa
 
-import a2a_tune.db.store as store_mod
+import a2a_tune.db.engine as engine_mod
 from a2a_tune.db import (
     DEFAULT_URL,
     DuplicateMeasurementError,
@@ -439,7 +439,7 @@ def test_unreachable_or_unauthenticated_postgres_is_one_line_without_the_passwor
         started = time.monotonic()
         with pytest.raises(StoreError) as info:
             open_store(text)
-        assert time.monotonic() - started < store_mod.PG_CONNECT_TIMEOUT_S + 5
+        assert time.monotonic() - started < engine_mod.PG_CONNECT_TIMEOUT_S + 5
         message = str(info.value)
         _assert_one_clean_line(message)
         assert "s3cret-pw" not in message and "***" in message
@@ -462,13 +462,13 @@ def test_database_at_base_revision_is_outdated_and_upgrade_fixes_it(db_url):
 
     url = db_url
     open_store(url).close()
-    command.downgrade(store_mod.alembic_config(url), "base")
+    command.downgrade(engine_mod.alembic_config(url), "base")
 
     with pytest.raises(StoreOutdatedError) as info:
         open_store(url)
     message = str(info.value)
     _assert_one_clean_line(message)
-    assert f"a2a-tune db upgrade --db {store_mod.display_url(resolve_url(url))}" in message
+    assert f"a2a-tune db upgrade --db {engine_mod.display_url(resolve_url(url))}" in message
     assert (info.value.current, info.value.head) == (None, head_revision())
 
     assert upgrade(url) == (None, head_revision())
@@ -514,15 +514,15 @@ def test_older_schema_is_refused_until_upgraded_with_data_intact(db_url, tmp_pat
 
     # "This release": the packaged history plus one more revision.
     migrations = tmp_path / "migrations"
-    shutil.copytree(store_mod.MIGRATIONS_DIR, migrations, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(engine_mod.MIGRATIONS_DIR, migrations, ignore=shutil.ignore_patterns("__pycache__"))
     (migrations / "versions" / "0002_test_run_note.py").write_text(NEXT_REVISION.format(head=old_head))
-    monkeypatch.setattr(store_mod, "MIGRATIONS_DIR", migrations)
+    monkeypatch.setattr(engine_mod, "MIGRATIONS_DIR", migrations)
     assert head_revision() == "0002_test_run_note"
 
     with pytest.raises(StoreOutdatedError) as info:
         open_store(url)
     _assert_one_clean_line(str(info.value))
-    assert f"a2a-tune db upgrade --db {store_mod.display_url(resolve_url(url))}" in str(info.value)
+    assert f"a2a-tune db upgrade --db {engine_mod.display_url(resolve_url(url))}" in str(info.value)
     assert info.value.current == old_head
 
     assert upgrade(url) == (old_head, "0002_test_run_note")
@@ -564,9 +564,9 @@ def test_a_failing_migration_leaves_the_database_as_it_was(db_url, tmp_path, mon
         _new_run(s)
         old_head = head_revision()
     migrations = tmp_path / "migrations"
-    shutil.copytree(store_mod.MIGRATIONS_DIR, migrations, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(engine_mod.MIGRATIONS_DIR, migrations, ignore=shutil.ignore_patterns("__pycache__"))
     (migrations / "versions" / "0002_test_fails_halfway.py").write_text(FAILING_REVISION.format(head=old_head))
-    monkeypatch.setattr(store_mod, "MIGRATIONS_DIR", migrations)
+    monkeypatch.setattr(engine_mod, "MIGRATIONS_DIR", migrations)
 
     with pytest.raises(RuntimeError, match="migration bug"):
         upgrade(url)
@@ -652,7 +652,7 @@ def test_sqlite_uses_wal_and_a_busy_timeout(db_path):
     store = open_store(_url(db_path))
     with store._engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == store_mod.SQLITE_BUSY_TIMEOUT_MS
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == engine_mod.SQLITE_BUSY_TIMEOUT_MS
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     store.close()
 
@@ -660,7 +660,7 @@ def test_sqlite_uses_wal_and_a_busy_timeout(db_path):
 def test_second_reader_while_a_writer_holds_the_database(db_path, monkeypatch):
     # Shorter timeout: without WAL the blocked side gives up after 10 s instead of 30 s. Not
     # blocked is well under half of that, even on a loaded machine.
-    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 10_000)
+    monkeypatch.setattr(engine_mod, "SQLITE_BUSY_TIMEOUT_MS", 10_000)
     url = _url(db_path)
     writer = open_store(url)
     _, run = _new_run(writer)
@@ -744,7 +744,7 @@ def test_concurrent_writers_from_threads_lose_nothing(store):
 
 def test_db_package_never_imports_tuner_or_torch():
     code = (
-        "import sys, a2a_tune.db, a2a_tune.db.store, a2a_tune.db.models;"
+        "import sys, a2a_tune.db, a2a_tune.db.store, a2a_tune.db.engine, a2a_tune.db.lease, a2a_tune.db.models;"
         "a2a_tune.db.open_store('sqlite://').close();"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('a2a_tune.tuner')];"
         "print(bad); sys.exit(1 if bad else 0)"
