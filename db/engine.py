@@ -16,10 +16,12 @@ Guarantees
 - **Readers and writers side by side (SQLite).** WAL journal and a busy timeout
   (``SQLITE_BUSY_TIMEOUT_MS``): ``a2a-tune show`` can read while a sweep writes, and the
   sweep's commits do not wait for readers. (WAL needs a local filesystem; for a store on
-  NFS, use PostgreSQL.)
+  NFS, use PostgreSQL.) A writer switches the file to WAL only after its schema check
+  passed: a store refused for its schema is left byte for byte as it was.
 - **Read-only opening.** ``open_engine(url, readonly=True)`` never creates, migrates or
-  writes: SQLite files open with ``mode=ro`` (and ``immutable=1`` in a directory this
-  process cannot write, where no writer can be either); PostgreSQL sessions are READ ONLY.
+  writes, and leaves no file behind: SQLite files open with ``mode=ro``, and ``immutable=1``
+  while no writer has them open (:func:`readonly_url`); PostgreSQL sessions are READ ONLY.
+  A database in a read-only directory or on a read-only mount can be read.
 - **Errors are one line.** Driver, SQLAlchemy and Alembic errors become :class:`StoreError`
   with a one-line message; the original is chained (``__cause__``).
 - **Secrets stay out of messages.** A URL's password is shown as ``***`` in every error
@@ -37,7 +39,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, column, create_engine, event, inspect, select, table
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from .errors import EmptyStoreError, StoreError, StoreOutdatedError
 from .models import VERSION_TABLE, Base
@@ -135,6 +137,25 @@ def _one_line(exc: BaseException) -> str:
     return mask_secrets(text) or type(orig if orig is not None else exc).__name__
 
 
+# PostgreSQL SQLSTATEs that mean the server went away: class 08 (connection exception) and
+# admin/crash shutdown, "cannot connect now" (starting up or shutting down).
+_PG_GONE = ("08", "57P01", "57P02", "57P03")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (from SQLAlchemy) means the database server cannot be reached any more:
+    SQLAlchemy saw the connection break, or a PostgreSQL driver failed without the server's
+    answer (no SQLSTATE: refused, timed out, closed) or with a "server gone" one. SQLite
+    errors never are (a file has no server)."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    orig = getattr(exc, "orig", None)
+    if not isinstance(exc, OperationalError) or not (hasattr(orig, "sqlstate") or hasattr(orig, "pgcode")):
+        return False
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return code is None or str(code).startswith(_PG_GONE)
+
+
 @contextmanager
 def _db_errors(what: str) -> Iterator[None]:
     """Turn driver/SQLAlchemy/Alembic failures into a one-line StoreError: ``what: cause``."""
@@ -155,20 +176,25 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_MS)}")
-        # WAL: readers never block the writer, the writer never blocks readers. Persistent
-        # in the file; an in-memory database answers "memory" and carries on. This reads
-        # the header, so a file that is not a database fails here, before anything is
-        # written to it.
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _use_wal(engine: Engine) -> None:
+    """Switch a writer's SQLite database to WAL: readers never block the writer, the writer
+    never blocks readers. Persistent in the file (it changes the header), so only once the
+    schema check passed; an in-memory database answers "memory" and carries on."""
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.connect() as conn:
         try:
-            cursor.execute("PRAGMA journal_mode = WAL")
-        except Exception as exc:
+            conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+        except SQLAlchemyError as exc:
             # A read-only file (permissions, ``?mode=ro&uri=true``) cannot switch journal
             # mode but can still be read; writes will report "readonly" themselves.
             if "readonly" not in str(exc):
                 raise
-        cursor.execute("PRAGMA foreign_keys = ON")
-    finally:
-        cursor.close()
 
 
 def _sqlite_file(url: str) -> str | None:
@@ -183,37 +209,53 @@ def _sqlite_file(url: str) -> str | None:
     return db
 
 
-def _readonly_url(url: str) -> str:
-    """An SQLite file URL opened read-only: ``mode=ro``; plus ``immutable=1`` where the
-    directory is not writable and holds no ``-wal`` file (SQLite cannot create the WAL index
-    there, and no process can be writing the database). Other URLs are returned as they are."""
+def readonly_url(url: str | None) -> str:
+    """The URL a reader opens ``url`` by (see :func:`resolve_url`): an SQLite file read-only
+    (``mode=ro``), and ``immutable=1`` too when no ``-wal`` file lies next to it -- no writer
+    has it open then (a writer's ``-wal`` lasts from its first read to its close), and SQLite
+    creates no ``-wal``/``-shm`` files and takes no locks, so the reader leaves nothing
+    behind. Other URLs are returned resolved (their read-only part is
+    :func:`engine_options`)."""
     from urllib.parse import quote
 
+    url = resolve_url(url)
     db = _sqlite_file(url)
     if db is None:
         return url
     path = os.path.abspath(db)
     options = "mode=ro"
-    if not os.access(os.path.dirname(path), os.W_OK) and not os.path.exists(path + "-wal"):
+    if not os.path.exists(path + "-wal"):
         options += "&immutable=1"
     return f"sqlite:///file:{quote(path)}?{options}&uri=true"
 
 
+def engine_options(url: str | None, *, readonly: bool = False) -> dict[str, Any]:
+    """The ``create_engine`` keyword arguments for ``url`` (see :func:`resolve_url`):
+    PostgreSQL's connect timeout and, for a reader, READ ONLY transactions. With
+    :func:`readonly_url`, what other libraries reading the store need (Optuna:
+    ``RDBStorage(readonly_url(url), engine_kwargs=engine_options(url, readonly=True),
+    skip_table_creation=True)``)."""
+    try:
+        parsed = make_url(resolve_url(url))
+    except Exception:  # unparsable: create_engine says why
+        return {}
+    options: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql":
+        if "connect_timeout" not in parsed.query:
+            options["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+        if readonly:
+            options["execution_options"] = {"postgresql_readonly": True}
+    return options
+
+
 def _create_engine(url: str, *, readonly: bool = False) -> Engine:
     shown = display_url(url)
-    connect_args: dict[str, Any] = {}
     try:
         parsed = make_url(url)
-        if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-            connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     except Exception:  # unparsable: create_engine says why below
         parsed = None
     try:
-        if readonly:
-            url = _readonly_url(url)
-        engine = create_engine(url, connect_args=connect_args)
-        if readonly and engine.dialect.name == "postgresql":
-            engine = engine.execution_options(postgresql_readonly=True)
+        engine = create_engine(readonly_url(url) if readonly else url, **engine_options(url, readonly=readonly))
     except ImportError as exc:
         hint = "; pip install 'a2a-tune[postgres]'" if parsed is not None and parsed.drivername == PG_DRIVER else ""
         raise StoreError(f"cannot open database {shown}: driver not installed ({exc}){hint}") from exc
@@ -340,6 +382,10 @@ def _check_or_migrate(
         )
     if before.state == "outdated" and not allow_upgrade:
         raise StoreOutdatedError(shown, before.current, head)
+    if readonly:
+        return before.current, head
+    with _db_errors(f"cannot open database {shown}"):
+        _use_wal(engine)  # a refused store is left as it was: nothing written before here
     if before.state == "head":
         return before.current, head
     with _db_errors(f"cannot migrate database {shown} to schema {head}"):
@@ -370,11 +416,16 @@ def open_engine(url: str, *, readonly: bool = False) -> Engine:
 def upgrade(url: str | None = None) -> tuple[str | None, str]:
     """Migrate the database at ``url`` to the head revision (``a2a-tune db upgrade``).
 
-    Returns ``(revision before, revision after)``; before is None for a new database or
+    Returns ``(revision before, revision after)``; before is None for an empty database or
     one stamped at the base. A database already at head is left alone. Raises
-    :class:`StoreError` for a database at an unknown (newer) revision.
+    :class:`EmptyStoreError` for an SQLite file that does not exist (nothing to upgrade:
+    a store is created by the first command that writes to it), :class:`StoreError` for a
+    database at an unknown (newer) revision.
     """
     url = resolve_url(url)
+    path = _sqlite_file(url)
+    if path is not None and not os.path.exists(path):
+        raise EmptyStoreError(f"no database at {path}: nothing to upgrade (a sweep creates its store when it starts)")
     engine = _create_engine(url)
     try:
         return _check_or_migrate(engine, url, allow_upgrade=True)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from .errors import LeaseLostError, NotFoundError, RunBusyError, StoreError
+from .errors import LeaseLostError, NotFoundError, RunBusyError, StoreError, StoreFileLostError
 from .models import Run, utcnow
 
 if TYPE_CHECKING:
@@ -88,7 +88,8 @@ class Writer:
 class LeaseHeartbeat:
     """Keeps a writer's hold on a run fresh from a daemon thread (every ``interval`` s) while
     the writer's main thread measures. ``lost`` holds the reason once the run was taken
-    over; the writer's next write raises :class:`LeaseLostError` anyway. A context manager."""
+    over (or the store's file is gone); the writer's next write raises anyway. A context
+    manager."""
 
     def __init__(self, store: Store, run_id: int, writer: Writer, interval: float = HEARTBEAT_S) -> None:
         self.lost: str | None = None
@@ -102,7 +103,7 @@ class LeaseHeartbeat:
         while not self._stop.wait(self._interval):
             try:
                 store.heartbeat(run_id, writer)
-            except LeaseLostError as exc:
+            except (LeaseLostError, StoreFileLostError) as exc:
                 self.lost = str(exc)
                 return
             except StoreError:

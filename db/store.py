@@ -12,7 +12,12 @@ Guarantees
   :class:`FailureRecord`), snapshots detached from any session. Unknown ids raise
   :class:`NotFoundError`; "nothing yet" answers are ``None`` or an empty list.
 - **Errors are one line.** Driver and SQLAlchemy errors become :class:`StoreError` with a
-  one-line message; the original is chained (``__cause__``).
+  one-line message; the original is chained (``__cause__``). A server that went away
+  (refused, closed, timed out) is :class:`ConnectionLostError`.
+- **Nothing written to no file.** An SQLite store checks, before and after each
+  transaction, that its path still names the file it opened (device and inode): once that
+  file was deleted, moved away or replaced, every call raises :class:`StoreFileLostError`
+  instead of writing on into a file nobody can open.
 - **Threads and processes.** Each call uses its own short session, so one Store may be
   shared by threads. Do not carry an open Store across ``fork``; open it in the process
   that writes (rank 0).
@@ -29,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -37,8 +43,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .engine import _one_line, display_url, open_engine, resolve_url
-from .errors import DuplicateMeasurementError, NotFoundError, StoreError
+from .engine import _one_line, _sqlite_file, connection_lost, display_url, open_engine, resolve_url
+from .errors import ConnectionLostError, DuplicateMeasurementError, NotFoundError, StoreError, StoreFileLostError
 from .lease import LEASE_STALE_S, Writer, claim, fence, lease_values
 from .models import (
     DEVICE_TYPES,
@@ -188,6 +194,15 @@ def _run_record(run: Run, fingerprint: str) -> RunRecord:
     return record
 
 
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -253,6 +268,10 @@ class Store:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._closed = False
         self.url = url
+        path = _sqlite_file(url)
+        # The SQLite file this store opened, by identity: one deleted or replaced under it
+        # would take every later write with it, unseen (the connection keeps the old inode).
+        self._file = None if path is None else (os.path.abspath(path), _file_identity(path))
 
     # -- lifecycle
 
@@ -281,6 +300,7 @@ class Store:
         through for the caller to interpret."""
         if self._closed:
             raise StoreError(f"store {self.display_url} is closed")
+        self._check_file(what)  # a new connection would open whatever file is there now
         try:
             with self._sessions.begin() as session:
                 yield session
@@ -289,7 +309,29 @@ class Store:
                 raise
             raise StoreError(f"{what} on {self.display_url} failed: {_one_line(exc)}") from exc
         except SQLAlchemyError as exc:
+            if connection_lost(exc):
+                raise ConnectionLostError(
+                    f"{what} on {self.display_url} failed: lost the connection to the database server "
+                    f"({_one_line(exc)})"
+                ) from exc
             raise StoreError(f"{what} on {self.display_url} failed: {_one_line(exc)}") from exc
+        self._check_file(what)  # committed, but to the file this store opened?
+
+    def _check_file(self, what: str) -> None:
+        """Raise :class:`StoreFileLostError` once the store's SQLite file is not the file it
+        opened any more (deleted, moved away, or another put in its place)."""
+        if self._file is None:
+            return
+        path, opened = self._file
+        now = _file_identity(path)
+        if now == opened:
+            return
+        how = "it was deleted or moved away" if now is None else "another file was put in its place"
+        raise StoreFileLostError(
+            f"{what} on {self.display_url} stopped: {path} is no longer the file this process opened ({how}); "
+            "nothing more is written to it",
+            path,
+        )
 
     @staticmethod
     def _run_or_raise(session: Session, run_id: int) -> Run:
