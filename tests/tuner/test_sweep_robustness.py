@@ -290,26 +290,7 @@ def test_the_reported_error_is_rank_0s_cause_not_its_peers_echo(tmp_path, monkey
 
 # ----------------------------------------------------------------- a store that goes away
 
-VANISH_ARGS = [
-    "sweep",
-    "--device",
-    "cpu",
-    "--world",
-    "2",
-    "--preset",
-    "mixtral-8x7b",
-    "--tokens",
-    "1,2",
-    "--warmup",
-    "0",
-    "--iters",
-    "2",
-    "--no-progress",
-    "--backend",
-    "allgather_reducescatter",
-    "--backend",
-    "planted_store_vanishes",
-]
+VANISH_ARGS = [*GATED_ARGS[:-1], "planted_store_vanishes"]  # the gate backend swapped for one that takes the store
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
@@ -339,26 +320,10 @@ def test_a_store_deleted_or_replaced_mid_sweep_stops_it_in_one_line(tmp_path, ho
         assert not db.exists()
 
 
-def _pg_count(url: str) -> int:
-    """Measurements stored in the PostgreSQL database `url` (0 before its schema exists)."""
-    import sqlalchemy as sa
-
-    from a2a_tune.db import resolve_url
-
-    engine = sa.create_engine(resolve_url(url))
-    try:
-        with engine.connect() as conn:
-            return conn.exec_driver_sql("select count(*) from measurements").scalar()
-    except sa.exc.SQLAlchemyError:
-        return 0
-    finally:
-        engine.dispose()
-
-
 @pytest.mark.skipif(not os.environ.get("A2A_TUNE_TEST_POSTGRES_URL"), reason="no PostgreSQL server")
 def test_a_postgres_server_lost_mid_sweep_says_so_and_resume_continues(tmp_path):
     import sqlalchemy as sa
-    from databases import fresh_postgres_database
+    from databases import fresh_postgres_database, measurement_count
     from tcp_proxy import Proxy
 
     from a2a_tune.db import resolve_url
@@ -374,9 +339,9 @@ def test_a_postgres_server_lost_mid_sweep_says_so_and_resume_continues(tmp_path)
         sweep = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 240
-            while _pg_count(url) < 1 and time.monotonic() < deadline and sweep.poll() is None:
+            while measurement_count(url) < 1 and time.monotonic() < deadline and sweep.poll() is None:
                 time.sleep(0.2)
-            assert sweep.poll() is None and _pg_count(url) == 1, "the sweep should wait at the gate"
+            assert sweep.poll() is None and measurement_count(url) == 1, "the sweep should wait at the gate"
             proxy.cut()  # the server is gone for the sweep: its connections drop, new ones are refused
             gate.unlink()
             _, err = sweep.communicate(timeout=120)
