@@ -479,7 +479,7 @@ def test_two_machines_sweep_into_one_database_at_once(shared):
 def test_the_operators_commands_read_the_shared_database(shared, tmp_path):
     url, machines, results = shared
     if url.startswith("sqlite"):
-        pytest.skip("SQLite stores: tests/test_views.py and tests/test_cli.py")
+        pytest.skip("SQLite stores: tests/views/test_views.py and tests/tuner/test_cli.py")
     assert [rc for rc, _, _ in results] == [0, 0]
     with open_store(url) as store:
         run_ids = sorted(r.id for r in store.runs())
