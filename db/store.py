@@ -69,6 +69,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from a2a_tune.tuner.runtime.text import one_line
+
 from .errors import (
     DuplicateMeasurementError,
     EmptyStoreError,
@@ -185,8 +187,8 @@ def _one_line(exc: BaseException) -> str:
     statement dump and documentation link."""
     orig = getattr(exc, "orig", None)
     text = str(orig) if orig is not None else (str(exc.args[0]) if exc.args else "")
-    text = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
-    return mask_secrets(text) or type(orig if orig is not None else exc).__name__
+    first = text.strip().splitlines()[0] if text.strip() else ""  # SQLAlchemy's dump follows
+    return one_line(mask_secrets(first)) or type(orig if orig is not None else exc).__name__
 
 
 @contextmanager
@@ -691,10 +693,7 @@ def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
 
 
 def _one_line_reason(reason: str) -> str:
-    text = " ".join(part.strip() for part in str(reason).splitlines() if part.strip())
-    if len(text) > MAX_REASON_CHARS:
-        text = text[: MAX_REASON_CHARS - 1] + "…"
-    return text or "(no reason given)"
+    return one_line(reason, MAX_REASON_CHARS) or "(no reason given)"
 
 
 # --------------------------------------------------------------------------- store

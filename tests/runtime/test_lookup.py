@@ -36,6 +36,7 @@ import pytest
 from bad_tables import BAD_TABLES, FIXTURE, FP, fixture_data
 
 from a2a_tune.tuner.runtime import lookup as lk
+from a2a_tune.tuner.runtime import profiles
 from a2a_tune.tuner.runtime.lookup import (
     FALLBACK_BACKEND,
     Choice,
@@ -181,7 +182,9 @@ def test_engine_restricts_to_backends_it_can_name(tmp_path, caplog):
 
     # SGLang has a literal for none of the competing backends in the fixture.
     c = lookup(profile=FIXTURE, tokens=64, engine="sglang", **A)
-    assert c.match == "fallback" and "no usable backend with a sglang name" in c.reason
+    assert (
+        c.match == "fallback" and "no usable backend that SGLang accepts (unavailable: deepep_low_latency)" in c.reason
+    )
     c = lookup(profile=FIXTURE, tokens=64, engine="tgi", **A)
     assert c.match == "fallback" and "engine='tgi'" in c.reason
     assert len(warnings_of(caplog)) == 2
@@ -330,7 +333,7 @@ def test_env_dir_beats_packaged_and_earlier_env_dir_wins(monkeypatch, tmp_path):
         d.mkdir()
     write(pkg, _variant("allgather_reducescatter"))
     write(env2, _variant("nccl_all2allv"))
-    monkeypatch.setattr(lk, "_packaged_dir", lambda: str(pkg))
+    monkeypatch.setattr(profiles, "_packaged_dir", lambda: str(pkg))
 
     assert lookup(fingerprint=FP, tokens=1024, **B).source == str(pkg / f"{FP}.json")
     assert lookup(fingerprint=FP, tokens=1024, **B).backend == "allgather_reducescatter"
