@@ -293,7 +293,7 @@ def test_lookup_trtllm_format_leaves_tensorrt_llm_its_own_choice_without_a_metho
     r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "trtllm", env_extra=FIXTURE_ENV)
     assert r.returncode == 0 and r.stdout == "", r.stderr
     (line,) = r.stderr.strip().splitlines()
-    assert "no usable backend with a trtllm name" in line and line.endswith(
+    assert "no usable backend that TensorRT-LLM accepts;" in line and line.endswith(
         "TensorRT-LLM keeps its own choice (no TRTLLM_FORCE_COMM_METHOD)"
     )
     sh = subprocess.run(

@@ -109,8 +109,8 @@ class ProfileError(ValueError):
         super().__init__(self.problem)
 
     def __str__(self) -> str:
-        parts = [p for p in (self.path, self.field) if p]
-        return ": ".join(parts + [self.problem])
+        parts = [p for p in (self.path, self.field) if p]  # a field names the table's keys
+        return one_line(": ".join(parts + [self.problem]))
 
 
 #: Model shape of one table entry (everything but the token count), in :data:`SHAPE_KEYS` order.
