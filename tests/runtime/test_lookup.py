@@ -11,16 +11,22 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from lookups import FIXTURE, FIXTURES, FP, A, B, fixture_data, variant, warnings_of, write
 
+from a2a_tune.tuner.runtime import lookup as lk
 from a2a_tune.tuner.runtime.lookup import (
     FALLBACK_BACKEND,
     Choice,
+    LookupRequest,
+    RequestError,
     clear_cache,
     lookup,
+    request,
 )
+from a2a_tune.tuner.runtime.point import Shape
 
 # -------------------------------------------------- exact shape, interpolation, clamping
 
@@ -531,3 +537,247 @@ def test_a_table_at_the_edges_of_its_ranges_is_computed_without_error(tmp_path):
         c = lookup(profile=path, quiet=True, **B, **req)
         assert c.match == "exact", (req, c.reason)
         assert all(MIN_US <= v <= MAX_US for v in c.expected_us.values()), (req, c.expected_us)
+
+
+# ------------------------------------------------------------------------------ the request
+
+
+def test_request_is_the_checked_request_and_answer_gives_lookups_choice(fixture_dir):
+    req = request(fingerprint=FP, phase="decode", max_tokens=64, **A)
+    assert req == LookupRequest(Shape(**A), "decode", ("log-uniform", 1, 64), None, FP, None)
+    assert hash(req) == hash(request(fingerprint=FP, phase="decode", max_tokens=64, **A))
+    with pytest.raises(AttributeError):
+        req.phase = "prefill"  # frozen
+    assert lk.answer(req) == lookup(fingerprint=FP, phase="decode", max_tokens=64, **A)
+    assert request(workload={8: 1, 1: 3}, **A).load == ("discrete", ((1, 0.75), (8, 0.25)))
+    assert request(workload=Path("w.csv"), profile=Path("t.json"), **A)[2:] == (
+        ("workload-file", "w.csv"),
+        None,
+        None,
+        "t.json",
+    )
+
+
+# (arguments, lookup's words, the command line's words): one set of rules, two spellings.
+BAD_REQUESTS = [
+    (
+        {},
+        "give exactly one of tokens=, phase= (with max_tokens=) or workload= (got none)",
+        "give exactly one of --tokens, --phase or --workload (got none)",
+    ),
+    ({"tokens": 1, "phase": "decode"}, "(got tokens, phase)", "(got --tokens, --phase)"),
+    (
+        {"phase": "decode"},
+        "phase='decode' needs max_tokens= (max batch per rank)",
+        "--phase decode needs --max-batch N",
+    ),
+    (
+        {"phase": "prefill"},
+        "phase='prefill' needs max_tokens= (tokens per rank per prefill step)",
+        "--phase prefill needs --max-tokens N",
+    ),
+    (
+        {"phase": "mixed", "max_tokens": 8},
+        "invalid lookup argument phase='mixed' (expected 'decode' or 'prefill')",
+        "--phase must be decode or prefill, got 'mixed'",
+    ),
+    (
+        {"phase": "prefill", "max_tokens": 0},
+        "invalid lookup argument max_tokens=0 (expected an integer >= 1)",
+        "--max-tokens must be >= 1, got 0",
+    ),
+    ({"tokens": -1}, "invalid lookup argument tokens=-1 (expected an integer >= 0)", "--tokens must be >= 0, got -1"),
+    (
+        {"tokens": 8, "max_tokens": 8},
+        "max_tokens= goes with phase=, not with tokens=",
+        "--max-tokens goes with --phase prefill",
+    ),
+    (
+        {"tokens": 8, "engine": "tgi"},
+        "invalid lookup argument engine='tgi' (expected None or one of 'vllm', 'sglang', 'trtllm')",
+        "--engine must be vllm or sglang or trtllm, got 'tgi'",
+    ),
+    (
+        {"tokens": 8, "hidden": 0},
+        "invalid lookup argument hidden=0 (expected an integer >= 1)",
+        "--hidden must be >= 1, got 0",
+    ),
+    (
+        {"tokens": 8, "num_experts": -2},
+        "invalid lookup argument num_experts=-2 (expected an integer >= 1)",
+        "--experts must be >= 1, got -2",
+    ),
+]
+
+
+@pytest.mark.parametrize("kwargs, words, options", BAD_REQUESTS)
+def test_one_set_of_request_rules_in_lookups_words_and_the_command_lines(kwargs, words, options, caplog):
+    args = {**A, **kwargs}
+    with pytest.raises(RequestError) as keywords:
+        request(**args)
+    assert words in str(keywords.value)
+    with pytest.raises(RequestError) as cli:
+        request(**args, options={"max_tokens": None})
+    assert str(cli.value) == options or options.startswith("(") and options in str(cli.value)
+    c = lookup(**args)  # what lookup() refuses, it answers with the fallback and the same words
+    assert c.match == "fallback" and c.reason.startswith(str(keywords.value))
+    (rec,) = warnings_of(caplog)
+    assert words in rec.getMessage()
+
+
+def test_the_command_lines_size_option_must_go_with_its_phase():
+    for phase, wrong in (("decode", "--max-tokens"), ("prefill", "--max-batch")):
+        with pytest.raises(RequestError, match=f"^{wrong} goes with --phase"):
+            request(phase=phase, max_tokens=8, options={"max_tokens": wrong}, **A)
+    with pytest.raises(RequestError, match="^--max-batch goes with --phase decode$"):
+        request(tokens=8, max_tokens=8, options={"max_tokens": "--max-batch"}, **A)
+    assert request(phase="decode", max_tokens=8, options={"max_tokens": "--max-batch"}, **A).load == (
+        "log-uniform",
+        1,
+        8,
+    )
+
+
+# ------------------------------------------------------------------- what a lookup says
+
+
+def test_unusable_backends_are_named_by_what_happened_to_them(tmp_path, caplog):
+    """A CPU table asked for SGLang: the backends SGLang could run were unavailable where the
+    table was measured, not failed; the sentence says which, and parses."""
+    data = fixture_data()
+    e = data["entries"][1]  # shape A
+    data["backends"]["deepep_high_throughput"] = {
+        "vllm_name": None,
+        "sglang_name": "deepep",
+        "engine_options": {"sglang": ["--deepep-mode", "normal"]},
+    }
+    data["backends"]["deepep_low_latency"]["engine_options"] = {"sglang": ["--deepep-mode", "low_latency"]}
+    e["failed"] = {
+        "deepep_high_throughput": "unavailable: deep_ep is not installed",
+        "deepep_low_latency": "unavailable: deep_ep is not installed",
+        "flashinfer_nvlink_one_sided": "incorrect at 4 tokens/rank: wrong sums",
+    }
+    data["tie_preference"].append("deepep_high_throughput")
+    c = lookup(profile=write(tmp_path, data), tokens=64, engine="sglang", **A)
+    assert c.match == "fallback"
+    assert (
+        ": exact shape, at 64 tokens/rank (measured): no usable backend that SGLang accepts "
+        "(unavailable: deepep_high_throughput, deepep_low_latency); " in c.reason
+    )
+    assert "failed" not in c.reason and "flashinfer_nvlink_one_sided" not in c.reason  # SGLang cannot run it
+    (rec,) = warnings_of(caplog)
+    assert rec.getMessage().endswith(
+        "(unavailable: deepep_high_throughput, deepep_low_latency); SGLang keeps its default --moe-a2a-backend none"
+    )
+    assert lookup(profile=write(tmp_path, data), tokens=64, **A).match == "exact"  # any engine: they compete
+
+
+def test_a_decode_range_compares_backends_missing_a_refinement_count_but_never_chooses_them(tmp_path):
+    """A table refined between two counts for the contenders only: a decode range over that
+    count still shows every other backend's regret, and only a backend measured at every count
+    in the range may be chosen (one that failed at a count inside it is never chosen)."""
+    data = fixture_data()
+    e = data["entries"][1]  # shape A, tokens [1, 4, 16, 64, 256, 1024]
+    e["tokens"].insert(4, 128)  # a refinement count: only the contenders timed
+    for b, curve in e["backends"].items():
+        for key in ("median_us", "p10_us", "p90_us"):
+            mid = {"nvlink_one_sided": 150.0, "nccl_all2allv": 120.0}.get(b)
+            curve[key].insert(4, None if mid is None else mid * {"median_us": 1, "p10_us": 0.98, "p90_us": 1.03}[key])
+    e["winners"] = []
+    path = write(tmp_path, data)
+    c = lookup(profile=path, phase="decode", max_tokens=200, engine="vllm", **A)
+    # vLLM can run only allgather_reducescatter here, and it lacks 128: nothing competes.
+    assert c.match == "fallback"
+    c = lookup(profile=path, phase="decode", max_tokens=200, **A)
+    assert c.backend == "nvlink_one_sided"
+    assert set(c.alternatives) == {"nccl_all2allv", "allgather_reducescatter"}
+    assert c.alternatives["allgather_reducescatter"] > 0
+    assert "so compared but not chosen: allgather_reducescatter +" in c.reason
+    # Made the fastest on average, a backend with a gap is still not chosen.
+    for key in ("median_us", "p10_us", "p90_us"):
+        e["backends"]["allgather_reducescatter"][key] = [1.0, 1.0, 1.0, 1.0, None, 1.0, 1.0]
+    c = lookup(profile=write(tmp_path, data), phase="decode", max_tokens=200, **A)
+    assert c.backend == "nvlink_one_sided" and c.alternatives["allgather_reducescatter"] < 0
+    # At a point the rule is unchanged: at 128 only what was measured at 128 competes.
+    assert set(lookup(profile=path, tokens=128, **A).expected_us) == {"nvlink_one_sided", "nccl_all2allv"}
+
+
+def test_the_shipped_tables_decode_answer_for_vllm_lists_its_alternatives():
+    c = lookup(fingerprint="h200.nvl18x2.node1", phase="decode", max_tokens=256, engine="vllm", **dict(A, dtype="bf16"))
+    assert c.backend == "flashinfer_nvlink_one_sided"
+    assert "allgather_reducescatter" in c.alternatives and c.alternatives["allgather_reducescatter"] > 1
+    assert "no other backend competes" in c.reason and "compared but not chosen" in c.reason
+
+
+EVIL = "evil\n\x1b]0;pwned\x07\x1b[2J"
+
+
+def _with_backend_named(name: str) -> dict:
+    """The fixture with nvlink_one_sided (shape A's fastest at 64) renamed ``name``."""
+    data = fixture_data()
+    data["backends"][name] = data["backends"].pop("nvlink_one_sided")
+    for e in data["entries"]:
+        if "nvlink_one_sided" in e["backends"]:
+            e["backends"][name] = e["backends"].pop("nvlink_one_sided")
+        e["failed"] = {(name if b == "nvlink_one_sided" else b): r for b, r in e.get("failed", {}).items()}
+        e["winners"] = []
+    data["tie_preference"] = [name if b == "nvlink_one_sided" else b for b in data["tie_preference"]]
+    return data
+
+
+def _one_safe_line(text: str, limit: int = 2000) -> None:
+    assert "\n" not in text and "\x1b" not in text and "\x07" not in text and len(text) <= limit, text[:300]
+
+
+def test_names_from_a_table_are_escaped_in_what_lookup_says(tmp_path, caplog):
+    path = write(tmp_path, _with_backend_named(EVIL))
+    c = lookup(profile=path, tokens=64, **A)
+    assert c.backend == EVIL  # the table's name, as data (JSON escapes it)
+    _one_safe_line(c.reason)
+    assert "evil \\x1b]0;pwned\\x07\\x1b[2J 50.000 us" in c.reason
+    c = lookup(profile=path, tokens=64, engine="vllm", **dict(A, hidden=7000))  # a fallback naming it
+    _one_safe_line(c.reason)
+    long_name = "n" * 10_000
+    c = lookup(profile=write(tmp_path, _with_backend_named(long_name)), tokens=64, **A)
+    _one_safe_line(c.reason)
+    for rec in warnings_of(caplog):
+        _one_safe_line(rec.getMessage())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"fingerprint": "h" * 10_000},
+        {"fingerprint": "bad\n\x1b[2Jfp"},
+        {"workload": {10**4000: 1}},
+        {"tokens": 10**4000},
+        {"phase": "decode", "max_tokens": 10**4000},
+        {"tokens": 10**5000},  # beyond Python's int -> str limit
+        {"phase": "x" * 10_000 + "\x1b", "max_tokens": 1},
+    ],
+    ids=[
+        "10k-fingerprint",
+        "control-fingerprint",
+        "4000-digit-workload",
+        "4000-digit-tokens",
+        "4000-digit-batch",
+        "5000-digit-tokens",
+        "long-phase",
+    ],
+)
+def test_what_a_lookup_echoes_is_one_bounded_line(kwargs, fixture_dir, caplog):
+    c = lookup(**{"fingerprint": FP, **A, **kwargs})
+    _one_safe_line(c.reason)
+    for rec in warnings_of(caplog):
+        _one_safe_line(rec.getMessage())
+
+
+def test_paths_from_the_environment_are_escaped(tmp_path, monkeypatch, caplog):
+    odd = tmp_path / "dir\nwith\x1b[31mcontrol"
+    odd.mkdir()
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(odd))
+    c = lookup(fingerprint="no.such.machine", tokens=8, **A)
+    _one_safe_line(c.reason)
+    (rec,) = warnings_of(caplog)
+    _one_safe_line(rec.getMessage())
+    assert "dir with\\x1b[31mcontrol" in rec.getMessage()

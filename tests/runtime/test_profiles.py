@@ -6,6 +6,7 @@ is reported with one warning, never skipped."""
 from __future__ import annotations
 
 import builtins
+import errno
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from hangs import bounded
-from lookups import FIXTURE, FP, A, B, fixture_data, variant, warnings_of, write
+from lookups import FIXTURE, FIXTURES, FP, A, B, fixture_data, variant, warnings_of, write
 
 from a2a_tune.tuner.runtime import profiles
 from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES
@@ -397,3 +398,117 @@ def test_a_fifo_on_the_search_path_is_reported_not_read(tmp_path, monkeypatch, c
     assert c.match == "fallback"
     (warning,) = warnings_of(caplog)
     assert f"{tmp_path / FP}.json" in warning.getMessage() and "FIFO" in warning.getMessage()
+
+
+# ------------------------------------------------------------- a broken override never hides
+
+
+def _override_and_user_table(tmp_path, monkeypatch) -> tuple:
+    """$A2A_TUNE_PROFILE_DIR = override/, and a good table for FP in the user's directory
+    after it: what a broken override would otherwise silently fall through to."""
+    override = tmp_path / "override"
+    override.mkdir()
+    user = Path(profiles.user_profile_dir())
+    user.mkdir(parents=True)
+    write(user, fixture_data())
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(override))
+    assert lookup(fingerprint=FP, tokens=64, **A).source == str(user / f"{FP}.json")  # what it hides
+    clear_cache()
+    return override, user
+
+
+@pytest.mark.parametrize(
+    "make, problem",
+    [
+        (lambda d: (d / f"{FP}.json").symlink_to(d / "gone.json"), "a dangling symbolic link (to "),
+        (lambda d: (d / f"{FP}.json").symlink_to(d / f"{FP}.json"), "a symbolic link loop"),
+        (
+            lambda d: (
+                (d / "a.json").symlink_to(d / "b.json"),
+                (d / "b.json").symlink_to(d / "a.json"),
+                (d / f"{FP}.json").symlink_to(d / "a.json"),
+            ),
+            "a symbolic link loop",
+        ),
+    ],
+    ids=["dangling", "loop", "loop-of-two"],
+)
+def test_a_broken_link_in_the_override_is_reported_not_skipped(make, problem, tmp_path, monkeypatch, caplog):
+    override, _ = _override_and_user_table(tmp_path, monkeypatch)
+    make(override)
+    for _ in range(2):
+        c = lookup(fingerprint=FP, tokens=64, **A)
+        assert (c.backend, c.match, c.source) == (FALLBACK_BACKEND, "fallback", str(override / f"{FP}.json"))
+    (rec,) = warnings_of(caplog)
+    msg = rec.getMessage()
+    assert f"{override / FP}.json: cannot read: {problem}" in msg and FALLBACK_BACKEND in msg
+    assert find_profile(FP) == override / f"{FP}.json"  # found, and loading it says why it is no table
+
+
+def test_an_override_directory_that_is_a_dangling_link_is_reported(tmp_path, monkeypatch, caplog):
+    override, _ = _override_and_user_table(tmp_path, monkeypatch)
+    override.rmdir()
+    override.symlink_to(tmp_path / "unmounted")
+    c = lookup(fingerprint=FP, tokens=64, **A)
+    assert c.match == "fallback"
+    (rec,) = warnings_of(caplog)
+    assert f"{override}: cannot read: a dangling symbolic link (to " in rec.getMessage()
+
+
+def _deny(monkeypatch, directory: Path, call: str = "stat"):
+    """os.<call> of anything in ``directory`` raises PermissionError, as for a directory the
+    user may not search (chmod 000 does not stop root, who runs these tests in CI)."""
+    real = getattr(os, call)
+
+    def denied(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(directory)):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, call, denied)
+
+
+def test_a_directory_that_cannot_be_searched_is_a_permission_error_not_no_profile(tmp_path, monkeypatch, caplog):
+    override, _ = _override_and_user_table(tmp_path, monkeypatch)
+    _deny(monkeypatch, override)
+    c = lookup(fingerprint=FP, tokens=64, **A)
+    assert (c.match, c.source) == ("fallback", str(override / f"{FP}.json"))
+    (rec,) = warnings_of(caplog)
+    msg = rec.getMessage()
+    assert f"{override / FP}.json: cannot read: Permission denied" in msg and "no profile" not in msg
+
+
+def test_a_directory_that_cannot_be_listed_hides_no_table_of_the_same_domain(tmp_path, monkeypatch, caplog):
+    override, user = tmp_path / "override", Path(profiles.user_profile_dir())
+    override.mkdir()
+    user.mkdir(parents=True)
+    data = fixture_data()
+    data["hardware"]["fingerprint"] = "h200.nvl18x2.node1"
+    write(user, data, "h200.nvl18x2.node1.json")
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(override))
+    assert lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **A).hardware_match == "same-gpu-domain"
+    clear_cache()
+    _deny(monkeypatch, override, "scandir")
+    c = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
+    assert (c.match, c.source) == ("fallback", str(override))
+    (rec,) = warnings_of(caplog)
+    assert f"{override}: cannot read: Permission denied" in rec.getMessage()
+
+
+def test_a_broken_cluster_pointer_is_named_in_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
+    (tmp_path / "gb200.nvl18x4.node1.cluster").symlink_to(tmp_path / "gone")
+    assert _ask(8).match == "fallback"
+    assert any(
+        "gb200.nvl18x4.node1.cluster: cannot read: a dangling symbolic link" in r.getMessage()
+        and "not a cluster pointer" in r.getMessage()
+        for r in warnings_of(caplog)
+    )
+
+
+def test_a_missing_directory_on_the_search_path_holds_no_table(tmp_path, monkeypatch, caplog):
+    # Nothing broken: the user's directory does not exist before the first run.
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", os.pathsep.join([str(tmp_path / "absent"), str(FIXTURES)]))
+    c = lookup(fingerprint=FP, tokens=64, **A)
+    assert (c.match, c.source) == ("exact", str(FIXTURES / f"{FP}.json"))
+    assert warnings_of(caplog) == []

@@ -75,3 +75,13 @@ def test_schema1_graph_timing_is_read_per_backend(tmp_path):
     data["run"]["timing"] = "cuda_graph"
     prof = load_profile(write(tmp_path, data))
     assert set(prof.entries[0].timing.values()) == {"graph"}
+
+
+def test_a_refusal_quotes_the_tables_names_in_one_safe_line(tmp_path):
+    data = fixture_data()
+    data["backends"]["evil\n\x1b]0;pwned\x07"] = {"vllm_name": 7}
+    with pytest.raises(ProfileError) as info:
+        load_profile(write(tmp_path, data))
+    text = str(info.value)
+    assert "\n" not in text and "\x1b" not in text
+    assert text.endswith("backends.evil \\x1b]0;pwned\\x07.vllm_name: expected a string or null, got number")
