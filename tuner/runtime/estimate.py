@@ -9,7 +9,8 @@ per rank) is interpolated piecewise-linearly in log(tokens)-log(µs), i.e. as a 
 between the two measured token counts that bracket the request; below the first / above
 the last measured count the end value is used (clamped). A backend competes only where
 the points it needs were measured for it: both bracketing points, the point itself when
-the request is on the grid, the end point when clamped.
+the request is on the grid, the end point when clamped. (Over a range, lookup also compares,
+but never chooses, a backend whose missing counts lie between measured ones: :func:`bridge_gaps`.)
 
 **Distributions** (what "expected" averages over; one engine keeps one backend for its
 life, so it should be the fastest on average over the steps it serves):

@@ -421,26 +421,14 @@ def lookup(
     engine accepts a literal for compete. ``quiet``: do not log the fallback warning (the
     caller reports ``Choice.reason``).
     """
+    args = dict(locals())  # the request's arguments, as given
+    del args["quiet"]
     try:
-        req = request(
-            ep_size=ep_size,
-            hidden=hidden,
-            topk=topk,
-            num_experts=num_experts,
-            tokens=tokens,
-            dtype=dtype,
-            routing=routing,
-            fingerprint=fingerprint,
-            profile=profile,
-            engine=engine,
-            phase=phase,
-            max_tokens=max_tokens,
-            workload=workload,
-        )
+        req = request(**args)
     except RequestError as exc:
-        return _reported(_fallback(str(exc), phase=exc.phase), None, quiet)
+        return _reported(_fallback(str(exc), phase=exc.phase), engine, quiet)
     except Exception as exc:  # never crash the engine
-        return _reported(_fallback(f"internal error in a2a-tune lookup ({one_line(exc)})"), None, quiet)
+        return _reported(_fallback(f"internal error in a2a-tune lookup ({one_line(exc)})"), engine, quiet)
     return answer(req, quiet=quiet)
 
 
