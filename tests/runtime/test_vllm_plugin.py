@@ -1,14 +1,15 @@
 """The vLLM general plugin against a minimal stand-in for vLLM (the real vLLM runs in
-tests/test_engines_real.py, where CI installs it).
+tests/runtime/test_engines_real.py, where CI installs it).
 
 The stand-in mimics what the plugin relies on in vLLM (vllm/engine/arg_utils.py): a
 dataclass ``EngineArgs`` with an ``all2all_backend`` field (default
 "allgather_reducescatter") whose ``create_engine_config()`` validates the literal, binds
 ``passthrough`` for a MoE backend that communicates itself (as vLLM 0.33's
 ``bind_passthrough_all2all_backend``) and returns a config with ``model_config.hf_config``,
-``parallel_config`` and ``scheduler_config``. The fixture table (tests/fixtures/profiles, see test_lookup.py) has
-vLLM literals for allgather_reducescatter and (failed) flashinfer_nvlink_one_sided only;
-tests that need the table to pick another vLLM literal give nvlink_one_sided one.
+``parallel_config`` and ``scheduler_config``. The fixture table (tests/fixtures/profiles, see
+tests/support/lookups.py) has vLLM literals for allgather_reducescatter and (failed)
+flashinfer_nvlink_one_sided only; tests that need the table to pick another vLLM literal give
+nvlink_one_sided one.
 """
 
 from __future__ import annotations
