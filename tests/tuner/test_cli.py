@@ -227,6 +227,10 @@ def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
             ),
             "--max-tokens must be >= 1",
         ),
+        (  # the shape follows lookup's request rules too: refused, not answered with the fallback
+            ("lookup", "--ep-size", "2", "--hidden", "0", "--topk", "1", "--experts", "2", "--tokens", "1"),
+            "--hidden must be >= 1, got 0",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
