@@ -16,6 +16,8 @@ import os
 import threading
 from typing import Any, TypeVar
 
+from a2a_tune.tuner.runtime.text import one_line
+
 from .base import REACHES, All2AllBackend
 from .errors import KernelsError, UnknownBackendError
 
@@ -78,9 +80,7 @@ def _import_bounded(module: str, seconds: float) -> None:
         )
     exc = outcome[0]
     if exc is not None:  # whatever the module raises: one line naming it, not a traceback
-        cause = (str(exc).strip().splitlines() or [""])[0]
-        kind = "" if isinstance(exc, ImportError) else f"{type(exc).__name__}: "
-        raise KernelsError(f"{MODULES_ENV}: cannot import {module!r} ({kind}{cause})") from exc
+        raise KernelsError(f"{MODULES_ENV}: cannot import {module!r} ({one_line(exc, 300)})") from exc
 
 
 def _load_extra_modules() -> None:

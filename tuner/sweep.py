@@ -32,10 +32,12 @@ import torch
 import torch.distributed as dist
 
 from a2a_tune.db import (
+    ConnectionLostError,
     LeaseHeartbeat,
     LeaseLostError,
     MeasurementKey,
     StoreError,
+    StoreFileLostError,
     Writer,
     check_url,
     mask_secrets,
@@ -358,13 +360,21 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[s
                 _sweep_group(ctx, plan, rec, backends, f"{model.name} {dtype} {routing}", routing, usable, progress)
             if backends is not None:
                 backends.close()
+        rec.finish("completed")  # raises when the store lost what it was given: never reported measured
     except KeyboardInterrupt:
         rec.abandon("interrupted")
         raise
+    except ConnectionLostError as exc:
+        rec.abandon("failed")
+        raise ConnectionLostError(
+            f"{exc}, mid-sweep; run {rec.run_id} keeps what was stored: rerun the same command with --resume to continue"
+        ) from exc
+    except StoreFileLostError as exc:
+        rec.abandon("failed")
+        raise StoreFileLostError(f"{exc}; what this sweep measured is not in {exc.path}", exc.path) from exc
     except BaseException:
         rec.abandon("failed")
         raise
-    rec.finish("completed")
 
 
 def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[str, str]) -> list[str]:
