@@ -42,6 +42,7 @@ from a2a_tune.db import (
     check_url,
     mask_secrets,
     open_store,
+    resolve_url,
 )
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, engine_names, get_backend, list_backends
 from a2a_tune.kernels._flashinfer import flashinfer_version
@@ -229,7 +230,8 @@ def sweep(
     rest of this sweep, and the ranks restart on the same run, skipping what is stored. A
     rank whose process dies in a case (a segfault, ``abort()``, ``os._exit``, the OOM
     killer) is handled the same way, recorded as "crashed" with its exit code or signal.
-    Any other rank failure marks the run "failed" and raises `RankFailed`. Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
+    A rank that dies outside any case marks the run "failed" and raises `RankCrashed`; a rank's
+    error marks it "failed" (rank 0 does) and raises `RankFailed`. Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
     `SweepInterrupted`; after `kill -9` the run stays "running" and `resume` takes it over.
     """
     check_url(db_url, persistent=True)  # before any rank starts
@@ -275,9 +277,6 @@ def sweep(
                 _mark_stopped(db_url, run_id, writer, "interrupted")
                 signal_name = "SIGTERM" if type(exc).__name__ == "Terminated" else "SIGINT"
                 raise SweepInterrupted(run_id, signal_name) from None
-            except RankFailed:
-                _mark_stopped(db_url, run_id or heartbeat.fact("run_id"), writer, "failed")
-                raise
             outcome = next((r for r in results if r is not None), None)
             if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
                 return None
@@ -311,16 +310,33 @@ def _record_lost(db_url: str | None, run_id: int, key: MeasurementKey, kind: str
 
 def _mark_stopped(db_url: str | None, run_id: int | None, writer: Writer, status: str) -> None:
     """Mark `run_id` `status` ("interrupted", "failed") for `writer` and release it, so ranks
-    that died do not leave it "running"; nothing when rank 0 already finished it (or the run
-    is another's: the lease decides), when no run was opened, or under torchrun/srun (rank 0
-    records its own end there)."""
-    if run_id is None or launched_externally():
+    that were stopped or died do not leave it "running"; nothing when rank 0 already finished
+    it (or the run is another's: the lease decides), when no run was opened, or under
+    torchrun/srun (rank 0 records its own end there). Not after a rank's own error: rank 0
+    recorded the end itself, and the store may be what failed (a replaced SQLite file must not
+    be opened again: the old file's -wal beside it would be replayed into it)."""
+    if run_id is None or launched_externally() or _file_gone(db_url):
         return
     try:
         with open_store(db_url) as store:
             store.finish_run(run_id, status, writer=writer)
     except StoreError:
         pass
+
+
+def _file_gone(db_url: str | None) -> bool:
+    """Whether the store is an SQLite file that is not there any more (deleted mid-sweep):
+    opening it would create an empty one in its place."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(resolve_url(db_url))
+    path = url.database
+    return (
+        url.get_backend_name() == "sqlite"
+        and bool(path)
+        and not path.startswith(("file:", ":memory:"))
+        and (not os.path.exists(path))
+    )
 
 
 # --------------------------------------------------------------------------------- ranks
