@@ -73,6 +73,13 @@ backend's regret (expected time / best expected time - 1).
 Disaggregated serving: a prefill engine asks ``phase="prefill"``, a decode engine
 ``phase="decode"``; where the curves cross they get different backends.
 
+**Workspace budget.** ``max_workspace_mib=N`` (else ``$A2A_TUNE_MAX_WORKSPACE_MIB``) lets only
+backends compete whose device memory per rank (the table's ``workspace_mib``, schema 3) fits in
+N MiB: for a backend, the most it holds at the entry's token counts up to the first one that
+covers the request's largest step (the point; the decode range's B; a workload's largest
+count). ``Choice.over_budget`` names each backend skipped with its MiB, and the reason says
+so; a backend whose memory the table does not hold (CPU runs, older tables) is kept.
+
 **Knobs.** ``Choice.knobs`` is the launch setting the table holds for the chosen backend
 (``a2a-tune tune-knobs --profile``) at the entry's measured token count nearest (in log
 space; the larger on a tie) to the request's typical load: the point itself; the decode
@@ -117,6 +124,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "PROFILE_DIR_ENV",
     "FINGERPRINT_ENV",
+    "WORKSPACE_ENV",
     "CLUSTER_POINTER_SUFFIX",
     "PHASES",
     "Choice",
@@ -138,6 +146,8 @@ __all__ = [
 ]
 
 PROFILE_DIR_ENV = "A2A_TUNE_PROFILE_DIR"
+#: A workspace budget in MiB for every lookup that passes none (see "Workspace budget").
+WORKSPACE_ENV = "A2A_TUNE_MAX_WORKSPACE_MIB"
 #: ``<node fingerprint>.cluster`` in a profile directory: {"clusters": [fingerprint, ...]},
 #: the multi-node jobs this node took part in, newest first (written by the tuner's run).
 CLUSTER_POINTER_SUFFIX = ".cluster"
@@ -164,7 +174,8 @@ class Choice:
     - 1); ``regret``: the chosen backend's own (> 0 only when the tie rule preferred it
     over the fastest); ``tie``: whether the tie rule applied; ``timing``: competing
     backend -> timing mode of its curve; ``entry_shape``: the table shape used, or None;
-    ``knobs``: the chosen backend's tuned knob setting (empty: its defaults; see above).
+    ``knobs``: the chosen backend's tuned knob setting (empty: its defaults; see above);
+    ``over_budget``: backend -> MiB it holds, for the backends the workspace budget skipped.
 
     A plain class rather than a dataclass: importing dataclasses costs ~10 ms (it imports
     inspect), which every engine would pay at start-up.
@@ -189,8 +200,9 @@ class Choice:
         "timing",
         "knobs",
         "engine_options",
+        "over_budget",
     )
-    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs", "engine_options")
+    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs", "engine_options", "over_budget")
     __slots__ = _FIELDS
 
     def __init__(
@@ -213,6 +225,7 @@ class Choice:
         knobs=None,
         trtllm_name=None,
         engine_options=None,
+        over_budget=None,
     ):
         values = dict(locals())
         for name in self._FIELDS:
@@ -620,6 +633,7 @@ def _fallback(
     hardware_match: str = HW_DEFAULT,
     profile_fingerprint: str | None = None,
     phase: str = "tokens",
+    over_budget=None,
 ) -> Choice:
     return Choice(
         backend=FALLBACK_BACKEND,
@@ -632,6 +646,7 @@ def _fallback(
         hardware_match=hardware_match,
         profile_fingerprint=profile_fingerprint,
         phase=phase,
+        over_budget=over_budget,
     )
 
 
@@ -766,6 +781,7 @@ def lookup(
     max_tokens: int | None = None,
     workload=None,
     quiet: bool = False,
+    max_workspace_mib: float | None = None,
 ) -> Choice:
     """Pick the all2all backend for this shape and load. Never raises.
 
@@ -776,24 +792,30 @@ def lookup(
     otherwise the profile of ``fingerprint`` (or ``$A2A_TUNE_FINGERPRINT``, or the
     probed one) is searched for. ``engine`` (``"vllm"``, ``"sglang"`` or ``"trtllm"``) lets
     only backends that engine accepts a literal for compete. ``quiet``: do not log the
-    fallback warning (the caller reports ``Choice.reason``).
+    fallback warning (the caller reports ``Choice.reason``). ``max_workspace_mib`` (default
+    ``$A2A_TUNE_MAX_WORKSPACE_MIB``): skip backends holding more device memory per rank.
     """
     try:
-        choice = _lookup(
-            ep_size,
-            hidden,
-            topk,
-            num_experts,
-            tokens,
-            dtype,
-            routing,
-            fingerprint,
-            profile,
-            engine,
-            phase,
-            max_tokens,
-            workload,
-        )
+        budget, problem = _budget(max_workspace_mib)
+        if problem:
+            choice = _fallback(problem)
+        else:
+            choice = _lookup(
+                ep_size,
+                hidden,
+                topk,
+                num_experts,
+                tokens,
+                dtype,
+                routing,
+                fingerprint,
+                profile,
+                engine,
+                phase,
+                max_tokens,
+                workload,
+                budget,
+            )
     except Exception as exc:  # never crash the engine
         choice = _fallback(f"internal error in a2a-tune lookup ({type(exc).__name__}: {exc})")
     if choice.match == "fallback" and not quiet:
@@ -815,6 +837,7 @@ def _lookup(
     phase,
     max_tokens,
     workload,
+    budget=None,
 ) -> Choice:
     if (
         type(ep_size) is int
@@ -894,7 +917,7 @@ def _lookup(
             )
         hw = HW_SAME_DOMAIN
 
-    key = (ep_size, hidden, topk, num_experts, dtype, routing, engine, dist_key, hw, expected_fp)
+    key = (ep_size, hidden, topk, num_experts, dtype, routing, engine, dist_key, hw, expected_fp, budget)
     choice = slot.choices.get(key)
     if choice is None:
         if callable(dist):
@@ -905,7 +928,7 @@ def _lookup(
             except WorkloadError as exc:
                 return _fallback(f"workload {exc}", phase=phase_label)  # not cached: the file may be fixed
         want = Shape(ep_size, hidden, topk, num_experts, dtype, routing)
-        choice = _choose(prof, path, want, dist, phase_label, engine, hw, expected_fp)
+        choice = _choose(prof, path, want, dist, phase_label, engine, hw, expected_fp, budget)
         if len(slot.choices) >= _MAX_CACHED_CHOICES:  # e.g. a caller sweeping every token count
             slot.choices.clear()
         slot.choices[key] = choice
@@ -941,8 +964,67 @@ def _pick_entry(prof: Profile, want: Shape):
     return entry, "nearest-shape", text
 
 
+def _budget(value):
+    """(budget in MiB or None, problem or None): the argument, else $A2A_TUNE_MAX_WORKSPACE_MIB."""
+    where = "max_workspace_mib="
+    if value is None:
+        value = os.environ.get(WORKSPACE_ENV, "").strip() or None
+        where = f"{WORKSPACE_ENV}="
+        if value is None:
+            return None, None
+        try:
+            value = float(value)
+        except ValueError:
+            return None, f"invalid {where}{value!r} (expected a number of MiB)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        return None, f"invalid {where}{value!r} (expected a number of MiB >= 0)"
+    return float(value), None
+
+
+def _workspace_need(entry: ProfileEntry, backend: str, dist):
+    """MiB `backend` holds per rank to serve `dist` (see "Workspace budget"), or None if unknown."""
+    values = entry.figures.get(backend, {}).get("workspace_mib")
+    if not values:
+        return None
+    kind = dist[0]
+    top = dist[1] if kind == "point" else dist[2] if kind == "log-uniform" else max(t for t, _ in dist[1])
+    covering = next((j for j, t in enumerate(entry.tokens) if t >= top), len(entry.tokens) - 1)
+    known = [v for v in values[: covering + 1] if v is not None] or [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _over_budget(entry: ProfileEntry, curves: dict, dist, budget) -> tuple:
+    """(the curves within `budget`, {backend: MiB} of those skipped, backends of unknown memory)."""
+    if budget is None:
+        return curves, {}, []
+    need = {b: _workspace_need(entry, b, dist) for b in curves}
+    over = {b: mib for b, mib in need.items() if mib is not None and mib > budget}
+    unknown = sorted(b for b, mib in need.items() if mib is None)
+    return {b: c for b, c in curves.items() if b not in over}, over, unknown
+
+
+def _budget_text(budget, over: dict, unknown: list) -> str:
+    if budget is None:
+        return ""
+    text = f"; workspace budget {budget:g} MiB: "
+    text += (
+        "skipped " + ", ".join(f"{b} ({mib:g} MiB)" for b, mib in sorted(over.items())) if over else "nothing skipped"
+    )
+    if unknown:
+        text += f" (memory not in the table: {', '.join(unknown)}, kept)"
+    return text
+
+
 def _choose(
-    prof: Profile, path: str, want: Shape, dist, phase: str, engine: str | None, hw: str, machine_fp: str | None
+    prof: Profile,
+    path: str,
+    want: Shape,
+    dist,
+    phase: str,
+    engine: str | None,
+    hw: str,
+    machine_fp: str | None,
+    budget=None,
 ) -> Choice:
     fname = os.path.basename(path)
     common = dict(hardware_match=hw, profile_fingerprint=prof.fingerprint, phase=phase)
@@ -958,12 +1040,16 @@ def _choose(
     curves = {b: c for b, c in entry.median_us.items() if b not in entry.failed}
     if engine is not None:
         curves = {b: c for b, c in curves.items() if _expressible(engine, prof.backends[b], want)}
+    curves, over, unknown = _over_budget(entry, curves, dist, budget)
+    budget_text = _budget_text(budget, over, unknown)
     medians = {b: round(v, US_DECIMALS) for b, v in expected(entry.tokens, curves, dist).items()}
     if not medians:
         return _fallback(
             f"{path}: {shape_text}: no usable backend{f' with a {engine} name' if engine else ''} {where}"
-            + (f" (failed: {', '.join(sorted(entry.failed))})" if entry.failed else ""),
+            + (f" (failed: {', '.join(sorted(entry.failed))})" if entry.failed else "")
+            + budget_text,
             path,
+            over_budget=over,
             **common,
         )
     spread_of = lambda curves_by_b: expected(entry.tokens, {b: curves_by_b[b] for b in medians}, dist)  # noqa: E731
@@ -1000,7 +1086,7 @@ def _choose(
         trtllm_name=names.trtllm_name,
         engine_options=names.engine_options,
         match=match,
-        reason=f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}",
+        reason=f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}{budget_text}",
         source=path,
         expected_us=medians,
         entry_shape=entry.shape,
@@ -1009,6 +1095,7 @@ def _choose(
         tie=len(tied) > 1,
         timing=modes,
         knobs=_knobs_at(entry, chosen, dist),
+        over_budget=over,
         **common,
     )
 
