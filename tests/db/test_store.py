@@ -32,7 +32,7 @@ from a2a_tune.db import (
     resolve_url,
     upgrade,
 )
-from a2a_tune.db.models import VERSION_TABLE, Base
+from a2a_tune.db.models import FIGURE_FIELDS, VERSION_TABLE, Base
 
 FIXTURES = paths.FIXTURES / "db"
 
@@ -601,6 +601,75 @@ def test_committed_schema1_database_still_opens(tmp_path):
             ("nvlink_one_sided", 64, 8, 7168, "bf16", 2, 128, "uniform"),
         }
         assert {f.kind for f in s.failures(run.id)} == {"incorrect", "unavailable"}
+        # measured before the figures: they read as not measured, the round trip stands alone
+        assert all(getattr(m, f) is None for m in s.measurements(run.id) for f in FIGURE_FIELDS)
+
+
+def test_committed_schema2_database_upgrades_and_reads_without_figures(tmp_path):
+    """tests/fixtures/db/schema2.db was written by the release before 0003_figures (README there);
+    `a2a-tune db upgrade` brings it to head and every measurement reads as before."""
+    db = tmp_path / "schema2.db"
+    shutil.copyfile(FIXTURES / "schema2.db", db)
+    url = _url(db)
+    with pytest.raises(StoreOutdatedError, match="a2a-tune db upgrade --db"):
+        open_store(url)
+    r = subprocess.run(
+        [sys.executable, "-m", "a2a_tune.tuner.cli", "db", "upgrade", "--db", url], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and "is at the current schema" in r.stdout, r.stderr
+    assert upgrade(url) == (head_revision(), head_revision()) == ("0003_figures", "0003_figures")
+    with open_store(url) as s:
+        [run] = s.runs()
+        assert (run.fingerprint, run.status, run.versions["torch"]) == ("h200.nvl18x2.node1", "completed", "2.12.0")
+        rows = s.measurements(run.id)
+        assert [(m.backend, m.timing, m.median_us) for m in rows] == [
+            ("allgather_reducescatter", "eager", 48.0),
+            ("nccl_all2allv", "eager", 39.5),
+            ("nvlink_one_sided", "graph", 21.25),
+        ]
+        assert all(getattr(m, f) is None for m in rows for f in FIGURE_FIELDS)
+        # the upgraded store takes the figures of a new measurement beside the old ones
+        s.add_measurement(run.id, **_measurement(tokens_per_rank=256, dispatch_median_us=20.0, workspace_bytes=1))
+        assert s.measurements(run.id)[-1].dispatch_median_us == 20.0
+
+
+def test_figures_are_stored_beside_the_round_trip_and_read_back(db_url):
+    figures = dict(
+        dispatch_median_us=19.5,
+        combine_median_us=23.25,
+        dispatch_samples=[19.0, 19.5, 20.0],
+        combine_samples=[23.0, 23.25, 24.0],
+        dispatch_logical_bytes=1835008.0,
+        dispatch_link_bytes=917504.5,
+        combine_logical_bytes=3670016.0,
+        combine_link_bytes=1835009.0,
+        workspace_bytes=6 * 2**30,  # beyond 32 bits
+    )
+    with open_store(db_url) as s:
+        _, run = _new_run(s)
+        s.add_measurement(run, **_measurement(**figures))
+        s.add_measurement(run, **_measurement(tokens_per_rank=1))  # none given: not measured
+    with open_store(db_url, readonly=True) as s:
+        with_figures, without = s.measurements(run)
+    assert {f: getattr(with_figures, f) for f in FIGURE_FIELDS} == figures
+    assert all(getattr(without, f) is None for f in FIGURE_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (dict(dispatch_median_us=float("nan")), ValueError),
+        (dict(combine_samples=[1.0, float("inf")]), ValueError),
+        (dict(workspace_bytes=-1), ValueError),
+        (dict(workspace_bytes=1.5), ValueError),
+        (dict(dispatch_bytes=1.0), TypeError),  # not a figure column
+    ],
+)
+def test_a_figure_that_cannot_be_stored_is_refused_before_any_sql(store, bad, error):
+    _, run = _new_run(store)
+    with pytest.raises(error):
+        store.add_measurement(run, **_measurement(**bad))
+    assert store.measurements(run) == []
 
 
 def test_models_match_the_migrated_schema(db_url):
