@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
+from a2a_tune.db.models import FIGURE_FIELDS
 from a2a_tune.kernels import MoEShape
 from a2a_tune.tuner.launch import run_ranks
-from a2a_tune.db.models import FIGURE_FIELDS
 from a2a_tune.tuner.measure import Backends, Result, capacity_for, input_sets, measure, measure_case
 
 SHAPE = MoEShape(8, 2, 32, 16, "bf16")  # built for 16 tokens per rank: the largest count measured
