@@ -20,8 +20,7 @@ where it runs.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -30,6 +29,7 @@ __all__ = [
     "Traffic",
     "destination_pairs",
     "gbps",
+    "is_cpu",
     "link_bandwidth",
     "link_pct",
     "link_text",
@@ -171,10 +171,13 @@ def link_text(facts: Mapping | None, ep_size: int) -> str:
     link = link_bandwidth(facts, ep_size)
     if link is not None:
         return f"{link.gbps:.0f} GB/s per direction ({link.how}, from the probe facts)"
-    if not isinstance(facts, Mapping) or not _gpus(facts):
+    if not isinstance(facts, Mapping) or "gpus" not in facts:
+        return "link bandwidth unknown (no probe facts)"
+    if is_cpu(facts):
         return NO_LINK
     return "link bandwidth unknown (no NVLink island of the EP group, no PCIe numbers in the probe facts)"
 
 
-def mean(values: Sequence[float]) -> float:
-    return math.fsum(values) / len(values) if values else 0.0
+def is_cpu(facts: Mapping | None) -> bool:
+    """Whether probe facts describe CPU ranks (a probe that found no GPU)."""
+    return isinstance(facts, Mapping) and "gpus" in facts and not _gpus(facts)

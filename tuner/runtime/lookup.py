@@ -19,7 +19,7 @@ this module:
 * **One key function.** :func:`profile_filename` names the file for both the writer
   (``a2a_tune.tuner.select``) and this reader.
 
-The table format (schemas 1 and 2) is :mod:`a2a_tune.tuner.runtime.table`; interpolation,
+The table format (schemas 1, 2 and 3) is :mod:`a2a_tune.tuner.runtime.table`; interpolation,
 expectations over a phase or workload and the tie rule are :mod:`a2a_tune.tuner.runtime.estimate`;
 the literals each engine accepts are :mod:`a2a_tune.tuner.runtime.engines`.
 
@@ -587,7 +587,7 @@ def _load_cached(path: str) -> _Loaded:
 
 
 def load_profile(path) -> Profile:
-    """Read and validate a profile file (schema 1 or 2); raises :class:`ProfileError`
+    """Read and validate a profile file (schema 1, 2 or 3); raises :class:`ProfileError`
     (one line) if unusable. Results are cached by (path, mtime, size, inode)."""
     slot = _load_cached(os.fspath(path))
     if slot.error is not None:

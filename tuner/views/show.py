@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..figures import NO_LINK, link_text
+from ..figures import NO_LINK, is_cpu, link_text
 from ..runtime.table import SHAPE_KEYS
 from .model import (
     EN_DASH,
@@ -239,7 +239,7 @@ def figures_note(view: TableView, shape: ShapeView) -> str:
     """The line under a figures table: what GB/s and link % count, and the link they compare with."""
     text = link_text(view.facts, shape.ep_size)
     link = f"link: link bytes / dispatch time vs {text}" if text != NO_LINK else "link: no link (CPU ranks)"
-    mib = "" if view.facts.get("gpus") else "; MiB: not measured on CPU ranks"
+    mib = "; MiB: not measured on CPU ranks" if is_cpu(view.facts) else ""
     return f"GB/s: dispatch logical bytes (every token-rank pair) / dispatch time; {link}{mib}"
 
 
