@@ -170,3 +170,31 @@ def test_report_tabulates_the_figures_and_plot_draws_the_two_halves(tmp_path, mo
         ("nccl_all2allv", 12),
         ("nvlink_one_sided", 10),
     ]
+
+
+def test_diff_says_which_half_got_slower(tmp_path):
+    from a2a_tune.tuner.views.diff import diff_views
+
+    data = json.loads(FIXTURE.read_text())
+    (a,) = [e for e in data["entries"] if e["hidden"] == 7168]
+    curve = a["backends"]["nccl_all2allv"]
+    for key in ("median_us", "p10_us", "p90_us"):
+        curve[key][-1] *= 2  # 420 -> 840 µs at 1024 tokens
+    curve["dispatch_us"][-1] *= 3  # all of it in dispatch: 189 -> 567; combine stays 210
+    slower = tmp_path / "b.json"
+    slower.write_text(json.dumps(data))
+    res = diff_views(load_profile_view(FIXTURE), load_profile_view(slower))
+    (p,) = res.regressions
+    assert (p.backend, p.tokens, p.ratio) == ("nccl_all2allv", 1024, 2.0)
+    assert (p.dispatch_ratio, p.combine_ratio) == (pytest.approx(3.0), 1.0)
+    assert res.to_dict()["regressions"][0]["dispatch_ratio"] == pytest.approx(3.0)
+    r = a2a("diff", str(FIXTURE), str(slower))
+    assert r.returncode == 1 and "2.00x (dispatch 3.00x, combine 1.00x)" in " ".join(r.stdout.split()), r.stdout
+    # tables from before the halves: the ratio of the round trips alone
+    old = json.loads(SCHEMA2.read_text())
+    (a,) = [e for e in old["entries"] if e["hidden"] == 7168]
+    for key in ("median_us", "p10_us", "p90_us"):
+        a["backends"]["nccl_all2allv"][key][-1] *= 2
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (p,) = diff_views(load_profile_view(SCHEMA2), load_profile_view(tmp_path / "old.json")).regressions
+    assert (p.ratio, p.dispatch_ratio, p.combine_ratio, p.halves()) == (2.0, None, None, "")
