@@ -95,3 +95,38 @@ def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
         worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
         results[case.id] = (all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed)
     return results
+
+
+def run_cases_virtual(device, cases: list[Case]) -> dict[str, tuple[bool, float, str, bool]]:
+    """`run_cases` on virtual ranks (a2a_tune.kernels.virtual): each case's W = len(tokens) ranks
+    in this process on `device`, one VirtualRanks a case, the same inputs as W real ranks get."""
+    from a2a_tune.kernels.virtual import VirtualWorld
+
+    results = {}
+    for i, case in enumerate(cases):
+        world = len(case.tokens)
+        shape = MoEShape(case.experts, case.topk, case.hidden, case.capacity or max(max(case.tokens), 1), case.dtype)
+        try:
+            ranks = VirtualWorld(world, device).build(get_backend(case.backend), shape, step=case.step)
+            if case.knobs:
+                ranks.set_knobs(case.knobs)
+        except Exception as exc:  # noqa: BLE001
+            results[case.id] = (False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True)
+            continue
+        scales = None
+        if case.scales == "random":
+            scales = torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
+        verdicts = []
+        with ranks:
+            try:
+                for rep in range(case.repeats):
+                    inputs = ranks.inputs(case.tokens, routing=case.routing, seed=1000 * i + rep)
+                    verdicts.append(ranks.check(inputs, scales=scales))
+                    if not verdicts[-1].ok:
+                        break  # the instances' state is garbage after a failed round
+            except ShapeError as exc:
+                results[case.id] = (False, float("inf"), str(exc), True)
+                continue
+        worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
+        results[case.id] = (all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed)
+    return results
