@@ -101,6 +101,10 @@ def test_a_new_count_pattern_compiles_nothing_new_and_sets_no_error_word(virtual
     assert got["naive_new_keys"], "the pattern does not exercise the specialization"
 
 
+def test_virtual_timings_carry_the_label_the_store_refuses(virtual):
+    assert virtual["timed"] == ("virtual", 2, True)  # tests/db/test_store.py: refused
+
+
 def test_a_step_change_between_dispatch_and_combine_is_refused_on_virtual_ranks(virtual):
     assert virtual["mid_trip"] == "set_step_tokens changed between dispatch (2) and combine (3)"
 

@@ -57,6 +57,20 @@ class CompileKeys:
     def snapshot(self) -> tuple[set, set]:
         return set(self.honoured), set(self.naive)
 
+    @staticmethod
+    def compiled() -> int | None:
+        """Kernels Triton compiled so far in this process (on a GPU; None when interpreted)."""
+        from a2a_tune.kernels import _low_latency_kernels, _nvlink_common, _one_sided_kernels
+
+        caches = [
+            cache[0]
+            for module in (_one_sided_kernels, _low_latency_kernels, _nvlink_common)
+            for name, kernel in vars(module).items()
+            if name.endswith("_kernel")
+            for cache in getattr(kernel, "device_caches", {}).values()
+        ]
+        return sum(map(len, caches)) if caches else None
+
 
 @dataclass(frozen=True)
 class Pattern:
@@ -76,11 +90,12 @@ def count_pattern(device, keys: CompileKeys, p: Pattern) -> dict:
     shape = MoEShape(p.experts, p.topk, p.hidden, capacity, "bf16")
     with VirtualWorld(len(p.warm), device).build(get_backend(p.backend), shape, step=max(p.warm)) as ranks:
         warm = ranks.check(ranks.inputs(p.warm, seed=1))
-        before = keys.snapshot()
+        before, compiled = keys.snapshot(), keys.compiled()
         ranks.set_step_tokens(max(p.then))  # an engine's step: the most any rank holds
         then = ranks.check(ranks.inputs(p.then, seed=2))
         after = keys.snapshot()
         return {
+            "compiled": (compiled, keys.compiled()),
             "ok": (warm.ok, then.ok),
             "reasons": (warm.reason, then.reason),
             "new_keys": sorted(after[0] - before[0]),
@@ -127,6 +142,13 @@ def graph_replays(device, r: Replays) -> tuple[float | None, str]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def _timed(device) -> tuple[str, int, bool]:
+    """Virtual round trips timed at T = 1 on 2 ranks: (their label, samples, all positive)."""
+    with VirtualWorld(2, device).build(get_backend("nvlink_one_sided"), MoEShape(8, 2, 8, 1), step=1) as ranks:
+        t = ranks.time_round_trips(ranks.inputs([1, 1]), warmup=1, iters=2)
+    return t.timing, len(t.us), all(us > 0 for us in t.us)
+
+
 def virtual_work(
     ctx, cases: list[Case], patterns: list[Pattern], replays: list[Replays] = (), mid_trip: bool = True
 ) -> dict:
@@ -136,4 +158,5 @@ def virtual_work(
         "patterns": {f"{p.backend}-{p.warm}-{p.then}": count_pattern(ctx.device, keys, p) for p in patterns},
         "mid_trip": _step_change_mid_trip(ctx.device) if mid_trip else None,
         "replays": {r.id: graph_replays(ctx.device, r) for r in replays},
+        "timed": _timed(ctx.device),
     }
