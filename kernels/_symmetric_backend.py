@@ -115,7 +115,7 @@ class SymmetricMemoryBackend(All2AllBackend):
         self.state.phased = world is not None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if world is None:  # one process: the ranks are built one after the other, none signals yet
+        if world is None:  # (virtual ranks are built in turn by one process: none runs a kernel yet)
             torch.distributed.barrier(group=group)  # every rank's flags are zero before anyone signals
 
     def __init_subclass__(cls, **kwargs) -> None:

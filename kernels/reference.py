@@ -208,22 +208,34 @@ def graph_replay_error(backend: All2AllBackend, tokens: int, replays: int) -> fl
         d = backend.dispatch(static.x, static.topk_ids, static.topk_weights)
         return backend.combine(expert_compute(d.x, d.topk_ids, d.topk_weights, scales), d)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture (allocations, compilation)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = step()
+    graph, y = capture_graph(step)
     worst = 0.0
     for rep in range(replays):
         fresh = make_inputs(shape, tokens, rank=rank, world_size=world, seed=100 + rep, device=backend.device)
-        static.x.copy_(fresh.x)
-        static.topk_ids.copy_(fresh.topk_ids)
-        static.topk_weights.copy_(fresh.topk_weights)
+        refill(static, fresh)
         graph.replay()
         ref = expected_output(fresh, scales)
         worst = max(worst, relative_error(y, ref))
     torch.cuda.synchronize()
     return worst
+
+
+def capture_graph(step, warmup=None):
+    """Run `warmup` (default: `step`) once on a side stream (allocations, compilation), then
+    capture `step()` in a CUDA graph: (the graph, what `step` returned under capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        (warmup or step)()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
+def refill(static: RankInputs, fresh: RankInputs) -> None:
+    """Copy `fresh` inputs into the captured `static` ones (same shapes): a replay's new round."""
+    static.x.copy_(fresh.x)
+    static.topk_ids.copy_(fresh.topk_ids)
+    static.topk_weights.copy_(fresh.topk_weights)

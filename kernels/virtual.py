@@ -34,6 +34,7 @@ from .reference import (
     TOLERANCE,
     CheckResult,
     RankInputs,
+    capture_graph,
     combine_error,
     crash_reason,
     dispatch_problem,
@@ -41,6 +42,7 @@ from .reference import (
     expert_outputs,
     expert_scales,
     make_inputs,
+    refill,
     relative_error,
 )
 
@@ -249,24 +251,15 @@ class VirtualRanks:
         scales = expert_scales(self.shape.num_experts, self.device)
         static = self.inputs(tokens, seed=0)
 
-        def step() -> list[torch.Tensor]:
-            return self.round_trip(static, scales, check_signals=False)  # no host reads under capture
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.round_trip(static, scales)  # warm-up outside the capture (allocations, compilation)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            ys = step()
+        graph, ys = capture_graph(
+            lambda: self.round_trip(static, scales, check_signals=False),  # no host reads under capture
+            warmup=lambda: self.round_trip(static, scales),  # the warm-up checks every signal
+        )
         worst = 0.0
         for rep in range(replays):
             fresh = self.inputs(tokens, seed=100 + rep)
             for s, f in zip(static, fresh):
-                s.x.copy_(f.x)
-                s.topk_ids.copy_(f.topk_ids)
-                s.topk_weights.copy_(f.topk_weights)
+                refill(s, f)
             graph.replay()
             for y, f in zip(ys, fresh):
                 if len(y):

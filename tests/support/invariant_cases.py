@@ -59,21 +59,39 @@ def cases_w2(backends: list[str] = REAL_BACKENDS) -> list[Case]:
     return cases
 
 
+def _shape(case: Case) -> MoEShape:
+    return MoEShape(case.experts, case.topk, case.hidden, case.capacity or max(max(case.tokens), 1), case.dtype)
+
+
+def _not_built(exc: Exception) -> tuple[bool, float, str, bool]:
+    return False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True
+
+
+def _scales(case: Case) -> torch.Tensor | None:
+    if case.scales == "random":
+        return torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
+    return None
+
+
+def _summary(verdicts) -> tuple[bool, float, str, bool]:
+    """The case's result: every call passed?, and the worst call's error, reason, crash."""
+    worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
+    return all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed
+
+
 def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
     results = {}
     for i, case in enumerate(cases):
-        shape = MoEShape(case.experts, case.topk, case.hidden, case.capacity or max(max(case.tokens), 1), case.dtype)
+        shape = _shape(case)
         try:  # a backend that cannot even be built fails its case, not the whole launch
             backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
             backend.set_step_tokens(case.step)
             if case.knobs:
                 backend.set_knobs(case.knobs)
         except Exception as exc:  # noqa: BLE001
-            results[case.id] = (False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True)
+            results[case.id] = _not_built(exc)
             continue
-        scales = None
-        if case.scales == "random":
-            scales = torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
+        scales = _scales(case)
         verdicts = []
         try:
             for rep in range(case.repeats):
@@ -92,8 +110,7 @@ def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
             backend.close()
             continue
         backend.close()
-        worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
-        results[case.id] = (all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed)
+        results[case.id] = _summary(verdicts)
     return results
 
 
@@ -105,17 +122,15 @@ def run_cases_virtual(device, cases: list[Case]) -> dict[str, tuple[bool, float,
     results = {}
     for i, case in enumerate(cases):
         world = len(case.tokens)
-        shape = MoEShape(case.experts, case.topk, case.hidden, case.capacity or max(max(case.tokens), 1), case.dtype)
+        shape = _shape(case)
         try:
             ranks = VirtualWorld(world, device).build(get_backend(case.backend), shape, step=case.step)
             if case.knobs:
                 ranks.set_knobs(case.knobs)
         except Exception as exc:  # noqa: BLE001
-            results[case.id] = (False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True)
+            results[case.id] = _not_built(exc)
             continue
-        scales = None
-        if case.scales == "random":
-            scales = torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
+        scales = _scales(case)
         verdicts = []
         with ranks:
             try:
@@ -127,6 +142,5 @@ def run_cases_virtual(device, cases: list[Case]) -> dict[str, tuple[bool, float,
             except ShapeError as exc:
                 results[case.id] = (False, float("inf"), str(exc), True)
                 continue
-        worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
-        results[case.id] = (all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed)
+        results[case.id] = _summary(verdicts)
     return results
