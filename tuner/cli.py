@@ -388,7 +388,9 @@ def _one_line_text(exc: BaseException) -> str:
 
 
 _device_opt = typer.Option(
-    "auto", help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo; auto: cuda if >= 2 GPUs."
+    "auto",
+    help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo (on a GPU host: a rehearsal, not its table); "
+    "auto: cuda if >= 2 GPUs, or a GPU under torchrun/srun.",
 )
 _world_opt = typer.Option(None, help="Ranks to spawn [default: every GPU; 2 on cpu]. Ignored under torchrun/srun.")
 _preset_opt = typer.Option(
