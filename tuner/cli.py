@@ -1409,10 +1409,12 @@ def presets() -> None:
 @db_app.command("upgrade")
 def db_upgrade(db: str | None = _db_opt) -> None:
     """Migrate a database made by an older a2a-tune to the current schema."""
-    from a2a_tune.db import StoreError, display_url, resolve_url, upgrade
+    from a2a_tune.db import EmptyStoreError, StoreError, display_url, resolve_url, upgrade
 
     try:
         upgrade(db)
+    except EmptyStoreError as exc:  # no such file: upgrading nothing is a mistake (a typo in --db?)
+        raise _fail(str(exc), 2) from None
     except StoreError as exc:
         raise _fail(str(exc)) from None
     out.print(f"{display_url(resolve_url(db))} is at the current schema", highlight=False, markup=False)

@@ -250,6 +250,17 @@ def test_select_on_an_empty_database_says_what_to_do(tmp_path):
     assert r.returncode == 1 and "run `a2a-tune sweep` first" in r.stderr
 
 
+def test_db_upgrade_of_a_file_that_does_not_exist_is_refused(tmp_path):
+    missing = tmp_path / "tpyo.db"
+    r = a2a("db", "upgrade", "--db", str(missing))
+    assert r.returncode == 2 and r.stdout == ""
+    assert (
+        " ".join(r.stderr.split())
+        == f"error: no database at {missing}: nothing to upgrade (a sweep creates its store when it starts)"
+    )
+    assert list(tmp_path.iterdir()) == []  # upgrading nothing created nothing
+
+
 FIXTURE_ENV = {
     "A2A_TUNE_PROFILE_DIR": str(paths.FIXTURES / "profiles"),
     "A2A_TUNE_FINGERPRINT": "test.fixture.node1",

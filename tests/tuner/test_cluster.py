@@ -11,9 +11,8 @@ import subprocess
 import time
 
 import pytest
-import sqlalchemy as sa
 from cluster_job import CLI, FIXTURES, free_port, lookup, nodes, recording, srun, torchrun
-from databases import fresh_postgres_database, postgres_server
+from databases import fresh_postgres_database, measurement_count, postgres_server
 
 from a2a_tune.db import open_store
 from a2a_tune.kernels import get_backend, list_backends, register_backend
@@ -380,17 +379,6 @@ def test_a_mixed_cluster_stops_before_any_timing_unless_allowed(tmp_path):
         assert table["hardware"]["facts"]["driver_versions"] == ["570.133.20", "575.51.03"]
 
 
-def _measurements(db: str) -> int:
-    engine = sa.create_engine(db if "://" in db else f"sqlite:///{db}")
-    try:
-        with engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT count(*) FROM measurements").scalar()
-    except sa.exc.SQLAlchemyError:
-        return 0
-    finally:
-        engine.dispose()
-
-
 @pytest.fixture
 def shared_db(tmp_path):
     """The database a cluster shares: a fresh PostgreSQL database when a server is configured
@@ -415,7 +403,7 @@ def test_a_killed_node_stops_the_job_in_one_line_and_resume_completes_it(tmp_pat
     port = free_port()
     agents = [torchrun(n, 2, 2, port, args, A2A_TUNE_COLLECTIVE_TIMEOUT_S="60") for n in job_nodes]
     deadline = time.monotonic() + 300
-    while _measurements(db) < 3 and time.monotonic() < deadline and agents[0].poll() is None:
+    while measurement_count(db) < 3 and time.monotonic() < deadline and agents[0].poll() is None:
         time.sleep(0.2)
     assert agents[0].poll() is None, agents[0].communicate()
     agents[1].kill()  # node 1's torchrun agent; its ranks die with it (parent-death signal)
@@ -428,7 +416,7 @@ def test_a_killed_node_stops_the_job_in_one_line_and_resume_completes_it(tmp_pat
     assert any("lost contact with the job" in line for line in ours), err
     assert all("--resume" in line for line in ours), err
     assert not any("a2a_tune" in line and "File " in line for line in err.splitlines())  # no traceback of ours
-    stored = _measurements(db)
+    stored = measurement_count(db)
     assert 3 <= stored < planned
     with open_store(db) as store:
         (run,) = store.runs()

@@ -1,7 +1,7 @@
 """Hostile and unlucky inputs (issue 17): the start-up path never hangs and reads only what it
 may, resource limits say so in one line, errors are one line without secrets, and read-only
 databases can be read. (The sweep's one writer and its ranks: tests/test_sweep_robustness.py
-and tests/test_run_lease.py.)"""
+and tests/db/test_lease.py.)"""
 
 from __future__ import annotations
 
@@ -378,18 +378,52 @@ def test_a_database_in_a_read_only_directory_is_read(command, tmp_path):
     assert sorted(p.name for p in shelf.iterdir()) == before  # nothing created next to it
 
 
-def test_a_read_only_store_refuses_writes_and_creates_nothing(tmp_path):
-    from a2a_tune.db import StoreError, open_store
+def _files(directory: Path) -> list[tuple[str, str]]:
+    import hashlib
 
-    with pytest.raises(StoreError, match="no database at .*missing.db"):
-        open_store(str(tmp_path / "missing.db"), readonly=True)
-    assert not (tmp_path / "missing.db").exists()
-    db = tmp_path / "r.db"
+    return sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in directory.iterdir())
+
+
+READERS = {
+    "show": ["show"],
+    "report": ["report", "--out", "{out}/r.html"],
+    "plot": ["plot", "--out", "{out}"],
+    "select": ["select", "--out", "{out}"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(READERS))
+def test_a_reader_leaves_the_store_byte_for_byte_as_it_was(command, tmp_path):
+    shelf, out = tmp_path / "shelf", tmp_path / "out"
+    shelf.mkdir()
+    out.mkdir()
+    db = shelf / "runs.db"
     _db_with_a_completed_run(db)
-    with open_store(str(db), readonly=True) as s:
-        (run,) = s.runs()
-        with pytest.raises(StoreError, match="readonly"):
-            s.finish_run(run.id, "failed")
+    before = _files(shelf)
+    r = a2a(*[a.format(out=out) for a in READERS[command]], "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    assert _files(shelf) == before  # not a byte changed, no -wal or -shm left beside it
+    assert list(out.iterdir()) or command == "show"  # it did read the run
+
+
+@pytest.mark.parametrize("command", ["sweep", "show", "select"])
+def test_refusing_a_store_of_a_newer_schema_leaves_it_as_it_was(command, tmp_path):
+    import sqlite3
+
+    db = tmp_path / "newer.db"
+    _db_with_a_completed_run(db)
+    con = sqlite3.connect(db)  # a newer a2a-tune's store, in rollback-journal mode (a copied file)
+    con.execute("UPDATE a2a_tune_alembic_version SET version_num = '0099_from_the_future'")
+    con.commit()
+    con.execute("PRAGMA journal_mode = DELETE")
+    con.close()
+    before = _files(tmp_path)
+    argv = {"sweep": ["sweep", "--device", "cpu", "--world", "2", "--tokens", "1", "--no-progress"]}.get(
+        command, [command]
+    )
+    r = a2a(*argv, "--db", str(db), cwd=tmp_path)
+    assert r.returncode in (1, 2) and "0099_from_the_future" in one_error_line(r)  # views: 2, bad input
+    assert _files(tmp_path) == before
 
 
 # ------------------------------------------------------------------------ first error
