@@ -41,6 +41,8 @@ from sqlalchemy import Engine, column, create_engine, event, inspect, select, ta
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
+from a2a_tune.tuner.runtime.text import one_line
+
 from .errors import EmptyStoreError, StoreError, StoreOutdatedError
 from .models import VERSION_TABLE, Base
 
@@ -133,8 +135,8 @@ def _one_line(exc: BaseException) -> str:
     statement dump and documentation link."""
     orig = getattr(exc, "orig", None)
     text = str(orig) if orig is not None else (str(exc.args[0]) if exc.args else "")
-    text = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
-    return mask_secrets(text) or type(orig if orig is not None else exc).__name__
+    first = text.strip().splitlines()[0] if text.strip() else ""  # SQLAlchemy's dump follows
+    return one_line(mask_secrets(first)) or type(orig if orig is not None else exc).__name__
 
 
 # PostgreSQL SQLSTATEs that mean the server went away: class 08 (connection exception) and

@@ -43,6 +43,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from a2a_tune.tuner.runtime.text import one_line
+
 from .engine import _one_line, _sqlite_file, connection_lost, display_url, open_engine, resolve_url
 from .errors import ConnectionLostError, DuplicateMeasurementError, NotFoundError, StoreError, StoreFileLostError
 from .lease import LEASE_STALE_S, Writer, claim, fence, lease_values
@@ -252,10 +254,7 @@ def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
 
 
 def _one_line_reason(reason: str) -> str:
-    text = " ".join(part.strip() for part in str(reason).splitlines() if part.strip())
-    if len(text) > MAX_REASON_CHARS:
-        text = text[: MAX_REASON_CHARS - 1] + "…"
-    return text or "(no reason given)"
+    return one_line(reason, MAX_REASON_CHARS) or "(no reason given)"
 
 
 # --------------------------------------------------------------------------- store

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from a2a_tune.tuner.runtime.text import one_line
+
 from .base import All2AllBackend, Dispatched, MoEShape, torch_dtype
 from .errors import ShapeError
 from .quant import dequantize_fp8_blocks
@@ -128,12 +130,8 @@ def check_invariant(
     except ShapeError:
         raise
     except Exception as exc:  # a crashing backend is a failed check, reported in one line
-        reason, crashed = crash_reason(exc), True
+        reason, crashed = one_line(exc), True
     return _agree(backend, CheckResult(not reason, err, reason, crashed))
-
-
-def crash_reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def dispatch_problem(backend: All2AllBackend, d: Dispatched) -> str:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from a2a_tune.tuner.runtime.text import one_line
+
 from .base import All2AllBackend, Dispatched, MoEShape
 from .errors import ShapeError, VirtualRanksError
 from .reference import (
@@ -36,7 +38,6 @@ from .reference import (
     RankInputs,
     capture_graph,
     combine_error,
-    crash_reason,
     dispatch_problem,
     expected_output,
     expert_outputs,
@@ -233,7 +234,7 @@ class VirtualRanks:
         except VirtualRanksError as exc:  # a skipped signal: wrong results, no crash
             return CheckResult(False, float("inf"), str(exc))
         except Exception as exc:  # a crashing backend is a failed check, reported in one line
-            return CheckResult(False, float("inf"), crash_reason(exc), crashed=True)
+            return CheckResult(False, float("inf"), one_line(exc), crashed=True)
         worst, first = 0.0, ""
         for r, (y, i) in enumerate(zip(ys, inputs)):
             err, reason = combine_error(y, i, scales, tol)

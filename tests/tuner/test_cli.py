@@ -227,6 +227,10 @@ def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
             ),
             "--max-tokens must be >= 1",
         ),
+        (  # the shape follows lookup's request rules too: refused, not answered with the fallback
+            ("lookup", "--ep-size", "2", "--hidden", "0", "--topk", "1", "--experts", "2", "--tokens", "1"),
+            "--hidden must be >= 1, got 0",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -304,7 +308,7 @@ def test_lookup_trtllm_format_leaves_tensorrt_llm_its_own_choice_without_a_metho
     r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "trtllm", env_extra=FIXTURE_ENV)
     assert r.returncode == 0 and r.stdout == "", r.stderr
     (line,) = r.stderr.strip().splitlines()
-    assert "no usable backend with a trtllm name" in line and line.endswith(
+    assert "no usable backend that TensorRT-LLM accepts;" in line and line.endswith(
         "TensorRT-LLM keeps its own choice (no TRTLLM_FORCE_COMM_METHOD)"
     )
     sh = subprocess.run(
