@@ -146,6 +146,8 @@ class Backends:
         self.capacity = capacity
         self._built: dict[tuple[str, int], All2AllBackend | None] = {}
         self._held: dict[tuple[str, int], int | None] = {}  # slot -> workspace bytes (None: not measured)
+        if ctx.device.type == "cuda":
+            _warm_collectives(ctx)
 
     def get(self, name: str, tokens: int) -> All2AllBackend | Result:
         """`name` built to run steps of `tokens` per rank (the step's max over ranks, the same
@@ -225,6 +227,17 @@ class Backends:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _warm_collectives(ctx: RankContext) -> None:
+    """Collective: one small all_to_all, all_gather and reduce_scatter on the group, so the buffers
+    NCCL sets up at a collective's first use (per-peer channels at the first all_to_all) are in
+    place before any backend's memory is read, not charged to the first backend that calls it."""
+    one = torch.zeros(ctx.world_size, device=ctx.device)
+    dist.all_to_all_single(torch.empty_like(one), one, group=ctx.group)
+    dist.all_gather_into_tensor(torch.empty(ctx.world_size**2, device=ctx.device), one, group=ctx.group)
+    dist.reduce_scatter_tensor(torch.empty(1, device=ctx.device), one, group=ctx.group)
+    torch.cuda.synchronize(ctx.device)
 
 
 def _free_device_memory(device: torch.device) -> int | None:
