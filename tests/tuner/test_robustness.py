@@ -152,6 +152,9 @@ def test_a_backend_module_hanging_at_import_fails_in_one_line_within_the_bound(t
     )
 
 
+SELECT_SHAPE = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
+
+
 def test_select_never_imports_the_backend_modules(tmp_path):
     """select writes a run's table with the engine names the sweep recorded for an
     out-of-tree backend, while that backend's module hangs at import."""
@@ -176,12 +179,7 @@ def test_select_never_imports_the_backend_modules(tmp_path):
                 p90_us=us,
                 n=3,
                 samples=[us] * 3,
-                ep_size=2,
-                hidden=7168,
-                topk=8,
-                num_experts=64,
-                dtype="bf16",
-                routing="uniform",
+                **SELECT_SHAPE,
             )
         s.finish_run(run, "completed")
     env = {**_hanging_module(tmp_path), "A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S": "600"}
