@@ -46,10 +46,10 @@ def _options(
     """Options before the command."""
 
 
-# soft_wrap: a line is never broken by rich (a terminal wraps it; a log keeps it whole). Tables
-# still fit the width, by their own column rules.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = Console()
+err = Console(stderr=True)
+# One-line messages print with soft_wrap=True: rich never breaks them (a terminal wraps them,
+# a captured log keeps each whole); tables and views fit the width by their own rules.
 
 DB_HELP = "SQLAlchemy URL or SQLite file path [env: A2A_TUNE_DB; default: sqlite:///a2a_tune.db]."
 
@@ -300,13 +300,14 @@ def _print_outcome(outcome, seconds: float) -> None:
         f"{outcome.skipped} already stored" + (f", failed: {failed}" if failed else "") + f" ({seconds:.0f} s)",
         highlight=False,
         markup=False,
+        soft_wrap=True,
     )
     for name, reason in outcome.unavailable.items():
-        out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False)
+        out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False, soft_wrap=True)
     for name, reason in outcome.not_applicable.items():
-        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False)
+        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False, soft_wrap=True)
     for name, reason in outcome.infeasible.items():
-        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False)
+        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _do_sweep(
@@ -362,6 +363,7 @@ def _do_sweep(
             f"backend(s) on {world} {device} rank(s){launcher}"
             + (f" ({unavailable} more unavailable here: `a2a-tune backends` says why)" if unavailable else ""),
             highlight=False,
+            soft_wrap=True,
         )
     start = time.perf_counter()
     try:
@@ -392,7 +394,10 @@ def _do_sweep(
     _print_outcome(outcome, time.perf_counter() - start)
     if outcome.adaptive_saved:
         out.print(
-            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed", highlight=False, markup=False
+            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
         )
     return outcome
 
@@ -1022,7 +1027,7 @@ def lookup(
         "--max-workspace-mib",
         min=0,
         help="Skip backends holding more device memory per rank than this many MiB (the table's workspace_mib; "
-        "memory not in the table: kept) \\[default: $A2A_TUNE_MAX_WORKSPACE_MIB, else no budget].",
+        "memory not in the table: kept) [default: $A2A_TUNE_MAX_WORKSPACE_MIB, else no budget].",
     ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
