@@ -23,7 +23,7 @@ from typing import Any
 from .runtime.lookup import FALLBACK_BACKEND, load_profile, lookup
 from .runtime.table import SHAPE_KEYS
 
-HELD_OUT_MOST = 8  # default held-out counts: ~2 minutes for 4 shapes x 2 dtypes on 2xH200
+HELD_OUT_MOST = 8  # default held-out counts (their cost: BENCHMARKS.md, "Figures moved from the code")
 
 
 def held_out_tokens(table_tokens: Iterable[int], most: int | None = HELD_OUT_MOST) -> tuple[int, ...]:
