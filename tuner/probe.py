@@ -825,3 +825,30 @@ def render_summary(topo: Topology) -> Any:
         parts.append(gpu_table)
     parts.append(facts)
     return Group(*parts)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m a2a_tune.tuner.probe --fingerprint``: this node's fingerprint on stdout, or one
+    line on stderr and exit code 1. The runtime's start-up lookup runs it as a bounded child
+    (:func:`a2a_tune.tuner.runtime.fingerprint.probed_fingerprint`). NVML is read in this
+    process: it already is the child a crash or a hang would take down."""
+    import sys
+
+    from a2a_tune.tuner.nvml import RealNvml
+
+    if argv != ["--fingerprint"]:
+        print("usage: python -m a2a_tune.tuner.probe --fingerprint", file=sys.stderr)
+        return 2
+    try:
+        topology = probe(recorded_source() or RealNvml(), strict=True)
+    except Exception as exc:  # strict: a GPU host must not borrow a CPU fingerprint
+        print(" ".join(f"{type(exc).__name__}: {exc}".split()), file=sys.stderr)
+        return 1
+    print(topology.fingerprint)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(_main(sys.argv[1:]))

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 
 import paths
@@ -148,17 +147,16 @@ def test_a_lookup_argument_out_of_range_is_named_not_an_internal_error(caplog):
 
 
 def _fake_probe(monkeypatch, answer="h200.nvl18x2.node1"):
+    """The probe's child stands in: each call is recorded (its timeout), none starts a process."""
     calls = []
-    fake = types.ModuleType("a2a_tune.tuner.probe")
 
-    def probe(**kwargs):
-        calls.append(kwargs)
+    def probe_child(timeout_s):
+        calls.append({"timeout_s": timeout_s})
         if isinstance(answer, Exception):
             raise answer
-        return types.SimpleNamespace(fingerprint=answer)
+        return answer
 
-    fake.probe = probe
-    monkeypatch.setitem(sys.modules, "a2a_tune.tuner.probe", fake)
+    monkeypatch.setattr(fpmod, "_probe_child", probe_child)
     return calls
 
 
@@ -166,7 +164,7 @@ def _fake_probe(monkeypatch, answer="h200.nvl18x2.node1"):
 def test_the_probed_fingerprint_is_cached_per_boot_driver_and_gpus(monkeypatch, tmp_path):
     calls = _fake_probe(monkeypatch)
     assert fpmod.probed_fingerprint() == "h200.nvl18x2.node1"
-    assert len(calls) == 1 and calls[0]["strict"] and calls[0]["timeout_s"] <= 10
+    assert len(calls) == 1 and calls[0]["timeout_s"] <= 10
     (cached,) = Path(os.environ["XDG_CACHE_HOME"], "a2a-tune").glob("fingerprint-*")
     # An engine's next start (a fresh process: nothing in memory) reads the file, probes nothing.
     start = time.perf_counter()
