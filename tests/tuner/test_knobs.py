@@ -218,8 +218,8 @@ def test_malformed_knobs_are_refused_in_one_line_and_lookup_falls_back(tmp_path,
 def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
     import sqlalchemy
 
-    from a2a_tune.tuner.knobs import stored_knobs
     from a2a_tune.tuner.select import with_stored_knobs
+    from a2a_tune.tuner.studies import stored_knobs
 
     url, (r,) = searched
     fp = r.study_name.split()[2]
@@ -241,9 +241,10 @@ def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
 def test_stored_knobs_of_fixed_capacity_backends_match_the_tables_capacity(tmp_path):
     import optuna
 
-    from a2a_tune.tuner.knobs import stored_knobs
+    from a2a_tune.tuner.studies import stored_knobs
 
     url = f"sqlite:///{tmp_path / 'k.db'}"
+    open_store(url).close()  # as tune-knobs does: our schema, then the studies
     attrs = {
         "backend": "nvlink_one_sided",
         "num_experts": 16,
