@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from paths import REPO
 
 # pyproject's [tool.setuptools.package-dir]: folder -> import name
@@ -155,47 +156,56 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     return tmp_path
 
 
-def test_a_function_level_relative_import_closes_a_cycle(tmp_path):
-    repo = _tree(
-        tmp_path,
-        {
-            "tuner/a.py": "from . import b\n",
-            "tuner/b.py": "def f():\n    from .c import g\n",
-            "tuner/c.py": "def g():\n    from a2a_tune.tuner.a import x\n",
-        },
-    )
+T = "a2a_tune.tuner."
+K = "a2a_tune.kernels."
+CHAIN = {  # a -> b at module level, b -> c and c -> a inside functions
+    "tuner/a.py": "from . import b\n",
+    "tuner/b.py": "def f():\n    from .c import g\n",
+    "tuner/c.py": "def g():\n    from a2a_tune.tuner.a import x\n",
+}
+
+
+@pytest.mark.parametrize(
+    "files, module, its_edges, cycles",
+    [
+        (CHAIN, T + "b", {T + "c": 2}, [[T + "a", T + "b", T + "c", T + "a"]]),
+        (  # `from package import submodule` names the submodule
+            {
+                "kernels/__init__.py": "from .quant import q\n",
+                "kernels/quant.py": "from a2a_tune.kernels import _k\n",
+                "kernels/_k.py": "import a2a_tune.kernels.quant\n",
+            },
+            K + "quant",
+            {K + "_k": 1},
+            [[K + "_k", K + "quant", K + "_k"]],
+        ),
+        (  # a package imports its module, the module reads a name from its package: no cycle
+            {
+                "db/__init__.py": "from .store import Store\nERRORS = 1\n",
+                "db/store.py": "from a2a_tune.db import ERRORS\nfrom .. import db\nimport a2a_tune.tuner.runtime.point\n",
+                "tuner/runtime/__init__.py": "",
+                "tuner/runtime/point.py": "import os\n",
+            },
+            "a2a_tune.db.store",
+            {T + "runtime.point": 3},
+            [],
+        ),
+    ],
+    ids=["function-level-relative", "package-submodule", "own-package"],
+)
+def test_the_walk_finds_each_import_and_every_cycle(tmp_path, files, module, its_edges, cycles):
+    edges = import_edges(_tree(tmp_path, files))
+    assert edges[module] == its_edges
+    assert find_cycles(edges) == cycles
+
+
+def test_a_cycle_is_printed_with_the_line_of_each_import(tmp_path):
+    repo = _tree(tmp_path, CHAIN)
     edges = import_edges(repo)
-    assert find_cycles(edges) == [["a2a_tune.tuner.a", "a2a_tune.tuner.b", "a2a_tune.tuner.c", "a2a_tune.tuner.a"]]
     text = describe(find_cycles(edges)[0], edges, module_files(repo), repo)
-    assert text.splitlines()[0] == "tuner.a -> tuner.b -> tuner.c -> tuner.a"
-    assert "(tuner/b.py:2)" in text
-
-
-def test_from_a_package_import_a_submodule_is_an_edge_to_the_submodule(tmp_path):
-    repo = _tree(
-        tmp_path,
-        {
-            "kernels/__init__.py": "from .quant import q\n",
-            "kernels/quant.py": "from a2a_tune.kernels import _k\n",
-            "kernels/_k.py": "import a2a_tune.kernels.quant\n",
-        },
-    )
-    edges = import_edges(repo)
-    assert edges["a2a_tune.kernels.quant"] == {"a2a_tune.kernels._k": 1}
-    assert find_cycles(edges) == [["a2a_tune.kernels._k", "a2a_tune.kernels.quant", "a2a_tune.kernels._k"]]
-
-
-def test_a_package_and_its_own_modules_are_no_cycle(tmp_path):
-    # The package imports its module; the module reads a name from its package.
-    repo = _tree(
-        tmp_path,
-        {
-            "db/__init__.py": "from .store import Store\nERRORS = 1\n",
-            "db/store.py": "from a2a_tune.db import ERRORS\nfrom .. import db\nimport a2a_tune.tuner.runtime.point\n",
-            "tuner/runtime/__init__.py": "",
-            "tuner/runtime/point.py": "import os\n",
-        },
-    )
-    edges = import_edges(repo)
-    assert edges["a2a_tune.db.store"] == {"a2a_tune.tuner.runtime.point": 3}
-    assert find_cycles(edges) == []
+    assert text.splitlines() == [
+        "tuner.a -> tuner.b -> tuner.c -> tuner.a",
+        "  a2a_tune.tuner.a -> a2a_tune.tuner.b  (tuner/a.py:1)",
+        "  a2a_tune.tuner.b -> a2a_tune.tuner.c  (tuner/b.py:2)",
+        "  a2a_tune.tuner.c -> a2a_tune.tuner.a  (tuner/c.py:2)",
+    ]

@@ -161,24 +161,14 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     complete = [b for b in totals if all(b in t for t in by_point.values())]
     best_single = min(complete, key=totals.get) if complete else None
     for point, times in sorted(by_point.items()):
-        ep, hidden, topk, experts, dtype, routing, tokens = point
+        shape, tokens = point[:6], point[6]
         best = min(times.values())
-        choice = lookup(
-            ep_size=ep,
-            hidden=hidden,
-            topk=topk,
-            num_experts=experts,
-            tokens=tokens,
-            dtype=dtype,
-            routing=routing,
-            profile=profile,
-            quiet=True,
-        )
+        choice = lookup(**dict(zip(SHAPE_KEYS, shape)), tokens=tokens, profile=profile, quiet=True)
         picked = {"table": choice.backend, f"always {FALLBACK_BACKEND}": FALLBACK_BACKEND}
         if best_single:
             picked[f"always {best_single}"] = best_single
         row = {
-            "shape": (ep, hidden, topk, experts, dtype, routing),
+            "shape": shape,
             "tokens": tokens,
             "best": min(times, key=times.get),
         }
