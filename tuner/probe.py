@@ -58,6 +58,7 @@ import os
 import platform
 import re
 import socket
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -828,27 +829,21 @@ def render_summary(topo: Topology) -> Any:
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m a2a_tune.tuner.probe --fingerprint``: this node's fingerprint on stdout, or one
-    line on stderr and exit code 1. The runtime's start-up lookup runs it as a bounded child
-    (:func:`a2a_tune.tuner.runtime.fingerprint.probed_fingerprint`). NVML is read in this
-    process: it already is the child a crash or a hang would take down."""
-    import sys
-
+    """``python -m a2a_tune.tuner.probe --fingerprint``: the fingerprint on stdout, else one line on
+    stderr and exit code 1. The runtime runs it as a bounded child
+    (:func:`~a2a_tune.tuner.runtime.fingerprint.probed_fingerprint`), so NVML is read right here."""
     from a2a_tune.tuner.nvml import RealNvml
 
     if argv != ["--fingerprint"]:
         print("usage: python -m a2a_tune.tuner.probe --fingerprint", file=sys.stderr)
         return 2
     try:
-        topology = probe(recorded_source() or RealNvml(), strict=True)
+        print(probe(recorded_source() or RealNvml(), strict=True).fingerprint)
     except Exception as exc:  # strict: a GPU host must not borrow a CPU fingerprint
         print(" ".join(f"{type(exc).__name__}: {exc}".split()), file=sys.stderr)
         return 1
-    print(topology.fingerprint)
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
     raise SystemExit(_main(sys.argv[1:]))
