@@ -5,7 +5,8 @@ An edge is module A naming module B in an import: `import a.b.c` and `from a.b i
 (when `c` is a submodule) name `a.b.c`; `from a.b import name` names `a.b`. Relative imports
 are resolved against the importing module. The packages a module sits in (and those Python
 runs on the way to a submodule) are not edges: a package's `__init__` importing its own
-submodules is what a package is.
+submodules is what a package is. Nor are the imports of an `if TYPE_CHECKING:` block, which
+never run (type hints only).
 """
 
 from __future__ import annotations
@@ -50,13 +51,27 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _runnable_imports(node: ast.AST):
+    """The import statements under `node`, but those of an `if TYPE_CHECKING:` body."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+        return
+    test = node.test if isinstance(node, ast.If) else None
+    type_checking = isinstance(test, (ast.Name, ast.Attribute)) and "TYPE_CHECKING" in (
+        getattr(test, "id", None),
+        getattr(test, "attr", None),
+    )
+    for child in node.orelse if type_checking else ast.iter_child_nodes(node):
+        yield from _runnable_imports(child)
+
+
 def import_edges(repo: Path) -> dict[str, dict[str, int]]:
     """module -> {module it imports: line of the first such import}, within the three packages."""
     files = module_files(repo)
     edges: dict[str, dict[str, int]] = {m: {} for m in files}
     for module, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in ast.walk(tree):
+        for node in _runnable_imports(tree):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -190,8 +205,17 @@ CHAIN = {  # a -> b at module level, b -> c and c -> a inside functions
             {T + "runtime.point": 3},
             [],
         ),
+        (  # a type hint's import never runs; its `else:` does
+            {
+                "db/lease.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .store import Store\n",
+                "db/store.py": "import typing\nif typing.TYPE_CHECKING:\n    pass\nelse:\n    from . import lease\n",
+            },
+            "a2a_tune.db.store",
+            {"a2a_tune.db.lease": 5},
+            [],
+        ),
     ],
-    ids=["function-level-relative", "package-submodule", "own-package"],
+    ids=["function-level-relative", "package-submodule", "own-package", "type-checking"],
 )
 def test_the_walk_finds_each_import_and_every_cycle(tmp_path, files, module, its_edges, cycles):
     edges = import_edges(_tree(tmp_path, files))

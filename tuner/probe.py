@@ -67,6 +67,7 @@ from typing import Any
 
 from a2a_tune.tuner.nvml import NvmlQueryError, NvmlSource, record, record_live
 from a2a_tune.tuner.runtime.fingerprint import RECORDING_ENV
+from a2a_tune.tuner.runtime.text import one_line
 
 _log = logging.getLogger("a2a_tune")
 
@@ -840,7 +841,7 @@ def _main(argv: list[str]) -> int:
     try:
         print(probe(recorded_source() or RealNvml(), strict=True).fingerprint)
     except Exception as exc:  # strict: a GPU host must not borrow a CPU fingerprint
-        print(" ".join(f"{type(exc).__name__}: {exc}".split()), file=sys.stderr)
+        print(one_line(exc, None), file=sys.stderr)
         return 1
     return 0
 

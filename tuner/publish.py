@@ -6,7 +6,7 @@ calls :func:`publish_run` on every rank once the run completes: rank 0 builds th
 the store (:func:`a2a_tune.tuner.select.profile_for_run`), and each node's local rank 0 writes
 it. When the table is a cluster's (another fingerprint than the node's own), the node also gets
 a pointer from its own fingerprint to the cluster's
-(:data:`~a2a_tune.tuner.runtime.lookup.CLUSTER_POINTER_SUFFIX`). An engine on any node probes
+(:data:`~a2a_tune.tuner.runtime.profiles.CLUSTER_POINTER_SUFFIX`). An engine on any node probes
 only its own node, and the pointer leads it to the cluster's table.
 """
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from .cluster import ClusterView
 from .launch import RankContext, one_line
 from .probe import Topology
-from .runtime.lookup import PROFILE_DIR_ENV, add_cluster_pointer, user_profile_dir
+from .runtime.profiles import PROFILE_DIR_ENV, add_cluster_pointer, user_profile_dir
 from .select import profile_for_run, write_profile
 
 

@@ -46,21 +46,21 @@ def stored_knobs(
 
     Only the studies of fixed-capacity backends built for ``capacity`` count (None: each
     load's own), because knobs tuned for another workspace size belong to another point. The
-    store is opened read-only: nothing is created or written, not even in a database that
-    never held a study. Raises StoreError (EmptyStoreError: no store at `url`, as tune-knobs
-    creates one before its studies) or SQLAlchemy's errors when it cannot be read."""
+    database is opened as the store's readers open it (:func:`a2a_tune.db.readonly_url`):
+    nothing is created or written, not even in a database that never held a study. Raises
+    SQLAlchemy's errors when it cannot be read."""
     # lazy: select's module (and the views that read tables through it) need no SQLAlchemy
-    from sqlalchemy import column, inspect, select, table
+    from sqlalchemy import column, create_engine, inspect, select, table
 
-    from a2a_tune.db import open_store
+    from a2a_tune.db import engine_options, readonly_url
 
     # Optuna's own tables (optuna/storages/_rdb/models.py), stable since Optuna 1.x
     studies = table("studies", column("study_id"), column("study_name"))
     attributes = table("study_user_attributes", column("study_id"), column("key"), column("value_json"))
     found = []
-    with open_store(url, readonly=True) as store:
-        # TODO(split-db): db.engine's public read-only engine replaces the store's own.
-        with store._engine.connect() as conn:
+    engine = create_engine(readonly_url(url), **engine_options(url, readonly=True))
+    try:
+        with engine.connect() as conn:
             if not inspect(conn).has_table("studies"):
                 return []
             names = {
@@ -76,6 +76,8 @@ def stored_knobs(
             )
             for sid, key, value in rows:
                 attrs[sid][key] = json.loads(value)
+    finally:
+        engine.dispose()
     for sid in sorted(names):
         a = attrs[sid]
         if "best_knobs" not in a:

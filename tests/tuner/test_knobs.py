@@ -240,7 +240,6 @@ def test_stored_knobs_of_fixed_capacity_backends_match_the_tables_capacity(tmp_p
     from a2a_tune.tuner.studies import stored_knobs
 
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    open_store(url).close()  # as tune-knobs does: our schema, then the studies
     attrs = {
         "backend": "nvlink_one_sided",
         "num_experts": 16,

@@ -47,6 +47,8 @@ from __future__ import annotations
 import os
 import re
 
+from a2a_tune.tuner.runtime.text import one_line
+
 __all__ = [
     "HW_EXACT",
     "HW_CLUSTER",
@@ -89,7 +91,7 @@ def normalize_fingerprint(fingerprint: str) -> str:
     norm = fingerprint.strip().lower()
     if not _FINGERPRINT_RE.match(norm):
         raise ValueError(
-            f"invalid hardware fingerprint {fingerprint!r}: use 1-200 characters "
+            f"invalid hardware fingerprint {one_line(repr(fingerprint), 80)}: use 1-200 characters "
             "[a-z0-9._+-], starting with a letter or digit"
         )
     return norm
@@ -254,11 +256,11 @@ def _probe_child(timeout_s: float) -> str:
     except subprocess.TimeoutExpired:
         raise ProbeError(f"NVML probe did not answer within {timeout_s:.0f} s") from None
     except OSError as exc:
-        raise ProbeError(f"the probe could not start: {' '.join(str(exc).split())[:_MAX_REASON]}") from None
+        raise ProbeError(f"the probe could not start: {one_line(exc, _MAX_REASON)}") from None
     if child.returncode != 0:
         last = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ProbeError(f"the probe exited with code {child.returncode}: {' '.join(last.split())[:_MAX_REASON]}")
+        raise ProbeError(f"the probe exited with code {child.returncode}: {one_line(last, _MAX_REASON)}")
     try:
         return normalize_fingerprint((child.stdout.strip().splitlines() or [""])[-1])
     except ValueError as exc:
-        raise ProbeError(f"the probe printed no fingerprint ({str(exc)[:_MAX_REASON]})") from None
+        raise ProbeError(f"the probe printed no fingerprint ({one_line(str(exc), _MAX_REASON)})") from None

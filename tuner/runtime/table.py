@@ -53,6 +53,7 @@ from types import MappingProxyType
 
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS, winners
 from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
+from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = [
     "FALLBACK_BACKEND",
@@ -102,14 +103,14 @@ class ProfileError(ValueError):
     """A profile that cannot be used. ``str()`` is one line: ``[file: ][field: ]problem``."""
 
     def __init__(self, problem: str, *, field: str | None = None, path: str | None = None):
-        self.problem = " ".join(str(problem).split())  # force one line
+        self.problem = one_line(problem)  # names and values from the file: one safe line
         self.field = field
         self.path = path
         super().__init__(self.problem)
 
     def __str__(self) -> str:
-        parts = [p for p in (self.path, self.field) if p]
-        return ": ".join(parts + [self.problem])
+        parts = [p for p in (self.path, self.field) if p]  # a field names the table's keys
+        return one_line(": ".join(parts + [self.problem]))
 
 
 #: Model shape of one table entry (everything but the token count), in :data:`SHAPE_KEYS` order.
