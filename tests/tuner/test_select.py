@@ -632,19 +632,41 @@ TUNED = {"chunk": 2}
 def tuned_store(path: Path) -> None:
     """store_with_a_completed_run, plus the study tune-knobs leaves for nccl_all2allv at 64
     tokens per rank on that machine (and one of another machine, which must not count)."""
-    import optuna
     from databases import store_with_a_completed_run
+
+    store_with_a_completed_run(path)
+    add_studies(f"sqlite:///{path}")
+
+
+def add_studies(url: str) -> None:
+    import optuna
 
     from a2a_tune.tuner.studies import study_name
 
-    store_with_a_completed_run(path)
     label = SimpleNamespace(label=lambda: "E64-k8-H7168-bf16")
     attrs = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, routing="uniform")
     for fingerprint in ("h200.nvl18x2.node1", "other.machine.node1"):
         name = study_name(fingerprint, "nccl_all2allv", label, 2, 64, "uniform")
-        study = optuna.create_study(study_name=name, storage=f"sqlite:///{path}")
+        study = optuna.create_study(study_name=name, storage=url)
         for key, value in {**attrs, "backend": "nccl_all2allv", "tokens_per_rank": 64, "best_knobs": TUNED}.items():
             study.set_user_attr(key, value)
+
+
+def test_the_knob_studies_are_read_from_any_store_url(db_url):
+    import sqlalchemy
+
+    from a2a_tune.db import open_store
+    from a2a_tune.tuner.studies import stored_knobs
+
+    open_store(db_url).close()
+    assert stored_knobs(db_url, "h200.nvl18x2.node1") == []  # no study yet: nothing read, nothing created
+    engine = sqlalchemy.create_engine(db_url)
+    assert not sqlalchemy.inspect(engine).has_table("studies")
+    engine.dispose()
+    add_studies(db_url)
+    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
+    assert stored_knobs(db_url, "h200.nvl18x2.node1") == [(shape, "nccl_all2allv", 64, TUNED)]
+    assert stored_knobs(db_url, "h200.nvl18x2.node") == []  # a fingerprint is matched whole
 
 
 def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_changes_nothing(tmp_path):
