@@ -109,12 +109,13 @@ def _parse_tokens(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _resolve_device(device: str) -> tuple[str, int]:
+def _resolve_device(device: str, *, launched: bool = False, gpu_ranks: int = 2) -> tuple[str, int]:
+    """--device: auto is cuda where `gpu_ranks` GPUs are visible (one each in a torchrun/srun job)."""
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device == "auto":
-        device = "cuda" if gpus >= 2 else "cpu"
+        device = "cuda" if gpus >= (1 if launched else gpu_ranks) else "cpu"
     if device == "cuda" and gpus == 0:
         raise _fail("--device cuda: no CUDA GPU is visible (use --device cpu to sweep CPU ranks over gloo)", 2)
     if device not in ("cuda", "cpu"):
@@ -122,27 +123,57 @@ def _resolve_device(device: str) -> tuple[str, int]:
     return device, gpus
 
 
-def _resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
-    """--device and --world: the device type and the ranks to run (a torchrun/srun job's own)."""
-    from .launch import RankFailed, cpu_rank_limit, job_rank
+def _gpu_name() -> str | None:
+    import torch
 
-    device, gpus = _resolve_device(device)
+    try:
+        return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - the name only decorates a message
+        return None
+
+
+def _resolve_ranks(device: str, world: int | None, *, virtual_hint: bool = False) -> tuple[str, int]:
+    """--device and --world: the device type and the ranks to run (a torchrun/srun job's own).
+    A host with one GPU is refused GPU ranks (and auto) in one line saying what it can do."""
+    from .launch import RankFailed, cpu_rank_limit, cpu_rehearsal_note, job_rank, one_gpu_refusal
+
     try:
         job = job_rank()  # torchrun / srun: the job's size, whatever --world says
     except RankFailed as exc:
         raise _fail(str(exc), 2) from None
+    requested = device
+    device, gpus = _resolve_device(device, launched=job is not None)
+    if job is None and gpus == 1 and requested in ("auto", "cuda"):
+        raise _fail(one_gpu_refusal(gpus, _gpu_name(), virtual_hint=virtual_hint), 2)
     if job is not None:
         world = job.world_size
     elif world is None:
         world = gpus if device == "cuda" else 2
     if device == "cuda" and job is None and world > gpus:
         raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
+    if device == "cpu" and gpus and job is None:
+        err.print(cpu_rehearsal_note(gpus), highlight=False, markup=False)
     if world < 2:
         raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
     if device == "cpu" and job is None:
         limit, why = cpu_rank_limit()
         if world > limit:
             raise _fail(f"--world {world} on cpu: this machine holds at most {limit} CPU ranks ({why})", 2)
+    return device, world
+
+
+def _resolve_virtual(device: str, world: int | None) -> tuple[str, int]:
+    """--device and --world for --virtual: one process holds every rank (on one GPU, or on CPU)."""
+    from a2a_tune.kernels.virtual import MAX_VIRTUAL_RANKS
+
+    from .launch import launched_externally
+
+    if launched_externally():
+        raise _fail("--virtual runs every rank in one process: start it without torchrun/srun", 2)
+    device, _ = _resolve_device(device, gpu_ranks=1)
+    world = 2 if world is None else world
+    if not 2 <= world <= MAX_VIRTUAL_RANKS:
+        raise _fail(f"--world must be 2..{MAX_VIRTUAL_RANKS} with --virtual, got {world}", 2)
     return device, world
 
 
@@ -355,7 +386,9 @@ def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
 
 
 _device_opt = typer.Option(
-    "auto", help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo; auto: cuda if >= 2 GPUs."
+    "auto",
+    help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo (on a GPU host: a rehearsal, not its table); "
+    "auto: cuda if >= 2 GPUs, or a GPU under torchrun/srun.",
 )
 _world_opt = typer.Option(None, help="Ranks to spawn [default: every GPU; 2 on cpu]. Ignored under torchrun/srun.")
 _preset_opt = typer.Option(
@@ -1231,7 +1264,7 @@ def backends(
 
     from a2a_tune.kernels import BackendEnv, get_backend, list_backends
 
-    device, gpus = _resolve_device(device)
+    device, gpus = _resolve_device(device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
     table = Table("backend", "vLLM", "SGLang", "reach", "here", title=f"backends for {world} {device} rank(s)")
@@ -1255,6 +1288,11 @@ def backends(
         "makes no progress for --timeout seconds FAILs as hung and the next backend runs.",
         "An out-of-tree backend: name its module in A2A_TUNE_BACKEND_MODULES (comma-separated, importable in "
         "every rank) and run `a2a-tune check --backend NAME --device cpu` (if it runs on gloo) or on GPUs.",
+        "--virtual: the --world ranks are virtual ranks of one device in one process, each a region of one "
+        "allocation, run phase by phase (every rank's send, then every rank's wait): on a machine with fewer GPUs "
+        "than ranks (--device cuda), or on CPU under Triton's interpreter (--device cpu). For backends that reach "
+        "their peers only through memory they map (ours, and out-of-tree ones on their kernel-module host API); "
+        "it checks their device code at any EP size, not the link between GPUs.",
         "Exit status: 0 when every case passed or was skipped (with the reason), 1 when one FAILed, 2 on bad options.",
     )
 )
@@ -1274,15 +1312,30 @@ def check(
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the rows to FILE (JSON)."),
     progress: bool = _progress_opt,
+    virtual: bool = typer.Option(
+        False, "--virtual", help="Run the --world ranks as virtual ranks of one device, in one process (see above)."
+    ),
+    token_scale: float | None = typer.Option(
+        None,
+        min=0.0001,
+        max=1.0,
+        help="Every case's token counts times this [default: 1; 1/64 with --device cpu --virtual, where the "
+        "interpreter runs each program in Python].",
+    ),
 ) -> None:
     from a2a_tune.kernels import list_backends
 
+    from .check import INTERPRETER_TOKEN_SCALE, render
     from .check import check as run_check
-    from .check import render
     from .progress import progress_bar
 
     _check_backends(backend)
-    device, world = _resolve_ranks(device, world)
+    if virtual:
+        device, world = _resolve_virtual(device, world)
+    else:
+        device, world = _resolve_ranks(device, world, virtual_hint=True)
+    if token_scale is None:
+        token_scale = INTERPRETER_TOKEN_SCALE if virtual and device == "cpu" else 1.0
     shapes = _shapes(preset, model_config)
     names = list(dict.fromkeys(backend)) or list_backends()
     speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun/srun: rank 0 reports
@@ -1296,14 +1349,19 @@ def check(
             required=bool(backend),
             timeout=timeout,
             on_backend=(lambda name, _rows: bar.update(task, advance=1, description=name)) if bar else None,
+            virtual=virtual,
+            token_scale=token_scale,
         )
     if not speaks:
         raise typer.Exit(0)
-    (out if out.is_terminal else Console(width=160)).print(render(rows))  # a log keeps its lines whole
+    where = f"{world} virtual ranks of one {device} device" if virtual else f"{world} {device} rank(s)"
+    title = f"each case ran on {where} (one process)" if virtual else None
+    (out if out.is_terminal else Console(width=160)).print(render(rows, title))  # a log keeps its lines whole
     counts = {s: sum(r.status == s for r in rows) for s in ("ok", "FAIL", "skip")}
+    scaled = f", token counts x {token_scale:g}" if token_scale != 1 else ""
     out.print(
-        f"{counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped: {len(names)} backend(s) on {world} "
-        f"{device} rank(s), {len(shapes)} shape(s)",
+        f"{counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped: {len(names)} backend(s) on {where}, "
+        f"{len(shapes)} shape(s){scaled}",
         highlight=False,
     )
     if json_out is not None:
