@@ -968,6 +968,13 @@ def lookup(
         help="name | vllm (--all2all-backend X) | sglang (--moe-a2a-backend X, with --deepep-mode M for DeepEP) | "
         "trtllm (TRTLLM_FORCE_COMM_METHOD=X) | env | json",
     ),
+    max_workspace_mib: float | None = typer.Option(
+        None,
+        "--max-workspace-mib",
+        min=0,
+        help="Skip backends holding more device memory per rank than this many MiB (the table's workspace_mib; "
+        "memory not in the table: kept) \\[default: $A2A_TUNE_MAX_WORKSPACE_MIB, else no budget].",
+    ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
 
@@ -1001,6 +1008,7 @@ def lookup(
             fingerprint=fingerprint,
             profile=profile,
             engine=engine,
+            max_workspace_mib=max_workspace_mib,
             options={"max_tokens": size_opt},
         )
     except lk.RequestError as exc:

@@ -194,14 +194,14 @@ def _one_trial(ctx, plan: KnobPlan, backend, inputs, study, result: KnobResult) 
     if not all_ranks_ok(not error, ctx):
         return _tell(study, result, "fail", reason=error or "set_knobs failed on another rank")
     # gate, then a short first measurement: the trial's intermediate value, judged for pruning
-    short = measure(ctx, backend, inputs, warmup=plan.warmup, iters=plan.probe_iters)
+    short = measure(ctx, backend, inputs, warmup=plan.warmup, iters=plan.probe_iters, split=False)
     if not short.ok:
         return _tell(study, result, "fail", reason=f"{short.kind}: {short.reason}")
     verdict: list[Any] = [study.report_and_judge(short.stats.median_us) if study is not None else None]
     dist.broadcast_object_list(verdict, src=0, group=ctx.group)
     if verdict[0]:
         return _tell(study, result, "pruned")
-    full = time_agreed(ctx, backend, inputs, warmup=plan.warmup, iters=plan.iters)
+    full = time_agreed(ctx, backend, inputs, warmup=plan.warmup, iters=plan.iters, split=False)
     if not full.ok:
         return _tell(study, result, "fail", reason=f"{full.kind}: {full.reason}")
     _tell(study, result, "complete", value=summarize(short.device_us + full.device_us).median_us)

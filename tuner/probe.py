@@ -136,6 +136,10 @@ class GpuFacts:
     uuid: str | None
     links: tuple[LinkFacts, ...]  # present links only, by link index
     fabric: FabricFacts | None
+    # The PCIe link at its best (generation, lanes); not in facts_hash: added after tables
+    # were keyed by it, and the link speed is a figure's denominator, not the hardware's identity.
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
 
     @property
     def active_links(self) -> list[int]:
@@ -329,6 +333,8 @@ def _gpu_from_dict(g: dict[str, Any]) -> GpuFacts:
         uuid=g["uuid"],
         links=tuple(LinkFacts(**link) for link in g["links"]),
         fabric=None if g["fabric"] is None else FabricFacts(**g["fabric"]),
+        pcie_generation=g.get("pcie_generation"),
+        pcie_width=g.get("pcie_width"),
     )
 
 
@@ -474,6 +480,8 @@ def _gpu_from_record(raw: dict[str, Any], *, index: int, node: int) -> GpuFacts:
     name = _answer(raw.get("name"))
     cc = _answer(raw.get("compute_capability"))
     links = [_link_from_record(i, link) for i, link in enumerate(raw.get("nvlinks", []))]
+    pcie = _answer(raw.get("pcie_link"))
+    pcie = tuple(pcie) if isinstance(pcie, list) and len(pcie) == 2 and all(isinstance(v, int) for v in pcie) else None
     return GpuFacts(
         index=index,
         node=node,
@@ -486,6 +494,8 @@ def _gpu_from_record(raw: dict[str, Any], *, index: int, node: int) -> GpuFacts:
         uuid=_answer(raw.get("uuid")),
         links=tuple(link for link in links if link is not None),
         fabric=_fabric_from_record(raw.get("fabric_info")),
+        pcie_generation=pcie[0] if pcie else None,
+        pcie_width=pcie[1] if pcie else None,
     )
 
 

@@ -552,6 +552,7 @@ class _Recorder:
             samples=[round(s, 3) for s in result.device_us],
             knobs=result.knobs,
             writer=self.writer,
+            **result.figures(),
         )
 
     def beat(self, key: MeasurementKey | None) -> None:

@@ -110,7 +110,13 @@ def fake_vllm(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     monkeypatch.setenv("A2A_TUNE_FINGERPRINT", FP)
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "deepseek-ai/DeepSeek-V3"])
-    for var in ("A2A_TUNE_VLLM_PLUGIN", "A2A_TUNE_PHASE", "A2A_TUNE_WORKLOAD", "VLLM_ALL2ALL_BACKEND"):
+    for var in (
+        "A2A_TUNE_VLLM_PLUGIN",
+        "A2A_TUNE_PHASE",
+        "A2A_TUNE_WORKLOAD",
+        "A2A_TUNE_MAX_WORKSPACE_MIB",
+        "VLLM_ALL2ALL_BACKEND",
+    ):
         monkeypatch.delenv(var, raising=False)
     yield SimpleNamespace(EngineArgs=engine_args, calls=calls, dir=tmp_path)
     clear_cache()
@@ -136,6 +142,21 @@ def test_sets_the_tables_backend_and_logs_one_line(fake_vllm, caplog):
         "(default for an engine serving both phases) [hardware exact]: profile test.fixture.node1.json"
     )
     assert "\n" not in msg
+
+
+def test_a_workspace_budget_keeps_backends_above_it_out_and_says_so(fake_vllm, monkeypatch, caplog):
+    """nvlink_one_sided holds 3072 MiB per rank in the table: under a 1024 MiB budget the decode
+    engine keeps vLLM's default, and the one log line names what was skipped."""
+    monkeypatch.setenv("A2A_TUNE_MAX_WORKSPACE_MIB", "1024")
+    vllm_plugin.register()
+    config = fake_vllm.EngineArgs().create_engine_config()
+    assert config.parallel_config.all2all_backend == "allgather_reducescatter"
+    assert fake_vllm.calls == ["allgather_reducescatter"]  # nothing to rebuild
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO" and "keeps --all2all-backend allgather_reducescatter" in msg
+    assert msg.endswith("; workspace budget 1024 MiB: skipped nvlink_one_sided (3072 MiB)")
+    monkeypatch.setenv("A2A_TUNE_MAX_WORKSPACE_MIB", "4096")  # room for it: the table's pick again
+    assert fake_vllm.EngineArgs().create_engine_config().parallel_config.all2all_backend == "deepep_low_latency"
 
 
 def test_prefill_engine_of_disaggregated_serving_gets_its_own_answer(fake_vllm, caplog):

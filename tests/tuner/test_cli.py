@@ -50,7 +50,7 @@ def test_run_writes_a_table_the_lookup_finds_by_fingerprint(finished_run):
     if not table.exists():  # another architecture: find the one file written
         (table,) = (root / "xdg" / "a2a-tune" / "profiles").glob("cpu-*.json")
     profile = json.loads(table.read_text())
-    assert profile["schema"] == 2 and profile["entries"][0]["tokens"] == [1, 8, 32]
+    assert profile["schema"] == 3 and profile["entries"][0]["tokens"] == [1, 8, 32]
     assert {c["timing"] for c in profile["entries"][0]["backends"].values()} == {"eager"}
 
     look = a2a(
@@ -367,6 +367,21 @@ def test_lookup_env_format_is_shell_lines(tmp_path):
     assert sh.stdout.strip() == "nvlink_one_sided"
     r = a2a("lookup", *DSV3_DECODE, "--format", "env", env_extra=SHIPPED)
     assert "export TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED" in r.stdout.splitlines()
+
+
+def test_lookup_workspace_budget_reaches_every_paste_line():
+    """The fixture's nvlink_one_sided holds 3072 MiB per rank: a 1024 MiB budget, given or from
+    $A2A_TUNE_MAX_WORKSPACE_MIB, leaves it out of every format, and stderr says so."""
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--max-workspace-mib", "1024", env_extra=FIXTURE_ENV)
+    assert r.returncode == 0 and r.stdout.strip() == "nccl_all2allv", r.stderr  # 75 us; nvlink_one_sided 50
+    assert r.stderr.strip().endswith("workspace budget 1024 MiB: skipped nvlink_one_sided (3072 MiB)")
+    budget = {**FIXTURE_ENV, "A2A_TUNE_MAX_WORKSPACE_MIB": "1024"}
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "env", env_extra=budget)
+    assert "export A2A_TUNE_BACKEND=nccl_all2allv" in r.stdout.splitlines(), r.stderr
+    as_json = json.loads(a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "json", env_extra=budget).stdout)
+    assert (as_json["backend"], as_json["over_budget"]) == ("nccl_all2allv", {"nvlink_one_sided": 3072.0})
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--max-workspace-mib", "-1", env_extra=FIXTURE_ENV)
+    assert r.returncode == 2 and "--max-workspace-mib" in r.stderr
 
 
 def test_lookup_with_a_bad_workload_file_still_prints_the_default(tmp_path):

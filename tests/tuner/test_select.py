@@ -2,7 +2,8 @@
 
 CPU only, no database: build_profile works on plain mappings. The packaged test
 fixture tests/fixtures/profiles/test.fixture.node1.json is exactly what
-``fixture_profile()`` builds (regenerate with ``python tests/test_select.py``).
+``fixture_profile()`` builds (regenerate: ``write_profile(fixture_profile(), FIXTURES)``);
+schema1/ and schema2/ hold the same table as the releases before wrote it.
 """
 
 from __future__ import annotations
@@ -78,6 +79,32 @@ RUN = {
 TIMINGS = {"nvlink_one_sided": "graph"}
 
 
+# Shape A's measurements carry the figures beside the round trip (schema 3): dispatch 45% and
+# combine 50% of it, every token to both ranks (bf16 rows of 7168 x 2 B; half of them over the
+# link), and each backend's device memory; shape B's carry none, like runs from before them.
+WORKSPACE_MIB = {
+    "allgather_reducescatter": 16,
+    "nccl_all2allv": 64,
+    "nvlink_one_sided": 3072,
+    "flashinfer_nvlink_one_sided": 6144,
+}
+
+
+def _figures(shape, backend, t, v) -> dict:
+    if shape is not SHAPE_A:
+        return {}
+    row = shape["hidden"] * 2
+    return {
+        "dispatch_median_us": v * 0.45,
+        "combine_median_us": v * 0.5,
+        "dispatch_logical_bytes": 2.0 * t * row,
+        "dispatch_link_bytes": 1.0 * t * row,
+        "combine_logical_bytes": 2.0 * t * row,
+        "combine_link_bytes": 1.0 * t * row,
+        "workspace_bytes": WORKSPACE_MIB[backend] * 2**20,
+    }
+
+
 def measurements_from(curves=CURVES, timing=None):
     out = []
     for shape, tokens, per_backend in curves.values():
@@ -95,6 +122,7 @@ def measurements_from(curves=CURVES, timing=None):
                             p10_us=v * 0.98,
                             p90_us=v * 1.03,
                             n=50,
+                            **_figures(shape, backend, t, v),
                         )
                     )
     return out
@@ -164,7 +192,7 @@ def test_winners_follow_the_crossover_with_margins():
         backend_names=BACKEND_NAMES,
     )
     (e,) = p["entries"]
-    assert p["schema"] == 2
+    assert p["schema"] == 3
     assert e["tokens"] == [1, 8, 64]
     assert [(w["tokens"], w["backend"], w["fastest"], w["runner_up"], w["tie"]) for w in e["winners"]] == [
         (1, "allgather_reducescatter", "allgather_reducescatter", "nccl_all2allv", False),
@@ -332,7 +360,7 @@ def test_checked_in_fixture_is_what_select_builds():
 
 @pytest.mark.parametrize("path", sorted(FIXTURES.rglob("*.json")), ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_every_fixture_profile_matches_its_schema(path):
-    validate_profile(json.loads(path.read_text()))  # schema-v1.json or schema-v2.json by its "schema"
+    validate_profile(json.loads(path.read_text()))  # schema-v1/-v2/-v3.json by its "schema"
 
 
 def test_packaged_profiles_match_their_schema():
@@ -345,13 +373,13 @@ def test_packaged_profiles_match_their_schema():
         validate_profile(json.loads(p.read_text()))
 
 
-def test_upgrade_schema1_to_schema2():
+def test_upgrade_schema1_to_schema3():
     v1 = json.loads((FIXTURES / "schema1" / f"{FIXTURE_FP}.json").read_text())
     assert v1["schema"] == 1 and v1["run"]["timing"] == "eager"
     v2 = upgrade_profile(v1)
     validate_profile(v2)
     assert v1["schema"] == 1  # the input is not modified
-    assert v2["schema"] == 2 and "timing" not in v2["run"]
+    assert v2["schema"] == 3 and "timing" not in v2["run"]
     assert v2["tie_preference"][0] == "allgather_reducescatter"
     a = entry(v2, hidden=7168)
     assert {c["timing"] for c in a["backends"].values()} == {"eager"}
@@ -362,9 +390,37 @@ def test_upgrade_schema1_to_schema2():
     w256 = [w for w in a["winners"] if w["tokens"] == 256][0]
     assert (w256["backend"], w256["fastest"], w256["tie"]) == ("nccl_all2allv", "nccl_all2allv", True)
     assert a["failed"] == v1["entries"][1]["failed"]
-    assert upgrade_profile(v2) == v2  # schema 2: a copy
+    assert upgrade_profile(v2) == v2  # schema 3: a copy
     with pytest.raises(ProfileError, match="^schema: unsupported version 7"):
         upgrade_profile({**v1, "schema": 7})
+
+
+def test_upgrade_schema2_changes_only_the_version():
+    """A schema-2 table has no figures; schema 3 makes them optional: the same table, version 3."""
+    v2 = json.loads((FIXTURES / "schema2" / f"{FIXTURE_FP}.json").read_text())
+    assert v2["schema"] == 2
+    v3 = upgrade_profile(v2)
+    validate_profile(v3)
+    assert v3 == {**v2, "schema": 3}
+    validate_profile(v2)  # and schema 2 still validates as it is
+
+
+def test_figures_come_from_the_measurement_whose_median_is_kept():
+    p = fixture_profile()
+    a = entry(p, hidden=7168)["backends"]["nccl_all2allv"]
+    assert a["dispatch_us"] == [round(v * 0.45, 3) for v in (45, 46, 50, 75, 190, 420)]
+    assert a["combine_us"] == [round(v * 0.5, 3) for v in (45, 46, 50, 75, 190, 420)]
+    assert a["dispatch_logical_bytes"] == [2.0 * t * 7168 * 2 for t in (1, 4, 16, 64, 256, 1024)]
+    assert a["workspace_mib"] == [64.0] * 6
+    # nvlink_one_sided has no measurement at 1024: null there, as its round trip
+    assert entry(p, hidden=7168)["backends"]["nvlink_one_sided"]["workspace_mib"][-1] is None
+    # shape B was measured without them: its curves carry the round trip alone
+    assert set(entry(p, hidden=4096)["backends"]["nccl_all2allv"]) == {"timing", "median_us", "p10_us", "p90_us"}
+    # a resumed run measured a point twice: the figures of the lower median win with it
+    twice = measurements_from({"X": (SHAPE_A, [4], {"nccl_all2allv": [40]})})
+    twice += [dict(twice[0], median_us=30.0, p10_us=29.0, p90_us=31.0, dispatch_median_us=11.0)]
+    (e,) = build_profile(twice, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
+    assert e["backends"]["nccl_all2allv"]["dispatch_us"] == [11.0]
 
 
 # -------------------------------------------------------------------------- validate
@@ -373,8 +429,12 @@ def test_upgrade_schema1_to_schema2():
 @pytest.mark.parametrize(
     "mutate, where",
     [
-        (lambda p: p.__setitem__("schema", 3), "schema"),
+        (lambda p: p.__setitem__("schema", 4), "schema"),
         (lambda p: p.__setitem__("schema", "2"), "schema"),
+        (
+            lambda p: p["entries"][0]["backends"]["nccl_all2allv"].__setitem__("workspace_mib", [1.0, -1.0, 2.0]),
+            "entries[0].backends.nccl_all2allv.workspace_mib[1]",
+        ),
         (
             lambda p: p["entries"][1]["backends"]["nvlink_one_sided"].__setitem__("timing", "cuda_graph"),
             "entries[1].backends.nvlink_one_sided.timing",
