@@ -61,6 +61,8 @@ PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {
     "fp32": ("float32", None),
     "fp8_e4m3": ("bfloat16", "float8_e4m3fn"),
 }
+FP8_BLOCK = 128  # elements per scale (kernels/quant.py quantizes, kernels/_quant_kernels.py on CUDA)
+FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 
 
 def _dtype_entry(name: str) -> tuple[str, str | None]:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .runtime.lookup import FALLBACK_BACKEND, load_profile, lookup
-from .runtime.table import SHAPE_KEYS
+from .runtime.table import SHAPE_KEYS, Profile
+from .shapes import ModelShape
 
-HELD_OUT_MOST = 8  # default held-out counts: ~2 minutes for 4 shapes x 2 dtypes on 2xH200
+HELD_OUT_MOST = 8  # default held-out counts (their cost: BENCHMARKS.md, "Figures moved from the code")
 
 
 def held_out_tokens(table_tokens: Iterable[int], most: int | None = HELD_OUT_MOST) -> tuple[int, ...]:
@@ -38,6 +40,58 @@ def held_out_tokens(table_tokens: Iterable[int], most: int | None = HELD_OUT_MOS
     if most <= 1:
         return tuple(mids[:most])
     return tuple(sorted({mids[round(i * (len(mids) - 1) / (most - 1))] for i in range(most)}))
+
+
+class EvaluationError(ValueError):
+    """A table and options that give nothing to measure (one line)."""
+
+
+def held_out_plan(
+    table: Profile,
+    path: Path,
+    *,
+    device: str,
+    world: int,
+    tokens: tuple[int, ...] | None = None,
+    backends: tuple[str, ...] = (),
+    warmup: int | None = None,
+    iters: int | None = None,
+    capacity: int | None = None,
+):
+    """The sweep plan that measures the table's shapes at EP size `world` at `tokens` (None:
+    :func:`held_out_tokens` of the table's token counts at that EP size). The backends default
+    to every one, and warm-up and iterations to the sweep's for `device`. Without `capacity`,
+    the table's ``run.capacity`` applies, so the points are measured as the table's own were.
+    Raises :class:`EvaluationError`."""
+    from .sweep import DEFAULT_ITERS, SweepPlan  # lazy: torch is needed to measure, not to score
+
+    entries = [e for e in table.entries if e.shape.ep_size == world]
+    if not entries:
+        raise EvaluationError(f"{path} has no entries for EP size {world}")
+    here = [e.shape for e in entries]
+    shapes = {ModelShape(f"E{s.num_experts}-k{s.topk}-H{s.hidden}", s.num_experts, s.topk, s.hidden) for s in here}
+    held = tokens or held_out_tokens(t for e in entries for t in e.tokens)
+    if not held:
+        raise EvaluationError(f"{path.name}: its token counts leave no held-out midpoint; give --tokens")
+    source = None
+    if capacity is None and table.capacity is not None:
+        capacity, source = table.capacity, f"the table's run.capacity {table.capacity}"
+    if capacity is not None and capacity < max(held):
+        raise EvaluationError(
+            f"{source or f'--capacity {capacity}'} is below the largest token count {max(held)}: "
+            "a fixed-capacity backend cannot carry more tokens than it was built for"
+        )
+    default_warmup, default_iters = DEFAULT_ITERS[device]
+    return SweepPlan(
+        shapes=tuple(sorted(shapes, key=lambda s: s.name)),
+        tokens=held,
+        dtypes=tuple(sorted({s.dtype for s in here})),
+        routings=tuple(sorted({s.routing for s in here})),
+        backends=tuple(backends),
+        warmup=default_warmup if warmup is None else warmup,
+        iters=default_iters if iters is None else iters,
+        capacity=capacity,
+    )
 
 
 @dataclass
@@ -107,24 +161,14 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     complete = [b for b in totals if all(b in t for t in by_point.values())]
     best_single = min(complete, key=totals.get) if complete else None
     for point, times in sorted(by_point.items()):
-        ep, hidden, topk, experts, dtype, routing, tokens = point
+        shape, tokens = point[:6], point[6]
         best = min(times.values())
-        choice = lookup(
-            ep_size=ep,
-            hidden=hidden,
-            topk=topk,
-            num_experts=experts,
-            tokens=tokens,
-            dtype=dtype,
-            routing=routing,
-            profile=profile,
-            quiet=True,
-        )
+        choice = lookup(**dict(zip(SHAPE_KEYS, shape)), tokens=tokens, profile=profile, quiet=True)
         picked = {"table": choice.backend, f"always {FALLBACK_BACKEND}": FALLBACK_BACKEND}
         if best_single:
             picked[f"always {best_single}"] = best_single
         row = {
-            "shape": (ep, hidden, topk, experts, dtype, routing),
+            "shape": shape,
             "tokens": tokens,
             "best": min(times, key=times.get),
         }

@@ -58,6 +58,7 @@ import os
 import platform
 import re
 import socket
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -66,6 +67,7 @@ from typing import Any
 
 from a2a_tune.tuner.nvml import NvmlQueryError, NvmlSource, record, record_live
 from a2a_tune.tuner.runtime.fingerprint import RECORDING_ENV
+from a2a_tune.tuner.runtime.text import one_line
 
 _log = logging.getLogger("a2a_tune")
 
@@ -835,3 +837,24 @@ def render_summary(topo: Topology) -> Any:
         parts.append(gpu_table)
     parts.append(facts)
     return Group(*parts)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m a2a_tune.tuner.probe --fingerprint``: the fingerprint on stdout, else one line on
+    stderr and exit code 1. The runtime runs it as a bounded child
+    (:func:`~a2a_tune.tuner.runtime.fingerprint.probed_fingerprint`), so NVML is read right here."""
+    from a2a_tune.tuner.nvml import RealNvml
+
+    if argv != ["--fingerprint"]:
+        print("usage: python -m a2a_tune.tuner.probe --fingerprint", file=sys.stderr)
+        return 2
+    try:
+        print(probe(recorded_source() or RealNvml(), strict=True).fingerprint)
+    except Exception as exc:  # strict: a GPU host must not borrow a CPU fingerprint
+        print(one_line(exc, None), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

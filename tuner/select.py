@@ -79,11 +79,14 @@ from a2a_tune.tuner.runtime.table import (
 )
 from a2a_tune.tuner.runtime.text import one_line
 
+from .studies import stored_knobs
+
 __all__ = [
     "build_profile",
     "select_entries",
     "validate_profile",
     "with_knobs",
+    "with_knobs_from_file",
     "with_stored_knobs",
     "profile_for_run",
     "write_profile",
@@ -559,6 +562,18 @@ def with_knobs(
     return out, notes
 
 
+def with_knobs_from_file(
+    path: Path, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]
+) -> tuple[dict, list[str]]:
+    """:func:`with_knobs` on the table in file `path` (`tune-knobs --profile`), which is first
+    judged as lookup judges it. Write the copy back with :func:`write_profile_to`. Raises
+    ProfileError for a table lookup would refuse, OSError or ValueError for a file that is
+    not JSON."""
+    table = json.loads(Path(path).read_text())
+    parse_profile(table, str(path))
+    return with_knobs(table, shape, backend, knobs_by_tokens)
+
+
 # ------------------------------------------------------------------ store adapter
 # Kept apart on purpose: the only place that knows the store's API (a2a_tune.db).
 
@@ -601,9 +616,8 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
 def with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
     """`profile` with the launch knobs `tune-knobs` stored in the database `url` for its
     hardware, wherever the table has that shape, backend and token count: (profile, tuned
-    points kept). Raises what reading the studies raises."""
-    from .knobs import stored_knobs
-
+    points kept). The database is only read (:func:`a2a_tune.tuner.studies.stored_knobs`).
+    Raises what reading the studies raises."""
     found = stored_knobs(url, profile["hardware"]["fingerprint"], (profile.get("run") or {}).get("capacity"))
     kept = 0
     for shape, backend, tokens, knobs in found:
@@ -627,14 +641,20 @@ def run_engine_names(config: Mapping) -> dict:
     return names
 
 
-def profile_for_run(url: str | None, run_id: int) -> tuple[dict, int, str | None]:
-    """The table of run `run_id` in the store at `url`, with its stored knobs
+def profile_for_run(url: str | None, run_id: int | None) -> tuple[dict, int, str | None]:
+    """The table of run `run_id` (None: the latest completed run; the table's ``run.id`` says
+    which) in the store at `url`, opened read-only, with its stored knobs
     (:func:`with_stored_knobs`): (profile, tuned points kept, a note when the knobs could not
-    be read -- the table is good without them). Raises StoreError, NotFoundError, or
-    ValueError for a run without measurements."""
-    from a2a_tune.db import open_store
+    be read -- the table is good without them). Raises EmptyStoreError, NotFoundError (no such
+    run, or no completed one), StoreError, or ValueError for a run without measurements."""
+    from a2a_tune.db import NotFoundError, open_store
 
     with open_store(url, readonly=True) as store:
+        if run_id is None:
+            run = store.latest_run(status="completed")
+            if run is None:
+                raise NotFoundError("no completed run in the database")
+            run_id = run.id
         profile = profile_from_store(store, run_id, backend_names=run_engine_names(store.get_run(run_id).config))
         url = store.url
     if not profile["entries"]:

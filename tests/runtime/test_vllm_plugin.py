@@ -28,6 +28,7 @@ import paths
 import pytest
 import tomllib
 
+from a2a_tune.tuner.runtime import fingerprint as fingerprint_module
 from a2a_tune.tuner.runtime import vllm_plugin
 from a2a_tune.tuner.runtime.lookup import clear_cache
 
@@ -316,7 +317,7 @@ FAILURES = {
     "probe_fails": (
         lambda f, mp: (
             mp.delenv("A2A_TUNE_FINGERPRINT"),
-            mp.setitem(sys.modules, "a2a_tune.tuner.probe", _broken_probe()),
+            mp.setattr(fingerprint_module, "_probe_child", _broken_probe),
         ),
         {},
     ),
@@ -347,14 +348,9 @@ def _deny_reading(path: Path, mp):
     mp.setattr(os, "open", denying(os.open))
 
 
-def _broken_probe():
-    mod = types.ModuleType("a2a_tune.tuner.probe")
-
-    def probe(**kwargs):
-        raise RuntimeError("NVML Shared Library Not Found")
-
-    mod.probe = probe
-    return mod
+def _broken_probe(timeout_s):
+    """The probe's child, failing as it does on a host whose NVML cannot start."""
+    raise fingerprint_module.ProbeError("the probe exited with code 1: NvmlQueryError: Unknown: boom")
 
 
 @pytest.mark.parametrize("case", sorted(FAILURES))

@@ -108,7 +108,19 @@ def test_select_again_from_the_database(finished_run, tmp_path):
     root, env, _ = finished_run
     r = a2a("select", "--db", str(root / "t.db"), "--out", str(tmp_path), env_extra=env)
     assert r.returncode == 0, r.stderr
-    assert len(list(tmp_path.glob("cpu-*.json"))) == 1
+    (again,) = tmp_path.glob("cpu-*.json")
+    assert r.stdout.strip() == f"wrote {again} (1 shape(s)) from run 1"
+    # The same measurements give the same table as `run` wrote, but for when it was written.
+    first = json.loads((root / "xdg" / "a2a-tune" / "profiles" / again.name).read_text())
+    table = json.loads(again.read_text())
+    assert table.pop("generated_at") >= first.pop("generated_at") and table == first
+    (entry,) = table["entries"]
+    shape = dict(ep_size=2, hidden=4096, topk=2, num_experts=8, dtype="bf16", routing="uniform")
+    assert {k: entry[k] for k in shape} == shape and entry["tokens"] == [1, 8, 32]
+    assert set(entry["backends"]) == CPU_BACKENDS  # the GPU backends: unavailable, said in `failed`
+    assert all(why.startswith("unavailable: needs CUDA GPUs") for why in entry["failed"].values())
+    assert [w["backend"] in CPU_BACKENDS for w in entry["winners"]] == [True] * 3
+    assert all(len(c["median_us"]) == 3 and None not in c["median_us"] for c in entry["backends"].values())
 
 
 def small_sweep(db, *backends: str, iters: int = 2, env_extra: dict | None = None) -> subprocess.CompletedProcess:

@@ -685,3 +685,121 @@ def test_tables_record_every_engines_name_and_options(tmp_path):
     # Shape B: allgather_reducescatter 20 us at 1 token, nccl_all2allv (here DEEPEP) 300 at 1024.
     assert lookup(profile=out, tokens=1, engine="trtllm", **SHAPE_B).engine_args("trtllm") == ("ALLGATHER", ())
     assert lookup(profile=out, tokens=1024, engine="trtllm", **SHAPE_B).engine_args("trtllm") == ("DEEPEP", ())
+
+
+# ------------------------------------------------------------- a store's knobs, read-only
+
+TUNED = {"chunk": 2}
+
+
+def tuned_store(path: Path) -> None:
+    """store_with_a_completed_run, plus the study tune-knobs leaves for nccl_all2allv at 64
+    tokens per rank on that machine (and one of another machine, which must not count)."""
+    from databases import store_with_a_completed_run
+
+    store_with_a_completed_run(path)
+    add_studies(f"sqlite:///{path}")
+
+
+def add_studies(url: str) -> None:
+    import optuna
+
+    from a2a_tune.tuner.studies import study_name
+
+    label = SimpleNamespace(label=lambda: "E64-k8-H7168-bf16")
+    attrs = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, routing="uniform")
+    for fingerprint in ("h200.nvl18x2.node1", "other.machine.node1"):
+        name = study_name(fingerprint, "nccl_all2allv", label, 2, 64, "uniform")
+        study = optuna.create_study(study_name=name, storage=url)
+        for key, value in {**attrs, "backend": "nccl_all2allv", "tokens_per_rank": 64, "best_knobs": TUNED}.items():
+            study.set_user_attr(key, value)
+
+
+def test_the_knob_studies_are_read_from_any_store_url(db_url):
+    import sqlalchemy
+
+    from a2a_tune.db import open_store
+    from a2a_tune.tuner.studies import stored_knobs
+
+    open_store(db_url).close()
+    assert stored_knobs(db_url, "h200.nvl18x2.node1") == []  # no study yet: nothing read, nothing created
+    engine = sqlalchemy.create_engine(db_url)
+    assert not sqlalchemy.inspect(engine).has_table("studies")
+    engine.dispose()
+    add_studies(db_url)
+    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
+    assert stored_knobs(db_url, "h200.nvl18x2.node1") == [(shape, "nccl_all2allv", 64, TUNED)]
+    assert stored_knobs(db_url, "h200.nvl18x2.node") == []  # a fingerprint is matched whole
+
+
+def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_changes_nothing(tmp_path):
+    import sys
+
+    from read_only import run_in_read_only
+
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    db = shelf / "runs.db"
+    tuned_store(db)
+    before = {p.name: p.read_bytes() for p in shelf.iterdir()}
+    argv = [sys.executable, "-m", "a2a_tune.tuner.cli", "select", "--db", str(db), "--out", str(tmp_path / "out")]
+    r = run_in_read_only(shelf, argv)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout.strip().endswith("(1 shape(s)) from run 1, with the knobs of 1 tuned case(s)"), r.stdout
+    (entry,) = json.loads((tmp_path / "out" / "h200.nvl18x2.node1.json").read_text())["entries"]
+    assert entry["tokens"] == [1, 64] and entry["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED]
+    assert "knobs" not in entry["backends"]["allgather_reducescatter"]
+    assert {p.name: p.read_bytes() for p in shelf.iterdir()} == before  # byte-identical, no new files
+
+
+def test_reading_the_knob_studies_needs_no_optuna_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    db = tmp_path / "runs.db"
+    tuned_store(db)
+    before = (db.read_bytes(), sorted(tmp_path.iterdir()))
+    code = (
+        "import sys\n"
+        "from a2a_tune.tuner.studies import stored_knobs\n"
+        f"print(stored_knobs({f'sqlite:///{db}'!r}, 'h200.nvl18x2.node1'))\n"
+        "print('optuna' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
+    assert r.stdout.splitlines() == [str([(shape, "nccl_all2allv", 64, TUNED)]), "False"]
+    assert (db.read_bytes(), sorted(tmp_path.iterdir())) == before  # SQLite's shared-memory index aside
+
+
+def test_select_of_the_latest_completed_run_names_it(tmp_path):
+    from a2a_tune.db import NotFoundError, open_store
+    from a2a_tune.tuner.select import profile_for_run
+
+    db = tmp_path / "runs.db"
+    tuned_store(db)
+    profile, kept, note = profile_for_run(str(db), None)
+    assert (profile["run"]["id"], kept, note) == (1, 1, None)
+    empty = tmp_path / "empty.db"
+    open_store(str(empty)).close()
+    with pytest.raises(NotFoundError, match="no completed run"):
+        profile_for_run(str(empty), None)
+
+
+def test_knobs_go_into_a_table_file_judged_as_lookup_judges_it(tmp_path):
+    from a2a_tune.tuner.select import with_knobs_from_file
+
+    path = write_profile(fixture_profile(), tmp_path)
+    updated, notes = with_knobs_from_file(path, SHAPE_B, "nccl_all2allv", {64: TUNED, 5: TUNED})
+    assert notes == ["5 tokens/rank is not one of the entry's token counts (1, 64, 1024)"]
+    assert entry(updated, **SHAPE_B)["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED, None]
+    assert "knobs" not in entry(json.loads(path.read_text()), **SHAPE_B)["backends"]["nccl_all2allv"]  # a copy
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({**fixture_profile(), "schema": 99}))
+    with pytest.raises(ProfileError, match=f"{broken}: schema"):
+        with_knobs_from_file(broken, SHAPE_B, "nccl_all2allv", {64: TUNED})
+    (tmp_path / "not.json").write_text("{")
+    with pytest.raises(ValueError):
+        with_knobs_from_file(tmp_path / "not.json", SHAPE_B, "nccl_all2allv", {64: TUNED})
+    with pytest.raises(OSError):
+        with_knobs_from_file(tmp_path / "missing.json", SHAPE_B, "nccl_all2allv", {64: TUNED})
