@@ -153,12 +153,11 @@ def test_a_backend_module_hanging_at_import_fails_in_one_line_within_the_bound(t
     )
 
 
-SELECT_SHAPE = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
-
-
 def test_select_never_imports_the_backend_modules(tmp_path):
     """select writes a run's table with the engine names the sweep recorded for an
     out-of-tree backend, while that backend's module hangs at import."""
+    from stored import measurement
+
     from a2a_tune.db import open_store
 
     db = tmp_path / "runs.db"
@@ -170,18 +169,7 @@ def test_select_never_imports_the_backend_modules(tmp_path):
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config=config, config_hash="h"
         )
         for backend, us in (("allgather_reducescatter", 20.0), ("my_backend", 10.0)):
-            s.add_measurement(
-                run,
-                backend=backend,
-                tokens_per_rank=4,
-                timing="eager",
-                median_us=us,
-                p10_us=us,
-                p90_us=us,
-                n=3,
-                samples=[us] * 3,
-                **SELECT_SHAPE,
-            )
+            s.add_measurement(run, **measurement(backend=backend, median_us=us, p10_us=us, p90_us=us, knobs={}))
         s.finish_run(run, "completed")
     env = {**_hanging_module(tmp_path), "A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S": "600"}
     r = a2a("select", "--db", str(db), "--out", str(tmp_path / "out"), env_extra=env)
