@@ -95,142 +95,20 @@ def probe(
 # ---------------------------------------------------------------------------------- sweep
 
 
-def _parse_tokens(text: str) -> tuple[int, ...]:
-    from .shapes import MAX_TOKENS_PER_RANK
+def _planned(step, *args, **kwargs):
+    """`step` of tuner.plans (options -> plan); its PlanError is a one-line error, exit code 2."""
+    from .plans import PlanError
 
     try:
-        values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
-    except ValueError:
-        raise _fail(f"--tokens must be comma-separated integers, got {text!r}", 2) from None
-    if not values or values[0] < 1:
-        raise _fail(f"--tokens must be positive integers, got {text!r}", 2)
-    if values[-1] > MAX_TOKENS_PER_RANK:
-        raise _fail(f"--tokens {values[-1]} is above the largest supported count, {MAX_TOKENS_PER_RANK} per rank", 2)
-    return tuple(values)
-
-
-def _resolve_device(device: str) -> tuple[str, int]:
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device == "auto":
-        device = "cuda" if gpus >= 2 else "cpu"
-    if device == "cuda" and gpus == 0:
-        raise _fail("--device cuda: no CUDA GPU is visible (use --device cpu to sweep CPU ranks over gloo)", 2)
-    if device not in ("cuda", "cpu"):
-        raise _fail(f"--device must be auto, cuda or cpu, got {device!r}", 2)
-    return device, gpus
-
-
-def _resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
-    """--device and --world: the device type and the ranks to run (a torchrun/srun job's own)."""
-    from .launch import RankFailed, cpu_rank_limit, job_rank
-
-    device, gpus = _resolve_device(device)
-    try:
-        job = job_rank()  # torchrun / srun: the job's size, whatever --world says
-    except RankFailed as exc:
+        return step(*args, **kwargs)
+    except PlanError as exc:
         raise _fail(str(exc), 2) from None
-    if job is not None:
-        world = job.world_size
-    elif world is None:
-        world = gpus if device == "cuda" else 2
-    if device == "cuda" and job is None and world > gpus:
-        raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
-    if world < 2:
-        raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
-    if device == "cpu" and job is None:
-        limit, why = cpu_rank_limit()
-        if world > limit:
-            raise _fail(f"--world {world} on cpu: this machine holds at most {limit} CPU ranks ({why})", 2)
-    return device, world
 
 
-def _shapes(presets, model_configs) -> list:
-    """--preset and --model-config: the model shapes [default: every preset]."""
-    from .shapes import ShapeSpecError, from_model_config, preset
-    from .shapes import presets as all_presets
+def _plans():
+    from . import plans
 
-    try:
-        shapes = [preset(p) for p in presets] + [from_model_config(p) for p in model_configs]
-    except ShapeSpecError as exc:
-        raise _fail(str(exc), 2) from None
-    return shapes or list(all_presets().values())
-
-
-def _build_plan(
-    device,
-    world,
-    presets,
-    model_configs,
-    tokens,
-    dtypes,
-    routings,
-    backends,
-    warmup,
-    iters,
-    adaptive=False,
-    capacity=None,
-    refine=None,
-):
-    from a2a_tune.kernels import PAYLOAD_DTYPES
-    from a2a_tune.kernels.reference import ROUTINGS
-
-    from .adaptive import REFINE_RATIO
-    from .sweep import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
-
-    device, world = _resolve_ranks(device, world)
-    shapes = _shapes(presets, model_configs)
-    for d in dtypes:
-        if d not in PAYLOAD_DTYPES:
-            raise _fail(f"unknown --dtype {d!r}; choose from {', '.join(PAYLOAD_DTYPES)}", 2)
-    for r in routings:
-        if r not in ROUTINGS:
-            raise _fail(f"unknown --routing {r!r}; choose from {', '.join(ROUTINGS)}", 2)
-    _check_backends(backends)
-    token_counts = _parse_tokens(tokens) if tokens else DEFAULT_TOKENS[device]
-    _check_capacity(capacity, token_counts)
-    default_warmup, default_iters = DEFAULT_ITERS[device]
-    plan = SweepPlan(
-        shapes=tuple(shapes),
-        tokens=token_counts,
-        dtypes=tuple(dtypes) or ("bf16",),
-        routings=tuple(routings) or ("uniform",),
-        backends=tuple(backends),
-        warmup=default_warmup if warmup is None else warmup,
-        iters=default_iters if iters is None else iters,
-        adaptive=adaptive,
-        capacity=capacity,
-        # on by default where timings resolve few-% differences (GPUs); gloo noise would chase flips
-        refine_ratio=REFINE_RATIO if (device == "cuda" if refine is None else refine) else None,
-    )
-    return plan, device, world
-
-
-def _check_capacity(capacity: int | None, token_counts, table_capacity: int | None = None) -> int | None:
-    """--capacity, or without it the capacity a table was measured with (its run.capacity),
-    checked against the token counts to measure; None: each load's own."""
-    source = None
-    if capacity is None and table_capacity is not None:
-        capacity = table_capacity
-        source = f"the table's run.capacity {capacity}"
-    if capacity is not None and token_counts and capacity < max(token_counts):
-        raise _fail(
-            f"{source or f'--capacity {capacity}'} is below the largest token count {max(token_counts)}: "
-            "a fixed-capacity backend cannot carry more tokens than it was built for",
-            2,
-        )
-    return capacity
-
-
-def _check_backends(names) -> None:
-    from a2a_tune.kernels import UnknownBackendError, get_backend
-
-    try:
-        for b in names:
-            get_backend(b)
-    except UnknownBackendError as exc:
-        raise _fail(str(exc), 2) from None
+    return plans
 
 
 def _print_outcome(outcome, seconds: float) -> None:
@@ -249,49 +127,17 @@ def _print_outcome(outcome, seconds: float) -> None:
         out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False)
 
 
-def _do_sweep(
-    device,
-    world,
-    presets,
-    model_configs,
-    tokens,
-    dtypes,
-    routings,
-    backends,
-    warmup,
-    iters,
-    db,
-    resume,
-    progress,
-    case_timeout,
-    adaptive=False,
-    capacity=None,
-    refine=None,
-    allow_mixed=False,
-    publish=False,
-    out_dir=None,
-):
-    _store_url(db)  # before the imports below: they cost torch
+def _do_sweep(options, *, publish: bool = False):
+    """Sweep as `options` (tuner.plans.SweepOptions) say; `publish`: `run`'s table on every node."""
+    _store_url(options.db)  # before the imports below: they cost torch
     from a2a_tune.db import StoreError
 
     from .launch import PeerLost, RankFailed, job_rank
+    from .plans import PlanError
     from .sweep import sweep as run_sweep
 
-    plan, device, world = _build_plan(
-        device,
-        world,
-        presets,
-        model_configs,
-        tokens,
-        dtypes,
-        routings,
-        backends,
-        warmup,
-        iters,
-        adaptive,
-        capacity,
-        refine,
-    )
+    plan, device, world = _planned(_plans().build_plan, options)
+    db = options.db
     job = job_rank()
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
         launcher = f" ({job.launcher} job)" if job else ""
@@ -307,13 +153,15 @@ def _do_sweep(
             device_type=device,
             world_size=world,
             db_url=db,
-            resume=resume,
-            progress=progress,
-            case_timeout=case_timeout,
-            allow_mixed=allow_mixed,
+            resume=options.resume,
+            progress=options.progress,
+            case_timeout=options.case_timeout,
+            allow_mixed=options.allow_mixed,
             publish=publish,
-            out_dir=str(out_dir) if out_dir else None,
+            out_dir=str(options.out_dir) if options.out_dir else None,
         )
+    except PlanError as exc:  # the plan was checked above; a rank's share of memory can shrink since
+        raise _fail(str(exc), 2) from None
     except PeerLost as exc:
         raise _fail(f"sweep stopped: {exc}; relaunch the job with --resume to complete the run") from None
     except (RankFailed, StoreError) as exc:
@@ -413,51 +261,64 @@ _timeout_opt = typer.Option(
 )
 
 
+# The options `sweep` and `run` share, in their --help order; run adds --out after --progress.
+_SWEEP_OPTIONS = (
+    ("device", str, _device_opt),
+    ("world", int | None, _world_opt),
+    ("preset", list[str], _preset_opt),
+    ("model_config", list[Path], _config_opt),
+    ("tokens", str | None, _tokens_opt),
+    ("dtype", list[str], _dtype_opt),
+    ("routing", list[str], _routing_opt),
+    ("backend", list[str], _backend_opt),
+    ("warmup", int | None, _warmup_opt),
+    ("iters", int | None, _iters_opt),
+    ("db", str | None, _db_opt),
+    ("resume", bool, _resume_opt),
+    ("progress", bool, _progress_opt),
+    ("case_timeout", float, _timeout_opt),
+    ("adaptive", bool, _adaptive_opt),
+    ("capacity", int | None, _capacity_opt),
+    ("refine", bool | None, _refine_opt),
+    ("allow_mixed", bool, _mixed_opt),
+)
+
+
+def _sweep_options(out_opt=None):
+    """Give a command the sweep options (and, with `out_opt`, --out after --progress); typer
+    reads them from the signature, the command gets one tuner.plans.SweepOptions."""
+    import functools
+    import inspect
+
+    params = []
+    for name, kind, option in _SWEEP_OPTIONS:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
+        if name == "progress" and out_opt is not None:
+            params.append(
+                inspect.Parameter("out_dir", inspect.Parameter.KEYWORD_ONLY, default=out_opt, annotation=Path | None)
+            )
+
+    def decorate(command):
+        @functools.wraps(command)
+        def with_options(**values):
+            return command(_plans().SweepOptions(**values))
+
+        del with_options.__wrapped__  # typer must read the options, not the command's one argument
+        with_options.__signature__ = inspect.Signature(params)
+        with_options.__annotations__ = {p.name: p.annotation for p in params}
+        return with_options
+
+    return decorate
+
+
 @app.command()
-def sweep(
-    device: str = _device_opt,
-    world: int | None = _world_opt,
-    preset: list[str] = _preset_opt,
-    model_config: list[Path] = _config_opt,
-    tokens: str | None = _tokens_opt,
-    dtype: list[str] = _dtype_opt,
-    routing: list[str] = _routing_opt,
-    backend: list[str] = _backend_opt,
-    warmup: int | None = _warmup_opt,
-    iters: int | None = _iters_opt,
-    db: str | None = _db_opt,
-    resume: bool = _resume_opt,
-    progress: bool = _progress_opt,
-    case_timeout: float = _timeout_opt,
-    adaptive: bool = _adaptive_opt,
-    capacity: int | None = _capacity_opt,
-    refine: bool | None = _refine_opt,
-    allow_mixed: bool = _mixed_opt,
-) -> None:
+@_sweep_options()
+def sweep(options) -> None:
     """Check, then time, every backend over shapes x token counts; store every measurement.
 
     Several nodes: launch it under torchrun or srun, one process per GPU (see `a2a-tune run`,
     which also writes the table on every node)."""
-    _do_sweep(
-        device,
-        world,
-        preset,
-        model_config,
-        tokens,
-        dtype,
-        routing,
-        backend,
-        warmup,
-        iters,
-        db,
-        resume,
-        progress,
-        case_timeout,
-        adaptive,
-        capacity,
-        refine,
-        allow_mixed,
-    )
+    _do_sweep(options)
 
 
 # --------------------------------------------------------------------------------- select
@@ -516,55 +377,17 @@ def select(
 
 
 @app.command()
-def run(
-    device: str = _device_opt,
-    world: int | None = _world_opt,
-    preset: list[str] = _preset_opt,
-    model_config: list[Path] = _config_opt,
-    tokens: str | None = _tokens_opt,
-    dtype: list[str] = _dtype_opt,
-    routing: list[str] = _routing_opt,
-    backend: list[str] = _backend_opt,
-    warmup: int | None = _warmup_opt,
-    iters: int | None = _iters_opt,
-    db: str | None = _db_opt,
-    resume: bool = _resume_opt,
-    progress: bool = _progress_opt,
-    out_dir: Path | None = typer.Option(
+@_sweep_options(
+    typer.Option(
         None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."
-    ),
-    case_timeout: float = _timeout_opt,
-    adaptive: bool = _adaptive_opt,
-    capacity: int | None = _capacity_opt,
-    refine: bool | None = _refine_opt,
-    allow_mixed: bool = _mixed_opt,
-) -> None:
+    )
+)
+def run(options) -> None:
     """Probe + sweep + select: the one command to run once per machine type.
 
     Several nodes: launch it under torchrun or srun, one process per GPU; every node probes
     itself, rank 0 writes the store, and every node gets the table where lookup looks there."""
-    outcome = _do_sweep(
-        device,
-        world,
-        preset,
-        model_config,
-        tokens,
-        dtype,
-        routing,
-        backend,
-        warmup,
-        iters,
-        db,
-        resume,
-        progress,
-        case_timeout,
-        adaptive,
-        capacity,
-        refine,
-        allow_mixed,
-        publish=True,
-        out_dir=out_dir,
-    )
+    outcome = _do_sweep(options, publish=True)
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     published = outcome.published
@@ -632,9 +455,9 @@ def evaluate(
     from .evaluate import evaluate as run_evaluation
     from .evaluate import held_out_tokens, table_measurements
     from .launch import RankFailed
+    from .plans import DEFAULT_ITERS, PlanError, SweepPlan
     from .runtime.lookup import ProfileError, load_profile
     from .shapes import ModelShape
-    from .sweep import DEFAULT_ITERS, SweepPlan
     from .sweep import sweep as run_sweep
 
     try:
@@ -658,7 +481,8 @@ def evaluate(
         _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)")
         return
     _store_url(db)
-    device, world = _resolve_ranks(device, world)
+    plans = _plans()
+    device, world = _planned(plans.resolve_ranks, device, world)
     shapes_here = [e.shape for e in table.entries if e.shape.ep_size == world]
     if not shapes_here:
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
@@ -666,14 +490,14 @@ def evaluate(
         ModelShape(f"E{s.num_experts}-k{s.topk}-H{s.hidden}", s.num_experts, s.topk, s.hidden) for s in shapes_here
     }
     held = (
-        _parse_tokens(tokens)
+        _planned(plans.parse_tokens, tokens)
         if tokens
         else held_out_tokens(t for e in table.entries if e.shape.ep_size == world for t in e.tokens)
     )
     if not held:
         raise _fail(f"{profile.name}: its token counts leave no held-out midpoint; give --tokens", 2)
-    _check_backends(backend)
-    capacity = _check_capacity(capacity, held, table.capacity)  # measured as the table's own points
+    _planned(plans.check_backends, backend)
+    capacity = _planned(plans.check_capacity, capacity, held, table.capacity)  # measured as the table's own points
     default_warmup, default_iters = DEFAULT_ITERS[device]
     plan = SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)),
@@ -685,6 +509,7 @@ def evaluate(
         iters=default_iters if iters is None else iters,
         capacity=capacity,
     )
+    _planned(plans.check_plan, plan, device, world)
     out.print(
         f"evaluating {profile.name} at {len(held)} held-out token counts x {len(shapes)} shape(s)", highlight=False
     )
@@ -692,6 +517,8 @@ def evaluate(
         outcome = run_sweep(
             plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout
         )
+    except PlanError as exc:
+        raise _fail(str(exc), 2) from None
     except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
     except KeyboardInterrupt as exc:
@@ -795,7 +622,7 @@ def tune_knobs(
     from .knobs import tune_knobs as run_search
     from .launch import RankFailed
     from .runtime.lookup import ProfileError, load_profile
-    from .runtime.table import SHAPE_KEYS, parse_profile
+    from .runtime.table import parse_profile
     from .select import with_knobs, write_profile_to
 
     try:
@@ -809,18 +636,18 @@ def tune_knobs(
             markup=False,
         )
         return
-    plan, device, world = _build_plan(
-        device,
-        world,
-        [preset] if preset else [],
-        [model_config] if model_config else [],
-        tokens,
-        [dtype],
-        [routing],
-        [backend],
-        None,
-        None,
+    plans = _plans()
+    options = plans.SweepOptions(
+        device=device,
+        world=world,
+        preset=[preset] if preset else [],
+        model_config=[model_config] if model_config else [],
+        tokens=tokens,
+        dtype=[dtype],
+        routing=[routing],
+        backend=[backend],
     )
+    plan, device, world = _planned(plans.build_plan, options)
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
     table_capacity = None
@@ -829,7 +656,7 @@ def tune_knobs(
             table_capacity = load_profile(profile).capacity
         except ProfileError:
             pass  # an unusable table is reported where the knobs are written
-    capacity = _check_capacity(capacity, plan.tokens, table_capacity)
+    capacity = _planned(plans.check_capacity, capacity, plan.tokens, table_capacity)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
         backend=backend,
@@ -899,7 +726,7 @@ def tune_knobs(
         raise _fail(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise _fail(f"{profile}: not a readable profile ({exc})") from None
-    values = dict(zip(SHAPE_KEYS, (world, shape.hidden, shape.topk, shape.num_experts, dtype, routing)))
+    values = shape.at(world, dtype, routing)._asdict()
     found = {r.tokens: r.best_knobs for r in results if r.best_knobs}
     updated, notes = with_knobs(table, values, backend, found)
     for note in notes:
@@ -981,9 +808,14 @@ def lookup(
     size = max_batch if phase == "decode" else max_tokens
     if phase is not None and size is None:
         raise _fail(f"--phase {phase} needs {size_opt} N", 2)
+    from .runtime.point import PointError, check_tokens
+
     for opt, value in (("--tokens", tokens), (size_opt, size)):
-        if value is not None and value < (0 if opt == "--tokens" else 1):
-            raise _fail(f"{opt} must be {'>= 0' if opt == '--tokens' else '>= 1'}, got {value}", 2)
+        try:
+            if value is not None:
+                check_tokens(value)
+        except PointError as exc:
+            raise _fail(f"{opt}: {exc}", 2) from None
 
     def ask(for_engine, quiet=False):
         return do_lookup(
@@ -1257,7 +1089,7 @@ def backends(
 
     from a2a_tune.kernels import BackendEnv, get_backend, list_backends
 
-    device, gpus = _resolve_device(device)
+    device, gpus = _planned(_plans().resolve_device, device)
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
     table = Table("backend", "vLLM", "SGLang", "reach", "here", title=f"backends for {world} {device} rank(s)")
@@ -1307,9 +1139,10 @@ def check(
     from .check import render
     from .progress import progress_bar
 
-    _check_backends(backend)
-    device, world = _resolve_ranks(device, world)
-    shapes = _shapes(preset, model_config)
+    plans = _plans()
+    _planned(plans.check_backends, backend)
+    device, world = _planned(plans.resolve_ranks, device, world)
+    shapes = _planned(plans.model_shapes, preset, model_config)
     names = list(dict.fromkeys(backend)) or list_backends()
     speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun/srun: rank 0 reports
     with progress_bar(progress and speaks, "check") as bar:

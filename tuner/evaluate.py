@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .runtime.lookup import FALLBACK_BACKEND, load_profile, lookup
-from .runtime.table import SHAPE_KEYS
+from .runtime.point import POINT_FIELDS, Point
 
 HELD_OUT_MOST = 8  # default held-out counts: ~2 minutes for 4 shapes x 2 dtypes on 2xH200
 
@@ -61,10 +61,9 @@ class Evaluation:
         return sorted((p for p in self.points if p.get("table")), key=lambda p: -p["table"])[:n]
 
 
-def _point(r) -> tuple:
-    """(ep, H, k, E, dtype, routing, tokens) of a measurement or failure record: the first six
-    are a table entry's shape (:data:`~a2a_tune.tuner.runtime.table.SHAPE_KEYS`)."""
-    return (*(getattr(r, k) for k in SHAPE_KEYS), r.tokens_per_rank)
+def _point(r) -> Point:
+    """The point of a measurement or failure record (its shape is a table entry's)."""
+    return Point(*(getattr(r, k) for k in POINT_FIELDS))
 
 
 def table_measurements(profile: str) -> list:
@@ -79,9 +78,7 @@ def table_measurements(profile: str) -> list:
                 continue
             for t, v in zip(e.tokens, curve):
                 if v is not None:
-                    out.append(
-                        SimpleNamespace(**dict(zip(SHAPE_KEYS, e.shape)), tokens_per_rank=t, backend=b, median_us=v)
-                    )
+                    out.append(SimpleNamespace(**e.shape.at(t)._asdict(), backend=b, median_us=v))
     return out
 
 
@@ -93,10 +90,10 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     Raises :class:`~a2a_tune.tuner.runtime.table.ProfileError` for a table the lookup refuses."""
     shapes = set(load_profile(profile).by_shape)
     ev = Evaluation()
-    by_point: dict[tuple, dict[str, float]] = {}
+    by_point: dict[Point, dict[str, float]] = {}
     for m in measurements:
         by_point.setdefault(_point(m), {})[m.backend] = m.median_us
-    for point in [p for p in by_point if p[:6] not in shapes]:
+    for point in [p for p in by_point if p.shape not in shapes]:
         del by_point[point]
         ev.outside += 1
     broken = {(f.backend, _point(f)) for f in failures if f.kind in ("error", "timeout", "incorrect")}
@@ -107,25 +104,14 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     complete = [b for b in totals if all(b in t for t in by_point.values())]
     best_single = min(complete, key=totals.get) if complete else None
     for point, times in sorted(by_point.items()):
-        ep, hidden, topk, experts, dtype, routing, tokens = point
         best = min(times.values())
-        choice = lookup(
-            ep_size=ep,
-            hidden=hidden,
-            topk=topk,
-            num_experts=experts,
-            tokens=tokens,
-            dtype=dtype,
-            routing=routing,
-            profile=profile,
-            quiet=True,
-        )
+        choice = lookup(**point.shape._asdict(), tokens=point.tokens_per_rank, profile=profile, quiet=True)
         picked = {"table": choice.backend, f"always {FALLBACK_BACKEND}": FALLBACK_BACKEND}
         if best_single:
             picked[f"always {best_single}"] = best_single
         row = {
-            "shape": (ep, hidden, topk, experts, dtype, routing),
-            "tokens": tokens,
+            "shape": point.shape,
+            "tokens": point.tokens_per_rank,
             "best": min(times, key=times.get),
         }
         for policy, backend in picked.items():

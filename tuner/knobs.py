@@ -39,7 +39,7 @@ from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, get_back
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
 from .measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
 from .progress import progress_bar
-from .runtime.table import SHAPE_KEYS
+from .runtime.point import SHAPE_FIELDS
 from .shapes import ModelShape
 from .sweep import gather_topology
 from .timing import summarize
@@ -155,7 +155,7 @@ def _tune_point(ctx, plan: KnobPlan, fingerprint: str, tokens: int, owner, bar, 
     m = plan.shape
     # built as the sweep builds it: fixed-capacity backends for the load being timed, or for
     # the engine's capacity when one is given
-    shape = MoEShape(m.num_experts, m.topk, m.hidden, max(plan.tokens), plan.dtype)
+    shape = MoEShape.of(m.at(ctx.world_size, plan.dtype, plan.routing), max(plan.tokens))
     name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing, plan.tuned_capacity())
     cls = get_backend(plan.backend)
     result = KnobResult(plan.backend, tokens, name, default_knobs=dict(cls.knob_defaults))
@@ -277,13 +277,7 @@ class _StudyOwner:
         p = self.plan
         for key, value in {
             "backend": p.backend,
-            "num_experts": p.shape.num_experts,
-            "topk": p.shape.topk,
-            "hidden": p.shape.hidden,
-            "dtype": p.dtype,
-            "routing": p.routing,
-            "ep_size": world,
-            "tokens_per_rank": result.tokens,
+            **p.shape.at(world, p.dtype, p.routing).at(result.tokens)._asdict(),
             "fingerprint": fingerprint,
             "timing": result.timing,
             "default_knobs": defaults,
@@ -412,6 +406,6 @@ def stored_knobs(
             continue
         if _capacity_bound(attrs.get("backend")) and attrs.get("capacity") != capacity:
             continue  # tuned for another workspace size: another point than this table's
-        shape = {k: attrs.get(k) for k in SHAPE_KEYS}
+        shape = {k: attrs.get(k) for k in SHAPE_FIELDS}
         found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))
     return found

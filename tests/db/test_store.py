@@ -33,10 +33,12 @@ from a2a_tune.db import (
     upgrade,
 )
 from a2a_tune.db.models import VERSION_TABLE, Base
+from a2a_tune.tuner.runtime.point import MAX_TOKENS_PER_RANK, Point
 
 FIXTURES = paths.FIXTURES / "db"
 
-SHAPE = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, tokens_per_rank=128, routing="uniform")
+# One point, in the point's field order (the store's key: the backend, then these).
+SHAPE = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform", tokens_per_rank=128)
 VERSIONS = {
     "torch": "2.11.0",
     "nccl": "2.27.3",
@@ -262,6 +264,7 @@ def test_done_keys_holds_measurements_and_shaped_failures_only(store):
     # Plain tuples compare and hash equal to MeasurementKey: the sweep may build either.
     assert keys == {("nccl_all2allv", *shape), ("nvlink_one_sided", *shape)}
     assert all(isinstance(k, MeasurementKey) for k in keys)
+    assert MeasurementKey.of("nccl_all2allv", Point(**SHAPE)).point == Point(**SHAPE)
     assert store.done_keys(other_run) == {("allgather_reducescatter", *shape)}
 
 
@@ -596,9 +599,9 @@ def test_committed_schema1_database_still_opens(tmp_path):
             ("nccl_all2allv", 128, 41.5),
         ]
         assert s.done_keys(run.id) == {
-            ("allgather_reducescatter", 64, 8, 7168, "bf16", 2, 128, "uniform"),
-            ("nccl_all2allv", 64, 8, 7168, "bf16", 2, 128, "uniform"),
-            ("nvlink_one_sided", 64, 8, 7168, "bf16", 2, 128, "uniform"),
+            ("allgather_reducescatter", 2, 7168, 8, 64, "bf16", "uniform", 128),
+            ("nccl_all2allv", 2, 7168, 8, 64, "bf16", "uniform", 128),
+            ("nvlink_one_sided", 2, 7168, 8, 64, "bf16", "uniform", 128),
         }
         assert {f.kind for f in s.failures(run.id)} == {"incorrect", "unavailable"}
 
@@ -743,11 +746,30 @@ def test_concurrent_writers_from_threads_lose_nothing(store):
 
 
 def test_db_package_never_imports_tuner_or_torch():
+    # except the stdlib leaf modules of tuner/runtime its key and messages come from
+    leaves = (
+        "('a2a_tune.tuner', 'a2a_tune.tuner.runtime', 'a2a_tune.tuner.runtime.point', 'a2a_tune.tuner.runtime.text')"
+    )
     code = (
         "import sys, a2a_tune.db, a2a_tune.db.store, a2a_tune.db.models;"
         "a2a_tune.db.open_store('sqlite://').close();"
-        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('a2a_tune.tuner')];"
+        f"bad = [m for m in sys.modules if m == 'torch' or m.startswith('a2a_tune.tuner') and m not in {leaves}];"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("tokens", [0, MAX_TOKENS_PER_RANK + 1])
+def test_the_store_refuses_a_token_count_outside_the_points_bound(store, tokens):
+    """The one bound for token counts (runtime.point.check_tokens), as the CLI, the table and
+    lookup hold it: nothing is written."""
+    _, run = _new_run(store)
+    with pytest.raises(ValueError, match=rf"tokens_per_rank must be in 1\.\.{MAX_TOKENS_PER_RANK}, got {tokens}"):
+        store.add_measurement(run, **_measurement(tokens_per_rank=tokens))
+    with pytest.raises(ValueError, match=rf"must be in 1\.\.{MAX_TOKENS_PER_RANK}, got {tokens}"):
+        store.add_failure(
+            run, backend="nvlink_one_sided", kind="error", reason="x", **dict(SHAPE, tokens_per_rank=tokens)
+        )
+    assert store.measurements(run) == [] and store.failures(run) == []
+    store.add_measurement(run, **_measurement(tokens_per_rank=MAX_TOKENS_PER_RANK))  # the bound itself is a count

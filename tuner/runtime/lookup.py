@@ -52,6 +52,13 @@ the nearest by::
 is used ("nearest-shape"); ties go to the larger hidden, then the larger num_experts,
 then the larger topk, then the earlier entry.
 
+**What is refused** (the fallback, with the reason): a shape no engine can run (each number
+outside the point's bounds, top-k above the experts: :meth:`Shape.problem
+<a2a_tune.tuner.runtime.point.Shape.problem>`), and a token count, max batch or prefill step
+outside 1..2^20 per rank (:func:`~a2a_tune.tuner.runtime.point.check_tokens`, the bound the
+CLI, the store and the table share). Experts that do not divide over the ranks are a valid
+request: engines such as TensorRT-LLM run them.
+
 **Which token counts** -- give exactly one of:
 
 * ``tokens=T``: tokens per rank per step (a single point);
@@ -97,6 +104,15 @@ from a2a_tune.tuner.runtime.fingerprint import (
     domain_key,
     node_count,
     normalize_fingerprint,
+)
+from a2a_tune.tuner.runtime.point import (
+    MAX_EP_SIZE,
+    MAX_EXPERTS,
+    MAX_HIDDEN,
+    MAX_TOKENS_PER_RANK,
+    MAX_TOPK,
+    PointError,
+    check_tokens,
 )
 from a2a_tune.tuner.runtime.table import (
     FALLBACK_BACKEND,
@@ -673,13 +689,18 @@ def _as_int(v):
 
 
 def _check_args(ints: dict, strs: dict):
-    """(problem or None, normalised ints in order)."""
+    """(problem or None, normalised ints in order). Token counts (tokens, max_tokens) are held
+    to the point's bound; shape sizes to >= 1 here, to their bounds by Shape.problem."""
     out = []
     for name, v in ints.items():
         i = _as_int(v)
-        low = 0 if name == "tokens" else 1
-        if i is None or i < low:
-            return f"invalid lookup argument {name}={v!r} (expected an integer >= {low})", None
+        if i is None or i < 1:
+            return f"invalid lookup argument {name}={v!r} (expected an integer >= 1)", None
+        if name in ("tokens", "max_tokens"):
+            try:
+                check_tokens(i)
+            except PointError as exc:
+                return f"invalid lookup argument {name}={v!r} ({exc})", None
         out.append(i)
     for name, v in strs.items():
         if not isinstance(v, str):
@@ -693,7 +714,13 @@ def _request(tokens, phase, max_tokens, workload):
     ``dist`` is an :mod:`~a2a_tune.tuner.runtime.estimate` distribution, or for a workload file
     a zero-argument callable that loads it (only run on a cache miss).
     """
-    if type(tokens) is int and tokens >= 0 and phase is None and max_tokens is None and workload is None:
+    if (
+        type(tokens) is int
+        and 1 <= tokens <= MAX_TOKENS_PER_RANK
+        and phase is None
+        and max_tokens is None
+        and workload is None
+    ):
         return None, "tokens", ("point", tokens), ("point", tokens)  # the common case, fast
     given = [n for n, v in (("tokens", tokens), ("phase", phase), ("workload", workload)) if v is not None]
     if len(given) != 1:
@@ -821,9 +848,14 @@ def _lookup(
         and type(hidden) is int
         and type(topk) is int
         and type(num_experts) is int
-        and min(ep_size, hidden, topk, num_experts) >= 1
+        and 1 <= ep_size <= MAX_EP_SIZE
+        and 1 <= hidden <= MAX_HIDDEN
+        and 1 <= topk <= MAX_TOPK
+        and topk <= num_experts <= MAX_EXPERTS
         and type(dtype) is str
+        and dtype
         and type(routing) is str
+        and routing
     ):
         problem, ints = None, (ep_size, hidden, topk, num_experts)  # the common case, fast
     else:
@@ -831,6 +863,10 @@ def _lookup(
             {"ep_size": ep_size, "hidden": hidden, "topk": topk, "num_experts": num_experts},
             {"dtype": dtype, "routing": routing},
         )
+        if problem is None:
+            problem = Shape(*ints, dtype, routing).problem()  # the point's rules (one line)
+            if problem:
+                problem = f"invalid lookup shape: {problem}"
     if problem is None and engine is not None and engine not in engines.ENGINES:
         problem = (
             f"invalid lookup argument engine={engine!r} "
