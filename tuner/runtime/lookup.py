@@ -694,13 +694,13 @@ def _check_args(ints: dict, strs: dict):
     out = []
     for name, v in ints.items():
         i = _as_int(v)
-        if i is None or i < 1:
-            return f"invalid lookup argument {name}={v!r} (expected an integer >= 1)", None
-        if name in ("tokens", "max_tokens"):
+        if i is not None and name in ("tokens", "max_tokens"):
             try:
                 check_tokens(i)
             except PointError as exc:
                 return f"invalid lookup argument {name}={v!r} ({exc})", None
+        if i is None or i < 1:
+            return f"invalid lookup argument {name}={v!r} (expected an integer >= 1)", None
         out.append(i)
     for name, v in strs.items():
         if not isinstance(v, str):
