@@ -2,9 +2,11 @@
 
 Layering (never back up the list; this package never imports a2a_tune.tuner or torch)::
 
-    store.py       open_store / upgrade / Store: the API the tuner uses
+    store.py       open_store / Store: the API the tuner uses
+      lease.py     a run's one writer (Writer, LeaseHeartbeat) and the fence on its writes
+      engine.py    URLs, engines (SQLite settings, read-only opening), upgrade / migrations
       models.py    ORM tables (hardware <- runs <- measurements, failures)
-      migrations/  Alembic env + versions/, run by store.py; own the schema
+      migrations/  Alembic env + versions/, run by engine.py; own the schema
     errors.py      StoreError and friends (one-line messages)
 
 Typical use::
@@ -25,41 +27,46 @@ Typical use::
         store.finish_run(run, "completed", summary, writer=me)
 """
 
+from .engine import (
+    DEFAULT_URL,
+    ENV_VAR,
+    check_url,
+    display_url,
+    engine_options,
+    head_revision,
+    is_in_memory,
+    mask_secrets,
+    readonly_url,
+    resolve_url,
+    upgrade,
+)
 from .errors import (
+    ConnectionLostError,
     DuplicateMeasurementError,
     EmptyStoreError,
     LeaseLostError,
     NotFoundError,
     RunBusyError,
     StoreError,
+    StoreFileLostError,
     StoreOutdatedError,
 )
+from .lease import LEASE_STALE_S, LeaseHeartbeat, Writer
 from .store import (
-    DEFAULT_URL,
-    ENV_VAR,
-    LEASE_STALE_S,
     FailureRecord,
     HardwareRecord,
-    LeaseHeartbeat,
     MeasurementKey,
     MeasurementRecord,
     RunRecord,
     Store,
-    Writer,
-    check_url,
-    display_url,
-    head_revision,
-    is_in_memory,
-    mask_secrets,
     open_store,
-    resolve_url,
-    upgrade,
 )
 
 __all__ = [
     "DEFAULT_URL",
     "ENV_VAR",
     "LEASE_STALE_S",
+    "ConnectionLostError",
     "DuplicateMeasurementError",
     "EmptyStoreError",
     "FailureRecord",
@@ -73,14 +80,17 @@ __all__ = [
     "RunRecord",
     "Store",
     "StoreError",
+    "StoreFileLostError",
     "StoreOutdatedError",
     "Writer",
     "check_url",
     "display_url",
+    "engine_options",
     "head_revision",
     "is_in_memory",
     "mask_secrets",
     "open_store",
+    "readonly_url",
     "resolve_url",
     "upgrade",
 ]

@@ -75,3 +75,18 @@ class RunBusyError(StoreError):
 class LeaseLostError(StoreError):
     """This process no longer holds the run: another took it over (this one was silent past
     the stale bound) or it was finished. Nothing was written."""
+
+
+class ConnectionLostError(StoreError):
+    """The database server of an open store stopped answering: the connection broke, or no
+    new one could be made. What was committed before is kept."""
+
+
+class StoreFileLostError(StoreError):
+    """The SQLite file an open store writes to was deleted, or another file was put in its
+    place: what this process writes would reach no file anyone can open, so nothing more is
+    written. ``path`` is the file."""
+
+    def __init__(self, message: str, path: str) -> None:
+        self.path = path
+        super().__init__(message)

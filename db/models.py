@@ -13,7 +13,7 @@ result, error, timeout, not applicable to the run's EP group), with the shape wh
 shape-specific.
 
 The schema is owned by the Alembic revisions in ``migrations/versions``: a change here
-needs a new revision there (``tests/test_store.py`` compares the two). Columns use only
+needs a new revision there (``tests/db/test_models.py`` compares the two). Columns use only
 portable types (no SQLite-only or PostgreSQL-only SQL). Timestamps are UTC and always
 come back timezone-aware, whatever the backend stores.
 """

@@ -1,48 +1,28 @@
-"""The measurement store: open a database by URL, check its schema, read and write records.
+"""The measurement store: read and write hardware, runs, measurements and failures.
+
+:func:`open_store` opens one by URL (``engine.py``: URLs, engines, read-only opening, the
+schema's migrations); a run's one writer and its heartbeat are ``lease.py``.
 
 Guarantees
 ----------
-- **Any SQLAlchemy URL.** SQLite by default (``sqlite:///a2a_tune.db``, relative to the
-  working directory); PostgreSQL (or any SQLAlchemy dialect) for a cluster-wide store:
-  ``postgresql://user:password@host/db`` goes through psycopg 3 (``pip install
-  'a2a-tune[postgres]'``) and gives up connecting after ``PG_CONNECT_TIMEOUT_S``.
-  Dialect-specific settings live in one place (``_create_engine`` / ``_migrate``).
-- **Schema by migrations only.** A new or empty database is brought to the head revision
-  by the packaged Alembic revisions (never ``create_all``). A database at an older
-  revision raises :class:`StoreOutdatedError` naming ``a2a-tune db upgrade --db <url>``;
-  one at a revision this code does not know raises :class:`StoreError`. Alembic's version
-  table is kept under our own name (``models.VERSION_TABLE``) so Optuna, which shares the
-  URL and uses the default ``alembic_version``, never collides with us.
 - **Every write commits before it returns.** A sweep killed at any point keeps every
   measurement and failure whose ``add_*`` call returned.
-- **Readers and writers side by side (SQLite).** WAL journal and a busy timeout
-  (``SQLITE_BUSY_TIMEOUT_MS``): ``a2a-tune show`` can read while a sweep writes, and the
-  sweep's commits do not wait for readers. (WAL needs a local filesystem; for a store on
-  NFS, use PostgreSQL.)
 - **Plain values out.** Writes return integer ids; reads return frozen dataclasses
   (:class:`HardwareRecord`, :class:`RunRecord`, :class:`MeasurementRecord`,
   :class:`FailureRecord`), snapshots detached from any session. Unknown ids raise
   :class:`NotFoundError`; "nothing yet" answers are ``None`` or an empty list.
 - **Errors are one line.** Driver and SQLAlchemy errors become :class:`StoreError` with a
-  one-line message; the original is chained (``__cause__``).
+  one-line message; the original is chained (``__cause__``). A server that went away
+  (refused, closed, timed out) is :class:`ConnectionLostError`.
+- **Nothing written to no file.** An SQLite store checks, before and after each
+  transaction, that its path still names the file it opened (device and inode): once that
+  file was deleted, moved away or replaced, every call raises :class:`StoreFileLostError`
+  instead of writing on into a file nobody can open.
 - **Threads and processes.** Each call uses its own short session, so one Store may be
   shared by threads. Do not carry an open Store across ``fork``; open it in the process
   that writes (rank 0).
-- **One writer per run.** A run is held by at most one :class:`Writer` at a time (its
-  lease: token, host, pid, since, heartbeat in the ``runs`` row). Every write to a run --
-  measurement, failure, finish -- first checks the lease in the same transaction, so a
-  process that lost the run writes nothing and never changes another's status
-  (:class:`LeaseLostError`); a write without a writer is refused while anyone holds the
-  run. :meth:`Store.claim_run` takes a run over only when nobody holds it, its holder is
-  silent for :data:`LEASE_STALE_S` seconds (:class:`LeaseHeartbeat` beats every
-  :data:`HEARTBEAT_S`), or its holder's pid is dead on this same host (same boot and PID
-  namespace); otherwise it raises :class:`RunBusyError` naming the holder. Lease times come
-  from the writers' clocks: hosts sharing a store keep them within seconds (NTP).
-- **Read-only opening.** ``open_store(url, readonly=True)`` never creates, migrates or
-  writes: SQLite files open with ``mode=ro`` (and ``immutable=1`` in a directory this
-  process cannot write, where no writer can be either); PostgreSQL sessions are READ ONLY.
-- **Secrets stay out of messages.** A URL's password is shown as ``***`` in every error
-  and in :func:`display_url`, also for URLs that do not parse.
+- **One writer per run.** Every write to a run is fenced by the run's lease (``lease.py``):
+  a process that lost the run writes nothing (:class:`LeaseLostError`).
 
 Duplicate measurements: ``add_measurement`` with a key already stored for the run raises
 :class:`DuplicateMeasurementError` (nothing is overwritten); the sweep consults
@@ -55,39 +35,26 @@ import dataclasses
 import datetime as dt
 import math
 import os
-import re
-import socket
-import threading
-import uuid
 from collections import namedtuple
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from sqlalchemy import Engine, column, create_engine, event, inspect, select, table, update
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from a2a_tune.tuner.runtime.point import Point, check_tokens
+from a2a_tune.tuner.runtime.text import one_line
 
-from .errors import (
-    DuplicateMeasurementError,
-    EmptyStoreError,
-    LeaseLostError,
-    NotFoundError,
-    RunBusyError,
-    StoreError,
-    StoreOutdatedError,
-)
+from .engine import _one_line, _sqlite_file, connection_lost, display_url, open_engine, resolve_url
+from .errors import ConnectionLostError, DuplicateMeasurementError, NotFoundError, StoreError, StoreFileLostError
+from .lease import LEASE_STALE_S, Writer, claim, fence, lease_values
 from .models import (
     DEVICE_TYPES,
     FAILURE_KINDS,
     KEY_FIELDS,
     RUN_STATUSES,
-    VERSION_TABLE,
-    Base,
     Failure,
     Hardware,
     Measurement,
@@ -95,318 +62,7 @@ from .models import (
     utcnow,
 )
 
-DEFAULT_URL = "sqlite:///a2a_tune.db"
-ENV_VAR = "A2A_TUNE_DB"
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-# An unreachable PostgreSQL host fails within this many seconds, not the OS's minutes of TCP
-# retries; a ``connect_timeout`` in the URL's query wins.
-PG_CONNECT_TIMEOUT_S = 10
-# The PostgreSQL driver `pip install 'a2a-tune[postgres]'` brings; a URL naming none uses it
-# (SQLAlchemy 2.0 would pick psycopg2, which we do not install).
-PG_DRIVER = "postgresql+psycopg"
-# Taken for the migration transaction on PostgreSQL, so sweeps opening one new database at
-# once migrate it one after the other (any constant; "a2at" in ASCII).
-PG_MIGRATION_LOCK = 0x61326174
-MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
 MAX_REASON_CHARS = 2000
-LEASE_STALE_S = 60.0  # a writer silent this long is taken for dead: its run may be taken over
-HEARTBEAT_S = 10.0  # how often a live writer says so (LeaseHeartbeat); well inside LEASE_STALE_S
-
-
-# --------------------------------------------------------------------------- URLs
-
-
-def resolve_url(url: str | None = None) -> str:
-    """The database URL to use: ``url``, else ``$A2A_TUNE_DB``, else :data:`DEFAULT_URL`.
-
-    A plain filesystem path (no ``://``) becomes an SQLite URL: ``runs/h200.db`` ->
-    ``sqlite:///runs/h200.db``, ``/data/a.db`` -> ``sqlite:////data/a.db``; ``~`` expands.
-    An empty string counts as not given. ``postgresql://`` and ``postgres://`` name the
-    psycopg 3 driver explicitly (``postgresql+psycopg://``).
-    """
-    if not url:
-        url = os.environ.get(ENV_VAR) or DEFAULT_URL
-    if "://" not in url:
-        url = "sqlite:///" + os.path.expanduser(url)
-    scheme, rest = url.split("://", 1)
-    if scheme in ("postgresql", "postgres"):
-        url = f"{PG_DRIVER}://{rest}"
-    return url
-
-
-_CREDENTIALS = re.compile(r"(://[^\s:/@]*:)\S*@")
-
-
-def mask_secrets(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` in it shown as ``***``
-    (also in URLs SQLAlchemy cannot parse, and in driver messages quoting them)."""
-    return _CREDENTIALS.sub(r"\1***@", str(text))
-
-
-def display_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # unparsable: the creation step reports it
-        return mask_secrets(url)
-
-
-def check_url(url: str | None = None, *, persistent: bool = False) -> str:
-    """The resolved URL (see :func:`resolve_url`) if it parses, and with ``persistent`` if it is
-    not an in-memory database (commands that store: their records must outlive them);
-    else :class:`StoreError` in one line, password masked. Connects to nothing."""
-    url = resolve_url(url)
-    try:
-        make_url(url)
-    except Exception:
-        raise StoreError(f"cannot open database {display_url(url)}: not a valid database URL") from None
-    if persistent and is_in_memory(url):
-        raise StoreError(
-            f"{display_url(url)} is an in-memory database: nothing stored there outlives the command "
-            "(and spawned ranks would each see their own); give a file (e.g. --db runs.db) or a server URL"
-        )
-    return url
-
-
-def is_in_memory(url: str) -> bool:
-    """True for an SQLite database that lives only in this process (``sqlite://``,
-    ``sqlite:///:memory:``, ``mode=memory`` URIs): nothing written there outlives it, and
-    spawned ranks would each see their own empty one."""
-    try:
-        parsed = make_url(resolve_url(url))
-    except Exception:
-        return False
-    if not parsed.get_backend_name() == "sqlite":
-        return False
-    db = parsed.database or ""
-    return db in ("", ":memory:") or db.startswith("file::memory:") or parsed.query.get("mode") == "memory"
-
-
-def _one_line(exc: BaseException) -> str:
-    """The driver's own message of ``exc``, first line only, without SQLAlchemy's
-    statement dump and documentation link."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig) if orig is not None else (str(exc.args[0]) if exc.args else "")
-    text = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
-    return mask_secrets(text) or type(orig if orig is not None else exc).__name__
-
-
-@contextmanager
-def _db_errors(what: str) -> Iterator[None]:
-    """Turn driver/SQLAlchemy/Alembic failures into a one-line StoreError: ``what: cause``."""
-    from alembic.util import CommandError
-
-    try:
-        yield
-    except StoreError:
-        raise
-    except (SQLAlchemyError, CommandError, OSError) as exc:
-        raise StoreError(f"{what}: {_one_line(exc)}") from exc
-
-
-# --------------------------------------------------------------------------- engine
-
-
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_MS)}")
-        # WAL: readers never block the writer, the writer never blocks readers. Persistent
-        # in the file; an in-memory database answers "memory" and carries on. This reads
-        # the header, so a file that is not a database fails here, before anything is
-        # written to it.
-        try:
-            cursor.execute("PRAGMA journal_mode = WAL")
-        except Exception as exc:
-            # A read-only file (permissions, ``?mode=ro&uri=true``) cannot switch journal
-            # mode but can still be read; writes will report "readonly" themselves.
-            if "readonly" not in str(exc):
-                raise
-        cursor.execute("PRAGMA foreign_keys = ON")
-    finally:
-        cursor.close()
-
-
-def _sqlite_file(url: str) -> str | None:
-    """The file of an SQLite URL (not in memory, not a ``file:`` URI), else None."""
-    try:
-        parsed = make_url(url)
-    except Exception:
-        return None
-    db = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
-        return None
-    return db
-
-
-def _readonly_url(url: str) -> str:
-    """An SQLite file URL opened read-only: ``mode=ro``; plus ``immutable=1`` where the
-    directory is not writable and holds no ``-wal`` file (SQLite cannot create the WAL index
-    there, and no process can be writing the database). Other URLs are returned as they are."""
-    from urllib.parse import quote
-
-    db = _sqlite_file(url)
-    if db is None:
-        return url
-    path = os.path.abspath(db)
-    options = "mode=ro"
-    if not os.access(os.path.dirname(path), os.W_OK) and not os.path.exists(path + "-wal"):
-        options += "&immutable=1"
-    return f"sqlite:///file:{quote(path)}?{options}&uri=true"
-
-
-def _create_engine(url: str, *, readonly: bool = False) -> Engine:
-    shown = display_url(url)
-    connect_args: dict[str, Any] = {}
-    try:
-        parsed = make_url(url)
-        if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-            connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-    except Exception:  # unparsable: create_engine says why below
-        parsed = None
-    try:
-        if readonly:
-            url = _readonly_url(url)
-        engine = create_engine(url, connect_args=connect_args)
-        if readonly and engine.dialect.name == "postgresql":
-            engine = engine.execution_options(postgresql_readonly=True)
-    except ImportError as exc:
-        hint = "; pip install 'a2a-tune[postgres]'" if parsed is not None and parsed.drivername == PG_DRIVER else ""
-        raise StoreError(f"cannot open database {shown}: driver not installed ({exc}){hint}") from exc
-    except (SQLAlchemyError, ValueError) as exc:
-        raise StoreError(f"cannot open database {shown}: {_one_line(exc)}") from exc
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_on_connect)
-    return engine
-
-
-# --------------------------------------------------------------------------- migrations
-
-
-def alembic_config(url: str | None = None) -> Any:
-    """An Alembic ``Config`` for the packaged migrations (no alembic.ini needed).
-
-    Used by the store itself and by developers writing a revision (see migrations/env.py).
-    """
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("path_separator", "os")
-    # New revision files are named by their id alone: --rev-id 0002_add_foo.
-    cfg.set_main_option("file_template", "%%(rev)s")
-    if url is not None:
-        cfg.set_main_option("sqlalchemy.url", resolve_url(url).replace("%", "%%"))
-    return cfg
-
-
-def _script_directory() -> Any:
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory.from_config(alembic_config())
-
-
-def head_revision() -> str:
-    """The schema revision this code expects (the single head of the packaged history)."""
-    return _script_directory().get_current_head()
-
-
-class _SchemaState(NamedTuple):
-    state: str  # "empty" | "head" | "outdated" | "unknown" | "unmanaged"
-    current: str | None  # the database's revision(s), comma-joined; None at base
-
-
-def _schema_state(engine: Engine, script: Any) -> _SchemaState:
-    from alembic.util import CommandError
-
-    with engine.connect() as conn:
-        tables = set(inspect(conn).get_table_names())
-        if VERSION_TABLE not in tables:
-            # Other tables (e.g. Optuna's) may live here; only ours make it "unmanaged".
-            if tables & set(Base.metadata.tables):
-                return _SchemaState("unmanaged", None)
-            return _SchemaState("empty", None)
-        # Read Alembic's version table directly: a MigrationContext would log at INFO on
-        # every open (``a2a-tune show`` output).
-        version = table(VERSION_TABLE, column("version_num"))
-        heads = tuple(sorted(conn.scalars(select(version.c.version_num))))
-    current = ",".join(heads) or None
-    for rev in heads:
-        try:
-            known = script.get_revision(rev) is not None
-        except CommandError:
-            known = False
-        if not known:
-            return _SchemaState("unknown", current)
-    if set(heads) == set(script.get_heads()):
-        return _SchemaState("head", current)
-    return _SchemaState("outdated", current)
-
-
-def _migrate(engine: Engine) -> None:
-    """Run the packaged migrations to head in one transaction on ``engine``."""
-    from alembic import command
-
-    cfg = alembic_config()
-    with engine.connect() as conn:
-        sqlite = conn.dialect.name == "sqlite"
-        if sqlite:
-            # Batch mode rebuilds tables (copy, drop, rename); with foreign keys enforced,
-            # dropping a parent table would fail. The pragma is a no-op inside a
-            # transaction, so it goes first. BEGIN IMMEDIATE takes the write lock up front:
-            # pysqlite would otherwise run each DDL statement in autocommit, and two
-            # processes creating the same new file would race.
-            conn.exec_driver_sql("PRAGMA foreign_keys = OFF")
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        elif conn.dialect.name == "postgresql":
-            # DDL is transactional there but two creators would both find no tables; this
-            # lock (released at commit) makes the second wait and then find the schema done.
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})")
-        try:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        finally:
-            if sqlite:
-                conn.exec_driver_sql("PRAGMA foreign_keys = ON")
-                conn.commit()
-
-
-def _check_or_migrate(
-    engine: Engine, url: str, *, allow_upgrade: bool, readonly: bool = False
-) -> tuple[str | None, str]:
-    shown = display_url(url)
-    with _db_errors(f"cannot open database {shown}"):
-        script = _script_directory()
-        head = script.get_current_head()
-        before = _schema_state(engine, script)
-    if readonly and before.state == "empty":
-        raise EmptyStoreError(f"database {shown} holds no a2a-tune data (opened read-only: nothing created)")
-    if before.state == "unknown":
-        raise StoreError(
-            f"database {shown} is at schema revision {before.current}, which this a2a-tune "
-            f"does not know (written by a newer a2a-tune?); upgrade a2a-tune"
-        )
-    if before.state == "unmanaged":
-        raise StoreError(
-            f"database {shown} holds a2a-tune tables but no {VERSION_TABLE} table; it was not created by a2a-tune"
-        )
-    if before.state == "outdated" and not allow_upgrade:
-        raise StoreOutdatedError(shown, before.current, head)
-    if before.state == "head":
-        return before.current, head
-    with _db_errors(f"cannot migrate database {shown} to schema {head}"):
-        try:
-            _migrate(engine)
-        except SQLAlchemyError:
-            # Another process may have created the schema at the same moment (PostgreSQL
-            # has no BEGIN IMMEDIATE); if the database is at head now, all is well.
-            if _schema_state(engine, script).state != "head":
-                raise
-    return before.current, head
 
 
 def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
@@ -418,30 +74,7 @@ def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
     newer/unknown one, for a file that is not a database, or any failure to connect.
     """
     url = resolve_url(url)
-    if readonly and _sqlite_file(url) is not None and not os.path.exists(_sqlite_file(url)):
-        raise EmptyStoreError(f"no database at {_sqlite_file(url)} (opened read-only: nothing created)")
-    engine = _create_engine(url, readonly=readonly)
-    try:
-        _check_or_migrate(engine, url, allow_upgrade=False, readonly=readonly)
-    except BaseException:
-        engine.dispose()
-        raise
-    return Store(engine, url)
-
-
-def upgrade(url: str | None = None) -> tuple[str | None, str]:
-    """Migrate the database at ``url`` to the head revision (``a2a-tune db upgrade``).
-
-    Returns ``(revision before, revision after)``; before is None for a new database or
-    one stamped at the base. A database already at head is left alone. Raises
-    :class:`StoreError` for a database at an unknown (newer) revision.
-    """
-    url = resolve_url(url)
-    engine = _create_engine(url)
-    try:
-        return _check_or_migrate(engine, url, allow_upgrade=True)
-    finally:
-        engine.dispose()
+    return Store(open_engine(url, readonly=readonly), url)
 
 
 # --------------------------------------------------------------------------- records
@@ -563,86 +196,13 @@ def _run_record(run: Run, fingerprint: str) -> RunRecord:
     return record
 
 
-# --------------------------------------------------------------------------- writers
-
-
-def _pid_scope() -> str:
-    """Where a pid names one process: this boot (Linux boot id) and PID namespace; "" when
-    unknown (then no pid is ever checked, only heartbeats)."""
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None when there is none."""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+        st = os.stat(path)
     except OSError:
-        return ""
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process in this PID namespace."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    except OSError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # killed, not yet reaped: dead
-    except (OSError, IndexError):
-        return True
-
-
-@dataclasses.dataclass(frozen=True)
-class Writer:
-    """The identity a process writes a run under (see "One writer per run" above).
-
-    ``token`` is random and secret to the writer; ``host`` and ``pid`` name it to people;
-    ``scope`` says where ``pid`` can be checked. A sweep makes one in the process the
-    operator started and hands it to the rank that writes, so restarted ranks keep the run.
-    """
-
-    token: str
-    host: str
-    pid: int
-    scope: str
-
-    @classmethod
-    def this_process(cls) -> Writer:
-        return cls(uuid.uuid4().hex, socket.gethostname(), os.getpid(), _pid_scope())
-
-
-class LeaseHeartbeat:
-    """Keeps a writer's hold on a run fresh from a daemon thread (every ``interval`` s) while
-    the writer's main thread measures. ``lost`` holds the reason once the run was taken
-    over; the writer's next write raises :class:`LeaseLostError` anyway. A context manager."""
-
-    def __init__(self, store: Store, run_id: int, writer: Writer, interval: float = HEARTBEAT_S) -> None:
-        self.lost: str | None = None
-        self._args = (store, run_id, writer)
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"a2a-tune run {run_id} heartbeat", daemon=True)
-
-    def _beat(self) -> None:
-        store, run_id, writer = self._args
-        while not self._stop.wait(self._interval):
-            try:
-                store.heartbeat(run_id, writer)
-            except LeaseLostError as exc:
-                self.lost = str(exc)
-                return
-            except StoreError:
-                pass  # a busy or briefly unreachable database: the next beat tries again
-
-    def __enter__(self) -> LeaseHeartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        return None
+    return st.st_dev, st.st_ino
 
 
 # --------------------------------------------------------------------------- validation
@@ -699,10 +259,7 @@ def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
 
 
 def _one_line_reason(reason: str) -> str:
-    text = " ".join(part.strip() for part in str(reason).splitlines() if part.strip())
-    if len(text) > MAX_REASON_CHARS:
-        text = text[: MAX_REASON_CHARS - 1] + "…"
-    return text or "(no reason given)"
+    return one_line(reason, MAX_REASON_CHARS) or "(no reason given)"
 
 
 # --------------------------------------------------------------------------- store
@@ -717,6 +274,10 @@ class Store:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._closed = False
         self.url = url
+        path = _sqlite_file(url)
+        # The SQLite file this store opened, by identity: one deleted or replaced under it
+        # would take every later write with it, unseen (the connection keeps the old inode).
+        self._file = None if path is None else (os.path.abspath(path), _file_identity(path))
 
     # -- lifecycle
 
@@ -745,6 +306,7 @@ class Store:
         through for the caller to interpret."""
         if self._closed:
             raise StoreError(f"store {self.display_url} is closed")
+        self._check_file(what)  # a new connection would open whatever file is there now
         try:
             with self._sessions.begin() as session:
                 yield session
@@ -753,7 +315,29 @@ class Store:
                 raise
             raise StoreError(f"{what} on {self.display_url} failed: {_one_line(exc)}") from exc
         except SQLAlchemyError as exc:
+            if connection_lost(exc):
+                raise ConnectionLostError(
+                    f"{what} on {self.display_url} failed: lost the connection to the database server "
+                    f"({_one_line(exc)})"
+                ) from exc
             raise StoreError(f"{what} on {self.display_url} failed: {_one_line(exc)}") from exc
+        self._check_file(what)  # committed, but to the file this store opened?
+
+    def _check_file(self, what: str) -> None:
+        """Raise :class:`StoreFileLostError` once the store's SQLite file is not the file it
+        opened any more (deleted, moved away, or another put in its place)."""
+        if self._file is None:
+            return
+        path, opened = self._file
+        now = _file_identity(path)
+        if now == opened:
+            return
+        how = "it was deleted or moved away" if now is None else "another file was put in its place"
+        raise StoreFileLostError(
+            f"{what} on {self.display_url} stopped: {path} is no longer the file this process opened ({how}); "
+            "nothing more is written to it",
+            path,
+        )
 
     @staticmethod
     def _run_or_raise(session: Session, run_id: int) -> Run:
@@ -834,7 +418,7 @@ class Store:
                 git_sha=git_sha,
                 config=config,
                 config_hash=config_hash,
-                **(self._lease_values(writer, utcnow()) if writer is not None else {}),
+                **(lease_values(writer, utcnow()) if writer is not None else {}),
             )
             s.add(run)
             s.flush()
@@ -854,45 +438,9 @@ class Store:
         if summary is not None:
             values["summary"] = summary
         with self._session("finishing a run") as s:
-            self._fence(s, run_id, writer, values)
+            fence(s, run_id, writer, values)
 
     # -- the run's one writer
-
-    @staticmethod
-    def _lease_values(writer: Writer, now: dt.datetime) -> dict[str, Any]:
-        return {
-            "writer_token": writer.token,
-            "writer_host": writer.host[:255],
-            "writer_pid": writer.pid,
-            "writer_scope": writer.scope[:128],
-            "writer_since": now,
-            "heartbeat_at": now,
-        }
-
-    def _fence(self, s: Session, run_id: int, writer: Writer | None, values: dict[str, Any] | None = None) -> None:
-        """The first statement of every write to a run: an UPDATE of its row that matches only
-        while ``writer`` holds it (None: while nobody does), refreshing the heartbeat. It takes
-        the row's write lock, so a takeover cannot slip between the check and the write."""
-        held = Run.writer_token.is_(None) if writer is None else Run.writer_token == writer.token
-        if values is None:
-            values = {"heartbeat_at": utcnow()} if writer is not None else {"writer_token": None}
-        elif writer is not None and "writer_token" not in values:
-            values = {**values, "heartbeat_at": utcnow()}
-        if s.execute(update(Run).where(Run.id == run_id, held).values(**values)).rowcount == 1:
-            return
-        row = s.get(Run, run_id)
-        if row is None:
-            raise NotFoundError(f"no run {run_id} in this store")
-        if writer is None:
-            raise self._busy(row)
-        holder = f"now held by host {row.writer_host}, pid {row.writer_pid}" if row.writer_token else "released"
-        raise LeaseLostError(
-            f"run {run_id} is no longer held by this process (pid {writer.pid}): {holder}; nothing was written"
-        )
-
-    @staticmethod
-    def _busy(row: Run, stale_after: float = LEASE_STALE_S) -> RunBusyError:
-        return RunBusyError(row.id, row.writer_host, row.writer_pid, row.writer_since, row.heartbeat_at, stale_after)
 
     def claim_run(self, run_id: int, writer: Writer, *, stale_after: float = LEASE_STALE_S) -> None:
         """Take ``run_id`` for ``writer`` and mark it "running" again (``--resume``).
@@ -901,39 +449,14 @@ class Store:
         holder's last heartbeat is older than ``stale_after`` seconds, or the holder's pid is
         dead on this host. Otherwise raises :class:`RunBusyError` naming the holder (host,
         pid, since). A completed run is not resumed (:class:`StoreError`)."""
-        now = utcnow()
         with self._session("claiming a run") as s:
-            row = s.execute(
-                select(Run.id, Run.status, Run.writer_token, Run.writer_pid, Run.writer_scope, Run.heartbeat_at).where(
-                    Run.id == run_id
-                )
-            ).first()
-            if row is None:
-                raise NotFoundError(f"no run {run_id} in this store")
-            if row.status == "completed":
-                raise StoreError(f"run {run_id} is completed: nothing to resume")
-            if row.writer_token not in (None, writer.token):
-                stale = row.heartbeat_at is None or (now - row.heartbeat_at).total_seconds() > stale_after
-                dead = bool(row.writer_scope) and row.writer_scope == writer.scope and not _pid_alive(row.writer_pid)
-                if not (stale or dead):
-                    raise self._busy(s.get(Run, run_id), stale_after)
-            # Compare and swap: the holder (and its heartbeat) seen above, else someone moved first.
-            same = [
-                Run.status == row.status,
-                Run.writer_token.is_(None) if row.writer_token is None else Run.writer_token == row.writer_token,
-                Run.heartbeat_at.is_(None) if row.heartbeat_at is None else Run.heartbeat_at == row.heartbeat_at,
-            ]
-            values: dict[str, Any] = {"status": "running", "finished_at": None, **self._lease_values(writer, now)}
-            if row.writer_token == writer.token:
-                del values["writer_since"]  # still the same writer since it first took the run
-            if s.execute(update(Run).where(Run.id == run_id, *same).values(**values)).rowcount != 1:
-                raise self._busy(s.get(Run, run_id), stale_after)
+            claim(s, run_id, writer, stale_after)
 
     def heartbeat(self, run_id: int, writer: Writer) -> None:
         """Say ``writer`` is alive and still writing ``run_id``; raises :class:`LeaseLostError`
         when it no longer holds it."""
         with self._session("refreshing a run's heartbeat") as s:
-            self._fence(s, run_id, writer)
+            fence(s, run_id, writer)
 
     def find_resumable_run(self, hardware_id: int, config_hash: str) -> int | None:
         """The latest run on this hardware with this config hash, if it is not completed
@@ -1041,7 +564,7 @@ class Store:
         key = (run_id, *(getattr(row, f) for f in KEY_FIELDS), row.timing)
         try:
             with self._session("adding a measurement", conflicts=True) as s:
-                self._fence(s, run_id, writer)
+                fence(s, run_id, writer)
                 s.add(row)
                 s.flush()
                 return row.id
@@ -1095,7 +618,7 @@ class Store:
             routing=_str("routing", routing, optional=True),
         )
         with self._session("adding a failure") as s:
-            self._fence(s, run_id, writer)
+            fence(s, run_id, writer)
             s.add(row)
             s.flush()
             return row.id

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from a2a_tune.tuner.runtime.text import one_line
+
 from .base import All2AllBackend, MoEShape, torch_dtype
 from .errors import ShapeError
 from .quant import dequantize_fp8_blocks
@@ -155,7 +157,7 @@ def check_invariant(
     except ShapeError:
         raise
     except Exception as exc:  # a crashing backend is a failed check, reported in one line
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        reason = one_line(exc)
         crashed = True
     return _agree(backend, CheckResult(not reason, err, reason, crashed))
 

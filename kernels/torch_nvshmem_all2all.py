@@ -34,6 +34,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from a2a_tune.tuner.runtime.text import one_line
+
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
 from .errors import KernelsError
 from .quant import quantize_fp8_blocks, scale_blocks
@@ -160,7 +162,7 @@ class TorchNvshmemAll2All(All2AllBackend):
             except RuntimeError as exc:
                 raise KernelsError(
                     f"torch symmetric memory in this process already allocated with another backend "
-                    f"({str(exc).strip().splitlines()[0] if str(exc).strip() else 'set_backend refused'}); "
+                    f"({one_line(str(exc)) or 'set_backend refused'}); "
                     f"run {self.name} in a sweep of its own (--backend {self.name})"
                 ) from exc
 

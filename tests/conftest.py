@@ -49,3 +49,11 @@ def _isolated_user_profiles(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("A2A_TUNE_PROFILE_DIR", raising=False)
     monkeypatch.delenv("A2A_TUNE_FINGERPRINT", raising=False)
     monkeypatch.delenv("A2A_TUNE_DB", raising=False)
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    """A named pipe where a table or a workload is expected: reading it would block forever."""
+    path = tmp_path / "pipe.json"
+    os.mkfifo(path)
+    return path

@@ -193,15 +193,13 @@ def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
         with open_store(db, readonly=True) as store:
             measured, failed = len(store.measurements(run_id)), len(store.failures(run_id))
     except Exception as exc:  # noqa: BLE001 - the summary must not hide the interrupt
-        return f"the store could not be read ({_one_line_text(exc)})"
+        from .runtime.text import one_line
+
+        return f"the store could not be read ({one_line(exc)})"
     return (
         f"run {run_id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
         "rerun the same command with --resume to continue"
     )
-
-
-def _one_line_text(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 _device_opt = typer.Option(
@@ -789,36 +787,18 @@ def lookup(
     import logging
 
     from .runtime import engines
-    from .runtime.lookup import lookup as do_lookup
+    from .runtime import lookup as lk
+    from .runtime.text import one_line
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
     if fmt not in ("name", *engines.ENGINES, "env", "json"):
         raise _fail(f"--format must be name, {', '.join(engines.ENGINES)}, env or json, got {fmt!r}", 2)
-    if engine is not None and engine not in engines.ENGINES:
-        raise _fail(f"--engine must be {' or '.join(engines.ENGINES)}, got {engine!r}", 2)
-    given = [name for name, v in (("--tokens", tokens), ("--phase", phase), ("--workload", workload)) if v is not None]
-    if len(given) != 1:
-        raise _fail(f"give exactly one of --tokens, --phase or --workload (got {', '.join(given) or 'none'})", 2)
-    if phase is not None and phase not in ("decode", "prefill"):
-        raise _fail(f"--phase must be decode or prefill, got {phase!r}", 2)
-    size_opt = {"decode": "--max-batch", "prefill": "--max-tokens"}.get(phase or "")
-    for opt, value in (("--max-batch", max_batch), ("--max-tokens", max_tokens)):
-        if value is not None and opt != size_opt:
-            raise _fail(f"{opt} goes with --phase {'decode' if opt == '--max-batch' else 'prefill'}", 2)
-    size = max_batch if phase == "decode" else max_tokens
-    if phase is not None and size is None:
-        raise _fail(f"--phase {phase} needs {size_opt} N", 2)
-    from .runtime.point import PointError, check_tokens
-
-    for opt, value in (("--tokens", tokens), (size_opt, size)):
-        try:
-            if value is not None:
-                check_tokens(value)
-        except PointError as exc:
-            raise _fail(f"{opt}: {exc}", 2) from None
-
-    def ask(for_engine, quiet=False):
-        return do_lookup(
+    # Two options give lookup's max_tokens; when both are given, the one that goes with no
+    # phase asked is the one refused.
+    sizes = [(opt, v) for opt, v in (("--max-batch", max_batch), ("--max-tokens", max_tokens)) if v is not None]
+    size_opt, size = min(sizes, key=lambda s: s[0] == lk.SIZE_OPTION.get(phase), default=(None, None))
+    try:
+        req = lk.request(
             ep_size=ep_size,
             hidden=hidden,
             topk=topk,
@@ -831,9 +811,14 @@ def lookup(
             routing=routing,
             fingerprint=fingerprint,
             profile=profile,
-            engine=for_engine,
-            quiet=quiet,
+            engine=engine,
+            options={"max_tokens": size_opt},
         )
+    except lk.RequestError as exc:
+        raise _fail(str(exc), 2) from None
+
+    def ask(for_engine, quiet=False):
+        return lk.answer(req._replace(engine=for_engine), quiet=quiet)
 
     choice = ask(fmt if fmt in engines.ENGINES else engine)
     if fmt == "json":
@@ -846,10 +831,11 @@ def lookup(
         # Each engine gets the fastest backend it can be told (asked separately; an engine
         # that can be told none of the table's backends keeps its default: not worth a warning).
         vllm, sglang, trtllm = (ask(e, quiet=True).engine_args(e) for e in ("vllm", "sglang", "trtllm"))
-        for line in engines.env_lines(choice.backend, vllm[0], sglang[0], choice.match, trtllm[0], sglang[1]):
+        backend = one_line(choice.backend)  # a name from the table: one line in the shell too
+        for line in engines.env_lines(backend, vllm[0], sglang[0], choice.match, trtllm[0], sglang[1]):
             print(line)
     else:
-        print(choice.backend)
+        print(one_line(choice.backend))
     if choice.match != "fallback":  # a fallback already warned once with the reason
         err.print(f"{choice.match}: {choice.reason}", style="dim", highlight=False, markup=False, soft_wrap=True)
 
@@ -1184,10 +1170,12 @@ def presets() -> None:
 @db_app.command("upgrade")
 def db_upgrade(db: str | None = _db_opt) -> None:
     """Migrate a database made by an older a2a-tune to the current schema."""
-    from a2a_tune.db import StoreError, display_url, resolve_url, upgrade
+    from a2a_tune.db import EmptyStoreError, StoreError, display_url, resolve_url, upgrade
 
     try:
         upgrade(db)
+    except EmptyStoreError as exc:  # no such file: upgrading nothing is a mistake (a typo in --db?)
+        raise _fail(str(exc), 2) from None
     except StoreError as exc:
         raise _fail(str(exc)) from None
     out.print(f"{display_url(resolve_url(db))} is at the current schema", highlight=False, markup=False)

@@ -17,7 +17,7 @@ so every rank takes the same decisions from the same data without further collec
   (``a2a_tune.kernels.base``): a backend the group leaves is not applicable, with the reason;
 * :func:`publish`: after a completed run, rank 0 builds the table and every node writes it
   where ``lookup`` looks on that node, with a pointer from the node's own fingerprint to the
-  cluster's (:data:`~a2a_tune.tuner.runtime.lookup.CLUSTER_POINTER_SUFFIX`), so an engine
+  cluster's (:data:`~a2a_tune.tuner.runtime.profiles.CLUSTER_POINTER_SUFFIX`), so an engine
   on any node, probing only its own node, finds the cluster's table.
 """
 
@@ -177,7 +177,7 @@ def check_mixed(view: ClusterView, allow: bool) -> list[str]:
 def table_dir(out_dir: str | None) -> Path:
     """Where this node writes tables: `out_dir`, else the first $A2A_TUNE_PROFILE_DIR entry,
     else the user's profile directory (both searched by lookup on this node)."""
-    from .runtime.lookup import PROFILE_DIR_ENV, user_profile_dir
+    from .runtime.profiles import PROFILE_DIR_ENV, user_profile_dir
 
     first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
     return Path(out_dir or first or user_profile_dir()).expanduser()
@@ -186,7 +186,7 @@ def table_dir(out_dir: str | None) -> Path:
 def write_node_table(profile: dict, directory: Path, node_fingerprint: str) -> Path:
     """Write `profile` into `directory` and, when it is a cluster's table (another fingerprint
     than this node's own), point this node's fingerprint at it for lookup."""
-    from .runtime.lookup import add_cluster_pointer
+    from .runtime.profiles import add_cluster_pointer
     from .select import write_profile
 
     path = write_profile(profile, directory)

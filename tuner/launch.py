@@ -50,6 +50,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .runtime.text import one_line  # how a failure is recorded and reported; the rank modules import it from here
+
 # Collectives that wait longer than this fail instead of hanging the sweep forever.
 COLLECTIVE_TIMEOUT = _dt.timedelta(seconds=float(os.environ.get("A2A_TUNE_COLLECTIVE_TIMEOUT_S", "300")))
 # A launched rank that cannot meet every other rank at the rendezvous gives up after this.
@@ -103,12 +105,6 @@ def all_ranks_ok(ok: bool, ctx: RankContext) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=ctx.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ctx.group)
     return bool(flag.item())
-
-
-def one_line(exc: BaseException) -> str:
-    """`Type: first line of the message`: how a failure is recorded and reported."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 # CPU ranks (gloo) per core before the machine only thrashes, and what one rank costs in

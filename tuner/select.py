@@ -38,7 +38,7 @@ Rules:
   One backend keeps ONE mode per entry, so its curve is never a patchwork: the mode that
   covers more of the entry's token counts, ``graph`` on a draw.
 
-The file is ``profile_filename(fingerprint)`` from :mod:`a2a_tune.tuner.runtime.lookup` -- the
+The file is ``profile_filename(fingerprint)`` from :mod:`a2a_tune.tuner.runtime.profiles` -- the
 one key function shared with the reader -- and is written atomically.
 """
 
@@ -54,7 +54,7 @@ from functools import cache
 from pathlib import Path
 
 from a2a_tune.tuner.runtime.estimate import winners
-from a2a_tune.tuner.runtime.lookup import profile_filename
+from a2a_tune.tuner.runtime.profiles import profile_filename
 from a2a_tune.tuner.runtime.table import (
     FALLBACK_BACKEND,
     GRAPH_WORDS,
@@ -67,6 +67,7 @@ from a2a_tune.tuner.runtime.table import (
     parse_profile,
     round_us,
 )
+from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = [
     "build_profile",
@@ -93,10 +94,6 @@ def _get(obj, key, default=None):
     if isinstance(obj, Mapping):
         return obj.get(key, default)
     return getattr(obj, key, default)
-
-
-def _one_line(text) -> str:
-    return " ".join(str(text).split())
 
 
 def _version() -> str:
@@ -280,7 +277,7 @@ def _failure_text(f) -> str:
     kind = _get(f, "kind") or "error"
     t = _get(f, "tokens_per_rank")
     at = f" at {t} tokens/rank" if t is not None else ""
-    reason = _one_line(_get(f, "reason") or "no reason recorded")
+    reason = one_line(_get(f, "reason") or "no reason recorded", None)  # the store bounds it
     return f"{kind}{at}: {reason}"
 
 
@@ -375,7 +372,7 @@ def validate_profile(profile: dict) -> None:
         parse_profile(profile)
     err = best_match(_validator(version).iter_errors(profile))
     if err is not None:
-        raise ProfileError(_one_line(err.message), field=_json_path(err.absolute_path))
+        raise ProfileError(one_line(err.message), field=_json_path(err.absolute_path))
     # Cross-field rules JSON Schema cannot state (array lengths, known backends...):
     # whatever is written must load in lookup.
     parse_profile(profile)
@@ -595,5 +592,5 @@ def profile_for_run(url: str | None, run_id: int) -> tuple[dict, int, str | None
     try:
         profile, kept = with_stored_knobs(profile, url)
     except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
-        return profile, 0, f"tuned knobs not read ({' '.join(f'{type(exc).__name__}: {exc}'.split())})"
+        return profile, 0, f"tuned knobs not read ({one_line(exc)})"
     return profile, kept, None

@@ -29,10 +29,12 @@ import torch
 import torch.distributed as dist
 
 from a2a_tune.db import (
+    ConnectionLostError,
     LeaseHeartbeat,
     LeaseLostError,
     MeasurementKey,
     StoreError,
+    StoreFileLostError,
     Writer,
     check_url,
     mask_secrets,
@@ -256,13 +258,21 @@ def _sweep_rank(
                 _sweep_group(ctx, plan, rec, backends, label, shape, usable, progress)
             if backends is not None:
                 backends.close()
+        rec.finish("completed")  # raises when the store lost what it was given: never reported measured
     except KeyboardInterrupt:
         rec.abandon("interrupted")
         raise
+    except ConnectionLostError as exc:
+        rec.abandon("failed")
+        raise ConnectionLostError(
+            f"{exc}, mid-sweep; run {rec.run_id} keeps what was stored: rerun the same command with --resume to continue"
+        ) from exc
+    except StoreFileLostError as exc:
+        rec.abandon("failed")
+        raise StoreFileLostError(f"{exc}; what this sweep measured is not in {exc.path}", exc.path) from exc
     except BaseException:
         rec.abandon("failed")
         raise
-    rec.finish("completed")
     if job["publish"]:
         rec.outcome.published = cluster.publish(ctx, target.db_url, rec.run_id, job["out_dir"], rec.view)
     return rec.outcome if rec.is_writer else None

@@ -1,12 +1,12 @@
 """Alembic environment of the a2a-tune store; runs inside the package, no alembic.ini.
 
-The Alembic ``Config`` is built in code by ``a2a_tune.db.store.alembic_config(url)``
+The Alembic ``Config`` is built in code by ``a2a_tune.db.engine.alembic_config(url)``
 (script location = this folder). The store runs migrations on a connection it opened
 itself and hands over in ``config.attributes["connection"]``, inside its transaction; the
 plain Alembic command line is not needed. To write a new revision (developers)::
 
     from alembic import command
-    from a2a_tune.db.store import alembic_config
+    from a2a_tune.db.engine import alembic_config
     command.revision(alembic_config("sqlite:///scratch.db"), "add foo",
                      rev_id="0002_add_foo", autogenerate=True)
 

@@ -1,85 +1,34 @@
-"""Runtime lookup: shape matching, log-log token interpolation, search order, and the
-"never crash the engine" promise (every bad table -> fallback + exactly one warning).
-
-The fixture profile tests/fixtures/profiles/test.fixture.node1.json (schema 2) is built by
-tests/test_select.py::fixture_profile (see the curves there); every point has
-p10 = 0.98 x median and p90 = 1.03 x median; nvlink_one_sided is graph-timed, the rest
-eager. Shape A (ep 2, hidden 7168, topk 8, 256 experts) over tokens [1, 4, 16, 64, 256, 1024]:
-
-    allgather_reducescatter      30   31   35  100  400 1500
-    nccl_all2allv                45   46   50   75  190  420
-    nvlink_one_sided             20   21   25   50  195  null   (timeout at 1024)
-    flashinfer_nvlink_one_sided   5    5    5    5    5    5   (failed: incorrect)
-
-Shape B (ep 2, hidden 4096, topk 6, 64 experts) over [1, 64, 1024]:
-    allgather_reducescatter 20 60 600, nccl_all2allv 40 70 300.
-
-Tie preference: allgather_reducescatter, nccl_all2allv, nvlink_one_sided, ... (registry
-order). tests/fixtures/profiles/schema1/ holds the same table as schema 1 wrote it
-(p10 = 0.95, p90 = 1.1 x median, one timing mode).
-"""
+"""Choosing the backend (runtime/lookup.py): shape matching, log-log token interpolation,
+engines' literals, phases and workloads, the request's rules, what a lookup prints, and the
+"never crash the engine" promise. Which table is found: test_profiles.py; the table model:
+test_table.py. The fixture table's curves: tests/support/lookups.py."""
 
 from __future__ import annotations
 
-import builtins
 import json
-import logging
 import math
 import os
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
-from bad_tables import BAD_TABLES, FIXTURE, FP, fixture_data
+from lookups import FIXTURE, FIXTURES, FP, A, B, fixture_data, variant, warnings_of, write
 
 from a2a_tune.tuner.runtime import lookup as lk
 from a2a_tune.tuner.runtime.lookup import (
     FALLBACK_BACKEND,
     Choice,
-    ProfileError,
+    LookupRequest,
+    RequestError,
     clear_cache,
-    find_profile,
-    load_profile,
     lookup,
-    profile_filename,
-    profile_search_paths,
+    request,
 )
+from a2a_tune.tuner.runtime.point import Shape
 
-FIXTURES = FIXTURE.parent
-A = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
-B = dict(ep_size=2, hidden=4096, topk=6, num_experts=64, dtype="bf16", routing="uniform")
-
-
-@pytest.fixture(autouse=True)
-def clean(monkeypatch, caplog):
-    clear_cache()
-    monkeypatch.delenv("A2A_TUNE_PROFILE_DIR", raising=False)
-    monkeypatch.delenv("A2A_TUNE_FINGERPRINT", raising=False)
-    caplog.set_level(logging.WARNING, logger="a2a_tune")
-    yield
-    clear_cache()
-
-
-@pytest.fixture
-def fixture_dir(monkeypatch):
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(FIXTURES))
-    return FIXTURES
-
-
-def warnings_of(caplog):
-    return [r for r in caplog.records if r.name == "a2a_tune" and r.levelno == logging.WARNING]
-
-
-def write(dirpath: Path, data, name: str = f"{FP}.json") -> Path:
-    p = dirpath / name
-    p.write_text(data if isinstance(data, str) else json.dumps(data))
-    return p
-
-
-# ----------------------------------------------------------------------- exact shape
+# -------------------------------------------------- exact shape, interpolation, clamping
 
 
 def test_exact_shape_on_a_measured_token_count(fixture_dir, caplog):
@@ -167,6 +116,9 @@ def test_failed_backend_never_competes(fixture_dir, tokens):
     assert c.backend != "flashinfer_nvlink_one_sided"
 
 
+# ------------------------------------------------------------------------------- engines
+
+
 def test_engine_literals_come_from_the_profile(tmp_path, monkeypatch):
     c = lookup(profile=FIXTURE, tokens=1, **B)
     assert (c.backend, c.vllm_name, c.sglang_name) == ("allgather_reducescatter", "allgather_reducescatter", None)
@@ -201,7 +153,9 @@ def test_engine_restricts_to_backends_it_can_name(tmp_path, caplog):
 
     # SGLang has a literal for none of the competing backends in the fixture.
     c = lookup(profile=FIXTURE, tokens=64, engine="sglang", **A)
-    assert c.match == "fallback" and "no usable backend with a sglang name" in c.reason
+    assert (
+        c.match == "fallback" and "no usable backend that SGLang accepts (unavailable: deepep_low_latency)" in c.reason
+    )
     c = lookup(profile=FIXTURE, tokens=64, engine="tgi", **A)
     assert c.match == "fallback" and "engine='tgi'" in c.reason
     assert len(warnings_of(caplog)) == 2
@@ -266,7 +220,7 @@ def test_choice_is_frozen_and_serialisable(fixture_dir):
     assert isinstance(hash(c), int)
 
 
-# ---------------------------------------------------------------------- nearest shape
+# ------------------------------------------------------------------------- nearest shape
 
 
 def test_nearest_shape_is_named_in_the_reason(fixture_dir):
@@ -314,180 +268,7 @@ def test_other_ep_size_or_dtype_is_not_matched(fixture_dir, caplog, change):
     assert len(warnings_of(caplog)) == 1
 
 
-# ---------------------------------------------------------------------- search paths
-
-
-def test_profile_filename_is_the_shared_key():
-    assert profile_filename("h200-sxm.nvl18x2.node1") == "h200-sxm.nvl18x2.node1.json"
-    assert profile_filename("H200.NVL18x2.Node1") == "h200.nvl18x2.node1.json"
-    for bad in ["", "../etc/passwd", "a b", ".hidden", "a/b", "x" * 201, None]:
-        with pytest.raises(ValueError):
-            profile_filename(bad)
-
-
-def test_search_paths_env_dirs_first_then_user_then_packaged(monkeypatch, tmp_path):
-    import importlib.resources
-
-    packaged = Path(os.fspath(importlib.resources.files("a2a_tune.profiles")))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    user = tmp_path / "xdg" / "a2a-tune" / "profiles"
-    assert profile_search_paths() == [user, packaged]
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", os.pathsep.join([str(tmp_path / "a"), "", str(tmp_path / "b")]))
-    assert profile_search_paths() == [tmp_path / "a", tmp_path / "b", user, packaged]
-
-
-def _variant(backend_fast: str) -> dict:
-    """The fixture with one backend made fastest everywhere in shape B."""
-    data = fixture_data()
-    data["entries"][0]["backends"][backend_fast].update(median_us=[1.0] * 3, p10_us=[1.0] * 3, p90_us=[1.0] * 3)
-    data["entries"][0]["winners"] = []
-    return data
-
-
-def test_env_dir_beats_packaged_and_earlier_env_dir_wins(monkeypatch, tmp_path):
-    pkg, env1, env2 = (tmp_path / n for n in ("pkg", "env1", "env2"))
-    for d in (pkg, env1, env2):
-        d.mkdir()
-    write(pkg, _variant("allgather_reducescatter"))
-    write(env2, _variant("nccl_all2allv"))
-    monkeypatch.setattr(lk, "_packaged_dir", lambda: str(pkg))
-
-    assert lookup(fingerprint=FP, tokens=1024, **B).source == str(pkg / f"{FP}.json")
-    assert lookup(fingerprint=FP, tokens=1024, **B).backend == "allgather_reducescatter"
-
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", os.pathsep.join([str(env1), str(env2)]))
-    c = lookup(fingerprint=FP, tokens=1024, **B)
-    assert (c.source, c.backend) == (str(env2 / f"{FP}.json"), "nccl_all2allv")  # env1 has none
-
-    write(env1, _variant("allgather_reducescatter"))
-    assert lookup(fingerprint=FP, tokens=1024, **B).source == str(env1 / f"{FP}.json")
-    assert find_profile(FP) == env1 / f"{FP}.json"
-
-
-def test_missing_profile_warns_once_listing_every_path(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")]))
-    for _ in range(3):
-        c = lookup(fingerprint="no.such.machine", tokens=8, **A)
-        assert (c.backend, c.match, c.source) == (FALLBACK_BACKEND, "fallback", None)
-    assert find_profile("no.such.machine") is None
-    (rec,) = warnings_of(caplog)
-    msg = rec.getMessage()
-    for d in profile_search_paths():
-        assert str(d / "no.such.machine.json") in msg
-    assert "no profile for fingerprint 'no.such.machine'" in msg and FALLBACK_BACKEND in msg
-    assert "\n" not in msg
-
-
-def test_fingerprint_from_env_then_probe(monkeypatch, fixture_dir, caplog):
-    monkeypatch.setenv("A2A_TUNE_FINGERPRINT", FP)
-    assert lookup(tokens=64, **A).match == "exact"
-
-    monkeypatch.delenv("A2A_TUNE_FINGERPRINT")
-    calls = []
-    fake = types.ModuleType("a2a_tune.tuner.probe")
-    fake.probe = lambda **kw: calls.append(kw) or types.SimpleNamespace(fingerprint=FP)
-    monkeypatch.setitem(sys.modules, "a2a_tune.tuner.probe", fake)
-    assert lookup(tokens=64, **A).match == "exact"
-    assert lookup(tokens=8, **A).match == "exact"
-    assert len(calls) == 1 and calls[0]["strict"]  # probed once, a failure reported as such
-    assert 0 < calls[0]["timeout_s"] <= 10  # a hung NVML delays start-up by seconds, not a minute
-    assert warnings_of(caplog) == []
-
-
-def test_probe_failure_falls_back_with_one_warning(monkeypatch, caplog):
-    fake = types.ModuleType("a2a_tune.tuner.probe")
-
-    def probe(**kwargs):
-        raise RuntimeError("NVML Shared Library Not Found")
-
-    fake.probe = probe
-    monkeypatch.setitem(sys.modules, "a2a_tune.tuner.probe", fake)
-    for _ in range(2):
-        c = lookup(tokens=64, **A)
-        assert (c.backend, c.match) == (FALLBACK_BACKEND, "fallback")
-    (rec,) = warnings_of(caplog)
-    assert "hardware probe failed (RuntimeError: NVML Shared Library Not Found)" in rec.getMessage()
-
-
-def test_explicit_profile_checks_fingerprint_only_when_given(caplog):
-    assert lookup(profile=str(FIXTURE), tokens=64, **A).match == "exact"
-    assert lookup(profile=FIXTURE, fingerprint=FP, tokens=64, **A).match == "exact"
-    c = lookup(profile=FIXTURE, fingerprint="other.machine", tokens=64, **A)
-    assert c.match == "fallback"
-    (rec,) = warnings_of(caplog)
-    assert "profile is for 'test.fixture.node1', this machine is 'other.machine'" in rec.getMessage()
-
-
-# ------------------------------------------------------------------------ bad tables
-
-
-@pytest.mark.parametrize("case", sorted(BAD_TABLES))
-def test_bad_table_falls_back_with_exactly_one_warning(case, tmp_path, monkeypatch, caplog):
-    make, problem = BAD_TABLES[case]
-    content = make()
-    path = tmp_path / f"{FP}.json"
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-
-    for tokens in (64, 64, 200):  # repeated and different requests: still one warning
-        c = lookup(fingerprint=FP, tokens=tokens, **A)
-        assert (c.backend, c.vllm_name, c.match) == (FALLBACK_BACKEND, FALLBACK_BACKEND, "fallback")
-        assert c.expected_us == {} and c.entry_shape is None
-    recs = warnings_of(caplog)
-    assert len(recs) == 1, [r.getMessage() for r in recs]
-    msg = recs[0].getMessage()
-    assert str(path) in msg and problem in msg and FALLBACK_BACKEND in msg
-    assert "\n" not in msg
-    assert problem in c.reason
-
-
-def test_load_profile_raises_one_line_error_naming_the_field(tmp_path):
-    data = fixture_data()
-    data["entries"][1]["backends"]["nccl_all2allv"]["median_us"][2] = -1
-    p = write(tmp_path, data)
-    with pytest.raises(ProfileError) as info:
-        load_profile(p)
-    assert info.value.field == "entries[1].backends.nccl_all2allv.median_us[2]"
-    assert str(info.value) == f"{p}: entries[1].backends.nccl_all2allv.median_us[2]: not a positive finite number"
-
-
-def test_unreadable_file_chmod_000(tmp_path, monkeypatch, caplog):
-    p = write(tmp_path, FIXTURE.read_text())
-    p.chmod(0)
-    try:
-        if os.access(p, os.R_OK):
-            pytest.skip("running as root: chmod 000 does not make the file unreadable")
-        monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-        c = lookup(fingerprint=FP, tokens=64, **A)
-        assert (c.backend, c.match) == (FALLBACK_BACKEND, "fallback")
-        (rec,) = warnings_of(caplog)
-        assert str(p) in rec.getMessage() and "cannot read" in rec.getMessage()
-    finally:
-        p.chmod(0o644)
-
-
-def test_unreadable_file_open_fails(tmp_path, monkeypatch, caplog):
-    """Same as chmod 000, but also runs as root: opening raises PermissionError."""
-    p = write(tmp_path, FIXTURE.read_text())
-
-    def denying(real):
-        def deny(file, *a, **k):
-            if os.fspath(file) == str(p):
-                raise PermissionError(13, "Permission denied", str(p))
-            return real(file, *a, **k)
-
-        return deny
-
-    monkeypatch.setattr(builtins, "open", denying(builtins.open))
-    monkeypatch.setattr(os, "open", denying(os.open))
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-    c = lookup(fingerprint=FP, tokens=64, **A)
-    assert (c.backend, c.match) == (FALLBACK_BACKEND, "fallback")
-    (rec,) = warnings_of(caplog)
-    assert f"{p}: cannot read: Permission denied" in rec.getMessage()
+# ----------------------------------------------------------------------------- arguments
 
 
 @pytest.mark.parametrize(
@@ -519,15 +300,14 @@ def test_integer_like_arguments_are_accepted(fixture_dir):
     assert (c.backend, c.match) == ("nvlink_one_sided", "exact")
 
 
-def test_distinct_problems_each_warn_once(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-    lookup(fingerprint="machine.one", tokens=1, **A)
-    lookup(fingerprint="machine.two", tokens=1, **A)
-    lookup(fingerprint="machine.one", tokens=1, **A)
-    assert len(warnings_of(caplog)) == 2
+def test_a_lookup_argument_out_of_range_is_named_not_an_internal_error(caplog):
+    for kwargs in ({"tokens": -5}, {"tokens": True}, {"phase": "decode", "max_tokens": -1}):
+        c = lookup(profile=FIXTURES / f"{FP}.json", **A, **kwargs)
+        assert c.match == "fallback"
+        assert "invalid lookup argument" in c.reason and "internal error" not in c.reason, c.reason
 
 
-# ------------------------------------------------------------------ cost at start-up
+# ---------------------------------------------------------------------- cost at start-up
 
 
 def test_import_is_stdlib_only():
@@ -545,7 +325,6 @@ print(json.dumps({{"import_s": t1 - t0, "backend": c.backend,
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["loaded"] == []
     assert res["backend"] == "nvlink_one_sided"
-    # How fast: bench/startup.py measures it (BENCHMARKS.md); a unit test does not time.
 
 
 def test_warm_lookup_is_cached(tmp_path, monkeypatch):
@@ -571,7 +350,7 @@ def test_warm_lookup_is_cached(tmp_path, monkeypatch):
     assert len(opened) == 1  # warm answers never touch the file
 
     # A rewritten profile (select writes a new file and os.replace's it) is re-read.
-    data = _variant("allgather_reducescatter")
+    data = variant("allgather_reducescatter")
     tmp = tmp_path / "new.json"
     tmp.write_text(json.dumps(data))
     os.replace(tmp, p)
@@ -589,46 +368,7 @@ def test_choice_type_is_exported_and_read_only(fixture_dir):
     assert "backend='nvlink_one_sided'" in repr(c)
 
 
-# ------------------------------------------------------------------ schema versions
-
-SCHEMA1 = FIXTURES / "schema1" / f"{FP}.json"
-
-
-def test_schema1_table_is_converted_on_load(caplog):
-    prof = load_profile(SCHEMA1)
-    assert prof.schema == 1 and prof.fingerprint == FP
-    assert prof.tie_preference[0] == "allgather_reducescatter"
-    a = prof.by_shape[lk.Shape(**A)]
-    assert set(a.timing.values()) == {"eager"}  # schema 1: the run's one timing mode
-    assert a.p90_us["nccl_all2allv"][0] == pytest.approx(49.5)  # its p10/p90 are used
-
-    c = lookup(profile=SCHEMA1, fingerprint=FP, tokens=64, **A)
-    assert (c.backend, c.match, c.hardware_match) == ("nvlink_one_sided", "exact", "exact")
-    assert dict(c.expected_us) == {"allgather_reducescatter": 100.0, "nccl_all2allv": 75.0, "nvlink_one_sided": 50.0}
-    assert warnings_of(caplog) == []
-
-
-def test_schema1_graph_timing_is_read_per_backend(tmp_path):
-    data = json.loads(SCHEMA1.read_text())
-    data["run"]["timing"] = "cuda_graph"
-    prof = load_profile(write(tmp_path, data))
-    assert set(prof.entries[0].timing.values()) == {"graph"}
-
-
-def test_packaged_table_loads_and_answers():
-    import importlib.resources
-
-    packaged = Path(os.fspath(importlib.resources.files("a2a_tune.profiles")))
-    for p in packaged.glob("*.json"):
-        if p.name.startswith("schema-"):
-            continue
-        prof = load_profile(p)
-        e = prof.entries[0]
-        c = lookup(fingerprint=prof.fingerprint, tokens=e.tokens[0], **e.shape._asdict())
-        assert c.match == "exact" and c.source == str(p), c.reason
-
-
-# ------------------------------------------------------------------- phases / regret
+# ----------------------------------------------------------------------- phases / regret
 
 
 def test_disaggregated_prefill_and_decode_engines_get_different_backends(fixture_dir, caplog):
@@ -686,6 +426,9 @@ def test_decode_needs_every_point_in_range(fixture_dir):
     assert "nvlink_one_sided" not in c.expected_us and c.backend == "nccl_all2allv"
     c = lookup(fingerprint=FP, phase="decode", max_tokens=4096, **A)
     assert "(measured 1..1024; clamped outside)" in c.reason
+
+
+# ----------------------------------------------------------------------------- workloads
 
 
 def test_workload_mapping_json_and_csv_agree(fixture_dir, tmp_path):
@@ -787,147 +530,6 @@ def test_warm_phase_and_workload_lookups_give_the_same_answer_from_cache(fixture
         assert (again.backend, again.alternatives) == (first.backend, first.alternatives)
 
 
-# --------------------------------------------------------- hardware fallback levels
-
-
-def _as_machine(tmp_path, fingerprint: str) -> Path:
-    data = fixture_data()
-    data["hardware"]["fingerprint"] = fingerprint
-    return write(tmp_path, data, f"{fingerprint}.json")
-
-
-def test_same_gpus_and_nvlink_domain_on_more_nodes_borrow_the_table(tmp_path, monkeypatch, caplog):
-    _as_machine(tmp_path, "h200.nvl18x2.node1")
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-    exact = lookup(fingerprint="h200.nvl18x2.node1", tokens=64, **A)
-    assert (exact.hardware_match, exact.match, exact.backend) == ("exact", "exact", "nvlink_one_sided")
-
-    borrowed = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
-    assert (borrowed.hardware_match, borrowed.match, borrowed.backend) == (
-        "same-gpu-domain",
-        "exact",
-        "nvlink_one_sided",
-    )
-    assert borrowed.profile_fingerprint == "h200.nvl18x2.node1"
-    assert "(measured on h200.nvl18x2.node1: same GPUs and NVLink domain as h200.nvl18x2.nodes2)" in borrowed.reason
-    # EP across the two nodes: the one-node table has no such entry -> engine default.
-    wide = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **{**A, "ep_size": 4})
-    assert (wide.match, wide.hardware_match) == ("fallback", "same-gpu-domain")
-    assert warnings_of(caplog)[0].getMessage().count("no entry for ep_size=4") == 1
-
-
-@pytest.mark.parametrize(
-    "machine",
-    [
-        "h200.nvl18x2-degraded.nodes2",  # a dead link never borrows a healthy table
-        "h200.nvl18x4.node1",  # another NVLink domain size
-        "h200.nvl12x2.node1",  # other links per GPU
-        "h100-sxm.nvl18x2.node1",  # another GPU model
-        "cpu-x86_64.nodes2",  # no NVLink domain at all
-    ],
-)
-def test_other_hardware_falls_back_to_the_engine_default(machine, tmp_path, monkeypatch, caplog):
-    _as_machine(tmp_path, "h200.nvl18x2.node1")
-    _as_machine(tmp_path, "cpu-x86_64.node1")
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-    c = lookup(fingerprint=machine, tokens=64, **A)
-    assert (c.backend, c.match, c.hardware_match) == (FALLBACK_BACKEND, "fallback", "engine-default")
-    (rec,) = warnings_of(caplog)
-    assert f"no profile for fingerprint {machine!r}" in rec.getMessage()
-
-
-def test_same_domain_prefers_closest_node_count_and_search_order(tmp_path, monkeypatch):
-    first, second = tmp_path / "first", tmp_path / "second"
-    first.mkdir(), second.mkdir()
-    _as_machine(second, "h200.nvl18x2.nodes4")
-    _as_machine(first, "h200.nvl18x2.node1")
-    _as_machine(first, "h200.nvl18x2.nodes8")
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", os.pathsep.join([str(first), str(second)]))
-    c = lookup(fingerprint="h200.nvl18x2.nodes4", tokens=64, **A)
-    assert (c.hardware_match, c.source) == ("exact", str(second / "h200.nvl18x2.nodes4.json"))
-    c = lookup(fingerprint="h200.nvl18x2.nodes6", tokens=64, **A)
-    # The first directory with a candidate wins; in it the closest node count (8 vs 1).
-    assert (c.hardware_match, c.source) == ("same-gpu-domain", str(first / "h200.nvl18x2.nodes8.json"))
-    # A new table in a searched directory is seen (directories are re-listed when they change).
-    _as_machine(first, "h200.nvl18x2.nodes6")
-    os.utime(first, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
-    assert lookup(fingerprint="h200.nvl18x2.nodes6", tokens=64, **A).hardware_match == "exact"
-
-
-def test_explicit_profile_of_the_same_domain_is_accepted_and_named(tmp_path):
-    p = _as_machine(tmp_path, "h200.nvl18x2.node1")
-    c = lookup(profile=p, fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
-    assert (c.hardware_match, c.backend) == ("same-gpu-domain", "nvlink_one_sided")
-    assert lookup(profile=p, tokens=64, **A).hardware_match == "unchecked"
-
-
-def test_fingerprints_with_plus_are_valid_keys():
-    # The probe joins GPU models / island shapes with '+': such machines must have tables too.
-    assert profile_filename("h100-sxm+l40s.nvl18x4+pciex2.node1") == "h100-sxm+l40s.nvl18x4+pciex2.node1.json"
-    from a2a_tune.tuner.runtime.fingerprint import domain_key
-
-    assert domain_key("h100-sxm+l40s.nvl18x4+pciex2.node1") == ("h100-sxm+l40s", "nvl18x4+pciex2")
-    assert domain_key("l40s.pciex4.node1") is None  # no NVLink domain
-    assert domain_key("cpu-x86_64.node1") is None
-    assert domain_key("gb200.mnnvl18x16.nodes4") == ("gb200", "mnnvl18x16")
-
-
-def test_a_file_named_for_this_machine_with_a_sibling_table_inside_is_refused(tmp_path, monkeypatch, caplog):
-    # h200.nvl18x2.nodes2.json holding the node1 table: a mislabelled file, not a borrowed table.
-    data = fixture_data()
-    data["hardware"]["fingerprint"] = "h200.nvl18x2.node1"
-    write(tmp_path, data, "h200.nvl18x2.nodes2.json")
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-    c = lookup(fingerprint="h200.nvl18x2.nodes2", tokens=64, **A)
-    assert (
-        c.match == "fallback"
-        and "profile is for 'h200.nvl18x2.node1', this machine is 'h200.nvl18x2.nodes2'" in c.reason
-    )
-
-
-def test_engine_literal_table():
-    from a2a_tune.tuner.runtime import engines
-
-    assert engines.accepts("vllm", "allgather_reducescatter") and engines.accepts("vllm", "flashinfer_nvlink_one_sided")
-    for bogus in ("pplx", "naive", "flashinfer_all2allv", None, "", "deepep"):
-        assert not engines.accepts("vllm", bogus)
-    assert engines.accepts("vllm", "moonep") and not engines.accepts("vllm", "passthrough")  # vLLM binds that itself
-    assert engines.accepts("sglang", "deepep") and not engines.accepts("sglang", "deepep_low_latency")
-    assert engines.accepts("sglang", "deepep", ("--deepep-mode", "low_latency"))
-    assert not engines.accepts("sglang", "deepep", ("--deepep-mode",))
-    assert not engines.accepts("sglang", "deepep", ("--moe-runner-backend", "triton"))  # not an option we know
-    assert engines.accepts("trtllm", "DEEPEPLOWLATENCY") and not engines.accepts("trtllm", "deepep_low_latency")
-    assert engines.accepts("trtllm", "DEEPEP", num_experts=256, ep_size=8)
-    assert not engines.accepts("trtllm", "DEEPEP", num_experts=257, ep_size=8)
-    assert engines.accepts("trtllm", "ALLGATHER", num_experts=257, ep_size=8)
-    assert engines.engine_flag("vllm", "pplx") == "--all2all-backend allgather_reducescatter"
-    assert engines.engine_flag("sglang", None) == "--moe-a2a-backend none"
-    assert engines.engine_flag("sglang", "deepep", ("--deepep-mode", "normal")) == (
-        "--moe-a2a-backend deepep --deepep-mode normal"
-    )
-    assert engines.engine_flag("trtllm", "NVLINK_ONE_SIDED") == "TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED"
-    assert engines.engine_flag("trtllm", None) == ""  # TensorRT-LLM keeps its own choice
-    assert engines.env_lines("x y", None, "deepep", "exact")[0] == "export A2A_TUNE_BACKEND='x y'"
-    assert set(engines.VERSIONS) == set(engines.ENGINES) == set(engines.DEFAULT)
-
-
-def test_loading_restores_the_garbage_collector(tmp_path):
-    import gc
-
-    assert gc.isenabled()
-    load_profile(FIXTURE)
-    with pytest.raises(ProfileError):
-        load_profile(write(tmp_path, "{not json"))
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        clear_cache()
-        load_profile(FIXTURE)
-        assert not gc.isenabled()  # an engine that runs without the GC keeps it off
-    finally:
-        gc.enable()
-
-
 def test_a_table_at_the_edges_of_its_ranges_is_computed_without_error(tmp_path):
     """Every value validation lets through is one the lookup computes with: the smallest and
     largest times and token counts a table may hold, for every kind of request."""
@@ -955,3 +557,276 @@ def test_a_table_at_the_edges_of_its_ranges_is_computed_without_error(tmp_path):
         c = lookup(profile=path, quiet=True, **B, **req)
         assert c.match == "exact", (req, c.reason)
         assert all(MIN_US <= v <= MAX_US for v in c.expected_us.values()), (req, c.expected_us)
+
+
+# ------------------------------------------------------------------------------ the request
+
+
+def test_request_is_the_checked_request_and_answer_gives_lookups_choice(fixture_dir):
+    req = request(fingerprint=FP, phase="decode", max_tokens=64, **A)
+    assert req == LookupRequest(Shape(**A), "decode", ("log-uniform", 1, 64), None, FP, None)
+    assert hash(req) == hash(request(fingerprint=FP, phase="decode", max_tokens=64, **A))
+    with pytest.raises(AttributeError):
+        req.phase = "prefill"  # frozen
+    assert lk.answer(req) == lookup(fingerprint=FP, phase="decode", max_tokens=64, **A)
+    assert request(workload={8: 1, 1: 3}, **A).load == ("discrete", ((1, 0.75), (8, 0.25)))
+    assert request(workload=Path("w.csv"), profile=Path("t.json"), **A)[2:] == (
+        ("workload-file", "w.csv"),
+        None,
+        None,
+        "t.json",
+    )
+
+
+# (arguments, lookup's words, the command line's words): one set of rules, two spellings.
+BAD_REQUESTS = [
+    (
+        {},
+        "give exactly one of tokens=, phase= (with max_tokens=) or workload= (got none)",
+        "give exactly one of --tokens, --phase or --workload (got none)",
+    ),
+    ({"tokens": 1, "phase": "decode"}, "(got tokens, phase)", "(got --tokens, --phase)"),
+    (
+        {"phase": "decode"},
+        "phase='decode' needs max_tokens= (max batch per rank)",
+        "--phase decode needs --max-batch N",
+    ),
+    (
+        {"phase": "prefill"},
+        "phase='prefill' needs max_tokens= (tokens per rank per prefill step)",
+        "--phase prefill needs --max-tokens N",
+    ),
+    (
+        {"phase": "mixed", "max_tokens": 8},
+        "invalid lookup argument phase='mixed' (expected 'decode' or 'prefill')",
+        "--phase must be decode or prefill, got 'mixed'",
+    ),
+    (  # token counts: the point's one bound, 1..2^20, as the CLI, the store and the table hold it
+        {"phase": "prefill", "max_tokens": 0},
+        "invalid lookup argument max_tokens=0 (tokens per rank must be in 1..1048576, got 0)",
+        "--max-tokens: tokens per rank must be in 1..1048576, got 0",
+    ),
+    (
+        {"tokens": -1},
+        "invalid lookup argument tokens=-1 (tokens per rank must be in 1..1048576, got -1)",
+        "--tokens: tokens per rank must be in 1..1048576, got -1",
+    ),
+    (
+        {"tokens": 0},
+        "invalid lookup argument tokens=0 (tokens per rank must be in 1..1048576, got 0)",
+        "--tokens: tokens per rank must be in 1..1048576, got 0",
+    ),
+    (
+        {"tokens": 2**20 + 1},
+        "invalid lookup argument tokens=1048577 (tokens per rank must be in 1..1048576, got 1048577)",
+        "--tokens: tokens per rank must be in 1..1048576, got 1048577",
+    ),
+    (
+        {"tokens": 8.0},
+        "invalid lookup argument tokens=8.0 (tokens per rank must be a whole number, got 8.0)",
+        "--tokens: tokens per rank must be a whole number, got 8.0",
+    ),
+    (
+        {"tokens": 8, "max_tokens": 8},
+        "max_tokens= goes with phase=, not with tokens=",
+        "--max-tokens goes with --phase prefill",
+    ),
+    (
+        {"tokens": 8, "engine": "tgi"},
+        "invalid lookup argument engine='tgi' (expected None or one of 'vllm', 'sglang', 'trtllm')",
+        "--engine must be vllm or sglang or trtllm, got 'tgi'",
+    ),
+    (
+        {"tokens": 8, "hidden": 0},
+        "invalid lookup argument hidden=0 (expected an integer >= 1)",
+        "--hidden must be >= 1, got 0",
+    ),
+    (
+        {"tokens": 8, "num_experts": -2},
+        "invalid lookup argument num_experts=-2 (expected an integer >= 1)",
+        "--experts must be >= 1, got -2",
+    ),
+    (  # a shape no engine runs is refused, not answered by the nearest shape
+        {"tokens": 8, "topk": 9, "num_experts": 8},
+        "invalid lookup shape: topk 9 is more than the 8 experts",
+        "invalid lookup shape: topk 9 is more than the 8 experts",
+    ),
+    (
+        {"tokens": 8, "hidden": 10**9},
+        "invalid lookup shape: hidden must be in 1..65536, got 1000000000",
+        "invalid lookup shape: hidden must be in 1..65536, got 1000000000",
+    ),
+]
+
+
+@pytest.mark.parametrize("kwargs, words, options", BAD_REQUESTS)
+def test_one_set_of_request_rules_in_lookups_words_and_the_command_lines(kwargs, words, options, caplog):
+    args = {**A, **kwargs}
+    with pytest.raises(RequestError) as keywords:
+        request(**args)
+    assert words in str(keywords.value)
+    with pytest.raises(RequestError) as cli:
+        request(**args, options={"max_tokens": None})
+    assert str(cli.value) == options or options.startswith("(") and options in str(cli.value)
+    c = lookup(**args)  # what lookup() refuses, it answers with the fallback and the same words
+    assert c.match == "fallback" and c.reason.startswith(str(keywords.value))
+    (rec,) = warnings_of(caplog)
+    assert words in rec.getMessage()
+
+
+def test_the_command_lines_size_option_must_go_with_its_phase():
+    for phase, wrong in (("decode", "--max-tokens"), ("prefill", "--max-batch")):
+        with pytest.raises(RequestError, match=f"^{wrong} goes with --phase"):
+            request(phase=phase, max_tokens=8, options={"max_tokens": wrong}, **A)
+    with pytest.raises(RequestError, match="^--max-batch goes with --phase decode$"):
+        request(tokens=8, max_tokens=8, options={"max_tokens": "--max-batch"}, **A)
+    assert request(phase="decode", max_tokens=8, options={"max_tokens": "--max-batch"}, **A).load == (
+        "log-uniform",
+        1,
+        8,
+    )
+
+
+# ------------------------------------------------------------------- what a lookup says
+
+
+def test_unusable_backends_are_named_by_what_happened_to_them(tmp_path, caplog):
+    """A CPU table asked for SGLang: the backends SGLang could run were unavailable where the
+    table was measured, not failed; the sentence says which, and parses."""
+    data = fixture_data()
+    e = data["entries"][1]  # shape A
+    data["backends"]["deepep_high_throughput"] = {
+        "vllm_name": None,
+        "sglang_name": "deepep",
+        "engine_options": {"sglang": ["--deepep-mode", "normal"]},
+    }
+    data["backends"]["deepep_low_latency"]["engine_options"] = {"sglang": ["--deepep-mode", "low_latency"]}
+    e["failed"] = {
+        "deepep_high_throughput": "unavailable: deep_ep is not installed",
+        "deepep_low_latency": "unavailable: deep_ep is not installed",
+        "flashinfer_nvlink_one_sided": "incorrect at 4 tokens/rank: wrong sums",
+    }
+    data["tie_preference"].append("deepep_high_throughput")
+    c = lookup(profile=write(tmp_path, data), tokens=64, engine="sglang", **A)
+    assert c.match == "fallback"
+    assert (
+        ": exact shape, at 64 tokens/rank (measured): no usable backend that SGLang accepts "
+        "(unavailable: deepep_high_throughput, deepep_low_latency); " in c.reason
+    )
+    assert "failed" not in c.reason and "flashinfer_nvlink_one_sided" not in c.reason  # SGLang cannot run it
+    (rec,) = warnings_of(caplog)
+    assert rec.getMessage().endswith(
+        "(unavailable: deepep_high_throughput, deepep_low_latency); SGLang keeps its default --moe-a2a-backend none"
+    )
+    assert lookup(profile=write(tmp_path, data), tokens=64, **A).match == "exact"  # any engine: they compete
+
+
+def test_a_decode_range_compares_backends_missing_a_refinement_count_but_never_chooses_them(tmp_path):
+    """A table refined between two counts for the contenders only: a decode range over that
+    count still shows every other backend's regret, and only a backend measured at every count
+    in the range may be chosen (one that failed at a count inside it is never chosen)."""
+    data = fixture_data()
+    e = data["entries"][1]  # shape A, tokens [1, 4, 16, 64, 256, 1024]
+    e["tokens"].insert(4, 128)  # a refinement count: only the contenders timed
+    for b, curve in e["backends"].items():
+        for key in ("median_us", "p10_us", "p90_us"):
+            mid = {"nvlink_one_sided": 150.0, "nccl_all2allv": 120.0}.get(b)
+            curve[key].insert(4, None if mid is None else mid * {"median_us": 1, "p10_us": 0.98, "p90_us": 1.03}[key])
+    e["winners"] = []
+    path = write(tmp_path, data)
+    c = lookup(profile=path, phase="decode", max_tokens=200, engine="vllm", **A)
+    # vLLM can run only allgather_reducescatter here, and it lacks 128: nothing competes.
+    assert c.match == "fallback"
+    c = lookup(profile=path, phase="decode", max_tokens=200, **A)
+    assert c.backend == "nvlink_one_sided"
+    assert set(c.alternatives) == {"nccl_all2allv", "allgather_reducescatter"}
+    assert c.alternatives["allgather_reducescatter"] > 0
+    assert "so compared but not chosen: allgather_reducescatter +" in c.reason
+    # Made the fastest on average, a backend with a gap is still not chosen.
+    for key in ("median_us", "p10_us", "p90_us"):
+        e["backends"]["allgather_reducescatter"][key] = [1.0, 1.0, 1.0, 1.0, None, 1.0, 1.0]
+    c = lookup(profile=write(tmp_path, data), phase="decode", max_tokens=200, **A)
+    assert c.backend == "nvlink_one_sided" and c.alternatives["allgather_reducescatter"] < 0
+    # At a point the rule is unchanged: at 128 only what was measured at 128 competes.
+    assert set(lookup(profile=path, tokens=128, **A).expected_us) == {"nvlink_one_sided", "nccl_all2allv"}
+
+
+def test_the_shipped_tables_decode_answer_for_vllm_lists_its_alternatives():
+    c = lookup(fingerprint="h200.nvl18x2.node1", phase="decode", max_tokens=256, engine="vllm", **dict(A, dtype="bf16"))
+    assert c.backend == "flashinfer_nvlink_one_sided"
+    assert "allgather_reducescatter" in c.alternatives and c.alternatives["allgather_reducescatter"] > 1
+    assert "no other backend competes" in c.reason and "compared but not chosen" in c.reason
+
+
+EVIL = "evil\n\x1b]0;pwned\x07\x1b[2J"
+
+
+def _with_backend_named(name: str) -> dict:
+    """The fixture with nvlink_one_sided (shape A's fastest at 64) renamed ``name``."""
+    data = fixture_data()
+    data["backends"][name] = data["backends"].pop("nvlink_one_sided")
+    for e in data["entries"]:
+        if "nvlink_one_sided" in e["backends"]:
+            e["backends"][name] = e["backends"].pop("nvlink_one_sided")
+        e["failed"] = {(name if b == "nvlink_one_sided" else b): r for b, r in e.get("failed", {}).items()}
+        e["winners"] = []
+    data["tie_preference"] = [name if b == "nvlink_one_sided" else b for b in data["tie_preference"]]
+    return data
+
+
+def _one_safe_line(text: str, limit: int = 2000) -> None:
+    assert "\n" not in text and "\x1b" not in text and "\x07" not in text and len(text) <= limit, text[:300]
+
+
+def test_names_from_a_table_are_escaped_in_what_lookup_says(tmp_path, caplog):
+    path = write(tmp_path, _with_backend_named(EVIL))
+    c = lookup(profile=path, tokens=64, **A)
+    assert c.backend == EVIL  # the table's name, as data (JSON escapes it)
+    _one_safe_line(c.reason)
+    assert "evil \\x1b]0;pwned\\x07\\x1b[2J 50.000 us" in c.reason
+    c = lookup(profile=path, tokens=64, engine="vllm", **dict(A, hidden=7000))  # a fallback naming it
+    _one_safe_line(c.reason)
+    long_name = "n" * 10_000
+    c = lookup(profile=write(tmp_path, _with_backend_named(long_name)), tokens=64, **A)
+    _one_safe_line(c.reason)
+    for rec in warnings_of(caplog):
+        _one_safe_line(rec.getMessage())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"fingerprint": "h" * 10_000},
+        {"fingerprint": "bad\n\x1b[2Jfp"},
+        {"workload": {10**4000: 1}},
+        {"tokens": 10**4000},
+        {"phase": "decode", "max_tokens": 10**4000},
+        {"tokens": 10**5000},  # beyond Python's int -> str limit
+        {"phase": "x" * 10_000 + "\x1b", "max_tokens": 1},
+    ],
+    ids=[
+        "10k-fingerprint",
+        "control-fingerprint",
+        "4000-digit-workload",
+        "4000-digit-tokens",
+        "4000-digit-batch",
+        "5000-digit-tokens",
+        "long-phase",
+    ],
+)
+def test_what_a_lookup_echoes_is_one_bounded_line(kwargs, fixture_dir, caplog):
+    c = lookup(**{"fingerprint": FP, **A, **kwargs})
+    _one_safe_line(c.reason)
+    for rec in warnings_of(caplog):
+        _one_safe_line(rec.getMessage())
+
+
+def test_paths_from_the_environment_are_escaped(tmp_path, monkeypatch, caplog):
+    odd = tmp_path / "dir\nwith\x1b[31mcontrol"
+    odd.mkdir()
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(odd))
+    c = lookup(fingerprint="no.such.machine", tokens=8, **A)
+    _one_safe_line(c.reason)
+    (rec,) = warnings_of(caplog)
+    _one_safe_line(rec.getMessage())
+    assert "dir with\\x1b[31mcontrol" in rec.getMessage()

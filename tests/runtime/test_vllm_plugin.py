@@ -1,14 +1,15 @@
 """The vLLM general plugin against a minimal stand-in for vLLM (the real vLLM runs in
-tests/test_engines_real.py, where CI installs it).
+tests/runtime/test_engines_real.py, where CI installs it).
 
 The stand-in mimics what the plugin relies on in vLLM (vllm/engine/arg_utils.py): a
 dataclass ``EngineArgs`` with an ``all2all_backend`` field (default
 "allgather_reducescatter") whose ``create_engine_config()`` validates the literal, binds
 ``passthrough`` for a MoE backend that communicates itself (as vLLM 0.33's
 ``bind_passthrough_all2all_backend``) and returns a config with ``model_config.hf_config``,
-``parallel_config`` and ``scheduler_config``. The fixture table (tests/fixtures/profiles, see test_lookup.py) has
-vLLM literals for allgather_reducescatter and (failed) flashinfer_nvlink_one_sided only;
-tests that need the table to pick another vLLM literal give nvlink_one_sided one.
+``parallel_config`` and ``scheduler_config``. The fixture table (tests/fixtures/profiles, see
+tests/support/lookups.py) has vLLM literals for allgather_reducescatter and (failed)
+flashinfer_nvlink_one_sided only; tests that need the table to pick another vLLM literal give
+nvlink_one_sided one.
 """
 
 from __future__ import annotations
@@ -403,3 +404,60 @@ def test_entry_point_is_declared_and_resolves():
     import importlib
 
     assert callable(getattr(importlib.import_module(module), func))
+
+
+# ------------------------------------------------------------------ what the plugin prints
+
+EVIL = "ours\n\x1b]0;pwned\x07\x1b[2J"
+
+
+def _safe(msg: str) -> bool:
+    return "\n" not in msg and "\x1b" not in msg and "\x07" not in msg and len(msg) <= 2000
+
+
+def test_a_backend_name_from_the_table_is_escaped_in_the_log_line(fake_vllm, caplog):
+    # The table's name for the chosen backend carries a newline and escape sequences.
+    path = fake_vllm.dir / f"{FP}.json"
+    data = json.loads(path.read_text())
+    data["backends"][EVIL] = data["backends"].pop("nvlink_one_sided")
+    for e in data["entries"]:
+        if "nvlink_one_sided" in e["backends"]:
+            e["backends"][EVIL] = e["backends"].pop("nvlink_one_sided")
+        e["winners"] = []
+    data["tie_preference"] = [EVIL if b == "nvlink_one_sided" else b for b in data["tie_preference"]]
+    path.write_text(json.dumps(data))
+    vllm_plugin.register()
+    config = fake_vllm.EngineArgs().create_engine_config()
+    assert config.parallel_config.all2all_backend == "deepep_low_latency"  # what vLLM is told is its literal
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO" and _safe(msg) and "ours \\x1b]0;pwned\\x07\\x1b[2J expected" in msg
+
+
+@pytest.mark.parametrize(
+    "env, kwargs",
+    [
+        ({"A2A_TUNE_FINGERPRINT": "h" * 10_000}, {}),
+        ({"A2A_TUNE_FINGERPRINT": "bad\n\x1b[2J"}, {}),
+        ({"A2A_TUNE_PROFILE_DIR": "/nowhere/\x1b[31m\n" + "d" * 5000}, {}),
+        ({"A2A_TUNE_WORKLOAD": "/tmp/\x1b[2J\nsteps.csv"}, {}),
+        ({"A2A_TUNE_PHASE": "decode\x1b[2J" + "x" * 10_000}, {}),
+        ({}, {"max_num_seqs": 10**4000}),  # a 4,000-digit batch
+    ],
+    ids=["10k-fingerprint", "control-fingerprint", "profile-dir", "workload-path", "phase", "4000-digit-batch"],
+)
+def test_what_the_environment_and_vllm_say_is_one_bounded_line(env, kwargs, fake_vllm, monkeypatch, caplog):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    vllm_plugin.register()
+    fake_vllm.EngineArgs(**kwargs).create_engine_config()
+    recs = lines(caplog)
+    assert len(recs) == 1 and all(_safe(m) for _, m in recs), [m[:300] for _, m in recs]
+
+
+def test_vllms_own_error_is_one_line(fake_vllm, monkeypatch, caplog):
+    monkeypatch.setattr(sys.modules[__name__], "ACCEPTED", ACCEPTED - {"deepep_low_latency"})
+    vllm_plugin.register()
+    fake_vllm.EngineArgs().create_engine_config()
+    ((level, msg),) = lines(caplog)
+    assert level == "WARNING" and _safe(msg)
+    assert msg.startswith("a2a-tune: vLLM refused all2all backend 'deepep_low_latency' (ValueError: Input should be")

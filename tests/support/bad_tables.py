@@ -2,7 +2,7 @@
 
 Each case is (make, problem): ``make()`` returns the file's content (str or bytes), a copy of
 the fixture table tests/fixtures/profiles/test.fixture.node1.json with one defect; the lookup
-falls back on it (tests/test_lookup.py) and ``show`` / ``diff`` refuse it (tests/test_views.py),
+falls back on it (tests/runtime/test_table.py) and ``show`` / ``diff`` refuse it (tests/views/test_views.py),
 both naming ``problem``.
 """
 

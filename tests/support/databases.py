@@ -41,3 +41,20 @@ def fresh_postgres_database(server: str) -> Iterator[str]:
                 conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+def measurement_count(url: str) -> int:
+    """How many measurements the database at `url` (a URL or an SQLite path) holds; 0 while it
+    has no schema yet or cannot be read (a sweep is still creating it)."""
+    import sqlalchemy as sa
+
+    from a2a_tune.db import resolve_url
+
+    engine = sa.create_engine(resolve_url(url))
+    try:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql("SELECT count(*) FROM measurements").scalar()
+    except sa.exc.SQLAlchemyError:
+        return 0
+    finally:
+        engine.dispose()

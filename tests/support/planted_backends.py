@@ -114,3 +114,27 @@ class FailsToBuildOnOneRank(NcclAll2Allv):
         super().__init__(group, shape, device)
         if self.rank == 1:
             raise RuntimeError("planted failure: out of memory for the workspace")
+
+
+@register_backend
+class TakesTheStoreAway(NcclAll2Allv):
+    """At rank 0's first dispatch, deletes the file $A2A_TUNE_TEST_VANISH (the sweep's SQLite
+    store), or puts $A2A_TUNE_TEST_VANISH_WITH in its place when that is set: an operator who
+    removes or replaces the database under a running sweep."""
+
+    name = "planted_store_vanishes"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        import os
+        import shutil
+
+        path = os.environ.get("A2A_TUNE_TEST_VANISH")
+        if self.rank == 0 and path and not os.path.exists(path + ".taken"):
+            open(path + ".taken", "w").close()  # once per sweep
+            replacement = os.environ.get("A2A_TUNE_TEST_VANISH_WITH")
+            if replacement:
+                shutil.copyfile(replacement, path + ".new")
+                os.replace(path + ".new", path)
+            else:
+                os.remove(path)
+        return super().dispatch(x, topk_ids, topk_weights)

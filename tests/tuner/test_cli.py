@@ -227,6 +227,10 @@ def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
             ),
             "--max-tokens: tokens per rank must be in 1..1048576, got 0",
         ),
+        (  # the shape follows lookup's request rules too: refused, not answered with the fallback
+            ("lookup", "--ep-size", "2", "--hidden", "0", "--topk", "1", "--experts", "2", "--tokens", "1"),
+            "--hidden must be >= 1, got 0",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -248,6 +252,17 @@ def test_corrupt_database_is_one_line(tmp_path):
 def test_select_on_an_empty_database_says_what_to_do(tmp_path):
     r = a2a("select", "--db", str(tmp_path / "empty.db"))
     assert r.returncode == 1 and "run `a2a-tune sweep` first" in r.stderr
+
+
+def test_db_upgrade_of_a_file_that_does_not_exist_is_refused(tmp_path):
+    missing = tmp_path / "tpyo.db"
+    r = a2a("db", "upgrade", "--db", str(missing))
+    assert r.returncode == 2 and r.stdout == ""
+    assert (
+        " ".join(r.stderr.split())
+        == f"error: no database at {missing}: nothing to upgrade (a sweep creates its store when it starts)"
+    )
+    assert list(tmp_path.iterdir()) == []  # upgrading nothing created nothing
 
 
 FIXTURE_ENV = {
@@ -293,7 +308,7 @@ def test_lookup_trtllm_format_leaves_tensorrt_llm_its_own_choice_without_a_metho
     r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "trtllm", env_extra=FIXTURE_ENV)
     assert r.returncode == 0 and r.stdout == "", r.stderr
     (line,) = r.stderr.strip().splitlines()
-    assert "no usable backend with a trtllm name" in line and line.endswith(
+    assert "no usable backend that TensorRT-LLM accepts;" in line and line.endswith(
         "TensorRT-LLM keeps its own choice (no TRTLLM_FORCE_COMM_METHOD)"
     )
     sh = subprocess.run(

@@ -5,15 +5,13 @@ lost nodes, and the table on every node (tests/support/cluster_job.py)."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import time
 
 import pytest
-import sqlalchemy as sa
 from cluster_job import CLI, FIXTURES, free_port, lookup, nodes, recording, srun, torchrun
-from databases import fresh_postgres_database, postgres_server
+from databases import fresh_postgres_database, measurement_count, postgres_server
 
 from a2a_tune.db import open_store
 from a2a_tune.kernels import get_backend, list_backends, register_backend
@@ -23,9 +21,6 @@ from a2a_tune.tuner.cluster import ClusterView, MixedClusterError, RankReport, c
 from a2a_tune.tuner.launch import JobRank, RankFailed, first_host, job_rank, rendezvous_address
 from a2a_tune.tuner.nvml import RecordedNvml
 from a2a_tune.tuner.probe import cpu_topology, probe
-from a2a_tune.tuner.runtime.lookup import add_cluster_pointer, clear_cache
-from a2a_tune.tuner.runtime.lookup import lookup as runtime_lookup
-from a2a_tune.tuner.select import build_profile, write_profile
 
 GB200 = [FIXTURES / "gb200_nvl72_slice" / f"node{i}.json" for i in range(4)]
 VERSIONS = {"nccl": "2.27.3", "cuda": "12.9", "torch": "2.11.0", "flashinfer": None}
@@ -181,78 +176,6 @@ def test_another_gpu_model_is_a_mixed_cluster():
     ]
 
 
-# ------------------------------------------------------------------------------ lookup on a node
-
-
-def _table(fingerprint: str, ep_size: int, fastest: str, tmp_path) -> dict:
-    rows = []
-    for backend, us in ((fastest, 10.0), ("allgather_reducescatter", 20.0)):
-        for tokens in (1, 64):
-            rows.append(
-                dict(
-                    backend=backend,
-                    ep_size=ep_size,
-                    hidden=64,
-                    topk=2,
-                    num_experts=8,
-                    dtype="bf16",
-                    routing="uniform",
-                    tokens_per_rank=tokens,
-                    timing="eager",
-                    median_us=us * tokens,
-                    p10_us=us * tokens * 0.99,
-                    p90_us=us * tokens * 1.01,
-                )
-            )
-    names = {b: {"vllm_name": None, "sglang_name": None} for b in (fastest, "allgather_reducescatter")}
-    return build_profile(
-        rows,
-        [],
-        hardware={"fingerprint": fingerprint, "facts_hash": "x", "facts": {}},
-        run={"id": 1, "device_type": "cuda", "world_size": ep_size, "versions": {}},
-        backend_names=names,
-    )
-
-
-def _ask(ep_size: int, fingerprint: str = "gb200.nvl18x4.node1"):
-    return runtime_lookup(ep_size=ep_size, hidden=64, topk=2, num_experts=8, tokens=8, fingerprint=fingerprint)
-
-
-def test_a_node_answers_its_own_ep_sizes_from_its_table_and_the_jobs_from_its_clusters(tmp_path, monkeypatch):
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-    clear_cache()
-    write_profile(_table("gb200.nvl18x4.node1", 4, "nccl_all2allv", tmp_path), tmp_path)
-    write_profile(_table("gb200.mnnvl18x8.nodes2", 8, "nvlink_one_sided", tmp_path), tmp_path)
-    assert _ask(8).match == "fallback"  # no pointer yet: the node does not know it was part of that job
-    add_cluster_pointer(tmp_path, "gb200.nvl18x4.node1", "gb200.mnnvl18x8.nodes2")
-    inside, across = _ask(4), _ask(8)
-    assert (inside.backend, inside.hardware_match) == ("nccl_all2allv", "exact")
-    assert (across.backend, across.hardware_match) == ("nvlink_one_sided", "cluster")
-    assert across.profile_fingerprint == "gb200.mnnvl18x8.nodes2" and "this node among them" in across.reason
-    assert _ask(16).match == "fallback" and "no entry for ep_size=16" in _ask(16).reason  # neither has it
-    # Several jobs: newest first, each answering its own EP sizes.
-    write_profile(_table("gb200.mnnvl18x16.nodes4", 16, "nccl_all2allv", tmp_path), tmp_path)
-    add_cluster_pointer(tmp_path, "gb200.nvl18x4.node1", "gb200.mnnvl18x16.nodes4")
-    pointer = json.loads((tmp_path / "gb200.nvl18x4.node1.cluster").read_text())
-    assert pointer == {"clusters": ["gb200.mnnvl18x16.nodes4", "gb200.mnnvl18x8.nodes2"]}
-    assert (_ask(16).hardware_match, _ask(8).profile_fingerprint) == ("cluster", "gb200.mnnvl18x8.nodes2")
-
-
-def test_a_cluster_pointer_never_makes_a_wrong_table_answer(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
-    clear_cache()
-    impostor = _table("h200.nvl18x2.nodes2", 8, "nvlink_one_sided", tmp_path)
-    (tmp_path / "gb200.mnnvl18x8.nodes2.json").write_text(json.dumps(impostor))  # named for another
-    add_cluster_pointer(tmp_path, "gb200.nvl18x4.node1", "gb200.mnnvl18x8.nodes2")
-    choice = _ask(8)
-    assert choice.match == "fallback" and "the file is named for 'gb200.mnnvl18x8.nodes2'" in choice.reason
-    (tmp_path / "gb200.nvl18x4.node1.cluster").write_text("{not json")
-    clear_cache()
-    with caplog.at_level(logging.WARNING, logger="a2a_tune"):
-        assert _ask(8).match == "fallback"
-    assert any("not a cluster pointer" in r.getMessage() for r in caplog.records)
-
-
 # ------------------------------------------------------------------------------ jobs
 
 TINY = {"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 64, "model_type": "tiny"}
@@ -380,17 +303,6 @@ def test_a_mixed_cluster_stops_before_any_timing_unless_allowed(tmp_path):
         assert table["hardware"]["facts"]["driver_versions"] == ["570.133.20", "575.51.03"]
 
 
-def _measurements(db: str) -> int:
-    engine = sa.create_engine(db if "://" in db else f"sqlite:///{db}")
-    try:
-        with engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT count(*) FROM measurements").scalar()
-    except sa.exc.SQLAlchemyError:
-        return 0
-    finally:
-        engine.dispose()
-
-
 @pytest.fixture
 def shared_db(tmp_path):
     """The database a cluster shares: a fresh PostgreSQL database when a server is configured
@@ -415,7 +327,7 @@ def test_a_killed_node_stops_the_job_in_one_line_and_resume_completes_it(tmp_pat
     port = free_port()
     agents = [torchrun(n, 2, 2, port, args, A2A_TUNE_COLLECTIVE_TIMEOUT_S="60") for n in job_nodes]
     deadline = time.monotonic() + 300
-    while _measurements(db) < 3 and time.monotonic() < deadline and agents[0].poll() is None:
+    while measurement_count(db) < 3 and time.monotonic() < deadline and agents[0].poll() is None:
         time.sleep(0.2)
     assert agents[0].poll() is None, agents[0].communicate()
     agents[1].kill()  # node 1's torchrun agent; its ranks die with it (parent-death signal)
@@ -428,7 +340,7 @@ def test_a_killed_node_stops_the_job_in_one_line_and_resume_completes_it(tmp_pat
     assert any("lost contact with the job" in line for line in ours), err
     assert all("--resume" in line for line in ours), err
     assert not any("a2a_tune" in line and "File " in line for line in err.splitlines())  # no traceback of ours
-    stored = _measurements(db)
+    stored = measurement_count(db)
     assert 3 <= stored < planned
     with open_store(db) as store:
         (run,) = store.runs()

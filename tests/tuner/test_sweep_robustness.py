@@ -286,3 +286,81 @@ def test_the_reported_error_is_rank_0s_cause_not_its_peers_echo(tmp_path, monkey
     with open_store(url) as store:
         (run,) = store.runs()
         assert run.status == "failed" and run.writer_pid is None
+
+
+# ----------------------------------------------------------------- a store that goes away
+
+VANISH_ARGS = [*GATED_ARGS[:-1], "planted_store_vanishes"]  # the gate backend swapped for one that takes the store
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_store_deleted_or_replaced_mid_sweep_stops_it_in_one_line(tmp_path, how):
+    from run_cli import a2a
+
+    db = tmp_path / "v.db"
+    env = {"A2A_TUNE_BACKEND_MODULES": "planted_backends", "A2A_TUNE_TEST_VANISH": str(db)}
+    if how == "replaced":
+        other = tmp_path / "other.db"
+        with open_store(str(other)) as store:  # someone else's store, put in the sweep's place
+            store.get_or_create_hardware("elsewhere", "h", {})
+        env["A2A_TUNE_TEST_VANISH_WITH"] = str(other)
+    r = a2a(*VANISH_ARGS, "--db", str(db), env_extra=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "completed" not in r.stdout and "measured" not in r.stdout  # nothing reported that nothing holds
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    how_said = "another file was put in its place" if how == "replaced" else "it was deleted or moved away"
+    assert f"{db} is no longer the file this process opened ({how_said})" in lines[0]
+    assert f"what this sweep measured is not in {db}" in lines[0]
+    if how == "replaced":
+        with sqlite3.connect(f"file:{db}?mode=ro&immutable=1", uri=True) as con:  # the file itself, as it was put there
+            assert con.execute("select count(*) from runs").fetchone() == (0,)
+        con.close()
+    else:
+        assert not db.exists()
+
+
+@pytest.mark.skipif(not os.environ.get("A2A_TUNE_TEST_POSTGRES_URL"), reason="no PostgreSQL server")
+def test_a_postgres_server_lost_mid_sweep_says_so_and_resume_continues(tmp_path):
+    import sqlalchemy as sa
+    from databases import fresh_postgres_database, measurement_count
+    from tcp_proxy import Proxy
+
+    from a2a_tune.db import resolve_url
+
+    gate = tmp_path / "gate"
+    gate.touch()
+    env = {**os.environ, "A2A_TUNE_BACKEND_MODULES": "planted_backends", "A2A_TUNE_TEST_GATE": str(gate)}
+    with fresh_postgres_database(os.environ["A2A_TUNE_TEST_POSTGRES_URL"]) as url:
+        server = sa.engine.make_url(resolve_url(url))
+        proxy = Proxy(server.host, server.port)  # the sweep's way to the server, cut below
+        via = server.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+        cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *GATED_ARGS, "--db", via]
+        sweep = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 240
+            while measurement_count(url) < 1 and time.monotonic() < deadline and sweep.poll() is None:
+                time.sleep(0.2)
+            assert sweep.poll() is None and measurement_count(url) == 1, "the sweep should wait at the gate"
+            proxy.cut()  # the server is gone for the sweep: its connections drop, new ones are refused
+            gate.unlink()
+            _, err = sweep.communicate(timeout=120)
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()
+                sweep.communicate()
+        assert sweep.returncode == 1
+        line = " ".join(err.split())
+        assert "Traceback" not in err and "cannot open database" not in line, err
+        assert "lost the connection to the database server" in line and "mid-sweep" in line, err
+        assert "run 1 keeps what was stored: rerun the same command with --resume to continue" in line
+        assert server.password not in err
+
+        # the server answers again: --resume continues the run, nothing measured twice
+        again = subprocess.run([*cmd[:-1], url, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr
+        assert "1 already stored" in again.stdout and "3 measured" in again.stdout
+        with open_store(url) as store:
+            (run,) = store.runs()
+            keys = [m.key for m in store.measurements(run.id)]
+        assert run.status == "completed" and len(keys) == len(set(keys)) == 4

@@ -1,10 +1,12 @@
 """The start-up runtime: what a serving engine imports while it starts.
 
 ``lookup`` answers "which all2all backend for this shape and load on this machine" from a
-selection table; ``table`` is the table model (parse, validate, tie rule), ``estimate``
-interpolates the measured curves, ``fingerprint`` names the machine, ``engines`` holds
-each engine's literals, ``workload`` reads a tokens-per-step histogram and
-``vllm_plugin`` applies the answer inside vLLM.
+selection table that ``profiles`` finds (search path, file names, cluster pointers) and
+loads; ``table`` is the table model (parse, validate, tie rule), ``estimate`` interpolates
+the measured curves, ``fingerprint`` names the machine, ``point`` is the shape and point
+types with their bounds, ``engines`` holds each engine's literals, ``workload`` reads a
+tokens-per-step histogram, ``files`` reads a file under a size cap, ``text`` makes one
+safe line of an error or a name, and ``vllm_plugin`` applies the answer inside vLLM.
 
 Every module here imports only the Python standard library (tested over the whole
 package): an engine's start-up never pays for torch, and a missing or broken table is a

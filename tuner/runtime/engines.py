@@ -38,6 +38,7 @@ __all__ = [
     "ACCEPTED",
     "DEFAULT",
     "ENGINES",
+    "NAMES",
     "OPTION_CHOICES",
     "TRTLLM_PRIORITY",
     "VERSIONS",
@@ -105,6 +106,8 @@ DEFAULT = {"vllm": "allgather_reducescatter", "sglang": "none", "trtllm": None}
 FLAG = {"vllm": "--all2all-backend", "sglang": "--moe-a2a-backend", "trtllm": "TRTLLM_FORCE_COMM_METHOD"}
 
 ENGINES = tuple(ACCEPTED)
+#: engine -> how messages name it.
+NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
 
 def _options_ok(engine: str, options) -> bool:

@@ -9,7 +9,8 @@ per rank) is interpolated piecewise-linearly in log(tokens)-log(µs), i.e. as a 
 between the two measured token counts that bracket the request; below the first / above
 the last measured count the end value is used (clamped). A backend competes only where
 the points it needs were measured for it: both bracketing points, the point itself when
-the request is on the grid, the end point when clamped.
+the request is on the grid, the end point when clamped. (Over a range, lookup also compares,
+but never chooses, a backend whose missing counts lie between measured ones: :func:`bridge_gaps`.)
 
 **Distributions** (what "expected" averages over; one engine keeps one backend for its
 life, so it should be the fastest on average over the steps it serves):
@@ -49,7 +50,17 @@ import bisect
 import math
 from collections import namedtuple
 
-__all__ = ["MARGIN_DECIMALS", "TIE_MAX_MARGIN", "US_DECIMALS", "Winner", "decide", "expected", "where_text", "winners"]
+__all__ = [
+    "MARGIN_DECIMALS",
+    "TIE_MAX_MARGIN",
+    "US_DECIMALS",
+    "Winner",
+    "bridge_gaps",
+    "decide",
+    "expected",
+    "where_text",
+    "winners",
+]
 
 #: A tie never spans more than this fraction above the fastest median (see the tie rule).
 TIE_MAX_MARGIN = 0.03
@@ -152,6 +163,26 @@ def expected(grid: tuple, curves, dist) -> dict:
     return out
 
 
+def bridge_gaps(grid: tuple, curve: tuple):
+    """``curve`` with each missing value between two measured ones filled in by the
+    log-log interpolant of those two; None when it has no such gap. (Missing values before
+    the first or after the last measured one stay missing.)"""
+    known = [j for j, v in enumerate(curve) if v is not None]
+    if not any(b - a > 1 for a, b in zip(known, known[1:])):
+        return None
+    out = list(curve)
+    for a, b in zip(known, known[1:]):
+        for j in range(a + 1, b):
+            out[j] = _at(curve, (a, b, math.log(grid[j] / grid[a]) / math.log(grid[b] / grid[a])))
+    return tuple(out)
+
+
+def _count(n: int) -> str:
+    """A token count for a message: as is, or its power of two when it is huge (a workload or
+    an engine may pass any integer; thousands of digits are no use in a line)."""
+    return str(n) if n.bit_length() <= 64 else f"~2^{n.bit_length() - 1}"
+
+
 def where_text(grid: tuple, dist) -> str:
     """One phrase saying which token counts the answer is for, and how the table covers them."""
     kind = dist[0]
@@ -159,15 +190,15 @@ def where_text(grid: tuple, dist) -> str:
         t = dist[1]
         j0, j1, _ = _point_plan(grid, t)
         if j1 is not None:
-            return f"interpolated at {t} tokens/rank between {grid[j0]} and {grid[j1]}"
+            return f"interpolated at {_count(t)} tokens/rank between {grid[j0]} and {grid[j1]}"
         if grid[j0] == t:
             return f"at {t} tokens/rank (measured)"
-        return f"clamped to {grid[j0]} tokens/rank (requested {t})"
+        return f"clamped to {grid[j0]} tokens/rank (requested {_count(t)})"
     lo, hi = (dist[1], dist[2]) if kind == "log-uniform" else (dist[1][0][0], dist[1][-1][0])
     text = (
-        f"tokens/rank {lo}..{hi} log-uniform"
+        f"tokens/rank {_count(lo)}..{_count(hi)} log-uniform"
         if kind == "log-uniform"
-        else f"workload of {len(dist[1])} token counts {lo}..{hi} tokens/rank"
+        else f"workload of {len(dist[1])} token counts {_count(lo)}..{_count(hi)} tokens/rank"
     )
     if lo < grid[0] or hi > grid[-1]:
         text += f" (measured {grid[0]}..{grid[-1]}; clamped outside)"

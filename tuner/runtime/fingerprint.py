@@ -46,6 +46,8 @@ from __future__ import annotations
 import os
 import re
 
+from a2a_tune.tuner.runtime.text import one_line
+
 __all__ = [
     "HW_EXACT",
     "HW_CLUSTER",
@@ -87,7 +89,7 @@ def normalize_fingerprint(fingerprint: str) -> str:
     norm = fingerprint.strip().lower()
     if not _FINGERPRINT_RE.match(norm):
         raise ValueError(
-            f"invalid hardware fingerprint {fingerprint!r}: use 1-200 characters "
+            f"invalid hardware fingerprint {one_line(repr(fingerprint), 80)}: use 1-200 characters "
             "[a-z0-9._+-], starting with a letter or digit"
         )
     return norm

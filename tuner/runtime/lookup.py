@@ -1,110 +1,27 @@
 """Runtime lookup: which all2all backend should this engine use on this machine?
 
-Called by serving engines at start-up (directly, through the ``a2a-tune lookup`` CLI,
-or through the vLLM plugin :mod:`a2a_tune.tuner.runtime.vllm_plugin`). Three promises shape
-this module:
-
-* **Standard library only.** Importing it must not pull in torch, SQLAlchemy, pynvml,
-  jsonschema, rich or ``a2a_tune.kernels``; the import takes a few milliseconds and a
-  warm :func:`lookup` tens of microseconds (profiles are cached by path + mtime, and
-  answers are cached per profile). ``bench/startup.py`` measures both.
-* **Never raises.** Any problem -- no profile, unreadable file, truncated or garbled
-  JSON, another schema version, a field of the wrong type, a NaN / negative / missing
-  timing, an empty table, a table for other hardware, a shape the table does not
-  cover, a bad workload file -- yields the documented fallback :data:`FALLBACK_BACKEND`
-  (``allgather_reducescatter``, vLLM's own default) and ONE warning on the
-  ``"a2a_tune"`` logger: a single line naming the file and the problem. The same
-  problem is not reported twice in one process (``quiet=True``: no warning at all; the
-  caller reports ``Choice.reason`` itself).
-* **One key function.** :func:`profile_filename` names the file for both the writer
-  (``a2a_tune.tuner.select``) and this reader.
-
-The table format (schemas 1 and 2) is :mod:`a2a_tune.tuner.runtime.table`; interpolation,
-expectations over a phase or workload and the tie rule are :mod:`a2a_tune.tuner.runtime.estimate`;
-the literals each engine accepts are :mod:`a2a_tune.tuner.runtime.engines`.
-
-**Which table.** Search order for ``<fingerprint>.json`` (first file found is used; a
-broken file is reported, not skipped, so an override never hides silently behind the
-packaged one)::
-
-    $A2A_TUNE_PROFILE_DIR   (several directories allowed, separated by os.pathsep)
-    ~/.local/share/a2a-tune/profiles   (where `a2a-tune run` writes; $XDG_DATA_HOME)
-    packaged a2a_tune/profiles/
-
-Fingerprint: ``lookup(fingerprint=...)``, else ``$A2A_TUNE_FINGERPRINT``, else this
-machine's, cached per boot and driver or probed within a few seconds
-(:func:`a2a_tune.tuner.runtime.fingerprint.probed_fingerprint`). Tables, in order (see
-:mod:`a2a_tune.tuner.runtime.fingerprint`): ``<fingerprint>.json``; the tables of the
-multi-node jobs this node took part in (a pointer ``<fingerprint>.cluster`` the job wrote on
-every node names them, level ``cluster``); a table of the same GPU models and NVLink islands
-that differs only in the node count (``h200.nvl18x2.*``, level ``same-gpu-domain``). The
-first with an entry for the requested EP size and dtype answers (else the first found, which
-says what it lacks); none: the engine default. ``Choice.hardware_match`` says which level
-answered.
-
-**Which shape.** An entry with exactly the requested shape is used ("exact"). Otherwise
-only entries with the same ``ep_size`` and ``dtype`` are candidates (none -> fallback) and
-the nearest by::
-
-    distance = |log2(hidden/hidden')| + |log2(topk/topk')|
-             + |log2(num_experts/num_experts')| + (0.5 if routing differs)
-
-is used ("nearest-shape"); ties go to the larger hidden, then the larger num_experts,
-then the larger topk, then the earlier entry.
-
-**What is refused** (the fallback, with the reason): a shape no engine can run (each number
-outside the point's bounds, top-k above the experts: :meth:`Shape.problem
-<a2a_tune.tuner.runtime.point.Shape.problem>`), and a token count, max batch or prefill step
-outside 1..2^20 per rank (:func:`~a2a_tune.tuner.runtime.point.check_tokens`, the bound the
-CLI, the store and the table share). Experts that do not divide over the ranks are a valid
-request: engines such as TensorRT-LLM run them.
-
-**Which token counts** -- give exactly one of:
-
-* ``tokens=T``: tokens per rank per step (a single point);
-* ``phase="decode", max_tokens=B``: B = the engine's max batch per rank (vLLM
-  ``max_num_seqs``); tokens per rank log-uniform over 1..B;
-* ``phase="prefill", max_tokens=C``: C = tokens per rank per prefill step (vLLM
-  ``max_num_batched_tokens``, the chunked-prefill size); the point C;
-* ``workload=FILE`` (JSON or CSV histogram, :mod:`a2a_tune.tuner.runtime.workload`) or a
-  ``{tokens: weight}`` mapping.
-
-Each backend's expected time over that is compared (see :mod:`a2a_tune.tuner.runtime.estimate`
-for interpolation, clamping and which backends compete); backends in the entry's
-``failed`` never compete; with ``engine="vllm"`` / ``"sglang"`` / ``"trtllm"`` only
-backends whose literal (and options) that engine accepts compete, so a faster backend the
-engine cannot express does not push the answer to the fallback. The fastest wins unless the tie rule prefers
-another inside its p10..p90 spread. ``Choice.alternatives`` gives every other competing
-backend's regret (expected time / best expected time - 1).
-
-Disaggregated serving: a prefill engine asks ``phase="prefill"``, a decode engine
-``phase="decode"``; where the curves cross they get different backends.
-
-**Knobs.** ``Choice.knobs`` is the launch setting the table holds for the chosen backend
-(``a2a-tune tune-knobs --profile``) at the entry's measured token count nearest (in log
-space; the larger on a tie) to the request's typical load: the point itself; the decode
-range's log-midpoint sqrt(1 * B); a workload's weighted log-mean. Empty where the table
-has none (the backend's defaults); apply with ``backend.set_knobs(choice.knobs)``.
+Called by serving engines at start-up (directly, through ``a2a-tune lookup``, or through the
+vLLM plugin :mod:`a2a_tune.tuner.runtime.vllm_plugin`). :func:`request` checks what is asked
+(a shape, a load -- one step's tokens, a phase or a workload -- and optionally an engine) into
+a :class:`LookupRequest`; :func:`answer` finds the table (:mod:`a2a_tune.tuner.runtime.profiles`),
+picks the entry (exact shape, else the nearest with the same EP size and dtype) and the
+backend with the lowest expected time there (:mod:`a2a_tune.tuner.runtime.estimate`), among
+those the engine accepts (:mod:`a2a_tune.tuner.runtime.engines`); :func:`lookup` is both in one
+call. Standard library only, and it never raises: any problem answers the documented
+fallback :data:`FALLBACK_BACKEND` with one warning. The rules -- search order, shape
+distance, loads, knobs -- are written once, in the README ("Runtime lookup").
 """
 
 from __future__ import annotations
 
 import math
 import os
-from functools import cache
 from types import MappingProxyType
+from typing import NamedTuple
 
 from a2a_tune.tuner.runtime import engines
-from a2a_tune.tuner.runtime.estimate import US_DECIMALS, decide, expected, where_text
-from a2a_tune.tuner.runtime.fingerprint import (
-    HW_CLUSTER,
-    HW_DEFAULT,
-    HW_EXACT,
-    HW_SAME_DOMAIN,
-    domain_key,
-    node_count,
-    normalize_fingerprint,
-)
+from a2a_tune.tuner.runtime.estimate import US_DECIMALS, bridge_gaps, decide, expected, where_text
+from a2a_tune.tuner.runtime.fingerprint import HW_CLUSTER, HW_DEFAULT, HW_SAME_DOMAIN, normalize_fingerprint
 from a2a_tune.tuner.runtime.point import (
     MAX_EP_SIZE,
     MAX_EXPERTS,
@@ -112,7 +29,27 @@ from a2a_tune.tuner.runtime.point import (
     MAX_TOKENS_PER_RANK,
     MAX_TOPK,
     PointError,
+    Shape,
     check_tokens,
+)
+from a2a_tune.tuner.runtime.profiles import (
+    CLUSTER_POINTER_SUFFIX,
+    FINGERPRINT_ENV,
+    HW_UNCHECKED,
+    PROFILE_DIR_ENV,
+    add_cluster_pointer,
+    clear_cache,
+    fallback_message,
+    find_profile,
+    hardware_problem,
+    load_cached,
+    load_profile,
+    locate,
+    profile_filename,
+    profile_search_paths,
+    resolve_fingerprint,
+    user_profile_dir,
+    warn_once,
 )
 from a2a_tune.tuner.runtime.table import (
     FALLBACK_BACKEND,
@@ -120,27 +57,31 @@ from a2a_tune.tuner.runtime.table import (
     Profile,
     ProfileEntry,
     ProfileError,
-    Shape,
     describe_shape,
     parse_profile,
 )
+from a2a_tune.tuner.runtime.text import one_line
 
-# logging and pathlib are imported where used: together they are about half of this
-# module's import time in a fresh interpreter, and the happy path needs neither.
-
+# The names below were all importable from this module before profiles.py split off; engines
+# and tools import them from here (``a2a_tune.tuner.lookup`` is this module).
 __all__ = [
     "FALLBACK_BACKEND",
     "SCHEMA_VERSION",
     "PROFILE_DIR_ENV",
     "FINGERPRINT_ENV",
     "CLUSTER_POINTER_SUFFIX",
+    "HW_UNCHECKED",
     "PHASES",
+    "SIZE_OPTION",
     "Choice",
+    "LookupRequest",
     "Profile",
     "ProfileEntry",
     "ProfileError",
+    "RequestError",
     "Shape",
     "add_cluster_pointer",
+    "answer",
     "clear_cache",
     "find_profile",
     "load_profile",
@@ -149,18 +90,14 @@ __all__ = [
     "parse_profile",
     "profile_filename",
     "profile_search_paths",
+    "request",
     "shape_distance",
     "user_profile_dir",
 ]
 
-PROFILE_DIR_ENV = "A2A_TUNE_PROFILE_DIR"
-#: ``<node fingerprint>.cluster`` in a profile directory: {"clusters": [fingerprint, ...]},
-#: the multi-node jobs this node took part in, newest first (written by the tuner's run).
-CLUSTER_POINTER_SUFFIX = ".cluster"
-FINGERPRINT_ENV = "A2A_TUNE_FINGERPRINT"
 PHASES = ("decode", "prefill")
-#: hardware_match of an explicit ``profile=`` without ``fingerprint=``: nothing to compare.
-HW_UNCHECKED = "unchecked"
+#: The command line's option for each phase's ``max_tokens`` (``a2a-tune lookup``).
+SIZE_OPTION = {"decode": "--max-batch", "prefill": "--max-tokens"}
 
 
 class Choice:
@@ -168,19 +105,21 @@ class Choice:
 
     ``backend``: our name; ``vllm_name`` / ``sglang_name`` / ``trtllm_name``: the engines'
     literals for it (from the profile) or None; ``engine_options``: engine -> the options
-    that engine needs beside the literal (e.g. SGLang's ``--deepep-mode``); ``match``: ``"exact"``, ``"nearest-shape"`` or
-    ``"fallback"`` (the shape rule, or no answer); ``hardware_match``: ``"exact"``,
-    ``"same-gpu-domain"``, ``"engine-default"`` (no table) or ``"unchecked"``
-    (``profile=`` given without ``fingerprint=``); ``reason``: one line saying which
+    that engine needs beside the literal (e.g. SGLang's ``--deepep-mode``); ``match``:
+    ``"exact"``, ``"nearest-shape"`` or ``"fallback"`` (the shape rule, or no answer);
+    ``hardware_match``: ``"exact"``, ``"cluster"``, ``"same-gpu-domain"``, ``"engine-default"``
+    (no table) or ``"unchecked"`` (``profile=`` given without ``fingerprint=``); ``reason``: one line saying which
     profile, shape and token rule produced it (or what went wrong); ``source``: the
     profile path or None; ``profile_fingerprint``: the fingerprint of the table used;
     ``phase``: ``"tokens"``, ``"decode"``, ``"prefill"`` or ``"workload"``;
-    ``expected_us``: each competing backend's expected median µs (empty on fallback);
-    ``alternatives``: every other competing backend -> regret (expected / best expected
-    - 1); ``regret``: the chosen backend's own (> 0 only when the tie rule preferred it
-    over the fastest); ``tie``: whether the tie rule applied; ``timing``: competing
-    backend -> timing mode of its curve; ``entry_shape``: the table shape used, or None;
-    ``knobs``: the chosen backend's tuned knob setting (empty: its defaults; see above).
+    ``expected_us``: each compared backend's expected median µs (empty on fallback): the
+    competing ones and, over a range of token counts, those not measured at every count in
+    it (compared, never chosen: they may have failed there); ``alternatives``: every other
+    compared backend -> regret (expected / best expected - 1); ``regret``: the chosen
+    backend's own (> 0 only when the tie rule preferred it over the fastest); ``tie``:
+    whether the tie rule applied; ``timing``: compared backend -> timing mode of its curve;
+    ``entry_shape``: the table shape used, or None; ``knobs``: the chosen backend's tuned
+    knob setting at the measured token count nearest the load (empty: its defaults).
 
     A plain class rather than a dataclass: importing dataclasses costs ~10 ms (it imports
     inspect), which every engine would pay at start-up.
@@ -273,447 +212,174 @@ class Choice:
         return out
 
 
-# --------------------------------------------------------------------------- naming
+# --------------------------------------------------------------------------- request
 
 
-def profile_filename(fingerprint: str) -> str:
-    """THE file name of a fingerprint's profile, shared by the writer and the reader."""
-    return f"{normalize_fingerprint(fingerprint)}.json"
+class LookupRequest(NamedTuple):
+    """A checked request (build it with :func:`request`): ``shape``; ``phase`` -- ``"tokens"``,
+    ``"decode"``, ``"prefill"`` or ``"workload"``; ``load``, what the answer averages over: an
+    :mod:`~a2a_tune.tuner.runtime.estimate` distribution (``("point", t)``,
+    ``("log-uniform", 1, B)``, ``("discrete", ((t, w), ...))``) or ``("workload-file", path)``,
+    read when answered; ``engine`` or None; ``fingerprint`` as given (None: this machine's);
+    ``profile``: a table's path, or None to search for it.
 
-
-@cache
-def _packaged_dir() -> str | None:
-    """Directory of the packaged profiles (``a2a_tune.profiles``), or None.
-
-    Found through the import system's spec, not ``importlib.resources`` (which costs ~15 ms
-    of imports on an engine's first lookup); profiles are installed as plain files.
+    A named tuple, frozen and hashable like a frozen dataclass; ``dataclasses`` would add
+    ~7 ms (it imports ``inspect``) to every engine's start-up.
     """
+
+    shape: Shape
+    phase: str
+    load: tuple
+    engine: str | None = None
+    fingerprint: str | None = None
+    profile: str | None = None
+
+
+class RequestError(ValueError):
+    """A request :func:`request` refuses; ``str()`` is one line, ``phase`` the phase label
+    the fallback answer carries."""
+
+    def __init__(self, message: str, phase: str = "tokens"):
+        super().__init__(one_line(message))
+        self.phase = phase
+
+
+def _shown(value) -> str:
+    """A bounded ``repr`` for a message."""
     try:
-        from importlib.util import find_spec
-
-        spec = find_spec("a2a_tune.profiles")
-        for d in (spec.submodule_search_locations or []) if spec else []:
-            if os.path.isdir(d):
-                return os.fspath(d)
-    except Exception:  # a broken install: fall through to the source layout
-        pass
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
-    return here if os.path.isdir(here) else None
+        return one_line(repr(value), 80)
+    except Exception:  # a huge int (beyond Python's digit limit) or a broken __repr__
+        return f"<{type(value).__name__}>"
 
 
-def user_profile_dir() -> str:
-    """Where `a2a-tune select` / `run` write by default: this machine's own measured tables."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return os.path.join(base, "a2a-tune", "profiles")
+class _Words:
+    """How :func:`request`'s errors name the arguments: lookup's keywords (``tokens=``), or the
+    options a command line spells them with (``--tokens``; ``options`` maps an argument to
+    the option it came from, e.g. ``{"max_tokens": "--max-batch"}``)."""
 
+    _OPTIONS = {"num_experts": "--experts"}
 
-def _search_dirs() -> list:
-    # Asked on every lookup (a new table may appear): memoised on the variables it reads.
-    environ = os.environ
-    key = (environ.get(PROFILE_DIR_ENV), environ.get("XDG_DATA_HOME"), environ.get("HOME"))
-    dirs = _DIRS_CACHE.get(key)
-    if dirs is None:
-        dirs = []
-        if key[0]:
-            dirs.extend(os.path.expanduser(d) for d in key[0].split(os.pathsep) if d.strip())
-        dirs.append(user_profile_dir())
-        packaged = _packaged_dir()
-        if packaged:
-            dirs.append(packaged)
-        _DIRS_CACHE.clear()
-        _DIRS_CACHE[key] = dirs
-    return list(dirs)
+    def __init__(self, options):
+        self.cli = options is not None
+        self.options = options or {}
 
+    def name(self, arg: str, phase=None) -> str:
+        if not self.cli:
+            return f"{arg}="
+        if arg == "max_tokens":
+            return self.options.get(arg) or SIZE_OPTION.get(phase, "--max-tokens")
+        return self.options.get(arg) or self._OPTIONS.get(arg) or "--" + arg.replace("_", "-")
 
-_DIRS_CACHE: dict = {}
+    def invalid(self, arg: str, value, expected: str, cli_expected: str, phase=None) -> str:
+        if self.cli:
+            return f"{self.name(arg, phase)} must be {cli_expected}, got {_shown(value)}"
+        return f"invalid lookup argument {arg}={_shown(value)} (expected {expected})"
 
-
-def profile_search_paths() -> list:
-    """Directories searched for profiles, in order: ``$A2A_TUNE_PROFILE_DIR`` entries, the
-    user's own (``user_profile_dir()``, where ``a2a-tune run`` writes), the packaged ones."""
-    from pathlib import Path
-
-    return [Path(d) for d in _search_dirs()]
-
-
-def _find(fingerprint: str, dirs: list) -> tuple:
-    """(path or None, list of every path tried) for an already normalised fingerprint."""
-    name = f"{fingerprint}.json"
-    tried = []
-    for d in dirs:
-        p = os.path.join(d, name)
-        tried.append(p)
-        if os.path.exists(p) and not os.path.isdir(p):  # a FIFO or device there is reported, not skipped
-            return p, tried
-    return None, tried
-
-
-# (fingerprint, dirs) -> (directory mtimes, path or None): the relaxed search lists
-# directories, so it is redone only when one of them changed.
-_DOMAIN_CACHE: dict = {}
-
-
-def _dir_stamp(d: str):
-    try:
-        return os.stat(d).st_mtime_ns
-    except OSError:
-        return None
-
-
-def _find_same_domain(fingerprint: str, dirs: list):
-    """A table for the same GPUs and NVLink islands on another node count (see
-    :mod:`a2a_tune.tuner.runtime.fingerprint`): the first directory in search order that has one;
-    in it the closest node count, then the name. None if there is none."""
-    key = domain_key(fingerprint)
-    if key is None:
-        return None
-    cache_key = (fingerprint, tuple(dirs))
-    stamps = tuple(_dir_stamp(d) for d in dirs)
-    hit = _DOMAIN_CACHE.get(cache_key)
-    if hit is not None and hit[0] == stamps:
-        return hit[1]
-    want_nodes = node_count(fingerprint) or 1
-    found = None
-    for d, stamp in zip(dirs, stamps):
-        if stamp is None:
-            continue
-        try:
-            names = [e.name for e in os.scandir(d) if e.name.endswith(".json") and e.is_file()]
-        except OSError:
-            continue
-        candidates = []
-        for name in names:
-            fp = name[: -len(".json")]
-            if fp != fingerprint and domain_key(fp) == key:
-                candidates.append((abs((node_count(fp) or 1) - want_nodes), name))
-        if candidates:
-            found = os.path.join(d, min(candidates)[1])
-            break
-    _DOMAIN_CACHE[cache_key] = (stamps, found)
-    return found
-
-
-def add_cluster_pointer(directory, node_fingerprint: str, cluster_fingerprint: str) -> None:
-    """Record in ``directory`` that this node (``node_fingerprint``) took part in the job of
-    ``cluster_fingerprint``: lookup on the node then finds that table. Newest first; written
-    atomically (several nodes may share the directory). Raises OSError / ValueError."""
-    import json
-    import tempfile
-
-    node, cluster = normalize_fingerprint(node_fingerprint), normalize_fingerprint(cluster_fingerprint)
-    path = os.path.join(os.fspath(directory), node + CLUSTER_POINTER_SUFFIX)
-    clusters = [cluster] + [c for c in _read_pointer(path) if c != cluster]
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=CLUSTER_POINTER_SUFFIX)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"clusters": clusters}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-# path -> (file identity, clusters): pointers are re-read only when they change.
-_POINTER_CACHE: dict = {}
-
-
-def _read_pointer(path: str) -> list:
-    """The cluster fingerprints a pointer file names ([] if absent or unreadable)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return []
-    ident = (st.st_mtime_ns, st.st_size, st.st_ino)
-    hit = _POINTER_CACHE.get(path)
-    if hit is not None and hit[0] == ident:
-        return hit[1]
-    import json
-
-    from a2a_tune.tuner.runtime.files import MAX_CACHE_BYTES, read_capped
-
-    clusters = []
-    try:
-        data = json.loads(read_capped(path, MAX_CACHE_BYTES).decode("utf-8"))
-        for fp in data.get("clusters", []) if isinstance(data, dict) else []:
+    def count(self, arg: str, value, low: int, phase=None) -> int:
+        """``value`` as an int >= ``low`` (integer-like objects such as numpy ints included)."""
+        if not isinstance(value, bool):
             try:
-                clusters.append(normalize_fingerprint(fp))
-            except ValueError:
-                continue
-    except (OSError, ValueError):
-        _warn_once(f'{path}: not a cluster pointer ({{"clusters": [fingerprint, ...]}}); ignored')
-    _POINTER_CACHE[path] = (ident, clusters)
-    return clusters
+                import operator
 
+                i = operator.index(value)
+                if i >= low:
+                    return i
+            except TypeError:
+                pass
+        raise RequestError(self.invalid(arg, value, f"an integer >= {low}", f">= {low}", phase), phase or "tokens")
 
-def _tables(fingerprint: str, dirs: list):
-    """(path, level) of every table that may answer for ``fingerprint``, in the order of the
-    levels (:mod:`a2a_tune.tuner.runtime.fingerprint`), found lazily; then, once, (None, tried)."""
-    path, tried = _find(fingerprint, dirs)
-    if path is not None:
-        yield path, HW_EXACT
-    seen = set()
-    for d in dirs:
-        for cluster in _read_pointer(os.path.join(d, fingerprint + CLUSTER_POINTER_SUFFIX)):
-            if cluster not in seen:
-                seen.add(cluster)
-                found, _ = _find(cluster, dirs)
-                if found is not None:
-                    yield found, HW_CLUSTER
-    same = _find_same_domain(fingerprint, dirs)
-    if same is not None:
-        yield same, HW_SAME_DOMAIN
-    yield None, tried
-
-
-def _covers(slot, ep_size: int, dtype: str) -> bool:
-    """Whether a loaded table has any entry for this EP size and dtype."""
-    if slot.profile is None:
-        return False
-    if slot.ep_dtypes is None:
-        slot.ep_dtypes = frozenset((e.shape.ep_size, e.shape.dtype) for e in slot.profile.entries)
-    return (ep_size, dtype) in slot.ep_dtypes
-
-
-def _miss_message(fingerprint: str, tried: list) -> str:
-    key = domain_key(fingerprint)
-    relaxed = f" (nor one for {key[0]}.{key[1]}.*)" if key else ""
-    return f"no profile for fingerprint {fingerprint!r}{relaxed}; searched: {', '.join(tried) or '(no directories)'}"
-
-
-def find_profile(fingerprint: str):
-    """Path of the profile for ``fingerprint`` in search order (exact name only); None (and
-    a warning) on a miss."""
-    try:
-        fp = normalize_fingerprint(fingerprint)
-    except ValueError as exc:
-        _warn_once(str(exc))
-        return None
-    path, tried = _find(fp, _search_dirs())
-    if path is None:
-        _warn_once(_fallback_message(_miss_message(fp, tried)))
-        return None
-    from pathlib import Path
-
-    return Path(path)
-
-
-# -------------------------------------------------------------------------- loading
-
-
-class _Loaded:
-    """Cache slot for one (path, file identity): a Profile or the error, plus answers."""
-
-    __slots__ = ("profile", "error", "choices", "ep_dtypes")
-
-    def __init__(self, profile, error):
-        self.profile = profile
-        self.error = error
-        self.choices = {}
-        self.ep_dtypes = None  # (ep_size, dtype) of its entries, once asked (_covers)
-
-
-# (path) -> (identity, _Loaded); identity = (st_mtime_ns, st_size, st_ino), so a
-# rewritten file (select writes via os.replace: new inode) is re-read.
-_CACHE: dict = {}
-_MAX_CACHED_CHOICES = 4096  # answers kept per profile
-_WARNED: set = set()
-_PROBED: list = []  # [(fingerprint or None, problem or None)] once probed
-
-
-def clear_cache() -> None:
-    """Forget loaded profiles and workloads, cached answers, the probed fingerprint and
-    warnings already given."""
-    _CACHE.clear()
-    _DOMAIN_CACHE.clear()
-    _POINTER_CACHE.clear()
-    _WARNED.clear()
-    _PROBED.clear()
-    import sys
-
-    wl = sys.modules.get("a2a_tune.tuner.runtime.workload")
-    if wl is not None:
-        wl.clear_cache()
-
-
-def _read_and_parse(path: str) -> Profile:
-    import json
-
-    from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES, FileRefused, read_capped
-
-    try:
-        raw = read_capped(path, MAX_TABLE_BYTES)
-    except FileRefused as exc:
-        raise ProfileError(str(exc), path=path) from None
-    except OSError as exc:
-        raise ProfileError(f"cannot read: {exc.strerror or exc}", path=path) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"not UTF-8 text (bad byte at offset {exc.start})", path=path) from None
-    # A table is tens of thousands of small objects, none of them in a reference cycle:
-    # pausing the cyclic GC while building them saves ~20% of a cold lookup.
-    import gc
-
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=path) from None
-        except RecursionError:
-            raise ProfileError("invalid JSON: nested too deeply", path=path) from None
-        return parse_profile(data, path)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-
-
-def _load_cached(path: str) -> _Loaded:
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        return _Loaded(None, ProfileError(f"cannot read: {exc.strerror or exc}", path=path))
-    ident = (st.st_mtime_ns, st.st_size, st.st_ino)
-    hit = _CACHE.get(path)
-    if hit is not None and hit[0] == ident:
-        return hit[1]
-    try:
-        slot = _Loaded(_read_and_parse(path), None)
-    except ProfileError as exc:
-        slot = _Loaded(None, exc)
-    except Exception as exc:  # defensive: anything else is still a bad profile
-        slot = _Loaded(None, ProfileError(f"unexpected {type(exc).__name__}: {exc}", path=path))
-    _CACHE[path] = (ident, slot)
-    return slot
-
-
-def load_profile(path) -> Profile:
-    """Read and validate a profile file (schema 1 or 2); raises :class:`ProfileError`
-    (one line) if unusable. Results are cached by (path, mtime, size, inode)."""
-    slot = _load_cached(os.fspath(path))
-    if slot.error is not None:
-        e = slot.error
-        raise ProfileError(e.problem, field=e.field, path=e.path)
-    return slot.profile
-
-
-# --------------------------------------------------------------------------- lookup
-
-
-def _fallback_message(problem: str) -> str:
-    return f"{problem}; using fallback all2all backend {FALLBACK_BACKEND!r}"
-
-
-# What an engine that is not told a backend does (the warning says so instead of the fallback).
-_KEPT_DEFAULT = {
-    "sglang": f"SGLang keeps its default --moe-a2a-backend {engines.DEFAULT['sglang']}",
-    "trtllm": "TensorRT-LLM keeps its own choice (no TRTLLM_FORCE_COMM_METHOD)",
-}
-
-
-def _warning_for(reason: str, engine) -> str:
-    kept = _KEPT_DEFAULT.get(engine)
-    generic = _fallback_message("")
-    if kept and reason.endswith(generic):
-        return f"{reason[: -len(generic)]}; {kept}"
-    return reason
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        import logging
-
-        logging.getLogger("a2a_tune").warning("a2a-tune: %s", message)
-
-
-def _fallback(
-    problem: str,
-    source: str | None = None,
-    *,
-    hardware_match: str = HW_DEFAULT,
-    profile_fingerprint: str | None = None,
-    phase: str = "tokens",
-) -> Choice:
-    return Choice(
-        backend=FALLBACK_BACKEND,
-        vllm_name=FALLBACK_BACKEND,
-        sglang_name=None,  # SGLang: keep the engine's own default
-        trtllm_name=None,  # TensorRT-LLM: keep its own priority list
-        match="fallback",
-        reason=_fallback_message(problem),
-        source=source,
-        hardware_match=hardware_match,
-        profile_fingerprint=profile_fingerprint,
-        phase=phase,
-    )
-
-
-def _resolve_fingerprint(fingerprint):
-    """(normalised fingerprint, None) or (None, problem)."""
-    if fingerprint is None:
-        fingerprint = os.environ.get(FINGERPRINT_ENV) or None
-    if fingerprint is None:
-        if not _PROBED:
-            from a2a_tune.tuner.runtime.fingerprint import PROBE_TIMEOUT_S, probed_fingerprint
-
-            try:
-                _PROBED.append((probed_fingerprint(PROBE_TIMEOUT_S), None))
-            except Exception as exc:
-                _PROBED.append(
-                    (
-                        None,
-                        f"hardware probe failed ({type(exc).__name__}: {exc}); "
-                        f"pass fingerprint= or set {FINGERPRINT_ENV}",
-                    )
-                )
-        return _PROBED[0]
-    try:
-        return normalize_fingerprint(fingerprint), None
-    except ValueError as exc:
-        return None, str(exc)
-
-
-def _as_int(v):
-    """int(v) for ints and integer-like objects (numpy ints); None for bools and the rest."""
-    if isinstance(v, bool):
-        return None
-    try:
+    def tokens(self, arg: str, value, phase=None) -> int:
+        """``value`` as a token count per rank: the point's one bound (1..2^20), which the CLI,
+        the store and the table hold too."""
         import operator
 
-        return operator.index(v)
-    except TypeError:
-        return None
+        try:
+            number = value if isinstance(value, bool) else operator.index(value)  # numpy ints too
+        except TypeError:
+            number = value  # not integer-like: check_tokens says so
+        try:
+            return check_tokens(number)
+        except PointError as exc:
+            if self.cli:
+                raise RequestError(f"{self.name(arg, phase)}: {exc}", phase or "tokens") from None
+            raise RequestError(f"invalid lookup argument {arg}={_shown(value)} ({exc})", phase or "tokens") from None
+
+    def stray_size(self, other: str) -> str:
+        """``max_tokens`` given where the load is ``other`` (tokens or a workload)."""
+        if not self.cli:
+            return f"max_tokens= goes with phase=, not with {other}="
+        opt = self.name("max_tokens")
+        return f"{opt} goes with --phase {'decode' if opt == SIZE_OPTION['decode'] else 'prefill'}"
 
 
-def _check_args(ints: dict, strs: dict):
-    """(problem or None, normalised ints in order). Token counts (tokens, max_tokens) are held
-    to the point's bound; shape sizes to >= 1 here, to their bounds by Shape.problem."""
-    out = []
-    for name, v in ints.items():
-        i = _as_int(v)
-        if i is not None and name in ("tokens", "max_tokens"):
-            try:
-                check_tokens(i)
-            except PointError as exc:
-                return f"invalid lookup argument {name}={v!r} ({exc})", None
-        if i is None or i < 1:
-            return f"invalid lookup argument {name}={v!r} (expected an integer >= 1)", None
-        out.append(i)
-    for name, v in strs.items():
-        if not isinstance(v, str):
-            return f"invalid lookup argument {name}={v!r} (expected a string)", None
-    return None, out
+def request(
+    *,
+    ep_size: int,
+    hidden: int,
+    topk: int,
+    num_experts: int,
+    tokens: int | None = None,
+    dtype: str = "bf16",
+    routing: str = "uniform",
+    fingerprint: str | None = None,
+    profile: str | os.PathLike | None = None,
+    engine: str | None = None,
+    phase: str | None = None,
+    max_tokens: int | None = None,
+    workload=None,
+    options: dict | None = None,
+) -> LookupRequest:
+    """Lookup's request rules, in one place: the :class:`LookupRequest`, or
+    :class:`RequestError` (one line) saying what is wrong. Arguments as for :func:`lookup`;
+    ``options``: name them as the command line does (see :class:`_Words`), for
+    ``a2a-tune lookup``. A workload file is read when answered, not here (a missing or
+    broken one is the fallback, not a refused request)."""
+    words = _Words(options)
+    if (
+        type(ep_size) is int
+        and type(hidden) is int
+        and type(topk) is int
+        and type(num_experts) is int
+        and 1 <= ep_size <= MAX_EP_SIZE
+        and 1 <= hidden <= MAX_HIDDEN
+        and 1 <= topk <= MAX_TOPK
+        and topk <= num_experts <= MAX_EXPERTS
+        and type(dtype) is str
+        and dtype
+        and type(routing) is str
+        and routing
+    ):
+        shape = Shape(ep_size, hidden, topk, num_experts, dtype, routing)  # the common case, fast
+    else:
+        given = (("ep_size", ep_size), ("hidden", hidden), ("topk", topk), ("num_experts", num_experts))
+        sizes = [words.count(n, v, 1) for n, v in given]
+        for n, v in (("dtype", dtype), ("routing", routing)):
+            if not isinstance(v, str):
+                raise RequestError(words.invalid(n, v, "a string", "a string"))
+        shape = Shape(*sizes, dtype, routing)
+        problem = shape.problem()  # the point's bounds, top-k <= experts (uneven experts are fine)
+        if problem:
+            raise RequestError(f"invalid lookup shape: {problem}")
+    if engine is not None and engine not in engines.ENGINES:
+        raise RequestError(
+            words.invalid(
+                "engine",
+                engine,
+                f"None or one of {', '.join(map(repr, engines.ENGINES))}",
+                " or ".join(engines.ENGINES),
+            )
+        )
+    if profile is not None:
+        try:
+            profile = os.fspath(profile)
+        except TypeError:
+            raise RequestError(words.invalid("profile", profile, "a file path", "a file path")) from None
+    phase, load = _load(words, tokens, phase, max_tokens, workload)
+    return LookupRequest(shape, phase, load, engine, fingerprint, profile)
 
 
-def _request(tokens, phase, max_tokens, workload):
-    """What the answer is averaged over: (problem, phase label, cache key, dist or loader).
-
-    ``dist`` is an :mod:`~a2a_tune.tuner.runtime.estimate` distribution, or for a workload file
-    a zero-argument callable that loads it (only run on a cache miss).
-    """
+def _load(words: _Words, tokens, phase, max_tokens, workload) -> tuple:
+    """(phase label, load) of a request (see :class:`LookupRequest`), or RequestError."""
     if (
         type(tokens) is int
         and 1 <= tokens <= MAX_TOKENS_PER_RANK
@@ -721,60 +387,49 @@ def _request(tokens, phase, max_tokens, workload):
         and max_tokens is None
         and workload is None
     ):
-        return None, "tokens", ("point", tokens), ("point", tokens)  # the common case, fast
+        return "tokens", ("point", tokens)  # the common case, fast
     given = [n for n, v in (("tokens", tokens), ("phase", phase), ("workload", workload)) if v is not None]
     if len(given) != 1:
-        return (
-            f"give exactly one of tokens=, phase= (with max_tokens=) or workload= (got {', '.join(given) or 'none'})",
-            None,
-            None,
-            None,
-        )
+        got = ", ".join(words.name(n).rstrip("=") if words.cli else n for n in given) or "none"
+        if words.cli:
+            raise RequestError(f"give exactly one of --tokens, --phase or --workload (got {got})")
+        raise RequestError(f"give exactly one of tokens=, phase= (with max_tokens=) or workload= (got {got})")
     if tokens is not None:
         if max_tokens is not None:
-            return "max_tokens= goes with phase=, not with tokens=", None, None, None
-        problem, ints = _check_args({"tokens": tokens}, {})
-        if problem:
-            return problem, "tokens", None, None
-        return None, "tokens", ("point", ints[0]), ("point", ints[0])
+            raise RequestError(words.stray_size("tokens"))
+        return "tokens", ("point", words.tokens("tokens", tokens))
     if phase is not None:
         if phase not in PHASES:
-            return f"invalid lookup argument phase={phase!r} (expected 'decode' or 'prefill')", None, None, None
+            raise RequestError(words.invalid("phase", phase, "'decode' or 'prefill'", "decode or prefill"))
+        size = words.name("max_tokens", phase)
+        if words.cli and size != SIZE_OPTION[phase] and max_tokens is not None:
+            raise RequestError(words.stray_size("phase"))
         if max_tokens is None:
+            if words.cli:
+                raise RequestError(f"--phase {phase} needs {size} N", phase)
             what = "max batch per rank" if phase == "decode" else "tokens per rank per prefill step"
-            return f"phase={phase!r} needs max_tokens= ({what})", phase, None, None
-        problem, ints = _check_args({"max_tokens": max_tokens}, {})
-        if problem:
-            return problem, phase, None, None
-        n = ints[0]
-        dist = ("log-uniform", 1, n) if phase == "decode" else ("point", n)
-        return None, phase, (phase, n), dist
+            raise RequestError(f"phase={phase!r} needs max_tokens= ({what})", phase)
+        n = words.tokens("max_tokens", max_tokens, phase)
+        return phase, ("log-uniform", 1, n) if phase == "decode" else ("point", n)
     if max_tokens is not None:
-        return "max_tokens= goes with phase=, not with workload=", "workload", None, None
+        raise RequestError(words.stray_size("workload"), "workload")
     from collections.abc import Mapping
 
-    from a2a_tune.tuner.runtime import workload as wl
-
     if isinstance(workload, Mapping):
+        from a2a_tune.tuner.runtime import workload as wl
+
         try:
-            parsed = wl.parse_workload(workload)
+            return "workload", ("discrete", wl.parse_workload(workload))
         except wl.WorkloadError as exc:
-            return f"workload: {exc}", "workload", None, None
-        return None, "workload", ("workload", parsed), ("discrete", parsed)
+            raise RequestError(f"workload: {exc}", "workload") from None
     try:
-        path = os.fspath(workload)
-        st = os.stat(path)
+        return "workload", ("workload-file", os.fspath(workload))
     except TypeError:
-        return (
-            f"invalid lookup argument workload={workload!r} (expected a file path or a mapping)",
-            "workload",
-            None,
-            None,
-        )
-    except OSError as exc:
-        return f"workload {path}: cannot read: {exc.strerror or exc}", "workload", None, None
-    key = ("workload-file", path, st.st_mtime_ns, st.st_size, st.st_ino)
-    return None, "workload", key, lambda: ("discrete", wl.load_workload(path))
+        expected = "a file path or a mapping"
+        raise RequestError(words.invalid("workload", workload, expected, "a file path"), "workload") from None
+
+
+# --------------------------------------------------------------------------- answer
 
 
 def lookup(
@@ -798,154 +453,95 @@ def lookup(
 
     Give exactly one of ``tokens`` (tokens per rank per step), ``phase`` ("decode" /
     "prefill", with ``max_tokens``) or ``workload`` (a JSON / CSV histogram file, or a
-    ``{tokens: weight}`` mapping); see the module docstring. ``profile`` names a file
-    directly (its fingerprint is then only checked when ``fingerprint`` is given too);
-    otherwise the profile of ``fingerprint`` (or ``$A2A_TUNE_FINGERPRINT``, or the
-    probed one) is searched for. ``engine`` (``"vllm"``, ``"sglang"`` or ``"trtllm"``) lets
-    only backends that engine accepts a literal for compete. ``quiet``: do not log the
-    fallback warning (the caller reports ``Choice.reason``).
+    ``{tokens: weight}`` mapping); see the README. ``profile`` names a file directly (its
+    fingerprint is then only checked when ``fingerprint`` is given too); otherwise the
+    profile of ``fingerprint`` (or ``$A2A_TUNE_FINGERPRINT``, or the probed one) is searched
+    for. ``engine`` (``"vllm"``, ``"sglang"`` or ``"trtllm"``) lets only backends that
+    engine accepts a literal for compete. ``quiet``: do not log the fallback warning (the
+    caller reports ``Choice.reason``).
     """
+    args = dict(locals())  # the request's arguments, as given
+    del args["quiet"]
     try:
-        choice = _lookup(
-            ep_size,
-            hidden,
-            topk,
-            num_experts,
-            tokens,
-            dtype,
-            routing,
-            fingerprint,
-            profile,
-            engine,
-            phase,
-            max_tokens,
-            workload,
-        )
+        req = request(**args)
+    except RequestError as exc:
+        return _reported(_fallback(str(exc), phase=exc.phase), engine, quiet)
     except Exception as exc:  # never crash the engine
-        choice = _fallback(f"internal error in a2a-tune lookup ({type(exc).__name__}: {exc})")
+        return _reported(_fallback(f"internal error in a2a-tune lookup ({one_line(exc)})"), engine, quiet)
+    return answer(req, quiet=quiet)
+
+
+def answer(req: LookupRequest, *, quiet: bool = False) -> Choice:
+    """The :class:`Choice` for a request from :func:`request`. Never raises; ``quiet`` as
+    for :func:`lookup`."""
+    try:
+        choice = _answer(req)
+    except Exception as exc:  # never crash the engine
+        choice = _fallback(f"internal error in a2a-tune lookup ({one_line(exc)})")
+    return _reported(choice, req.engine, quiet)
+
+
+def _reported(choice: Choice, engine, quiet: bool) -> Choice:
     if choice.match == "fallback" and not quiet:
-        _warn_once(_warning_for(choice.reason, engine))
+        warn_once(_warning_for(choice.reason, engine))
     return choice
 
 
-def _lookup(
-    ep_size,
-    hidden,
-    topk,
-    num_experts,
-    tokens,
-    dtype,
-    routing,
-    fingerprint,
-    profile,
-    engine,
-    phase,
-    max_tokens,
-    workload,
-) -> Choice:
-    if (
-        type(ep_size) is int
-        and type(hidden) is int
-        and type(topk) is int
-        and type(num_experts) is int
-        and 1 <= ep_size <= MAX_EP_SIZE
-        and 1 <= hidden <= MAX_HIDDEN
-        and 1 <= topk <= MAX_TOPK
-        and topk <= num_experts <= MAX_EXPERTS
-        and type(dtype) is str
-        and dtype
-        and type(routing) is str
-        and routing
-    ):
-        problem, ints = None, (ep_size, hidden, topk, num_experts)  # the common case, fast
-    else:
-        problem, ints = _check_args(
-            {"ep_size": ep_size, "hidden": hidden, "topk": topk, "num_experts": num_experts},
-            {"dtype": dtype, "routing": routing},
-        )
-        if problem is None:
-            problem = Shape(*ints, dtype, routing).problem()  # the point's rules (one line)
-            if problem:
-                problem = f"invalid lookup shape: {problem}"
-    if problem is None and engine is not None and engine not in engines.ENGINES:
-        problem = (
-            f"invalid lookup argument engine={engine!r} "
-            f"(expected None or one of {', '.join(map(repr, engines.ENGINES))})"
-        )
-    if problem:
-        return _fallback(problem)
-    problem, phase_label, dist_key, dist = _request(tokens, phase, max_tokens, workload)
-    if problem:
-        return _fallback(problem, phase=phase_label or "tokens")
-    ep_size, hidden, topk, num_experts = ints
+_MAX_CACHED_CHOICES = 4096  # answers kept per profile
+
+
+def _answer(req: LookupRequest) -> Choice:
+    phase, load, dist = req.phase, req.load, req.load
+    if load[0] == "workload-file":
+        path = load[1]
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            return _fallback(f"workload {path}: cannot read: {exc.strerror or exc}", phase=phase)
+        load, dist = (*load, st.st_mtime_ns, st.st_size, st.st_ino), None  # read on a cache miss
 
     level = None  # which search level found the table (None: the caller named the file)
-    if profile is not None:
-        path = os.fspath(profile)
-        expected_fp = None
-        if fingerprint is not None:
+    if req.profile is not None:
+        path, expected_fp = req.profile, None
+        if req.fingerprint is not None:
             try:
-                expected_fp = normalize_fingerprint(fingerprint)
+                expected_fp = normalize_fingerprint(req.fingerprint)
             except ValueError as exc:
-                return _fallback(str(exc), path, phase=phase_label)
+                return _fallback(str(exc), path, phase=phase)
     else:
-        expected_fp, problem = _resolve_fingerprint(fingerprint)
+        expected_fp, problem = resolve_fingerprint(req.fingerprint)
         if problem:
-            return _fallback(problem, phase=phase_label)
-        first = None
-        for path, level in _tables(expected_fp, _search_dirs()):
-            if path is None:  # every table was looked at; none has this EP size and dtype
-                if first is None:
-                    return _fallback(_miss_message(expected_fp, level), phase=phase_label)
-                path, level = first
-                break
-            first = first or (path, level)
-            found = _load_cached(path)
-            if found.error is not None or _covers(found, ep_size, dtype):
-                break  # a broken table is reported, not skipped: an override never hides silently
+            return _fallback(problem, phase=phase)
+        path, level, problem = locate(expected_fp, req.shape.ep_size, req.shape.dtype)
+        if problem:
+            return _fallback(problem, path, phase=phase)
 
-    slot = _load_cached(path)
+    slot = load_cached(path)
     if slot.error is not None:
-        return _fallback(str(slot.error), path, phase=phase_label)
+        return _fallback(str(slot.error), path, phase=phase)
     prof = slot.profile
-    hw = HW_EXACT if expected_fp is not None else HW_UNCHECKED
-    # The table of a job this node took part in, or of the machine itself: the file's name is
-    # the fingerprint it must hold (a file holding another's table is corrupt, never borrowed).
-    named_for = expected_fp if level != HW_CLUSTER else os.path.basename(path)[: -len(".json")]
-    if level == HW_CLUSTER and prof.fingerprint == named_for:
-        hw = HW_CLUSTER
-    elif expected_fp is not None and prof.fingerprint != expected_fp:
-        same_domain = domain_key(expected_fp) is not None and domain_key(prof.fingerprint) == domain_key(expected_fp)
-        if level in (HW_EXACT, HW_CLUSTER) or not same_domain:
-            return _fallback(
-                f"{path}: hardware.fingerprint: profile is for {prof.fingerprint!r}, "
-                + (
-                    f"this machine is {expected_fp!r}"
-                    if level != HW_CLUSTER
-                    else f"the file is named for {named_for!r}"
-                ),
-                path,
-                profile_fingerprint=prof.fingerprint,
-                phase=phase_label,
-            )
-        hw = HW_SAME_DOMAIN
+    hw, problem = hardware_problem(prof, path, level, expected_fp)
+    if problem:
+        return _fallback(problem, path, profile_fingerprint=prof.fingerprint, phase=phase)
 
-    key = (ep_size, hidden, topk, num_experts, dtype, routing, engine, dist_key, hw, expected_fp)
+    key = (req.shape, req.engine, phase, load, hw, expected_fp)
     choice = slot.choices.get(key)
     if choice is None:
-        if callable(dist):
-            from a2a_tune.tuner.runtime.workload import WorkloadError
+        if dist is None:
+            from a2a_tune.tuner.runtime.workload import WorkloadError, load_workload
 
             try:
-                dist = dist()
+                dist = ("discrete", load_workload(req.load[1]))
             except WorkloadError as exc:
-                return _fallback(f"workload {exc}", phase=phase_label)  # not cached: the file may be fixed
-        want = Shape(ep_size, hidden, topk, num_experts, dtype, routing)
-        choice = _choose(prof, path, want, dist, phase_label, engine, hw, expected_fp)
+                return _fallback(f"workload {exc}", phase=phase)  # not cached: the file may be fixed
+        choice = _choose(prof, path, req.shape, dist, phase, req.engine, hw, expected_fp)
         if len(slot.choices) >= _MAX_CACHED_CHOICES:  # e.g. a caller sweeping every token count
             slot.choices.clear()
         slot.choices[key] = choice
     return choice
+
+
+# --------------------------------------------------------------------------- choose
 
 
 def shape_distance(a: Shape, b: Shape) -> float:
@@ -996,12 +592,7 @@ def _choose(
         curves = {b: c for b, c in curves.items() if _expressible(engine, prof.backends[b], want)}
     medians = {b: round(v, US_DECIMALS) for b, v in expected(entry.tokens, curves, dist).items()}
     if not medians:
-        return _fallback(
-            f"{path}: {shape_text}: no usable backend{f' with a {engine} name' if engine else ''} {where}"
-            + (f" (failed: {', '.join(sorted(entry.failed))})" if entry.failed else ""),
-            path,
-            **common,
-        )
+        return _fallback(f"{path}: {shape_text}, {where}: {_unusable(entry, prof, engine, want)}", path, **common)
     spread_of = lambda curves_by_b: expected(entry.tokens, {b: curves_by_b[b] for b in medians}, dist)  # noqa: E731
     chosen, fastest, tied = decide(medians, spread_of(entry.p10_us), spread_of(entry.p90_us), prof.tie_preference)
     best = medians[fastest]
@@ -1021,7 +612,21 @@ def _choose(
             vs = f"{chosen} {verb}{best:.3f} us, no other backend competes"
         if len(tied) > 1:
             vs += f"; tie: {', '.join(tied[1:])} within {fastest}'s p10..p90, {chosen} preferred anyway"
-    modes = {b: entry.timing.get(b, "eager") for b in medians}
+    # Over a range, a backend not measured at some count inside it (a refinement count timed
+    # only for the contenders, or a count where it failed) is compared on its own measured
+    # counts but never chosen.
+    compared = dict(medians)
+    gapped = {}
+    if dist[0] == "discrete" or (dist[0] == "log-uniform" and dist[1] < dist[2]):
+        bridged = {b: bridge_gaps(entry.tokens, c) for b, c in curves.items() if b not in medians}
+        bridged = {b: c for b, c in bridged.items() if c is not None}
+        gapped = {b: round(v, US_DECIMALS) for b, v in expected(entry.tokens, bridged, dist).items()}
+        compared.update(gapped)
+    if gapped:
+        vs += "; not measured at every token count in range, so compared but not chosen: " + ", ".join(
+            f"{b} {(v / best - 1) * 100:+.1f}%" for v, b in sorted((v, b) for b, v in gapped.items())
+        )
+    modes = {b: entry.timing.get(b, "eager") for b in compared}
     if len(set(modes.values())) > 1:
         vs += " [timing: " + ", ".join(f"{b} {m}" for b, m in sorted(modes.items())) + "]"
     hw_text = {
@@ -1036,17 +641,41 @@ def _choose(
         trtllm_name=names.trtllm_name,
         engine_options=names.engine_options,
         match=match,
-        reason=f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}",
+        reason=one_line(f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}"),
         source=path,
-        expected_us=medians,
+        expected_us=compared,
         entry_shape=entry.shape,
-        alternatives={b: round(v / best - 1, 4) for b, v in medians.items() if b != chosen},
+        alternatives={b: round(v / best - 1, 4) for b, v in compared.items() if b != chosen},
         regret=round(medians[chosen] / best - 1, 4),
         tie=len(tied) > 1,
         timing=modes,
         knobs=_knobs_at(entry, chosen, dist),
         **common,
     )
+
+
+# How a failure's kind (the first word of a table's ``failed`` reason) reads in a list.
+_FAILURE_KINDS = {
+    "unavailable": "unavailable",
+    "not_applicable": "not applicable",
+    "incorrect": "incorrect",
+    "error": "failed",
+    "timeout": "timed out",
+}
+
+
+def _unusable(entry: ProfileEntry, prof: Profile, engine, want: Shape) -> str:
+    """Why no backend competes: "no usable backend [that <engine> accepts]", and of those the
+    engine could run, which the table lists as unavailable, incorrect, ... there."""
+    kinds: dict = {}
+    for b, reason in sorted(entry.failed.items()):
+        if engine is None or _expressible(engine, prof.backends[b], want):
+            kind = reason.split(":", 1)[0].split(" at ", 1)[0].strip()
+            kinds.setdefault(_FAILURE_KINDS.get(kind, "failed"), []).append(b)
+    text = f"no usable backend{f' that {engines.NAMES[engine]} accepts' if engine else ''}"
+    if kinds:
+        text += " (" + "; ".join(f"{kind}: {', '.join(bs)}" for kind, bs in kinds.items()) + ")"
+    return text
 
 
 def _expressible(engine: str, names, want: Shape) -> bool:
@@ -1061,8 +690,9 @@ def _expressible(engine: str, names, want: Shape) -> bool:
 
 
 def _knobs_at(entry: ProfileEntry, backend: str, dist) -> dict:
-    """The backend's knob setting at the measured token count nearest the load (see the module
-    docstring); {} when the table has none there."""
+    """The backend's knob setting at the measured token count nearest the load (in log space,
+    the larger on a tie): the point; the decode range's log-midpoint; a workload's weighted
+    log-mean. {} when the table has none there."""
     settings = entry.knobs.get(backend)
     if not settings:
         return {}
@@ -1075,3 +705,43 @@ def _knobs_at(entry: ProfileEntry, backend: str, dist) -> dict:
         log_t = sum(w * math.log(max(t, 1)) for t, w in dist[1])
     j = min(range(len(entry.tokens)), key=lambda i: (abs(math.log(entry.tokens[i]) - log_t), -entry.tokens[i]))
     return dict(settings[j] or {})
+
+
+# --------------------------------------------------------------------------- fallback
+
+
+# What an engine that is not told a backend does (the warning says so instead of the fallback).
+_KEPT_DEFAULT = {
+    "sglang": f"SGLang keeps its default --moe-a2a-backend {engines.DEFAULT['sglang']}",
+    "trtllm": "TensorRT-LLM keeps its own choice (no TRTLLM_FORCE_COMM_METHOD)",
+}
+
+
+def _warning_for(reason: str, engine) -> str:
+    kept = _KEPT_DEFAULT.get(engine) if isinstance(engine, str) else None
+    generic = fallback_message("")
+    if kept and reason.endswith(generic):
+        return f"{reason[: -len(generic)]}; {kept}"
+    return reason
+
+
+def _fallback(
+    problem: str,
+    source: str | None = None,
+    *,
+    hardware_match: str = HW_DEFAULT,
+    profile_fingerprint: str | None = None,
+    phase: str = "tokens",
+) -> Choice:
+    return Choice(
+        backend=FALLBACK_BACKEND,
+        vllm_name=FALLBACK_BACKEND,
+        sglang_name=None,  # SGLang: keep the engine's own default
+        trtllm_name=None,  # TensorRT-LLM: keep its own priority list
+        match="fallback",
+        reason=fallback_message(problem),
+        source=source,
+        hardware_match=hardware_match,
+        profile_fingerprint=profile_fingerprint,
+        phase=phase,
+    )

@@ -65,6 +65,7 @@ from a2a_tune.tuner.runtime.point import (
     Shape,
     check_count,
 )
+from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = [
     "FALLBACK_BACKEND",
@@ -119,14 +120,14 @@ class ProfileError(ValueError):
     """A profile that cannot be used. ``str()`` is one line: ``[file: ][field: ]problem``."""
 
     def __init__(self, problem: str, *, field: str | None = None, path: str | None = None):
-        self.problem = " ".join(str(problem).split())  # force one line
+        self.problem = one_line(problem)  # names and values from the file: one safe line
         self.field = field
         self.path = path
         super().__init__(self.problem)
 
     def __str__(self) -> str:
-        parts = [p for p in (self.path, self.field) if p]
-        return ": ".join(parts + [self.problem])
+        parts = [p for p in (self.path, self.field) if p]  # a field names the table's keys
+        return one_line(": ".join(parts + [self.problem]))
 
 
 def round_us(v: float) -> float:

@@ -65,6 +65,8 @@ import os
 import sys
 from collections import namedtuple
 
+from a2a_tune.tuner.runtime.text import one_line
+
 __all__ = ["DISABLE_ENV", "PHASE_ENV", "WORKLOAD_ENV", "Decision", "decide", "register"]
 
 DISABLE_ENV = "A2A_TUNE_VLLM_PLUGIN"
@@ -84,9 +86,13 @@ log = logging.getLogger("vllm.a2a_tune")
 
 class Decision(namedtuple("Decision", "literal message level", defaults=("info",))):
     """What the plugin does to one engine config: ``literal`` to set (None: keep), and the
-    one line it logs at ``level`` ("info" or "warning")."""
+    one line it logs at ``level`` ("info" or "warning"). Whatever the message quotes (names
+    from the table, paths from the environment, vLLM's own values) is escaped and bounded."""
 
     __slots__ = ()
+
+    def __new__(cls, literal, message, level="info"):
+        return super().__new__(cls, literal, one_line(message), level)
 
 
 def register() -> None:
@@ -101,7 +107,9 @@ def register() -> None:
 
         _install(EngineArgs)
     except Exception as exc:  # never break vLLM's start-up
-        log.warning("a2a-tune: plugin not active (%s: %s); vLLM keeps its all2all backend", type(exc).__name__, exc)
+        _log(
+            Decision(None, f"a2a-tune: plugin not active ({one_line(exc)}); vLLM keeps its all2all backend", "warning")
+        )
 
 
 def _install(cls) -> None:
@@ -136,8 +144,7 @@ def _apply(engine_args, config, rebuild):
         else:
             decision = decide(config, explicit=_user_chose(engine_args))
     except Exception as exc:
-        problem = " ".join(f"{type(exc).__name__}: {exc}".split())
-        decision = Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r} ({problem})", "warning")
+        decision = Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r} ({one_line(exc)})", "warning")
     if decision.literal is None or decision.literal == current:
         _log(decision)
         return config
@@ -147,12 +154,12 @@ def _apply(engine_args, config, rebuild):
         new_config = rebuild()
     except Exception as exc:
         engine_args.all2all_backend = previous
-        log.warning(
-            "a2a-tune: vLLM refused all2all backend %r (%s: %s); keeping %r",
-            decision.literal,
-            type(exc).__name__,
-            " ".join(str(exc).split()),
-            current,
+        _log(
+            Decision(
+                None,
+                f"a2a-tune: vLLM refused all2all backend {decision.literal!r} ({one_line(exc)}); keeping {current!r}",
+                "warning",
+            )
         )
         return config
     _log(decision)
@@ -335,7 +342,7 @@ def _phase(config) -> tuple:
     """(lookup keyword arguments, phrase) for this engine's token distribution."""
     workload = os.environ.get(WORKLOAD_ENV)
     if workload:
-        return {"workload": workload}, f"workload {workload} (${WORKLOAD_ENV})"
+        return {"workload": workload}, f"workload {one_line(workload, 200)} (${WORKLOAD_ENV})"
     phase = os.environ.get(PHASE_ENV, "").strip().lower() or None
     why = f"${PHASE_ENV}"
     if phase is None:
@@ -345,7 +352,7 @@ def _phase(config) -> tuple:
             "kv_consumer": ("decode", "a kv_consumer (decode) engine"),
         }.get(role, ("decode", "default for an engine serving both phases"))
     if phase not in ("decode", "prefill"):
-        raise ValueError(f"{PHASE_ENV}={phase!r}: expected decode or prefill")
+        raise ValueError(f"{PHASE_ENV}={one_line(repr(phase), 80)}: expected decode or prefill")
     sched = getattr(config, "scheduler_config", None)
     if phase == "decode":
         n = _pos_int(sched, "max_num_seqs")

@@ -28,6 +28,8 @@ import json
 import math
 import os
 
+from a2a_tune.tuner.runtime.text import one_line
+
 __all__ = [
     "MAX_POINTS",
     "Workload",
@@ -48,7 +50,7 @@ class WorkloadError(ValueError):
     """A workload that cannot be used. ``str()`` is one line: ``[file: ][where: ]problem``."""
 
     def __init__(self, problem: str, *, where: str | None = None, path: str | None = None):
-        self.problem = " ".join(str(problem).split())
+        self.problem = one_line(problem)
         self.where = where
         self.path = path
         super().__init__(self.problem)
@@ -187,7 +189,7 @@ def load_workload(path) -> Workload:
         except WorkloadError as exc:
             result = exc
         except Exception as exc:  # defensive: still one line, still a WorkloadError
-            result = WorkloadError(f"unexpected {type(exc).__name__}: {exc}")
+            result = WorkloadError(f"unexpected {one_line(exc)}")
         if isinstance(result, WorkloadError):
             result.path = path
         hit = _CACHE[path] = (ident, result)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.table import SHAPE_KEYS
+from ..runtime.text import one_line
 
 __all__ = [
     "EN_DASH",
@@ -38,13 +39,10 @@ EN_DASH = "\u2013"
 
 
 def clean(text) -> str:
-    """One line of terminal-safe text: runs of whitespace become one space and every other
-    character that is not printable (ESC, BEL, C1 controls, bidirectional overrides...) is
-    shown as its escape, e.g. ``\\x1b``."""
-    s = " ".join(str(text).split())
-    if s.isprintable():
-        return s
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in s)
+    """One line of terminal-safe text (:func:`~a2a_tune.tuner.runtime.text.one_line`: runs of
+    whitespace become one space, other non-printable characters their escape, e.g.
+    ``\\x1b``), never cut: names are what people copy."""
+    return one_line(str(text), None)
 
 
 class ViewError(Exception):

@@ -1,4 +1,4 @@
-"""A run has one writer: the store's lease (db/store.py, "One writer per run").
+"""A run has one writer: the lease (a2a_tune.db.lease), its fence on every write, its heartbeat.
 
 Run on an SQLite file and, when $A2A_TUNE_TEST_POSTGRES_URL names a server whose user may
 create databases, on a fresh PostgreSQL database too (the `db_url` fixture).
