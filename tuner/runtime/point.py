@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from a2a_tune.tuner.runtime.text import one_line
+
 __all__ = [
     "MAX_EP_SIZE",
     "MAX_EXPERTS",
@@ -149,5 +151,9 @@ class Point(NamedTuple):
 
 
 def _short(value, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """A value from outside, as the messages quote it: its repr, one bounded line."""
+    try:
+        text = repr(value)
+    except Exception:  # an int beyond Python's digit limit, a broken __repr__
+        text = value
+    return one_line(text, limit=limit)
