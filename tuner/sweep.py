@@ -6,12 +6,13 @@ rank together by `tuner.measure` (built at its capacity, gated on the invariant,
 backend that fails the gate is recorded as "incorrect" and is not timed) -> rank 0 commits
 the measurement to the store at once, so an interrupted sweep loses nothing and `--resume`
 skips what is already there.
-Before any rank starts, the plan is checked whole (tuner.plans: impossible shapes, cases that
-cannot fit in a rank's memory are refused in one line). Unavailable backends (availability()
-says why), backends whose reach the EP group leaves (not applicable: tuner.cluster) and
-backends that raise are recorded with their one-line reason and the sweep goes on. Before any of it the ranks gather what every
-node probed (tuner.cluster): nodes that differ stop the sweep unless `allow_mixed`. Cases a backend declares
-infeasible (feasibility(), e.g. beyond a fixed capacity) are skipped and reported.
+Before any rank starts, the plan is checked whole (tuner.plans: impossible shapes and cases
+that cannot fit in a rank's memory are refused in one line). Unavailable backends
+(availability() says why), backends whose reach the EP group leaves (not applicable:
+tuner.cluster) and backends that raise are recorded with their one-line reason and the sweep
+goes on. Before any timing the ranks gather what every node probed (tuner.cluster): nodes
+that differ stop the sweep unless `allow_mixed`. Cases a backend declares infeasible
+(feasibility(), e.g. beyond a fixed capacity) are skipped and reported.
 """
 
 from __future__ import annotations
