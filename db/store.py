@@ -63,6 +63,8 @@ from .models import (
 )
 
 MAX_REASON_CHARS = 2000
+# The timing label of samples taken on virtual ranks (a2a_tune.kernels.virtual.VIRTUAL_TIMING).
+VIRTUAL_TIMING = "virtual"
 
 
 def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
@@ -538,8 +540,14 @@ class Store:
         Numbers may be numpy/torch scalars (converted); ``samples`` in µs. Raises
         :class:`DuplicateMeasurementError` when (run, key, timing) is already stored, and
         :class:`LeaseLostError` / :class:`RunBusyError` when ``writer`` does not hold the run
-        (see :meth:`finish_run`).
+        (see :meth:`finish_run`). Virtual-rank timings (``timing`` "virtual...": one device standing
+        for every rank, ``a2a_tune.kernels.virtual``) are refused: they are no machine's figures.
         """
+        if str(timing).startswith(VIRTUAL_TIMING):
+            raise StoreError(
+                f"{backend}: virtual-rank timings move bytes through one device's memory, not the link: "
+                "never stored as a machine's measurements"
+            )
         row = Measurement(
             run_id=run_id,
             backend=_str("backend", backend),

@@ -15,6 +15,8 @@ Layering (imports point down, never up; nothing here imports a2a_tune.tuner or a
           errors            typed one-line errors
     quant                   block-FP8 quantization of payloads
     reference               plain-torch inputs, expert compute and the invariant check (CPU-capable)
+    virtual                 W ranks of a symmetric-memory backend in one process on one device,
+                            run phase by phase (reference's checks over all of them)
 
 Backends are imported here so that registration happens once; a backend module must not
 import optional packages (FlashInfer, DeepEP...) at import time: `availability()` looks.

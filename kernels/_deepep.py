@@ -83,7 +83,7 @@ def nvshmem_library() -> Path | None:
 def deepep_availability(env: BackendEnv, *, low_latency: bool) -> Availability:
     """Whether DeepEP's high-throughput (intranode) or low-latency kernels can run in `env`."""
     if env.device_type != "cuda":
-        return Availability(False, "needs CUDA GPUs (DeepEP)")
+        return Availability(False, env.needs_cuda("DeepEP"))
     install = find_deepep()
     if install is None:
         return Availability(False, f"deep_ep not installed (build it from source: {STAGE_HINT})")

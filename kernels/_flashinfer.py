@@ -56,7 +56,7 @@ def _release(version: str) -> tuple[int, ...]:
 def flashinfer_availability(env: BackendEnv) -> Availability:
     """Whether FlashInfer's NVLink all2all can run in `env`; the reason names what is missing."""
     if env.device_type != "cuda":
-        return Availability(False, "needs CUDA GPUs (FlashInfer's NVLink kernels)")
+        return Availability(False, env.needs_cuda("FlashInfer's NVLink kernels"))
     version = flashinfer_version()
     if version is None:
         return Availability(False, "flashinfer not installed (pip install 'a2a-tune[flashinfer]')")

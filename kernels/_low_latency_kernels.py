@@ -60,7 +60,7 @@ def workspace(g: Geometry) -> Workspace:
     return Workspace(tuple(regions), local)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens", "me", "cap"])
 def _dispatch_send_kernel(
     x_ptr,
     xs_ptr,
@@ -111,7 +111,7 @@ def _dispatch_send_kernel(
     signal_when_last(done_ptr, flags_ws, d_i32, me, epoch, n_prog, epoch_ptr, W, True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["me"])
 def _dispatch_recv_kernel(
     meta_ptr,
     flags_ptr,
@@ -145,7 +145,7 @@ def _dispatch_recv_kernel(
     tl.store(w_out + rows[:, None] * K + ks[None, :], wts, mask=m2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["me", "cap"])
 def _combine_send_kernel(
     out_ptr,
     meta_ptr,

@@ -10,6 +10,15 @@ own regions and stay vectorised (workspaces are 256-byte aligned relative to eac
 Flags carry an epoch held on the device, so no host synchronisation is needed and captured
 CUDA graphs replay correctly; a receiver gives up after `SPIN_LIMIT` polls and sets the
 rank's error word instead of hanging the GPU when a peer died.
+
+Kernels take token counts, the rank and the step's slots as plain runtime integers
+(`do_not_specialize`): a rank meeting a new count compiles nothing while its peers spin
+(Triton would otherwise compile a variant per divisibility of each count).
+
+Virtual ranks (`a2a_tune.kernels.virtual`: W ranks of one process on one device) run in phase
+order on one stream: every rank's send, then every rank's wait. `RankState.phased` tells the
+kernel modules so: no send may wait for a peer then (the one-sided dispatch's fused wait
+becomes a launch of its own in `dispatch_recv`).
 """
 
 from __future__ import annotations
@@ -105,6 +114,9 @@ class RankState:
     # Slots per source rank the kernels use this step (one-sided layout: [W, rows] packed at
     # the region's start); None: the workspace's capacity. Same on every rank in a round.
     rows: int | None = None
+    # Virtual ranks in phase order (every rank's send launched before any rank's wait): sends
+    # never wait for peers; the waits are the receive calls' own launches.
+    phased: bool = False
 
     @classmethod
     def create(
@@ -117,7 +129,7 @@ class RankState:
         delta = [b - peer_bases[rank] for b in peer_bases]
         if any(d % _ALIGN for d in delta):
             raise ValueError(f"workspaces must be {_ALIGN}-byte aligned relative to each other")
-        return cls(
+        state = cls(
             rank=rank,
             geometry=geometry,
             buf=buf,
@@ -127,6 +139,10 @@ class RankState:
             done=torch.zeros(2, dtype=torch.int32, device=dev),
             _deltas={},
         )
+        # Load the wait kernel now (epoch 0: it returns at once): a rank's first round with no
+        # tokens would otherwise compile it inside the round, while its peers spin.
+        launch_wait(state, 1)
+        return state
 
     @property
     def slots(self) -> int:
@@ -152,6 +168,14 @@ class RankState:
     def gave_up(self) -> bool:
         """Whether a wait timed out since the workspace was made (host sync: not for hot paths)."""
         return bool(self.epoch[1].item())
+
+    def unsignalled(self, row: int) -> list[int]:
+        """Ranks whose flag in `row` (0: dispatch, 1: combine) has not reached this rank's epoch
+        yet (host sync). In phase order every rank's send ran before this is asked: a rank it
+        names skipped its signal, and a wait for it would only spin until `SPIN_LIMIT`."""
+        flags = self.views["flags"][row].tolist()
+        epoch = int(self.epoch[0].item())
+        return [s for s, seen in enumerate(flags) if seen < epoch]
 
 
 def row_blocks(hidden: int, itemsize: int, max_bytes: int = LaunchKnobs.row_block_bytes) -> dict[str, int]:
@@ -306,6 +330,12 @@ def recv_launch(st: RankState) -> dict:
     return {"W": g.world, "K": g.topk, "BLOCK_K": block_k(g.topk), "num_warps": st.launch.recv_num_warps}
 
 
+def launch_wait(st: RankState, row: int) -> None:
+    """One CTA that waits for every rank's flag in `row` (0: dispatch, 1: combine) to reach the
+    epoch: the wait as a launch of its own (a rank with no tokens; phase order)."""
+    _wait_kernel[(1,)](st.views["flags"][row], st.epoch, W=st.geometry.world)
+
+
 def launch_combine_recv(kernel, st: RankState, y: torch.Tensor, topk_ids: torch.Tensor, **extra) -> torch.Tensor:
     """`kernel(y_ptr, comb_ptr, ids_ptr, flags_ptr, epoch_ptr, hidden, ...)` over (tokens, H
     blocks), with constexprs W, K, BLOCK_K and BLOCK_H; returns y. A rank with no tokens still
@@ -314,7 +344,7 @@ def launch_combine_recv(kernel, st: RankState, y: torch.Tensor, topk_ids: torch.
     g, v = st.geometry, st.views
     t = topk_ids.shape[0]
     if t == 0:
-        _wait_kernel[(1,)](v["flags"][1], st.epoch, W=g.world)
+        launch_wait(st, 1)
         return y
     block_h = min(triton.next_power_of_2(g.hidden), st.launch.recv_block_h)
     kernel[(t, triton.cdiv(g.hidden, block_h))](

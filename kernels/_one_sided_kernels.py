@@ -7,7 +7,8 @@ Every rank owns one symmetric workspace (`workspace()`; shared machinery in
                     one of its experts (slot = the token's index on its source rank), and
                     -1 metadata into its empty slots; the last CTA to finish raises this
                     rank's dispatch flag on every peer, then waits for every source's flag:
-                    when the kernel ends, the rows are there
+                    when the kernel ends, the rows are there (virtual ranks in phase order:
+                    FUSED_WAIT off, and dispatch_recv launches the wait on its own)
     dispatch_recv   no kernel: views of the received rows, their ids and weights
     combine_send    each received row with a local expert -> back into its source's
                     combine buffer (slot = the row's index; rows of our own tokens stay in
@@ -44,6 +45,7 @@ from ._nvlink_common import (
     launch_combine_recv,
     launch_combine_send,
     launch_dispatch_send,
+    launch_wait,
     signal_when_last,
     wait_flags,
 )
@@ -77,7 +79,7 @@ def workspace(g: Geometry) -> Workspace:
 # ----------------------------------------------------------------------------- kernels
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens", "me", "cap"])
 def _dispatch_send_kernel(
     x_ptr,
     xs_ptr,
@@ -105,6 +107,7 @@ def _dispatch_send_kernel(
     N_HB: tl.constexpr,
     QUANT: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    FUSED_WAIT: tl.constexpr = True,  # False: virtual ranks in phase order (the sweep: True)
 ):
     t = tl.program_id(0)  # one slot of this rank's capacity: a token, or an empty slot to mark
     n_prog = tl.num_programs(0)
@@ -138,11 +141,12 @@ def _dispatch_send_kernel(
     last = signal_when_last(done_ptr, flags_ws, d_i32, me, epoch, n_prog, epoch_ptr, W, True)
     # The last CTA waits for every source's flag, so when this kernel ends the received rows
     # are there: no receive kernel. Only it spins, and only after the others finished.
-    if last:
-        wait_flags(flags_ws, epoch, epoch_ptr + 1, W)
+    if FUSED_WAIT:
+        if last:
+            wait_flags(flags_ws, epoch, epoch_ptr + 1, W)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["me", "cap"])
 def _combine_send_kernel(
     out_ptr,
     meta_ptr,
@@ -176,7 +180,7 @@ def _combine_send_kernel(
     signal_when_last(done_ptr + 1, flags_ws + W, d_i32, me, tl.load(epoch_ptr), n_prog, epoch_ptr, W, False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["me", "cap"])
 def _combine_recv_kernel(
     y_ptr,
     comb_ptr,
@@ -224,16 +228,20 @@ def dispatch_send(
 ) -> None:
     """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S].
     One CTA per slot of this step (empty slots get -1 metadata); returns once every source's
-    rows arrived."""
+    rows arrived (in phase order: without waiting, see `dispatch_recv`)."""
+    fused = {"FUSED_WAIT": False} if st.phased else {}  # the sweep launches it as before the switch
     launch_dispatch_send(
-        _dispatch_send_kernel, st.slots, st, x, topk_ids, topk_weights, x_scale, count_ws=st.views["count"]
+        _dispatch_send_kernel, st.slots, st, x, topk_ids, topk_weights, x_scale, count_ws=st.views["count"], **fused
     )
 
 
 def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Views of what arrived (no kernel: dispatch_send waited): x [W*slots, H] (raw bytes when
     quantized: see `RankState.received_scales`), topk_ids int32 [W*slots, k] (-1 where the
-    expert is elsewhere or the slot is empty), weights fp32 [W*slots, k]."""
+    expert is elsewhere or the slot is empty), weights fp32 [W*slots, k]. In phase order it first
+    launches the dispatch wait that dispatch_send did not do."""
+    if st.phased:
+        launch_wait(st, 0)
     g, rows = st.geometry, st.geometry.world * st.slots
     meta = st.views["meta"].view(-1, 2 * g.topk)[:rows]
     return st.views["x"].view(-1, g.hidden)[:rows], meta[:, : g.topk], meta[:, g.topk :].view(torch.float32)

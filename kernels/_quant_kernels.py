@@ -57,7 +57,7 @@ def _round_bits(u, DROP: tl.constexpr):
     return u
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_blocks"])  # no variant per token count (BLOCK_N aside)
 def _quantize_fp8_kernel(
     x_ptr,
     q_ptr,

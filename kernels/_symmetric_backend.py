@@ -9,6 +9,11 @@ rank's `RankState`; no call synchronises the host):
     dispatch_recv(state) -> (x, topk_ids, topk_weights)   the received rows, once they arrived
     combine_send(state, expert_out)       expert_out [rows dispatch_recv returned, H]
     combine_recv(state, expert_out, topk_ids, y) -> y     y [T, H]: the source tokens' sums
+
+With `state.phased` (virtual ranks, `a2a_tune.kernels.virtual`) every rank's send runs before
+any rank's receive on one stream: only dispatch_recv and combine_recv may wait for peers' flags.
+The backend's own calls come in the same four phases (`dispatch_send` ... `combine_recv`), which
+`dispatch` and `combine` chain; a process group or a `VirtualRank` is its group.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from ._nvlink_common import Geometry, LaunchKnobs, RankState
-from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
+from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape, virtual_world
 from .errors import ShapeError
 from .quant import quantize_fp8_blocks
 
@@ -29,7 +34,7 @@ from .quant import quantize_fp8_blocks
 def symmetric_memory_availability(env: BackendEnv) -> Availability:
     """What they need, checked without collectives."""
     if env.device_type != "cuda":
-        return Availability(False, "needs CUDA GPUs (symmetric memory over NVLink)")
+        return Availability(False, env.needs_cuda("symmetric memory over NVLink"))
     if env.world_size < 2:
         return Availability(False, "needs at least 2 ranks")
     if not env.peer_access:
@@ -62,6 +67,7 @@ class _Handle:
     topk_ids: torch.Tensor  # [T, k] the source tokens' ids: combine sums what came back for them
     tokens: int
     rows: int | None  # slots per source the dispatch used (set_step_tokens): combine must match
+    expert_out: torch.Tensor | None = None  # [N, H] what combine_send sent (combine_recv reads ours)
 
 
 class SymmetricMemoryBackend(All2AllBackend):
@@ -71,6 +77,7 @@ class SymmetricMemoryBackend(All2AllBackend):
     quantized_payloads = True  # fp8_e4m3: rows quantized before dispatch, scales travel beside them
     capacity_bound = True  # workspaces are W x max_tokens_per_rank slots
     reach = "island"  # CUDA IPC mappings between the GPUs of one node (no fabric handles)
+    virtual_ranks = True  # peers only through `rendezvous`: W ranks can share one device
     kernels: ClassVar[ModuleType]  # the kernel module (host API in this module's docstring)
     # How the ranks map each other's workspaces: (nbytes, group, device) -> (this rank's uint8
     # buffer, every rank's base address in this process, a handle that keeps the mappings).
@@ -101,11 +108,15 @@ class SymmetricMemoryBackend(All2AllBackend):
             self.wire_dtype,
         )
         layout = self.kernels.workspace(geometry)
-        buf, bases, self._symm = self.rendezvous(layout.offsets()["total"], group, device)
+        world = virtual_world(group)  # virtual ranks: their region of the world's one allocation
+        rendezvous = self.rendezvous if world is None else world.rendezvous
+        buf, bases, self._symm = rendezvous(layout.offsets()["total"], group, device)
         self.state = RankState.create(self.rank, geometry, layout, buf, bases)
+        self.state.phased = world is not None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        torch.distributed.barrier(group=group)  # every rank's flags are zero before anyone signals
+        if world is None:  # (virtual ranks are built in turn by one process: none runs a kernel yet)
+            torch.distributed.barrier(group=group)  # every rank's flags are zero before anyone signals
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -122,25 +133,40 @@ class SymmetricMemoryBackend(All2AllBackend):
             self.state.rows = tokens  # the kernels' slots per source (None: the capacity)
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights))
+
+    def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        self.combine_send(expert_out, dispatched)
+        return self.combine_recv(dispatched)
+
+    # The four phases (virtual ranks run every rank's phase before the next phase of any).
+
+    def dispatch_send(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> _Handle:
+        """Check the inputs (the step too), quantize block-FP8 payloads, send: the handle."""
         tokens = self.check_inputs(x, topk_ids, topk_weights)
         q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
         ids = topk_ids.contiguous()  # the kernels index rows densely: combine needs the same tensor
         self.kernels.dispatch_send(self.state, q, ids, topk_weights.contiguous(), scales)
+        return _Handle(ids, tokens, self.state.rows)
+
+    def dispatch_recv(self, handle: _Handle) -> Dispatched:
         rx, rids, rw = self.kernels.dispatch_recv(self.state)
-        handle = _Handle(ids, tokens, self.state.rows)
         if self.wire_dtype is None:
             return Dispatched(x=rx, topk_ids=rids, topk_weights=rw, handle=handle)
         x_scale = self.state.received_scales()
         return Dispatched(x=rx.view(self.wire_dtype), topk_ids=rids, topk_weights=rw, handle=handle, x_scale=x_scale)
 
-    def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+    def combine_send(self, expert_out: torch.Tensor, dispatched: Dispatched) -> None:
         h: _Handle = dispatched.handle
         if h.rows != self.state.rows:  # the kernels address rows by the step: it cannot change mid-trip
             raise ShapeError(f"set_step_tokens changed between dispatch ({h.rows}) and combine ({self.state.rows})")
-        out = expert_out.to(self.dtype).contiguous()  # [N, H]
-        self.kernels.combine_send(self.state, out)
+        h.expert_out = expert_out.to(self.dtype).contiguous()  # [N, H]
+        self.kernels.combine_send(self.state, h.expert_out)
+
+    def combine_recv(self, dispatched: Dispatched) -> torch.Tensor:
+        h: _Handle = dispatched.handle
         y = torch.empty(h.tokens, self.shape.hidden, dtype=self.dtype, device=self.device)
-        return self.kernels.combine_recv(self.state, out, h.topk_ids, y)
+        return self.kernels.combine_recv(self.state, h.expert_out, h.topk_ids, y)
 
     def gave_up(self) -> bool:
         """Whether a flag wait timed out (a peer never signalled): results since are garbage."""

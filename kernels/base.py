@@ -194,19 +194,27 @@ class BackendEnv:
     compute_capability: tuple[int, int] | None = None
     peer_access: bool = False  # every local GPU pair can access each other's memory
     extra: dict[str, Any] = field(default_factory=dict)
+    gpus: int = 0  # CUDA GPUs this host shows, whatever device the ranks run on
 
     @staticmethod
     def has_package(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
 
+    def needs_cuda(self, what: str) -> str:
+        """The reason a backend that runs on CUDA ranks gives on other ranks, true for this host:
+        a GPU host running CPU ranks is not a host without GPUs."""
+        if self.gpus:
+            return f"needs CUDA ranks ({what}); these ranks run on the CPU"
+        return f"needs CUDA GPUs ({what}); none visible here"
+
     @classmethod
     def local(cls, world_size: int, device_type: str) -> BackendEnv:
         """Describe this process's machine for `world_size` ranks on `device_type`."""
-        if device_type != "cuda":
-            return cls(world_size=world_size, device_type="cpu", dist_backend="gloo")
         import torch
 
         n = torch.cuda.device_count()
+        if device_type != "cuda":
+            return cls(world_size=world_size, device_type="cpu", dist_backend="gloo", gpus=n)
         peer = n >= 2 and all(torch.cuda.can_device_access_peer(a, b) for a in range(n) for b in range(n) if a != b)
         return cls(
             world_size=world_size,
@@ -215,7 +223,23 @@ class BackendEnv:
             gpu_name=torch.cuda.get_device_name(0) if n else None,
             compute_capability=torch.cuda.get_device_capability(0) if n else None,
             peer_access=peer,
+            gpus=n,
         )
+
+
+def virtual_world(group: Any) -> Any:
+    """The `kernels.virtual.VirtualWorld` whose rank `group` stands for, or None for a process group."""
+    return getattr(group, "virtual_world", None)
+
+
+def group_position(group: Any) -> tuple[int, int]:
+    """(rank, world size) of this process in `group`, or of the virtual rank `group` is."""
+    world = virtual_world(group)
+    if world is not None:
+        return group.rank, world.size
+    import torch.distributed as dist
+
+    return dist.get_rank(group), dist.get_world_size(group)
 
 
 @dataclass
@@ -267,15 +291,16 @@ class All2AllBackend(ABC):
     # the value of each the backend runs with unless `set_knobs` says otherwise.
     knob_space: ClassVar[dict[str, tuple]] = {}
     knob_defaults: ClassVar[dict[str, Any]] = {}
+    # Whether W instances can run as virtual ranks of one process on one device (`group` a
+    # `kernels.virtual.VirtualRank`): backends that reach peers only through memory they map
+    # themselves. Collective-based ones (torch.distributed, NCCL, NVSHMEM) need real ranks.
+    virtual_ranks: ClassVar[bool] = False
 
     def __init__(self, group: dist.ProcessGroup | None, shape: MoEShape, device: torch.device) -> None:
-        import torch.distributed as dist
-
         self.group = group
         self.shape = shape
         self.device = device
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
+        self.rank, self.world_size = group_position(group)
         shape.validate(self.world_size)
         ok, reason = type(self).feasibility(shape, self.world_size)
         if not ok:  # the one place a constructor checks the shape against this backend's limits

@@ -18,3 +18,7 @@ class UnknownBackendError(KernelsError, KeyError):
 
 class KnobError(KernelsError, ValueError):
     """A knob a backend does not declare, or a value outside its knob space."""
+
+
+class VirtualRanksError(KernelsError):
+    """Virtual ranks (`kernels.virtual`) cannot run this backend, or a rank skipped a signal."""

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from a2a_tune.tuner.runtime.text import one_line
 
-from .base import All2AllBackend, MoEShape, torch_dtype
+from .base import All2AllBackend, Dispatched, MoEShape, torch_dtype
 from .errors import ShapeError
 from .quant import dequantize_fp8_blocks
 
@@ -120,46 +120,63 @@ def check_invariant(
     shape = backend.shape
     scales = expert_scales(shape.num_experts, backend.device) if scales is None else scales.to(backend.device)
     tol = TOLERANCE[shape.dtype] if tolerance is None else tolerance
-    lo, hi = backend.local_expert_range()
-    reason = ""
-    err = float("inf")
-    crashed = False
+    err, crashed = float("inf"), False
     try:
         d = backend.dispatch(inputs.x, inputs.topk_ids, inputs.topk_weights)
-        ids = d.topk_ids
-        if ids.shape[0] != d.x.shape[0] or d.topk_weights.shape != ids.shape:
-            reason = (
-                f"dispatch returned {d.x.shape[0]} rows but ids {list(ids.shape)}, weights {list(d.topk_weights.shape)}"
-            )
-        elif bool(((ids != -1) & ((ids < lo) | (ids >= hi))).any()):
-            reason = f"dispatch returned expert ids outside this rank's [{lo}, {hi}) that are not -1"
-        else:
-            out = expert_compute(d.x, ids, d.topk_weights, scales, d.x_scale)
-            buffer = backend.combine_buffer(d)
-            if buffer is not None:  # the zero-copy path is the one timed: check it
-                out = buffer.copy_(out)
-            y = backend.combine(out, d)
-            ref = expected_output(inputs, scales)
-            if tuple(y.shape) != tuple(ref.shape):
-                reason = f"combine returned {list(y.shape)}, expected {list(ref.shape)}"
-            elif y.numel() == 0:
-                err = 0.0
-            else:
-                yf = y.float()
-                if not bool(torch.isfinite(yf).all()):
-                    reason = "combine returned non-finite values"
-                else:
-                    per_token = (yf - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
-                    err = float(per_token.max())
-                    if err > tol:
-                        bad = int(per_token.argmax())
-                        reason = f"token {bad}: relative error {err:.3g} > tolerance {tol:g}"
+        reason = dispatch_problem(backend, d)
+        if not reason:
+            y = backend.combine(expert_outputs(backend, d, scales), d)
+            err, reason = combine_error(y, inputs, scales, tol)
     except ShapeError:
         raise
     except Exception as exc:  # a crashing backend is a failed check, reported in one line
-        reason = one_line(exc)
-        crashed = True
+        reason, crashed = one_line(exc), True
     return _agree(backend, CheckResult(not reason, err, reason, crashed))
+
+
+def dispatch_problem(backend: All2AllBackend, d: Dispatched) -> str:
+    """Why what `dispatch` returned breaks the contract before any expert runs, or ""."""
+    ids = d.topk_ids
+    lo, hi = backend.local_expert_range()
+    if ids.shape[0] != d.x.shape[0] or d.topk_weights.shape != ids.shape:
+        return f"dispatch returned {d.x.shape[0]} rows but ids {list(ids.shape)}, weights {list(d.topk_weights.shape)}"
+    if bool(((ids != -1) & ((ids < lo) | (ids >= hi))).any()):
+        return f"dispatch returned expert ids outside this rank's [{lo}, {hi}) that are not -1"
+    return ""
+
+
+def expert_outputs(backend: All2AllBackend, d: Dispatched, scales: torch.Tensor) -> torch.Tensor:
+    """The reference expert compute on what `d` holds, in the backend's combine buffer when it
+    has one (the zero-copy path is the one timed: check it)."""
+    out = expert_compute(d.x, d.topk_ids, d.topk_weights, scales, d.x_scale)
+    buffer = backend.combine_buffer(d)
+    return out if buffer is None else buffer.copy_(out)
+
+
+def combine_error(y: torch.Tensor, inputs: RankInputs, scales: torch.Tensor, tol: float) -> tuple[float, str]:
+    """(worst per-token relative error, why y breaks the invariant or "") for combine's `y`."""
+    ref = expected_output(inputs, scales)
+    if tuple(y.shape) != tuple(ref.shape):
+        return float("inf"), f"combine returned {list(y.shape)}, expected {list(ref.shape)}"
+    if y.numel() == 0:
+        return 0.0, ""
+    yf = y.float()
+    if not bool(torch.isfinite(yf).all()):
+        return float("inf"), "combine returned non-finite values"
+    per_token = _per_token_error(yf, ref)
+    err = float(per_token.max())
+    if err > tol:
+        return err, f"token {int(per_token.argmax())}: relative error {err:.3g} > tolerance {tol:g}"
+    return err, ""
+
+
+def _per_token_error(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (y.float() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
+
+
+def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst per-token relative error of y [T, H] against the expected fp32 ref (T > 0)."""
+    return float(_per_token_error(y, ref).max())
 
 
 def _agree(backend: All2AllBackend, mine: CheckResult) -> CheckResult:
@@ -189,22 +206,34 @@ def graph_replay_error(backend: All2AllBackend, tokens: int, replays: int) -> fl
         d = backend.dispatch(static.x, static.topk_ids, static.topk_weights)
         return backend.combine(expert_compute(d.x, d.topk_ids, d.topk_weights, scales), d)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture (allocations, compilation)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = step()
+    graph, y = capture_graph(step)
     worst = 0.0
     for rep in range(replays):
         fresh = make_inputs(shape, tokens, rank=rank, world_size=world, seed=100 + rep, device=backend.device)
-        static.x.copy_(fresh.x)
-        static.topk_ids.copy_(fresh.topk_ids)
-        static.topk_weights.copy_(fresh.topk_weights)
+        refill(static, fresh)
         graph.replay()
         ref = expected_output(fresh, scales)
-        worst = max(worst, float(((y.float() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max()))
+        worst = max(worst, relative_error(y, ref))
     torch.cuda.synchronize()
     return worst
+
+
+def capture_graph(step, warmup=None):
+    """Run `warmup` (default: `step`) once on a side stream (allocations, compilation), then
+    capture `step()` in a CUDA graph: (the graph, what `step` returned under capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        (warmup or step)()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
+def refill(static: RankInputs, fresh: RankInputs) -> None:
+    """Copy `fresh` inputs into the captured `static` ones (same shapes): a replay's new round."""
+    static.x.copy_(fresh.x)
+    static.topk_ids.copy_(fresh.topk_ids)
+    static.topk_weights.copy_(fresh.topk_weights)

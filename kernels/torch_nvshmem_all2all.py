@@ -71,7 +71,7 @@ class TorchNvshmemAll2All(All2AllBackend):
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:
         if env.device_type != "cuda":
-            return Availability(False, "needs CUDA GPUs (NVSHMEM)")
+            return Availability(False, env.needs_cuda("NVSHMEM"))
         if env.world_size < 2:
             return Availability(False, "needs at least 2 ranks")
         if env.world_size > MAX_RANKS:

@@ -3,13 +3,23 @@
 # this from the repository root and returns what it writes under $OUT. Users run `a2a-tune run`
 # (and `a2a-tune check`) on their own machines instead.
 #
-# One call: install, probe, the conformance check and GPU tests, the full `a2a-tune run`,
-# evaluate/adaptive, and the side-by-side round-trip benchmark. Everything the call returns is
-# under $OUT (at most 8 files): log.txt, probe.json, nvml_record.json, a2a_tune.db, bench.json,
-# profiles/*.json, evaluate.txt.
+# Two modes (MODE=, default: by the GPUs visible):
+#   x2       (2+ GPUs, `nvidia-h200-x2`, one call <= 25 min): what has not run on 2 GPUs yet --
+#            the GPU tests (the refactored NVLink kernels, DeepEP's and torch NVSHMEM's invariants),
+#            `a2a-tune run` re-measuring the table with DeepEP and NVSHMEM timed beside the others,
+#            `evaluate` on it, and the side-by-side `bench/roundtrip.py`.
+#   virtual  (1 GPU, `nvidia-h200`): our kernels on 2..8 virtual ranks of the one GPU (GPU tests
+#            of tests/kernels/test_virtual_gpu.py, `a2a-tune check --virtual` at W = 2, 3, 4, 8 and
+#            its planted bugs), DeepEP low-latency at 1 rank, what a 1-GPU host says to
+#            `a2a-tune run`, and the virtual ranks' fixed costs at T = 1 (never a table).
+# Everything the call returns is under $OUT (at most 8 files): log.txt, probe.json,
+# nvml_record.json, a2a_tune.db, bench.json, profiles/*.json, evaluate.txt.
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
 #          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
-#   steps (1 = run): TESTS=1 FI_CHECK=$TESTS SWEEP=1 EVAL=0 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 BENCH=1
+#          .deepep (optional: `python scripts/stage_deepep.py` output, DeepEP's backends)
+#   BUDGET_S: the whole call's seconds (default 1440 = 24 min); every step's timeout is cut to
+#   what is left, and a step with under a minute left is reported "not run: out of time".
+#   x2 steps (1 = run): TESTS=1 FI_CHECK=0 SWEEP=1 EVAL=1 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 BENCH=1
 #   RUN_ARGS: extra `a2a-tune run` options (e.g. --capacity 8192, --backend B).
 #   EVAL_MOST=N: evaluate at N held-out midpoints of the table (default 8); EVAL_TOKENS overrides.
 #   CAPACITY=N: also sweep DeepSeek-V3 bf16 with fixed-capacity backends built for N tokens/rank
@@ -17,12 +27,18 @@
 #   EXTRA_SWEEP="options": one more `a2a-tune sweep` with these options into the same store.
 #   DB_IN=path: start from a copy of that store (an earlier call's, carried); TABLE_IN=path: the
 #   table EVAL/KNOBS use when this call's run wrote none (copied to $OUT/profiles first).
+#   VIRTUAL_WORLDS: the virtual mode's world sizes (default "2 3 4 8").
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/a2a-out}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
-step() { echo; echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; }
+DEADLINE=$(( $(date +%s) + ${BUDGET_S:-1440} ))
+step() { echo; echo "=== $* ($(date -u +%T), $(( DEADLINE - $(date +%s) )) s left)" | tee -a "$LOG"; }
+# tmo S: a step's timeout, S seconds or what the budget leaves (minus 30 s to write up); 0: none left
+tmo() { local left=$(( DEADLINE - $(date +%s) - 30 )); (( left < 60 )) && { echo 0; return; }; (( left < $1 )) && echo "$left" || echo "$1"; }
+# run_for S STEP...: run STEP under `timeout $(tmo S)`, or say it was not run
+run_for() { local t; t=$(tmo "$1"); shift; if [ "$t" = 0 ]; then echo "not run: out of time ($*)" | tee -a "$LOG"; return 124; fi; timeout "$t" "$@"; }
 counts() {  # measurements per run, and cases measured twice in a run (a resumed sweep must repeat nothing)
   python3 - "$1" <<'PY'
 import sys
@@ -43,16 +59,19 @@ if [ -d .flashinfer/site ]; then
   # The staged FlashInfer carries its kernels prebuilt (AOT): never compile here.
   export PYTHONPATH=$PWD/.flashinfer/site:$PYTHONPATH FLASHINFER_DISABLE_JIT=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws
 fi
+[ -d .deepep/site ] && export PYTHONPATH=$PWD/.deepep/site:$PYTHONPATH  # DeepEP built for this torch and arch
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+MODE=${MODE:-$([ "$GPUS" -ge 2 ] && echo x2 || echo virtual)}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || { tail "$LOG"; exit 1; }
 A2A="python3 -m a2a_tune.tuner.cli"
 DB="sqlite:///$OUT/a2a_tune.db"
 [ -n "${DB_IN:-}" ] && cp "$DB_IN" "$OUT/a2a_tune.db" && chmod u+w "$OUT/a2a_tune.db"
 if [ -n "${TABLE_IN:-}" ]; then mkdir -p "$OUT/profiles"; cp "$TABLE_IN" "$OUT/profiles/"; chmod u+w "$OUT"/profiles/*; fi
 
-step "machine"
+step "machine (mode $MODE, $GPUS GPU(s))"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nvidia-smi topo -m; nvidia-smi nvlink -s -i 0 | head -5;
   python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "triton", triton.__version__)';
-  [ -f .flashinfer/STAGED ] && cat .flashinfer/STAGED; } 2>&1 | tee -a "$LOG"
+  [ -f .flashinfer/STAGED ] && cat .flashinfer/STAGED; [ -f .deepep/STAGED ] && cat .deepep/STAGED; } 2>&1 | tee -a "$LOG"
 
 if [ -d .flashinfer/site ]; then
   step "flashinfer: staged import + AOT modules load"
@@ -69,15 +88,60 @@ $A2A probe 2>&1 | tee -a "$LOG"
 $A2A probe --json >"$OUT/probe.json" 2>>"$LOG"
 $A2A probe --record "$OUT/nvml_record.json" >/dev/null 2>>"$LOG"
 
-if [ "${FI_CHECK:-${TESTS:-1}}" = 1 ] && [ -d .flashinfer/site ]; then
+if [ "$MODE" = virtual ]; then
+  SUPPORT=$PWD/tests/support  # planted_kernels.py: bugs planted in copies of the kernel modules
+  mkdir -p /tmp/a2a-e96 && echo '{"num_local_experts": 96, "num_experts_per_tok": 8, "hidden_size": 7168}' >/tmp/a2a-e96/config.json
+
+  step "virtual ranks on one GPU: pytest -m gpu (W = 2, 3, 4, 8; bf16, fp8; eager, graph replay; planted bugs; DeepEP LL and FlashInfer at 1 rank)"
+  run_for ${TEST_TIMEOUT:-540} python3 -m pytest -q -m gpu tests/kernels/test_virtual_gpu.py tests/kernels/test_quant.py \
+    -p no:cacheprovider -rfs --tb=line 2>&1 | tail -80 | tee -a "$LOG"
+
+  for w in ${VIRTUAL_WORLDS:-2 3 4 8}; do
+    step "a2a-tune check --device cuda --virtual --world $w (the shipped NVLink kernels)"
+    shape="--preset deepseek-v3"; [ $(( 256 % w )) = 0 ] || shape="--model-config /tmp/a2a-e96/config.json"
+    run_for 240 $A2A check --device cuda --virtual --world "$w" $shape --no-progress \
+      --backend nvlink_one_sided --backend nvlink_low_latency 2>&1 | tee -a "$LOG"
+  done
+  step "a2a-tune check --virtual --world 4: planted kernel bugs (each must FAIL; exit 1)"
+  A2A_TUNE_BACKEND_MODULES=planted_kernels PYTHONPATH=$SUPPORT:$PYTHONPATH run_for 240 $A2A check --device cuda --virtual \
+    --world 4 --preset deepseek-v3 --no-progress --backend planted_kernel_drops_row --backend planted_kernel_wrong_slot \
+    --backend planted_kernel_skips_flag 2>&1 | tee -a "$LOG"; echo "exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+
+  if [ -d .deepep/site ]; then
+    step "DeepEP at 1 rank (scripts/deepep_smoke.py --world 1)"
+    run_for 300 python3 scripts/deepep_smoke.py --world 1 2>&1 | tail -40 | tee -a "$LOG"
+  fi
+
+  step "what a one-GPU host says: a2a-tune run (must refuse in one line, exit 2), a2a-tune backends"
+  run_for 120 $A2A run --no-progress --db "sqlite:///$OUT/refused.db" 2>&1 | tee -a "$LOG"; echo "exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+  run_for 60 $A2A backends 2>&1 | tee -a "$LOG"
+  rm -f "$OUT/refused.db"
+
+  step "virtual ranks' fixed costs at T = 1: one GPU's HBM stands in for the link, never a table"
+  run_for 180 python3 - <<'PY' 2>&1 | tee -a "$LOG"
+from a2a_tune.kernels import MoEShape, get_backend
+from a2a_tune.kernels.virtual import VirtualWorld
+for name in ("nvlink_one_sided", "nvlink_low_latency"):
+    for w in (2, 4, 8):
+        with VirtualWorld(w, "cuda").build(get_backend(name), MoEShape(256, 8, 7168, 1, "bf16"), step=1) as ranks:
+            t = ranks.time_round_trips(ranks.inputs([1] * w), warmup=10, iters=50)
+            us = sorted(t.us)[len(t.us) // 2]
+            print(f"{name} W={w} T=1 timing={t.timing}: {us:.1f} us per round trip of all {w} ranks, {us / w:.1f} per rank")
+PY
+  step "done"
+  exit 0
+fi
+
+if [ "${FI_CHECK:-0}" = 1 ] && [ -d .flashinfer/site ]; then
   step "a2a-tune check: FlashInfer's backends, W=2, DeepSeek-V3 shape"
-  timeout 160 $A2A check --device cuda --world 2 --preset deepseek-v3 --timeout 75 --no-progress \
+  run_for 160 $A2A check --device cuda --world 2 --preset deepseek-v3 --timeout 75 --no-progress \
     --backend flashinfer_nvlink_one_sided --backend flashinfer_nvlink_two_sided 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${TESTS:-1}" = 1 ]; then
-  step "gpu conformance tests"
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/test_backends_gpu.py tests/test_quant.py -p no:cacheprovider -rf --tb=line 2>&1 | tail -60 | tee -a "$LOG"
+  step "gpu conformance tests: the refactored NVLink kernels, DeepEP's and torch NVSHMEM's invariants, 2 GPUs"
+  run_for ${TEST_TIMEOUT:-360} python3 -m pytest -q -m gpu tests/kernels/test_backends_gpu.py tests/kernels/test_deepep_gpu.py \
+    tests/kernels/test_quant.py -p no:cacheprovider -rfs --tb=line 2>&1 | tail -80 | tee -a "$LOG"
 fi
 
 if [ "${QUANT_BENCH:-0}" = 1 ]; then
@@ -88,21 +152,21 @@ fi
 if [ "${SWEEP:-1}" = 1 ]; then
   step "a2a-tune run"
   start=$(date +%s)
-  timeout ${RUN_TIMEOUT:-420} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --out "$OUT/profiles" --no-progress ${RUN_ARGS:-} 2>&1 | tee -a "$LOG" "$OUT/run.out"
+  run_for ${RUN_TIMEOUT:-540} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --out "$OUT/profiles" --no-progress ${RUN_ARGS:-} 2>&1 | tee -a "$LOG" "$OUT/run.out"
   echo "a2a-tune run wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
   FULL_RUN=$(run_id "$OUT/run.out"); rm -f "$OUT/run.out"
 fi
 
-if [ "${EVAL:-0}" = 1 ]; then
+if [ "${EVAL:-1}" = 1 ]; then
   step "a2a-tune evaluate (held-out token counts)"
   start=$(date +%s)
   TABLE=$(ls "$OUT"/profiles/*.json | head -1)
-  if [ -z "${EVAL_TOKENS:-}" ] && [ -n "${EVAL_MOST:-}" ]; then
+  if [ -z "${EVAL_TOKENS:-}" ] && [ -n "${EVAL_MOST:-8}" ]; then
     EVAL_TOKENS=$(python3 -c "import json, sys; from a2a_tune.tuner.evaluate import held_out_tokens as h
-t = h((t for e in json.load(open(sys.argv[1]))['entries'] for t in e['tokens']), most=$EVAL_MOST); print(','.join(map(str, t)))" "$TABLE")
+t = h((t for e in json.load(open(sys.argv[1]))['entries'] for t in e['tokens']), most=${EVAL_MOST:-8}); print(','.join(map(str, t)))" "$TABLE")
     echo "held-out token counts: $EVAL_TOKENS" | tee -a "$LOG"
   fi
-  timeout ${EVAL_TIMEOUT:-200} $A2A evaluate --profile "$TABLE" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} $(for b in ${EVAL_BACKENDS:-}; do echo --backend $b; done) 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt" "$OUT/eval.out"
+  run_for ${EVAL_TIMEOUT:-180} $A2A evaluate --profile "$TABLE" --device cuda --db "$DB" --no-progress ${EVAL_TOKENS:+--tokens $EVAL_TOKENS} $(for b in ${EVAL_BACKENDS:-}; do echo --backend $b; done) 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt" "$OUT/eval.out"
   EVAL_RUN=$(grep -oE "run [0-9]+: regret" "$OUT/eval.out" | grep -oE "[0-9]+"); rm -f "$OUT/eval.out"
   echo "evaluate wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
 fi
@@ -110,7 +174,7 @@ fi
 if [ "${ADAPTIVE:-0}" = 1 ]; then
   step "a2a-tune sweep --adaptive (same plan as the run)"
   start=$(date +%s)
-  timeout ${ADAPTIVE_TIMEOUT:-200} $A2A sweep --adaptive --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt" "$OUT/adaptive.out"
+  run_for ${ADAPTIVE_TIMEOUT:-200} $A2A sweep --adaptive --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt" "$OUT/adaptive.out"
   echo "adaptive sweep wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
   ADAPTIVE_RUN=$(run_id "$OUT/adaptive.out"); rm -f "$OUT/adaptive.out"
   # its table, scored on this call's full-grid run and held-out run (SCORE_RUNS: other run ids)
@@ -130,7 +194,7 @@ if [ -n "${CAPACITY:-}" ]; then
   start=$(date +%s)
   CT=${CAP_TOKENS:-1,8,64,128,256,320,384,1024,4096,16384}
   for cap in "" "--capacity $CAPACITY"; do
-    timeout ${CAPACITY_TIMEOUT:-150} $A2A sweep --device cuda --preset deepseek-v3 --dtype bf16 --tokens $CT --no-refine \
+    run_for ${CAPACITY_TIMEOUT:-150} $A2A sweep --device cuda --preset deepseek-v3 --dtype bf16 --tokens $CT --no-refine \
       --db "$DB" --no-progress $cap 2>&1 | tail -3 | tee -a "$LOG"
   done
   echo "capacity sweeps wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
@@ -139,7 +203,7 @@ fi
 if [ -n "${EXTRA_SWEEP:-}" ]; then
   step "a2a-tune sweep $EXTRA_SWEEP"
   start=$(date +%s)
-  timeout ${EXTRA_TIMEOUT:-150} $A2A sweep --device cuda --db "$DB" --no-progress $EXTRA_SWEEP 2>&1 | tail -3 | tee -a "$LOG"
+  run_for ${EXTRA_TIMEOUT:-150} $A2A sweep --device cuda --db "$DB" --no-progress $EXTRA_SWEEP 2>&1 | tail -3 | tee -a "$LOG"
   echo "extra sweep wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
 fi
 
@@ -148,7 +212,7 @@ if [ "${KNOBS:-0}" = 1 ]; then
   # the table to write the knobs into: this call's (run or TABLE_IN), else the shipped one
   [ -n "$(ls "$OUT"/profiles/*.json 2>/dev/null)" ] || { mkdir -p "$OUT/profiles"; cp profiles/h200.nvl18x2.node1.json "$OUT/profiles/"; chmod u+w "$OUT"/profiles/*; }
   start=$(date +%s)
-  timeout ${KNOBS_TIMEOUT:-200} $A2A tune-knobs --backend nvlink_one_sided --preset deepseek-v3 --tokens ${KNOB_TOKENS:-1,128,8192} \
+  run_for ${KNOBS_TIMEOUT:-200} $A2A tune-knobs --backend nvlink_one_sided --preset deepseek-v3 --tokens ${KNOB_TOKENS:-1,128,8192} \
     --trials ${KNOB_TRIALS:-8} --device cuda --db "$DB" --profile "$(ls "$OUT"/profiles/*.json | head -1)" --no-progress 2>&1 | tee -a "$LOG" "$OUT/evaluate.txt"
   echo "tune-knobs wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG" "$OUT/evaluate.txt"
 fi
@@ -173,12 +237,12 @@ if [ "${RESUME:-0}" = 1 ]; then
   RARGS="--device cuda --preset deepseek-v3 --dtype bf16 --db $RDB --no-progress"
   timeout -s KILL ${KILL_AFTER:-30} $A2A sweep $RARGS >>"$LOG" 2>&1; echo "first sweep: exit $? (137 = killed)" | tee -a "$LOG"
   counts "$RDB" 2>&1 | tee -a "$LOG"
-  timeout 200 $A2A sweep --resume $RARGS 2>&1 | tail -4 | tee -a "$LOG"
+  run_for 200 $A2A sweep --resume $RARGS 2>&1 | tail -4 | tee -a "$LOG"
   counts "$RDB" 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${BENCH:-1}" = 1 ]; then
   step "side-by-side benchmark"
-  timeout ${BENCH_TIMEOUT:-240} python3 bench/roundtrip.py --json "$OUT/bench.json" 2>&1 | tee -a "$LOG"
+  run_for ${BENCH_TIMEOUT:-240} python3 bench/roundtrip.py --json "$OUT/bench.json" 2>&1 | tee -a "$LOG"
 fi
 step "done"

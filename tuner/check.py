@@ -12,8 +12,16 @@ Cases, per backend and model shape (rank r holds the r-th count of `tokens`, cyc
     local          64                every token's experts on its own rank: nothing leaves it
     repeated       1024, 3 calls     one instance, repeated round trips (workspace reuse)
     fp8            256, 100; 2 calls block-FP8 payloads (backends that carry quantized ones)
+    steps          200, 64; 3 calls  built for an engine's capacity (512), told steps of
+                                     256, 64 and 200 tokens (a rank holds at most the step)
     graph-replays  64, 5 replays     one CUDA-graph capture replayed with fresh inputs
                                      (graph-capturable backends; CUDA only)
+
+Virtual ranks (`virtual=True`, `a2a_tune.kernels.virtual`): the W ranks of each case run in one
+process on one device, each a region of one allocation, in phase order: on a machine with fewer
+GPUs than W, or on CPU under Triton's interpreter. Only backends that reach their peers through
+memory they map (`virtual_ranks`: the symmetric-memory ones) run so; the others are skipped.
+`token_scale` shrinks every case's counts (the interpreter runs each program in Python).
 
 A case is "ok" (the invariant held on every rank and call), "FAIL" (wrong results, a crash,
 a failed construction, or no progress for `timeout` seconds: a hung backend is stopped and
@@ -23,38 +31,69 @@ shape infeasible, or the case needs what this run lacks).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend
+from a2a_tune.kernels import Availability, BackendEnv, MoEShape, ShapeError, get_backend
 from a2a_tune.kernels.reference import TOLERANCE, graph_replay_error
+from a2a_tune.kernels.virtual import VirtualWorld
 
 from .launch import Heartbeat, RankContext, RankFailed, RanksStalled, all_ranks_ok, one_line, run_ranks
-from .measure import Backends, Result, gate, input_sets
+from .measure import Backends, Result, capacity_of, gate, input_sets
 from .shapes import ModelShape
 
 DEFAULT_TIMEOUT_S = 300.0  # one case, first kernel compilations included
+# --device cpu --virtual: every case's token counts times this (the interpreter runs a program
+# per token slot in Python, ~5 ms each: 1024 tokens on 8 ranks would take minutes per call)
+INTERPRETER_TOKEN_SCALE = 1 / 64
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
-    tokens: tuple[int, ...]  # rank r holds tokens[r % len(tokens)]
+    tokens: tuple[int, ...]  # rank r holds tokens[r % len(tokens)] (at most the call's step)
     routing: str = "uniform"
     dtype: str = "bf16"
     calls: int = 1  # round trips checked on one instance (graph: replays of one capture)
     graph: bool = False
+    capacity: int | None = None  # an engine's capacity [default: the step's]
+    steps: tuple[int, ...] = ()  # the step told before each call [default: the most tokens]
 
     def tokens_of(self, world_size: int) -> list[int]:
         return [self.tokens[r % len(self.tokens)] for r in range(world_size)]
+
+    def plan(self, world_size: int) -> list[tuple[int, list[int]]]:
+        """Per call: (the step, every rank's tokens)."""
+        tokens = self.tokens_of(world_size)
+        if not self.steps:
+            return [(max(tokens), tokens)] * self.calls
+        return [(step, [min(t, step) for t in tokens]) for step in self.steps]
+
+    def scaled(self, scale: float) -> Case:
+        """The case at `scale` times its token counts (a count above 0 stays above 0)."""
+        if scale == 1:
+            return self
+
+        def f(n: int) -> int:
+            return max(1, round(n * scale)) if n else 0
+
+        return dataclasses.replace(
+            self,
+            tokens=tuple(map(f, self.tokens)),
+            capacity=f(self.capacity) if self.capacity else None,
+            steps=tuple(map(f, self.steps)),
+        )
 
 
 CASES = (
@@ -63,6 +102,7 @@ CASES = (
     Case("local", (64,), routing="local"),
     Case("repeated", (1024,), calls=3),
     Case("fp8", (256, 100), dtype="fp8_e4m3", calls=2),
+    Case("steps", (200, 64), capacity=512, steps=(256, 64, 200)),
     Case("graph-replays", (64,), calls=5, graph=True),
 )
 
@@ -80,6 +120,7 @@ class Row:
     dtype: str = ""
     max_rel_error: float | None = None
     seconds: float | None = None
+    virtual: bool = False  # the ranks were virtual ranks of one device (one process)
 
 
 def check(
@@ -91,42 +132,83 @@ def check(
     required: bool = False,
     timeout: float = DEFAULT_TIMEOUT_S,
     on_backend: Callable[[str, list[Row]], None] | None = None,
+    virtual: bool = False,
+    token_scale: float = 1.0,
 ) -> list[Row]:
     """Check each backend of `names` on every case and shape, each backend in its own launch of
-    `world_size` ranks. A backend that is unavailable here is skipped with its reason, or
-    FAILs when `required` (it was asked for by name). `on_backend(name, rows)` after each."""
-    env = BackendEnv.local(world_size, device_type)
+    `world_size` ranks (virtual: one process holding them all). A backend that is unavailable
+    here is skipped with its reason, or FAILs when `required` (it was asked for by name).
+    `on_backend(name, rows)` after each."""
+    env = None if virtual else BackendEnv.local(world_size, device_type)
     rows: list[Row] = []
     for name in names:
-        ok, reason = get_backend(name).availability(env)
-        if ok:
-            got = _check_backend(name, shapes, device_type, world_size, timeout)
+        if virtual:
+            ok, reason = virtual_availability(name, device_type, world_size)
         else:
-            got = [Row(name, "-", "-", "FAIL" if required else "skip", f"unavailable: {reason}")]
+            ok, reason = get_backend(name).availability(env)
+        if ok:
+            got = _check_backend(name, shapes, device_type, world_size, timeout, virtual, token_scale)
+        else:
+            got = [Row(name, "-", "-", "FAIL" if required else "skip", f"unavailable: {reason}", virtual=virtual)]
         rows += got
         if on_backend is not None:
             on_backend(name, got)
     return rows
 
 
-def _check_backend(name: str, shapes, device_type: str, world_size: int, timeout: float) -> list[Row]:
-    """One launch of ranks for `name`; rank 0 appends each case's row to a file as it goes, so
-    the rows of a launch that hangs or dies are kept and its last case is the one to blame."""
+def virtual_availability(name: str, device_type: str, world_size: int) -> Availability:
+    """Whether `name` runs on `world_size` virtual ranks of one `device_type` device."""
+    cls = get_backend(name)
+    if not cls.virtual_ranks:
+        return Availability(False, "needs a process per rank (collectives), so not on virtual ranks")
+    if not BackendEnv.has_package("triton"):
+        return Availability(False, "triton not installed")
+    if device_type != "cuda":
+        return Availability(True)  # the interpreter: no device needs (the check sets TRITON_INTERPRET)
+    # one device stands for every rank: peers are regions of its own memory
+    return cls.availability(dataclasses.replace(BackendEnv.local(world_size, "cuda"), peer_access=True))
+
+
+@contextmanager
+def _interpreted(on: bool) -> Iterator[None]:
+    """TRITON_INTERPRET=1 for the ranks about to be spawned (it must be set before Triton's
+    kernels are defined, i.e. before a2a_tune.kernels is imported there)."""
+    before = os.environ.get("TRITON_INTERPRET")
+    if on:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if on and before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        elif on:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def _check_backend(
+    name: str, shapes, device_type: str, world_size: int, timeout: float, virtual: bool, token_scale: float
+) -> list[Row]:
+    """One launch of ranks for `name` (virtual: of one process); rank 0 appends each case's row
+    to a file as it goes, so the rows of a launch that hangs or dies are kept and its last case
+    is the one to blame."""
     with tempfile.TemporaryDirectory(prefix="a2a-tune-check-") as tmp:
         heartbeat = Heartbeat(Path(tmp) / "heartbeat.json")
         rows_file = Path(tmp) / "rows.jsonl"
         failure = None
         try:
-            run_ranks(
-                _check_rank,
-                world_size,
-                device_type,
-                name,
-                list(shapes),
-                heartbeat,
-                str(rows_file),
-                stalled=heartbeat.stalled_after(timeout),
-            )
+            with _interpreted(virtual and device_type == "cpu"):
+                run_ranks(
+                    _check_rank,
+                    1 if virtual else world_size,
+                    device_type,
+                    name,
+                    list(shapes),
+                    heartbeat,
+                    str(rows_file),
+                    world_size if virtual else None,
+                    token_scale,
+                    stalled=heartbeat.stalled_after(timeout),
+                )
         except RanksStalled:
             failure = f"hung: no progress for {timeout:.0f} s; its ranks were stopped, its remaining cases not run"
         except RankFailed as exc:
@@ -134,12 +216,21 @@ def _check_backend(name: str, shapes, device_type: str, world_size: int, timeout
         rows = [Row(**json.loads(line)) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
         if failure is not None:
             doing = heartbeat.last() or {"shape": "-", "case": "-"}
-            rows.append(Row(name, doing["shape"], doing["case"], "FAIL", failure))
+            rows.append(Row(name, doing["shape"], doing["case"], "FAIL", failure, virtual=virtual))
     return rows
 
 
-def _check_rank(ctx: RankContext, name: str, shapes: list[ModelShape], heartbeat: Heartbeat, rows_file: str) -> None:
+def _check_rank(
+    ctx: RankContext,
+    name: str,
+    shapes: list[ModelShape],
+    heartbeat: Heartbeat,
+    rows_file: str,
+    virtual_size: int | None,
+    token_scale: float,
+) -> None:
     cls = get_backend(name)
+    world = None if virtual_size is None else VirtualWorld(virtual_size, ctx.device)
     for model in shapes:
         for i, case in enumerate(CASES):
             if case.graph and not cls.graph_capturable:
@@ -147,7 +238,11 @@ def _check_rank(ctx: RankContext, name: str, shapes: list[ModelShape], heartbeat
             if ctx.rank == 0:
                 heartbeat.beat({"shape": model.name, "case": case.name})
             start = time.perf_counter()
-            row = _check_case(ctx, name, model, case, seed=1000 * i)
+            case = case.scaled(token_scale)
+            if world is None:
+                row = _check_case(ctx, name, model, case, seed=1000 * i)
+            else:
+                row = _check_case_virtual(world, name, model, case, seed=1000 * i)
             row.seconds = round(time.perf_counter() - start, 2)
             if ctx.rank == 0:
                 with open(rows_file, "a") as f:
@@ -155,40 +250,57 @@ def _check_rank(ctx: RankContext, name: str, shapes: list[ModelShape], heartbeat
                 heartbeat.beat(None)
 
 
+def _case_shape(model: ModelShape, case: Case, plan: list[tuple[int, list[int]]]) -> MoEShape:
+    """The shape of the case's largest step: the backends' capacity unless the case has one."""
+    largest = max(case.capacity or 0, *(step for step, _ in plan))
+    return MoEShape(model.num_experts, model.topk, model.hidden, largest, case.dtype)
+
+
 def _check_case(ctx: RankContext, name: str, model: ModelShape, case: Case, seed: int) -> Row:
     """Collective: every rank returns the same verdict."""
-    tokens = case.tokens_of(ctx.world_size)
-    row = Row(name, model.name, case.name, "ok", tokens=tokens, dtype=case.dtype)
+    plan = case.plan(ctx.world_size)
+    row = Row(name, model.name, case.name, "ok", tokens=case.tokens_of(ctx.world_size), dtype=case.dtype)
     if case.graph and ctx.device.type != "cuda":
         row.status, row.reason = "skip", "CUDA-graph replays need --device cuda"
         return row
-    step = max(tokens)  # the step's max over ranks, as an engine tells it
-    shape = MoEShape(model.num_experts, model.topk, model.hidden, step, case.dtype)
+    shape = _case_shape(model, case, plan)
     try:
         calls = [
-            input_sets(ctx, shape, tokens[ctx.rank], routing=case.routing, seed=seed + call)[0]
-            for call in range(case.calls)
+            (step, input_sets(ctx, shape, tokens[ctx.rank], routing=case.routing, seed=seed + call)[0])
+            for call, (step, tokens) in enumerate(plan)
         ]
     except ShapeError as exc:  # the same on every rank: the world or routing cannot take this shape
         row.status, row.reason = "skip", str(exc)
         return row
-    with Backends(ctx, shape) as built:
-        backend = built.get(name, step)
-        if isinstance(backend, Result):
-            row.status, row.reason = ("skip" if backend.kind == "infeasible" else "FAIL"), backend.reason
-            return row
-        verdict = _graph_verdict(ctx, backend, step, case) if case.graph else _calls_verdict(backend, calls)
+    with Backends(ctx, shape, capacity=case.capacity) as built:
+        if case.graph:
+            backend = built.get(name, plan[0][0])
+            verdict = backend if isinstance(backend, Result) else _graph_verdict(ctx, backend, plan[0][0], case)
+        else:
+            verdict = _calls_verdict(built, name, calls)
+    return _verdict_row(row, verdict)
+
+
+def _verdict_row(row: Row, verdict: Result) -> Row:
+    """The row of a case that ran: ok, skip (the backend declares a step infeasible) or FAIL."""
+    if verdict.kind == "infeasible":
+        row.status, row.reason = "skip", verdict.reason
+        return row
     if verdict.max_rel_error is not None and math.isfinite(verdict.max_rel_error):  # inf: it crashed
         row.max_rel_error = verdict.max_rel_error
     if not verdict.ok:
-        row.status, row.reason = "FAIL", f"{verdict.kind}: {verdict.reason}"
+        built = verdict.reason.startswith("construction failed")  # said as is, like an infeasible step
+        row.status, row.reason = "FAIL", verdict.reason if built else f"{verdict.kind}: {verdict.reason}"
     return row
 
 
-def _calls_verdict(backend, calls) -> Result:
-    """The invariant on each call in turn; the first failure, else the worst error."""
+def _calls_verdict(built: Backends, name: str, calls) -> Result:
+    """The invariant on each call in turn, at its step; the first failure, else the worst error."""
     worst = 0.0
-    for inputs in calls:
+    for step, inputs in calls:
+        backend = built.get(name, step)
+        if isinstance(backend, Result):
+            return backend
         verdict = gate(backend, inputs)
         if not verdict.ok:
             return verdict
@@ -206,20 +318,65 @@ def _graph_verdict(ctx: RankContext, backend, tokens: int, case: Case) -> Result
         return Result("error", error or "failed on another rank")
     agreed = torch.tensor([worst], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ctx.group)
-    worst = float(agreed.item())
+    return _replay_result(float(agreed.item()), case)
+
+
+def _replay_result(worst: float, case: Case) -> Result:
     tolerance = TOLERANCE[case.dtype]
     if worst > tolerance:
         return Result("incorrect", f"replay error {worst:.3g} > tolerance {tolerance:g}", max_rel_error=worst)
     return Result("passed", max_rel_error=worst)
 
 
-def render(rows: Sequence[Row]):
+def _check_case_virtual(world: VirtualWorld, name: str, model: ModelShape, case: Case, seed: int) -> Row:
+    """One case on the world's virtual ranks: the backend's W instances built as `Backends`
+    builds them (capacity, step), the invariant over all ranks per call, or the graph replays."""
+    plan = case.plan(world.size)
+    row = Row(name, model.name, case.name, "ok", tokens=case.tokens_of(world.size), dtype=case.dtype, virtual=True)
+    if case.graph and world.device.type != "cuda":
+        row.status, row.reason = "skip", "CUDA-graph replays need --device cuda"
+        return row
+    cls = get_backend(name)
+    shape = _case_shape(model, case, plan)
+    capacity = capacity_of(cls, plan[0][0], capacity=case.capacity, largest=shape.max_tokens_per_rank)
+    try:
+        ranks = world.build(cls, dataclasses.replace(shape, max_tokens_per_rank=capacity), step=plan[0][0] or None)
+    except ShapeError as exc:  # the shape cannot run on W ranks, or the backend declares it infeasible
+        row.status, row.reason = "skip", str(exc)
+        return row
+    except Exception as exc:
+        return _verdict_row(row, Result("error", f"construction failed: {one_line(exc)}"))
+    with ranks:
+        try:
+            verdict = _virtual_verdict(ranks, case, plan, seed)
+        except ShapeError as exc:  # e.g. more tokens than the step: the caller's mistake, one line
+            verdict = Result("error", str(exc))
+        except Exception as exc:  # a graph capture that failed, a wait that gave up in the replays
+            verdict = Result("error", one_line(exc))
+    return _verdict_row(row, verdict)
+
+
+def _virtual_verdict(ranks, case: Case, plan, seed: int) -> Result:
+    if case.graph:
+        return _replay_result(ranks.graph_replay_error(plan[0][1], case.calls), case)
+    worst = 0.0
+    for call, (step, tokens) in enumerate(plan):
+        ranks.set_step_tokens(step or None)
+        verdict = ranks.check(ranks.inputs(tokens, routing=case.routing, seed=seed + call))
+        if not verdict.ok:
+            kind = "error" if verdict.crashed else "incorrect"
+            return Result(kind, verdict.reason, max_rel_error=verdict.max_rel_error)
+        worst = max(worst, verdict.max_rel_error)
+    return Result("passed", max_rel_error=worst)
+
+
+def render(rows: Sequence[Row], title: str | None = None):
     """The rows as a rich Table: one line per backend, shape and case (tokens and dtypes per
     case: the module docstring, `a2a-tune check --help`, the --json rows)."""
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(show_edge=False, pad_edge=False)
+    table = Table(show_edge=False, pad_edge=False, title=title)
     table.add_column("backend", no_wrap=True)
     table.add_column("shape", no_wrap=True)
     table.add_column("case", no_wrap=True)

@@ -111,6 +111,11 @@ def _plans():
     return plans
 
 
+def _note(line: str) -> None:
+    """A note the plan's rules say on the way (one line on stderr; not an error)."""
+    err.print(line, highlight=False, markup=False)
+
+
 def _print_outcome(outcome, seconds: float) -> None:
     failed = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()) if kind != "unavailable")
     out.print(
@@ -136,7 +141,7 @@ def _do_sweep(options, *, publish: bool = False):
     from .plans import PlanError
     from .sweep import sweep as run_sweep
 
-    plan, device, world = _planned(_plans().build_plan, options)
+    plan, device, world = _planned(_plans().build_plan, options, note=_note)
     db = options.db
     job = job_rank()
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
@@ -203,7 +208,9 @@ def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
 
 
 _device_opt = typer.Option(
-    "auto", help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo; auto: cuda if >= 2 GPUs."
+    "auto",
+    help="cuda: one rank per GPU (NCCL); cpu: CPU ranks over gloo (on a GPU host: a rehearsal, not its table); "
+    "auto: cuda if >= 2 GPUs, or a GPU under torchrun/srun.",
 )
 _world_opt = typer.Option(None, help="Ranks to spawn [default: every GPU; 2 on cpu]. Ignored under torchrun/srun.")
 _preset_opt = typer.Option(
@@ -480,7 +487,7 @@ def evaluate(
         return
     _store_url(db)
     plans = _plans()
-    device, world = _planned(plans.resolve_ranks, device, world)
+    device, world = _planned(plans.resolve_ranks, device, world, note=_note)
     shapes_here = [e.shape for e in table.entries if e.shape.ep_size == world]
     if not shapes_here:
         raise _fail(f"{profile} has no entries for EP size {world}", 2)
@@ -645,7 +652,7 @@ def tune_knobs(
         routing=[routing],
         backend=[backend],
     )
-    plan, device, world = _planned(plans.build_plan, options)
+    plan, device, world = _planned(plans.build_plan, options, note=_note)
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
     table_capacity = None
@@ -1075,7 +1082,7 @@ def backends(
 
     from a2a_tune.kernels import BackendEnv, get_backend, list_backends
 
-    device, gpus = _planned(_plans().resolve_device, device)
+    device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
     table = Table("backend", "vLLM", "SGLang", "reach", "here", title=f"backends for {world} {device} rank(s)")
@@ -1099,6 +1106,11 @@ def backends(
         "makes no progress for --timeout seconds FAILs as hung and the next backend runs.",
         "An out-of-tree backend: name its module in A2A_TUNE_BACKEND_MODULES (comma-separated, importable in "
         "every rank) and run `a2a-tune check --backend NAME --device cpu` (if it runs on gloo) or on GPUs.",
+        "--virtual: the --world ranks are virtual ranks of one device in one process, each a region of one "
+        "allocation, run phase by phase (every rank's send, then every rank's wait): on a machine with fewer GPUs "
+        "than ranks (--device cuda), or on CPU under Triton's interpreter (--device cpu). For backends that reach "
+        "their peers only through memory they map (ours, and out-of-tree ones on their kernel-module host API); "
+        "it checks their device code at any EP size, not the link between GPUs.",
         "Exit status: 0 when every case passed or was skipped (with the reason), 1 when one FAILed, 2 on bad options.",
     )
 )
@@ -1118,16 +1130,31 @@ def check(
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the rows to FILE (JSON)."),
     progress: bool = _progress_opt,
+    virtual: bool = typer.Option(
+        False, "--virtual", help="Run the --world ranks as virtual ranks of one device, in one process (see above)."
+    ),
+    token_scale: float | None = typer.Option(
+        None,
+        min=0.0001,
+        max=1.0,
+        help="Every case's token counts times this [default: 1; 1/64 with --device cpu --virtual, where the "
+        "interpreter runs each program in Python].",
+    ),
 ) -> None:
     from a2a_tune.kernels import list_backends
 
+    from .check import INTERPRETER_TOKEN_SCALE, render
     from .check import check as run_check
-    from .check import render
     from .progress import progress_bar
 
     plans = _plans()
     _planned(plans.check_backends, backend)
-    device, world = _planned(plans.resolve_ranks, device, world)
+    if virtual:
+        device, world = _planned(plans.resolve_virtual, device, world)
+    else:
+        device, world = _planned(plans.resolve_ranks, device, world, virtual_hint=True, note=_note)
+    if token_scale is None:
+        token_scale = INTERPRETER_TOKEN_SCALE if virtual and device == "cpu" else 1.0
     shapes = _planned(plans.model_shapes, preset, model_config)
     names = list(dict.fromkeys(backend)) or list_backends()
     speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun/srun: rank 0 reports
@@ -1141,14 +1168,19 @@ def check(
             required=bool(backend),
             timeout=timeout,
             on_backend=(lambda name, _rows: bar.update(task, advance=1, description=name)) if bar else None,
+            virtual=virtual,
+            token_scale=token_scale,
         )
     if not speaks:
         raise typer.Exit(0)
-    (out if out.is_terminal else Console(width=160)).print(render(rows))  # a log keeps its lines whole
+    where = f"{world} virtual ranks of one {device} device" if virtual else f"{world} {device} rank(s)"
+    title = f"each case ran on {where} (one process)" if virtual else None
+    (out if out.is_terminal else Console(width=160)).print(render(rows, title))  # a log keeps its lines whole
     counts = {s: sum(r.status == s for r in rows) for s in ("ok", "FAIL", "skip")}
+    scaled = f", token counts x {token_scale:g}" if token_scale != 1 else ""
     out.print(
-        f"{counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped: {len(names)} backend(s) on {world} "
-        f"{device} rank(s), {len(shapes)} shape(s)",
+        f"{counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped: {len(names)} backend(s) on {where}, "
+        f"{len(shapes)} shape(s){scaled}",
         highlight=False,
     )
     if json_out is not None:

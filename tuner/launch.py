@@ -107,6 +107,28 @@ def all_ranks_ok(ok: bool, ctx: RankContext) -> bool:
     return bool(flag.item())
 
 
+def one_gpu_refusal(gpus: int, gpu_name: str | None, *, virtual_hint: bool = False) -> str:
+    """What a host with fewer than 2 GPUs is told when it asks for GPU ranks, in one line: what
+    it is, and what it can do instead (a job across nodes; a CPU rehearsal; virtual ranks)."""
+    name = f" ({gpu_name})" if gpu_name else ""
+    line = (
+        f"expert parallelism needs at least 2 GPUs; this machine has {gpus}{name}: use 2 or more here, or "
+        "launch one rank per GPU across nodes with torchrun/srun; --device cpu is a rehearsal on CPU ranks "
+        "(gloo), not this machine's table"
+    )
+    if virtual_hint:
+        line += "; --virtual --world N checks backends' kernels on N virtual ranks of this GPU"
+    return line
+
+
+def cpu_rehearsal_note(gpus: int) -> str:
+    """Said when CPU ranks run on a host with GPUs: nothing they measure is that host's figures."""
+    return (
+        f"note: --device cpu on a host with {gpus} GPU(s): a rehearsal on CPU ranks over gloo; "
+        "what it measures is not this machine's table"
+    )
+
+
 # CPU ranks (gloo) per core before the machine only thrashes, and what one rank costs in
 # memory (torch, gloo, a sweep's buffers at small shapes): the ceiling `cpu_rank_limit` puts
 # on --world for spawned CPU ranks.

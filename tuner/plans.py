@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,13 +150,14 @@ def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
     return tuple(values)
 
 
-def resolve_device(device: str) -> tuple[str, int]:
-    """--device: "cuda" or "cpu", and how many GPUs are visible."""
+def resolve_device(device: str, *, launched: bool = False, gpu_ranks: int = 2) -> tuple[str, int]:
+    """--device: "cuda" or "cpu", and how many GPUs are visible; auto is cuda where `gpu_ranks`
+    GPUs are visible (one each in a torchrun/srun job: `launched`)."""
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device == "auto":
-        device = "cuda" if gpus >= 2 else "cpu"
+        device = "cuda" if gpus >= (1 if launched else gpu_ranks) else "cpu"
     if device == "cuda" and gpus == 0:
         raise PlanError("--device cuda: no CUDA GPU is visible (use --device cpu to sweep CPU ranks over gloo)")
     if device not in ("cuda", "cpu"):
@@ -164,15 +165,31 @@ def resolve_device(device: str) -> tuple[str, int]:
     return device, gpus
 
 
-def resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
-    """--device and --world: the device type and the ranks to run (a torchrun/srun job's own)."""
-    from .launch import RankFailed, cpu_rank_limit, job_rank
+def _gpu_name() -> str | None:
+    import torch
 
-    device, gpus = resolve_device(device)
+    try:
+        return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - the name only decorates a message
+        return None
+
+
+def resolve_ranks(
+    device: str, world: int | None, *, virtual_hint: bool = False, note: Callable[[str], None] | None = None
+) -> tuple[str, int]:
+    """--device and --world: the device type and the ranks to run (a torchrun/srun job's own).
+    A host with one GPU is refused GPU ranks (and auto) in one line saying what it can do;
+    CPU ranks on a GPU host are told (`note`, one line) they rehearse, not measure the host."""
+    from .launch import RankFailed, cpu_rank_limit, cpu_rehearsal_note, job_rank, one_gpu_refusal
+
     try:
         job = job_rank()  # torchrun / srun: the job's size, whatever --world says
     except RankFailed as exc:
         raise PlanError(str(exc)) from None
+    requested = device
+    device, gpus = resolve_device(device, launched=job is not None)
+    if job is None and gpus == 1 and requested in ("auto", "cuda"):
+        raise PlanError(one_gpu_refusal(gpus, _gpu_name(), virtual_hint=virtual_hint))
     if job is not None:
         world = job.world_size
     elif world is None:
@@ -181,12 +198,29 @@ def resolve_ranks(device: str, world: int | None) -> tuple[str, int]:
         raise PlanError(
             f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)"
         )
+    if device == "cpu" and gpus and job is None and note is not None:
+        note(cpu_rehearsal_note(gpus))
     if world < 2:
         raise PlanError(f"--world must be at least 2 (all2all needs peers), got {world}")
     if device == "cpu" and job is None:
         limit, why = cpu_rank_limit()
         if world > limit:
             raise PlanError(f"--world {world} on cpu: this machine holds at most {limit} CPU ranks ({why})")
+    return device, world
+
+
+def resolve_virtual(device: str, world: int | None) -> tuple[str, int]:
+    """--device and --world for --virtual: one process holds every rank (on one GPU, or on CPU)."""
+    from a2a_tune.kernels.virtual import MAX_VIRTUAL_RANKS
+
+    from .launch import launched_externally
+
+    if launched_externally():
+        raise PlanError("--virtual runs every rank in one process: start it without torchrun/srun")
+    device, _ = resolve_device(device, gpu_ranks=1)
+    world = 2 if world is None else world
+    if not 2 <= world <= MAX_VIRTUAL_RANKS:
+        raise PlanError(f"--world must be 2..{MAX_VIRTUAL_RANKS} with --virtual, got {world}")
     return device, world
 
 
@@ -232,15 +266,16 @@ def check_capacity(capacity: int | None, token_counts, table_capacity: int | Non
     return capacity
 
 
-def build_plan(options: SweepOptions):
+def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = None):
     """(plan, device, world) for `options`, checked whole (:func:`check_plan`): PlanError
-    when there is none, before any rank starts."""
+    when there is none, before any rank starts. `note`: where a note on the way goes
+    (:func:`resolve_ranks`)."""
     from a2a_tune.kernels import PAYLOAD_DTYPES
     from a2a_tune.kernels.reference import ROUTINGS
 
     from .adaptive import REFINE_RATIO
 
-    device, world = resolve_ranks(options.device, options.world)
+    device, world = resolve_ranks(options.device, options.world, note=note)
     shapes = model_shapes(options.preset, options.model_config)
     for d in options.dtype:
         if d not in PAYLOAD_DTYPES:

@@ -170,6 +170,20 @@ def test_the_store_refuses_a_token_count_outside_the_points_bound(store, tokens)
     store.add_measurement(run, **measurement(tokens_per_rank=MAX_TOKENS_PER_RANK))  # the bound itself is a count
 
 
+def test_virtual_rank_timings_are_never_stored_as_a_machine_s_measurements(store):
+    import a2a_tune.db.store as store_mod
+    from a2a_tune.kernels.virtual import VIRTUAL_TIMING, VirtualTimings
+
+    _, run = new_run(store)
+    timed = VirtualTimings("nvlink_one_sided", 8, "cuda:0", us=[12.0, 13.5])  # 8 ranks on one GPU
+    assert timed.timing == VIRTUAL_TIMING == store_mod.VIRTUAL_TIMING
+    with pytest.raises(StoreError, match="^nvlink_one_sided: virtual-rank timings .* never stored"):
+        store.add_measurement(run, **measurement(backend=timed.backend, timing=timed.timing, samples=timed.us))
+    with pytest.raises(StoreError, match="virtual-rank timings"):
+        store.add_measurement(run, **measurement(timing=f"{VIRTUAL_TIMING}-graph"))
+    assert store.measurements(run) == []
+
+
 # ----------------------------------------------------------------------------- durability / resume
 
 

@@ -98,7 +98,10 @@ def _all_gpu_work(ctx, cases):
 @pytest.fixture(scope="module")
 def gpu_results():
     if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 CUDA GPUs")
+        pytest.skip(
+            "needs 2 CUDA GPUs; on one GPU: test_virtual_gpu.py checks our NVLink kernels on 2-8 virtual ranks, "
+            "and FlashInfer's backends at ep_size=1 (not run yet, BENCHMARKS.md)"
+        )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
         return run_ranks(_all_gpu_work, 2, "cuda", _gpu_cases())[0]

@@ -70,7 +70,11 @@ def test_version_is_read_without_import_from_a_staged_copy(tmp_path, monkeypatch
 @pytest.mark.parametrize(
     "env, reason",
     [
-        (BackendEnv(2, "cpu", "gloo"), "needs CUDA GPUs (FlashInfer's NVLink kernels)"),
+        (BackendEnv(2, "cpu", "gloo"), "needs CUDA GPUs (FlashInfer's NVLink kernels); none visible here"),
+        (
+            BackendEnv(2, "cpu", "gloo", gpus=1),
+            "needs CUDA ranks (FlashInfer's NVLink kernels); these ranks run on the CPU",
+        ),
         (
             BackendEnv(2, "cuda", "nccl", "A100", (8, 0), True),
             "FlashInfer's NVLink all2all needs compute capability >= 9.0, found 8.0",

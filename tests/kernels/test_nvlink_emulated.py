@@ -6,56 +6,19 @@ subgroup of its own.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 pytest.importorskip("triton")
 
 from emulate_nvlink import NVLINK, RoundTrips, World, emulate  # noqa: E402
 from invariant_cases import Case  # noqa: E402
+from nvlink_cases import BASE, per_backend  # noqa: E402
 
-from a2a_tune.kernels import get_backend  # noqa: E402
 from a2a_tune.kernels.reference import TOLERANCE  # noqa: E402
 from a2a_tune.tuner.launch import run_ranks  # noqa: E402
 
-SMALL_BLOCKS = {
-    "row_block_bytes": 2048,  # rows copied in several steps (N_HB > 1)
-    "recv_block_h": 512,  # combine_recv over several H blocks
-    "recv_block_rows": 16,  # low latency: dispatch_recv over several row blocks
-    "send_num_warps": 1,
-    "recv_num_warps": 8,
-}
-LARGE_BLOCKS = {"row_block_bytes": 32768, "recv_block_h": 4096, "recv_block_rows": 256, "send_num_warps": 16}
-# the backend is filled in per NVLink backend ("planted_": its planted bug); the world size is len(tokens)
-BASE = [
-    Case("w2-fp32", "", (3, 2), experts=8, topk=2, hidden=16),
-    Case("w2-bf16-odd-hidden", "", (4, 5), experts=8, topk=3, hidden=33, dtype="bf16"),
-    Case("w2-zero-tokens", "", (0, 4), experts=8, topk=2, hidden=8),
-    Case("w2-fp8-block-scales", "", (3, 2), experts=8, topk=2, hidden=256, dtype="fp8_e4m3"),
-    Case("w2-knobs-small-blocks", "", (5, 3), experts=8, topk=2, hidden=1100, repeats=2, knobs=SMALL_BLOCKS),
-    Case("w2-knobs-fp8", "", (3, 2), experts=8, topk=2, hidden=2176, dtype="fp8_e4m3", knobs=SMALL_BLOCKS),
-    Case("w2-more-tokens-than-the-step", "", (5, 5), experts=8, topk=2, hidden=8, capacity=8, step=4),
-    Case("w3-skewed", "", (5, 1, 3), experts=12, topk=3, hidden=8, routing="skewed"),
-    Case("w3-all-local", "", (2, 2, 2), experts=12, topk=2, hidden=8, routing="local"),
-    Case("w3-fp8-odd-hidden", "", (2, 0, 3), experts=6, topk=2, hidden=136, dtype="fp8_e4m3"),
-    Case("w3-knobs-bf16-large-blocks", "", (2, 0, 3), experts=6, topk=2, hidden=40, dtype="bf16", knobs=LARGE_BLOCKS),
-    Case("w4-bf16", "", (2, 3, 0, 1), experts=16, topk=4, hidden=8, dtype="bf16"),
-    # EP 8, an HGX node: every rank a peer of every other
-    Case("w8-skewed", "", (3, 0, 1, 2, 4, 1, 0, 2), experts=16, topk=4, hidden=8, routing="skewed"),
-    Case("w8-fp8", "", (1, 2, 0, 1, 1, 2, 1, 1), experts=32, topk=8, hidden=128, dtype="fp8_e4m3"),
-    Case("w2-planted-off-by-one-slot", "planted_", (4, 4), experts=8, topk=2, hidden=8),
-]
-CASES = [
-    replace(
-        c,
-        id=f"{b}-{c.id}",
-        backend=c.backend + b,
-        knobs={k: v for k, v in c.knobs.items() if k in get_backend(b).knob_space},
-    )
-    for b in NVLINK
-    for c in BASE
-]
+# the shared cases, and a planted bug that only these ranks register
+CASES = per_backend([*BASE, Case("w2-planted-off-by-one-slot", "planted_", (4, 4), experts=8, topk=2, hidden=8)])
 # back to back, no host synchronisation between round trips; with a workspace larger than the
 # step (an engine's capacity) and the step changing between rounds (set_step_tokens)
 TRIPS = [

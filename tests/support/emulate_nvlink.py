@@ -22,12 +22,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from invariant_cases import Case, run_cases
+from nvlink_cases import NVLINK
 
 from a2a_tune.kernels import MoEShape, ShapeError, get_backend, list_backends, register_backend
 from a2a_tune.kernels._symmetric_backend import SymmetricMemoryBackend
 from a2a_tune.kernels.reference import expected_output, expert_compute, expert_scales, make_inputs
-
-NVLINK = ["nvlink_one_sided", "nvlink_low_latency"]
 
 
 class SharedFileRendezvous:

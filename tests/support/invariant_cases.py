@@ -59,21 +59,39 @@ def cases_w2(backends: list[str] = REAL_BACKENDS) -> list[Case]:
     return cases
 
 
+def _shape(case: Case) -> MoEShape:
+    return MoEShape(case.experts, case.topk, case.hidden, case.capacity or max(max(case.tokens), 1), case.dtype)
+
+
+def _not_built(exc: Exception) -> tuple[bool, float, str, bool]:
+    return False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True
+
+
+def _scales(case: Case) -> torch.Tensor | None:
+    if case.scales == "random":
+        return torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
+    return None
+
+
+def _summary(verdicts) -> tuple[bool, float, str, bool]:
+    """The case's result: every call passed?, and the worst call's error, reason, crash."""
+    worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
+    return all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed
+
+
 def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
     results = {}
     for i, case in enumerate(cases):
-        shape = MoEShape(case.experts, case.topk, case.hidden, case.capacity or max(max(case.tokens), 1), case.dtype)
+        shape = _shape(case)
         try:  # a backend that cannot even be built fails its case, not the whole launch
             backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
             backend.set_step_tokens(case.step)
             if case.knobs:
                 backend.set_knobs(case.knobs)
         except Exception as exc:  # noqa: BLE001
-            results[case.id] = (False, float("inf"), f"construction: {type(exc).__name__}: {exc}".splitlines()[0], True)
+            results[case.id] = _not_built(exc)
             continue
-        scales = None
-        if case.scales == "random":
-            scales = torch.rand(case.experts, generator=torch.Generator().manual_seed(7)) * 4 - 2
+        scales = _scales(case)
         verdicts = []
         try:
             for rep in range(case.repeats):
@@ -92,6 +110,37 @@ def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
             backend.close()
             continue
         backend.close()
-        worst = max(verdicts, key=lambda v: (not v.ok, v.max_rel_error))
-        results[case.id] = (all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed)
+        results[case.id] = _summary(verdicts)
+    return results
+
+
+def run_cases_virtual(device, cases: list[Case]) -> dict[str, tuple[bool, float, str, bool]]:
+    """`run_cases` on virtual ranks (a2a_tune.kernels.virtual): each case's W = len(tokens) ranks
+    in this process on `device`, one VirtualRanks a case, the same inputs as W real ranks get."""
+    from a2a_tune.kernels.virtual import VirtualWorld
+
+    results = {}
+    for i, case in enumerate(cases):
+        world = len(case.tokens)
+        shape = _shape(case)
+        try:
+            ranks = VirtualWorld(world, device).build(get_backend(case.backend), shape, step=case.step)
+            if case.knobs:
+                ranks.set_knobs(case.knobs)
+        except Exception as exc:  # noqa: BLE001
+            results[case.id] = _not_built(exc)
+            continue
+        scales = _scales(case)
+        verdicts = []
+        with ranks:
+            try:
+                for rep in range(case.repeats):
+                    inputs = ranks.inputs(case.tokens, routing=case.routing, seed=1000 * i + rep)
+                    verdicts.append(ranks.check(inputs, scales=scales))
+                    if not verdicts[-1].ok:
+                        break  # the instances' state is garbage after a failed round
+            except ShapeError as exc:
+                results[case.id] = (False, float("inf"), str(exc), True)
+                continue
+        results[case.id] = _summary(verdicts)
     return results

@@ -10,16 +10,18 @@ import subprocess
 import sys
 
 CPU_BACKENDS = ("allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv")
-INVARIANT_CASES = {"uniform", "skewed-zero", "local", "repeated"}
+INVARIANT_CASES = {"uniform", "skewed-zero", "local", "repeated", "steps"}
 
 
-def a2a_check(tmp_path, *args: str, env_extra: dict | None = None) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def a2a_check(
+    tmp_path, *args: str, env_extra: dict | None = None, world: int = 2, experts: int = 8
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
     config = tmp_path / "tiny" / "config.json"  # a small MoE layer: the cases stay quick on CPU
     config.parent.mkdir(exist_ok=True)
-    config.write_text(json.dumps({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 96}))
+    config.write_text(json.dumps({"num_local_experts": experts, "num_experts_per_tok": 2, "hidden_size": 96}))
     rows = tmp_path / "rows.json"
     r = subprocess.run(
-        [sys.executable, "-m", "a2a_tune.tuner.cli", "check", "--device", "cpu", "--world", "2"]
+        [sys.executable, "-m", "a2a_tune.tuner.cli", "check", "--device", "cpu", "--world", str(world)]
         + ["--model-config", str(config), "--no-progress", "--json", str(rows), *args],
         capture_output=True,
         text=True,
@@ -90,3 +92,47 @@ def test_an_unknown_backend_is_a_one_line_usage_error(tmp_path):
     r, _ = a2a_check(tmp_path, "--backend", "no_such_backend")
     assert r.returncode == 2
     assert "no_such_backend" in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_virtual_ranks_run_the_cases_in_one_process_and_a_planted_kernel_bug_fails(tmp_path):
+    """--virtual --device cpu: 3 virtual ranks under Triton's interpreter (token counts / 64);
+    the shipped one-sided kernels pass, a copy of them with a row dropped fails, a backend that
+    needs ranks of its own is skipped."""
+    r, rows = a2a_check(
+        tmp_path,
+        "--virtual",
+        *("--backend", "nvlink_one_sided", "--backend", "planted_kernel_drops_row"),
+        env_extra={"A2A_TUNE_BACKEND_MODULES": "planted_kernels"},
+        world=3,
+        experts=12,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "each case ran on 3 virtual ranks of one cpu device" in " ".join(r.stdout.split())
+    assert "on 3 virtual ranks of one cpu device, 1 shape(s), token counts x 0.015625" in " ".join(r.stdout.split())
+    table = by_backend(rows)
+    assert all(row["virtual"] for row in rows)
+    shipped = table["nvlink_one_sided"]
+    for case in INVARIANT_CASES | {"fp8"}:
+        assert shipped[case]["status"] == "ok", shipped[case]
+        assert shipped[case]["max_rel_error"] <= (6e-2 if case == "fp8" else 2.5e-2)
+    assert shipped["uniform"]["tokens"] == [2, 1, 2] and shipped["skewed-zero"]["tokens"] == [0, 5, 0]
+    assert shipped["graph-replays"]["status"] == "skip"
+    planted = table["planted_kernel_drops_row"]
+    for case in ("uniform", "skewed-zero", "repeated", "fp8", "steps"):  # a rank holds a token 1
+        assert planted[case]["status"] == "FAIL" and planted[case]["reason"].startswith("incorrect: rank "), planted
+    assert planted["local"]["status"] == "ok"  # one token per rank: the planted bug never triggers
+
+
+def test_virtual_ranks_skip_backends_that_need_ranks_of_their_own_and_refuse_bad_worlds(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 96}))
+    base = [sys.executable, "-m", "a2a_tune.tuner.cli", "check", "--device", "cpu", "--virtual", "--no-progress"]
+    r = subprocess.run([*base, "--world", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().endswith("--world must be 2..64 with --virtual, got 1")
+    r = subprocess.run(
+        [*base, "--backend", "nccl_all2allv", "--model-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and "needs a process per rank (collectives), so not on virtual ranks" in r.stdout

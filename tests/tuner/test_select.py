@@ -243,6 +243,9 @@ def test_timing_mode_is_per_backend_and_one_per_curve():
     assert e["backends"]["nccl_all2allv"]["median_us"] == [5.0, 6.0, 7.0]
     with pytest.raises(ValueError, match="timing='host'"):
         build_profile(measurements_from(timing="host"), [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
+    # virtual-rank samples (one device standing for every rank) are no table's figures either
+    with pytest.raises(ValueError, match="timing='virtual'"):
+        build_profile(measurements_from(timing="virtual"), [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
 
 
 def test_incorrect_backend_is_failed_for_the_whole_shape_and_never_wins():
