@@ -1,12 +1,15 @@
-"""Side-by-side round-trip benchmark: every backend vs the GPU-to-GPU copy bound, one run.
+"""Side-by-side round-trip benchmark: every backend, its halves and its bandwidth, one run.
 
     python bench/roundtrip.py [--tokens 1,8,...] [--hidden 7168 --topk 8 --experts 256]
 
-Per token count (tokens per rank, uniform routing): the median dispatch+combine round trip of
-each backend (device time from CUDA events, eager launches; host wall time beside it), the
-ratio of each to the fastest, and the copy-speed bound: the bytes a rank must send to the
-other ranks in dispatch plus combine, over the GPU0->GPU1 copy bandwidth measured in the
-same run. On CPU (gloo) the bound column is left out.
+Per token count (tokens per rank, uniform routing) and backend, measured as the sweep measures
+(tuner.measure): the median dispatch+combine round trip (device time from CUDA events, eager
+launches; [graph] = under CUDA-graph replay; host wall time beside it), dispatch and combine
+timed apart (tuner.timing.time_halves) and their sum over the round trip, the logical GB/s of
+each half and the share of the link it uses (tuner.figures: DeepEP's byte convention, the
+link bandwidth from the probe), and the device memory the backend holds. Then the copy-speed
+bound: the bytes a rank must send to the other ranks in dispatch plus combine, over the
+GPU0->GPU1 copy bandwidth measured in the same run. On CPU (gloo): no link, no memory, no bound.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from a2a_tune.kernels import BackendEnv, MoEShape, get_backend, list_backends
+from a2a_tune.tuner.figures import gbps, link_bandwidth, link_pct, link_text, mib
 from a2a_tune.tuner.launch import run_ranks
 from a2a_tune.tuner.measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
 from a2a_tune.tuner.timing import summarize, time_round_trips
@@ -74,13 +78,21 @@ def remote_fraction(experts: int, topk: int, world: int) -> float:
     return 1 - comb(experts - per_rank, topk) / comb(experts, topk)
 
 
-def _stats(result) -> dict[str, float]:
+def _stats(result, workspace_bytes=None) -> dict[str, float | None]:
     stats = result.stats
+    t = result.traffic
     return {
         "median_us": stats.median_us,
         "p10_us": stats.p10_us,
         "p90_us": stats.p90_us,
         "host_us": summarize(result.host_us).median_us,
+        "dispatch_us": result.dispatch_median_us,
+        "combine_us": result.combine_median_us,
+        "dispatch_logical_bytes": t and t.dispatch_logical,
+        "dispatch_link_bytes": t and t.dispatch_link,
+        "combine_logical_bytes": t and t.combine_logical,
+        "combine_link_bytes": t and t.combine_link,
+        "workspace_mib": mib(workspace_bytes),
     }
 
 
@@ -100,18 +112,50 @@ def _bench_rank(ctx, backends, tokens_list, e, k, h, warmup, iters):
                     if backend.kind != "infeasible":  # infeasible: absent from the row, not measured
                         row[name] = {"error": backend.reason}
                     continue
+                held = built.workspace_bytes(name, t)
                 eager = measure(ctx, backend, inputs, warmup=warmup, iters=iters, timing="eager")
                 if not eager.ok:
                     row[name] = {"error": eager.reason}
                     continue
-                row[name] = _stats(eager)
+                row[name] = _stats(eager, held)
                 if timing_mode(type(backend), ctx.device) == "graph":
                     graph = time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing="graph")
-                    row[name + " [graph]"] = _stats(graph) if graph.ok else {"error": graph.reason}
+                    row[name + " [graph]"] = _stats(graph, held) if graph.ok else {"error": graph.reason}
             dev, host = time_round_trips(floor, inputs, warmup=warmup, iters=iters)
             row[floor.name] = {"median_us": summarize(dev).median_us, "host_us": summarize(host).median_us}
             rows.append(row)
     return rows
+
+
+def _probe_facts(device: str) -> dict:
+    """The probe facts of the machine the ranks run on (CPU ranks: the CPU's, no link)."""
+    from a2a_tune.tuner.probe import cpu_topology, probe
+
+    return (probe() if device == "cuda" else cpu_topology()).to_dict()
+
+
+def _num(v, fmt: str, width: int) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
+
+
+def _figure_cells(r: dict, link) -> str:
+    d, c, rt = r.get("dispatch_us"), r.get("combine_us"), r["median_us"]
+    ratio = (d + c) / rt if d is not None and c is not None and rt else None
+    pct = [link_pct(r.get(f"{half}_link_bytes"), r.get(f"{half}_us"), link) for half in ("dispatch", "combine")]
+    return " ".join(
+        [
+            _num(rt, ".1f", 10),
+            _num(d, ".1f", 9),
+            _num(c, ".1f", 9),
+            _num(ratio, ".2f", 6),
+            _num(gbps(r.get("dispatch_logical_bytes"), d), ".3g", 7),
+            _num(gbps(r.get("combine_logical_bytes"), c), ".3g", 7),
+            _num(pct[0], ".1f", 5) + ("%" if pct[0] is not None else " "),
+            _num(pct[1], ".1f", 5) + ("%" if pct[1] is not None else " "),
+            _num(r.get("workspace_mib"), ".0f", 7),
+            _num(r.get("host_us"), ".1f", 9),
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: not run here: {reason}")
 
     bw = copy_bandwidth_gbs() if args.device == "cuda" else None
+    facts = _probe_facts(args.device)
     start = time.perf_counter()
     rows = run_ranks(
         _bench_rank, world, args.device, backends, tokens, args.experts, args.topk, args.hidden, args.warmup, args.iters
@@ -146,41 +191,47 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
 
     frac = remote_fraction(args.experts, args.topk, world)
+    link = link_bandwidth(facts, world)
     title = f"E={args.experts} k={args.topk} H={args.hidden} bf16 uniform, {world} {args.device} ranks"
+    title += f"; link: {link_text(facts, world) if args.device == 'cuda' else 'no link (CPU ranks over gloo)'}"
     if bw:
-        title += f", GPU0->GPU1 copy {bw:.0f} GB/s"
+        title += f"; GPU0->GPU1 copy {bw:.0f} GB/s"
     print(title)
-    cols = list(dict.fromkeys(c for row in rows for c in row if c != "tokens"))  # backends, [graph] timings, floor
-    head = f"{'T':>6} | " + " | ".join(f"{n[:28]:>28}" for n in cols) + " | best      | best/others"
-    if bw:
-        head += " | copy bound | bound/best"
+    head = (
+        f"{'T':>6}  {'backend':<36} {'round trip':>10} {'dispatch':>9} {'combine':>9} {'d+c/rt':>6} "
+        f"{'GB/s d':>7} {'GB/s c':>7} {'link d':>6} {'link c':>6} {'MiB':>7} {'host':>9}"
+    )
     print(head)
     print("-" * len(head))
     for row in rows:
         t = row["tokens"]
-        cells = []
-        for n in cols:
-            r = row.get(n, {})
-            if "median_us" in r:
-                cells.append(f"{r['median_us']:>12.1f} (host {r['host_us']:>8.1f})")
-            else:  # absent: infeasible here (e.g. beyond a fixed capacity), not measured
-                cells.append(f"{'FAIL' if 'error' in r else 'n/a':>28}")
-        ok = {n: row[n]["median_us"] for n in cols if n != NcclFloor.name and "median_us" in row.get(n, {})}
+        ok = {n: r["median_us"] for n, r in row.items() if n not in ("tokens", NcclFloor.name) and "median_us" in r}
         best = min(ok, key=ok.get) if ok else None
-        ratios = " ".join(f"{ok[best] / v:.2f}" for n, v in ok.items() if n != best) if best else "-"
-        line = f"{t:>6} | " + " | ".join(cells) + f" | {best or '-':<9.9} | {ratios}"
+        for name, r in row.items():
+            if name == "tokens":
+                continue
+            label = ("* " if name == best else "  ") + name
+            if "median_us" not in r:
+                print(f"{t:>6}  {label:<36} {'FAIL: ' + r.get('error', '')[:80]}")
+                continue
+            print(f"{t:>6}  {label:<36} " + _figure_cells(r, link))
         if bw and best:
             bound_us = 2 * t * frac * (world - 1) * args.hidden * 2 / (bw * 1e9) * 1e6
-            line += f" | {bound_us:>10.1f} | {bound_us / ok[best]:>10.2f}"
-        print(line)
+            print(f"{t:>6}  {'copy bound':<36} {bound_us:>10.1f}  ({bound_us / ok[best]:.2f} of the best)")
     print(
-        "(µs: median device time per dispatch+combine round trip, CUDA events; eager unless [graph] = replays of R captured "
-        f"round trips; host = host wall time; best/others = best's time / each other's; floor = 2 bare NCCL "
-        f"all_to_all_single, eager; {wall:.0f} s)"
+        "(µs: medians per dispatch+combine round trip and per half, device time from CUDA events (host wall time on "
+        "CPU ranks); eager unless [graph] = replays of R captured round trips; * = fastest; d+c/rt = (dispatch + "
+        "combine) / round trip; GB/s = logical bytes (every token-rank pair, own rank included) / time, 1e9; link = "
+        "link bytes (other ranks only) / time / the link's bandwidth per direction; MiB = device memory held per rank; "
+        f"floor = 2 bare NCCL all_to_all_single, eager; {wall:.0f} s)"
     )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"title": title, "copy_gbs": bw, "rows": rows, "argv": sys.argv[1:]}, f, indent=1)
+            json.dump(
+                {"title": title, "copy_gbs": bw, "link_gbps": link and link.gbps, "rows": rows, "argv": sys.argv[1:]},
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     Double,
     ForeignKey,
@@ -150,7 +151,13 @@ class Run(Base):
 class Measurement(Base):
     """One timed case. Times are microseconds per dispatch+combine round trip measured
     on the device; ``host_median_us`` is host wall time per round trip; ``samples`` the
-    raw per-iteration device times; ``knobs`` backend-specific settings used."""
+    raw per-iteration device times; ``knobs`` backend-specific settings used.
+
+    The figures beside the round trip (NULL in measurements from before them, or where not
+    measured; see ``a2a_tune.tuner.figures``): dispatch and combine timed apart (medians and
+    samples, µs per half); the bytes per rank per direction the timed inputs move, logical
+    (every token-rank pair) and over the link (other ranks only), for each half; the device
+    memory the backend holds per rank at its capacity (CUDA only)."""
 
     __tablename__ = "measurements"
     __table_args__ = (UniqueConstraint("run_id", *KEY_FIELDS, "timing", name="uq_measurements_key"),)
@@ -176,6 +183,29 @@ class Measurement(Base):
     samples: Mapped[list[float]] = mapped_column(JSON)
     knobs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    dispatch_median_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    combine_median_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    dispatch_samples: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
+    combine_samples: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
+    dispatch_logical_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
+    dispatch_link_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
+    combine_logical_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
+    combine_link_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
+    workspace_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+#: The figure columns of ``measurements`` (revision 0003), all nullable, in order.
+FIGURE_FIELDS = (
+    "dispatch_median_us",
+    "combine_median_us",
+    "dispatch_samples",
+    "combine_samples",
+    "dispatch_logical_bytes",
+    "dispatch_link_bytes",
+    "combine_logical_bytes",
+    "combine_link_bytes",
+    "workspace_bytes",
+)
 
 
 class Failure(Base):

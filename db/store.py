@@ -53,6 +53,7 @@ from .lease import LEASE_STALE_S, Writer, claim, fence, lease_values
 from .models import (
     DEVICE_TYPES,
     FAILURE_KINDS,
+    FIGURE_FIELDS,
     KEY_FIELDS,
     RUN_STATUSES,
     Failure,
@@ -152,6 +153,16 @@ class MeasurementRecord:
     samples: list[float]
     knobs: dict[str, Any]
     created_at: dt.datetime
+    # The figures beside the round trip (models.FIGURE_FIELDS); None: not measured.
+    dispatch_median_us: float | None = None
+    combine_median_us: float | None = None
+    dispatch_samples: list[float] | None = None
+    combine_samples: list[float] | None = None
+    dispatch_logical_bytes: float | None = None
+    dispatch_link_bytes: float | None = None
+    combine_logical_bytes: float | None = None
+    combine_link_bytes: float | None = None
+    workspace_bytes: int | None = None
 
     @property
     def key(self) -> MeasurementKey:
@@ -258,6 +269,24 @@ def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
     return value
+
+
+def _figures(values: dict[str, Any]) -> dict[str, Any]:
+    """Checked figure columns of a measurement (``models.FIGURE_FIELDS``; None: not measured)."""
+    unknown = set(values) - set(FIGURE_FIELDS)
+    if unknown:
+        raise TypeError(f"add_measurement() got unexpected arguments: {', '.join(sorted(unknown))}")
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None:
+            out[name] = None
+        elif name.endswith("_samples"):
+            out[name] = [_finite(f"{name}[]", v) for v in value]
+        elif name == "workspace_bytes":
+            out[name] = _int(name, value)
+        else:
+            out[name] = _finite(name, value)
+    return out
 
 
 def _one_line_reason(reason: str) -> str:
@@ -534,9 +563,12 @@ class Store:
         host_median_us: float | None = None,
         knobs: dict[str, Any] | None = None,
         writer: Writer | None = None,
+        **figures: Any,
     ) -> int:
         """Store one timed case, committed before returning; returns its id.
 
+        ``figures``: any of ``models.FIGURE_FIELDS`` (dispatch/combine medians and samples in
+        µs, bytes per rank per direction, ``workspace_bytes``); left out: NULL (not measured).
         Numbers may be numpy/torch scalars (converted); ``samples`` in µs. Raises
         :class:`DuplicateMeasurementError` when (run, key, timing) is already stored, and
         :class:`LeaseLostError` / :class:`RunBusyError` when ``writer`` does not hold the run
@@ -568,6 +600,7 @@ class Store:
             host_median_us=_finite("host_median_us", host_median_us, optional=True),
             samples=[_finite("samples[]", v) for v in samples],
             knobs=_json("knobs", dict(knobs or {})),
+            **_figures(figures),
         )
         key = (run_id, *(getattr(row, f) for f in KEY_FIELDS), row.timing)
         try:

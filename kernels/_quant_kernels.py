@@ -15,9 +15,8 @@ GPUs with an fp8 conversion (sm_89+) the kernel casts the same way (HW_CVT). Els
 rounds in integer arithmetic on float32 bits: under Triton's interpreter, whose float32 -> bf16
 cast truncates and whose fp8 cast rounds wrongly, and on older GPUs, which have no fp8
 conversion. That path is what the CPU tests check; the GPU tests check both against torch on
-every bf16 value. Its ~15 more operations an element make it compute-bound (H200, T=16384:
-147 us, 57% of HBM bandwidth, where the casts run at 84 us, as fast as a copy of the same
-bytes). q is written as e4m3 bit patterns.
+every bf16 value. Its ~15 more operations an element make it compute-bound (BENCHMARKS.md,
+"Figures moved from the code"). q is written as e4m3 bit patterns.
 
 Triton is imported here, at the top: quant.py imports this module only for a CUDA tensor.
 """
@@ -31,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant import FP8_BLOCK, FP8_E4M3_MAX
+from .base import FP8_BLOCK, FP8_E4M3_MAX  # not from quant.py: it imports this module
 
 # Dtypes of x the kernel rounds like torch: the product of two bf16 is exact in fp32, so
 # rounding it to bf16 afterwards is torch's bf16 multiply. fp16 would need its own exponent

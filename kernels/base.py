@@ -68,6 +68,10 @@ PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {
     "fp32": ("float32", None),
     "fp8_e4m3": ("bfloat16", "float8_e4m3fn"),
 }
+#: Bytes per element of the dtypes PAYLOAD_DTYPES names, known without importing torch.
+ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+FP8_BLOCK = 128  # elements per scale (kernels/quant.py quantizes, kernels/_quant_kernels.py on CUDA)
+FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 
 
 def _dtype_entry(name: str) -> tuple[str, str | None]:
@@ -134,10 +138,6 @@ class MoEShape:
         return f"E{self.num_experts}-k{self.topk}-H{self.hidden}-{self.dtype}"
 
 
-# Bytes per element of the dtypes PAYLOAD_DTYPES names (without importing torch).
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
-
-
 def case_bytes(cls: type[All2AllBackend], shape: MoEShape, world_size: int, tokens: int, *, input_sets: int = 1) -> int:
     """At most how many bytes one rank allocates to run `cls`, built for `shape`, at `tokens`
     per rank on `world_size` ranks: a bound to refuse a case before anything is allocated,
@@ -150,8 +150,8 @@ def case_bytes(cls: type[All2AllBackend], shape: MoEShape, world_size: int, toke
     with their 2k words of routing twice. Plus the check's reference and result, [T, H] each.
     """
     act, wire = PAYLOAD_DTYPES[shape.dtype]
-    a = _ITEMSIZE[act]
-    w = _ITEMSIZE[wire] if wire else a
+    a = ITEM_BYTES[act]
+    w = ITEM_BYTES[wire] if wire else a
     t, h, k = tokens, shape.hidden, shape.topk
     inputs = input_sets * t * (h * a + 8 * k) + t * max(3 * 4 * shape.num_experts, 4 * h)
     rows = cls.received_rows(shape, world_size)

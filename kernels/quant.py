@@ -9,8 +9,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
-FP8_BLOCK = 128
-FP8_E4M3_MAX = 448.0
+from .base import FP8_BLOCK, FP8_E4M3_MAX
+
 # scale = amax * fp32(1/448), not amax / 448: what torch computes on CUDA anyway (a division by
 # a Python scalar there is a multiply by its reciprocal), written out so that CPU, CUDA and the
 # Triton kernel agree to the bit (a true division differs in the last bit for ~1/3 of blocks).

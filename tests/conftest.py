@@ -49,6 +49,7 @@ def _isolated_user_profiles(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("A2A_TUNE_PROFILE_DIR", raising=False)
     monkeypatch.delenv("A2A_TUNE_FINGERPRINT", raising=False)
     monkeypatch.delenv("A2A_TUNE_DB", raising=False)
+    monkeypatch.delenv("A2A_TUNE_MAX_WORKSPACE_MIB", raising=False)  # a memory budget changes answers
 
 
 @pytest.fixture

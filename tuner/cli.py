@@ -330,35 +330,31 @@ def sweep(options) -> None:
 
 
 def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
-    from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError, open_store
+    from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError
 
-    from .cluster import table_dir
+    from .publish import write_table
     from .runtime.lookup import ProfileError
-    from .select import profile_for_run, write_profile
+    from .select import profile_for_run
 
     try:
-        with open_store(db, readonly=True) as store:
-            if run_id is None:
-                run = store.latest_run(status="completed")
-                if run is None:
-                    raise _fail("no completed run in the database; run `a2a-tune sweep` first")
-                run_id = run.id
         profile, kept, note = profile_for_run(db, run_id)
     except EmptyStoreError as exc:
         raise _fail(f"{exc}; run `a2a-tune sweep` first") from None
     except NotFoundError:
+        if run_id is None:
+            raise _fail("no completed run in the database; run `a2a-tune sweep` first") from None
         raise _fail(f"no run {run_id} in the database") from None
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if note:
         err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
     try:
-        path = write_profile(profile, table_dir(str(out_dir) if out_dir else None))
+        path = write_table(profile, str(out_dir) if out_dir else None)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
     knobs_note = f", with the knobs of {kept} tuned case(s)" if kept else ""
     out.print(
-        f"wrote {path} ({len(profile['entries'])} shape(s)) from run {run_id}{knobs_note}",
+        f"wrote {path} ({len(profile['entries'])} shape(s)) from run {profile['run']['id']}{knobs_note}",
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -457,12 +453,11 @@ def evaluate(
     """
     from a2a_tune.db import StoreError, open_store
 
+    from .evaluate import EvaluationError, held_out_plan, table_measurements
     from .evaluate import evaluate as run_evaluation
-    from .evaluate import held_out_tokens, table_measurements
     from .launch import RankFailed
-    from .plans import DEFAULT_ITERS, PlanError, SweepPlan
+    from .plans import PlanError
     from .runtime.lookup import ProfileError, load_profile
-    from .shapes import ModelShape
     from .sweep import sweep as run_sweep
 
     try:
@@ -488,35 +483,26 @@ def evaluate(
     _store_url(db)
     plans = _plans()
     device, world = _planned(plans.resolve_ranks, device, world, note=_note)
-    shapes_here = [e.shape for e in table.entries if e.shape.ep_size == world]
-    if not shapes_here:
-        raise _fail(f"{profile} has no entries for EP size {world}", 2)
-    shapes = {
-        ModelShape(f"E{s.num_experts}-k{s.topk}-H{s.hidden}", s.num_experts, s.topk, s.hidden) for s in shapes_here
-    }
-    held = (
-        _planned(plans.parse_tokens, tokens)
-        if tokens
-        else held_out_tokens(t for e in table.entries if e.shape.ep_size == world for t in e.tokens)
-    )
-    if not held:
-        raise _fail(f"{profile.name}: its token counts leave no held-out midpoint; give --tokens", 2)
+    held = _planned(plans.parse_tokens, tokens) if tokens else None
     _planned(plans.check_backends, backend)
-    capacity = _planned(plans.check_capacity, capacity, held, table.capacity)  # measured as the table's own points
-    default_warmup, default_iters = DEFAULT_ITERS[device]
-    plan = SweepPlan(
-        shapes=tuple(sorted(shapes, key=lambda s: s.name)),
-        tokens=held,
-        dtypes=tuple(sorted({s.dtype for s in shapes_here})),
-        routings=tuple(sorted({s.routing for s in shapes_here})),
-        backends=tuple(backend),
-        warmup=default_warmup if warmup is None else warmup,
-        iters=default_iters if iters is None else iters,
-        capacity=capacity,
-    )
+    try:
+        plan = held_out_plan(
+            table,
+            profile,
+            device=device,
+            world=world,
+            tokens=held,
+            backends=tuple(backend),
+            warmup=warmup,
+            iters=iters,
+            capacity=capacity,
+        )
+    except EvaluationError as exc:
+        raise _fail(str(exc), 2) from None
     _planned(plans.check_plan, plan, device, world)
     out.print(
-        f"evaluating {profile.name} at {len(held)} held-out token counts x {len(shapes)} shape(s)", highlight=False
+        f"evaluating {profile.name} at {len(plan.tokens)} held-out token counts x {len(plan.shapes)} shape(s)",
+        highlight=False,
     )
     try:
         outcome = run_sweep(
@@ -627,8 +613,7 @@ def tune_knobs(
     from .knobs import tune_knobs as run_search
     from .launch import RankFailed
     from .runtime.lookup import ProfileError, load_profile
-    from .runtime.table import parse_profile
-    from .select import with_knobs, write_profile_to
+    from .select import with_knobs_from_file, write_profile_to
 
     try:
         cls = get_backend(backend)
@@ -724,16 +709,14 @@ def tune_knobs(
     out.print(t)
     if profile is None:
         return
+    values = shape.at(world, dtype, routing)._asdict()
+    found = {r.tokens: r.best_knobs for r in results if r.best_knobs}
     try:
-        table = json.loads(profile.read_text())
-        parse_profile(table, str(profile))  # judged as the lookup judges it, before it is edited
+        updated, notes = with_knobs_from_file(profile, values, backend, found)
     except ProfileError as exc:
         raise _fail(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise _fail(f"{profile}: not a readable profile ({exc})") from None
-    values = shape.at(world, dtype, routing)._asdict()
-    found = {r.tokens: r.best_knobs for r in results if r.best_knobs}
-    updated, notes = with_knobs(table, values, backend, found)
     for note in notes:
         out.print(f"  not written: {note}", highlight=False, markup=False)
     try:
@@ -786,6 +769,13 @@ def lookup(
         help="name | vllm (--all2all-backend X) | sglang (--moe-a2a-backend X, with --deepep-mode M for DeepEP) | "
         "trtllm (TRTLLM_FORCE_COMM_METHOD=X) | env | json",
     ),
+    max_workspace_mib: float | None = typer.Option(
+        None,
+        "--max-workspace-mib",
+        min=0,
+        help="Skip backends holding more device memory per rank than this many MiB (the table's workspace_mib; "
+        "memory not in the table: kept) \\[default: $A2A_TUNE_MAX_WORKSPACE_MIB, else no budget].",
+    ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
 
@@ -819,6 +809,7 @@ def lookup(
             fingerprint=fingerprint,
             profile=profile,
             engine=engine,
+            max_workspace_mib=max_workspace_mib,
             options={"max_tokens": size_opt},
         )
     except lk.RequestError as exc:

@@ -1,9 +1,10 @@
 """The job's view of its nodes: where each rank runs, whether the nodes match, how far the EP
-group reaches, and the table on every node.
+group reaches.
 
-Every rank probes its own node (``probe_for_device``) and reports it with its local rank and
-library versions; :func:`gather` collects the reports on every rank (one ``all_gather_object``),
-so every rank takes the same decisions from the same data without further collectives:
+Every rank probes its own node (:func:`probe_for_device`) and reports it with its local rank
+and library versions; :func:`gather_cluster` collects the reports on every rank (one
+``all_gather_object``), so every rank takes the same decisions from the same data without
+further collectives:
 
 * the cluster's topology (:func:`~a2a_tune.tuner.probe.merge_nodes`): its fingerprint names one
   NVLink domain spanning nodes (``gb200.mnnvl18x8.nodes2``) or islands joined by the network
@@ -14,25 +15,27 @@ so every rank takes the same decisions from the same data without further collec
   (``--allow-mixed``), and then the run and its table record the mix;
 * :meth:`ClusterView.span`: what joins the EP group's ranks (one NVLink island, one NVLink
   domain across nodes, or the network), compared with each backend's ``reach``
-  (``a2a_tune.kernels.base``): a backend the group leaves is not applicable, with the reason;
-* :func:`publish`: after a completed run, rank 0 builds the table and every node writes it
-  where ``lookup`` looks on that node, with a pointer from the node's own fingerprint to the
-  cluster's (:data:`~a2a_tune.tuner.runtime.profiles.CLUSTER_POINTER_SUFFIX`), so an engine
-  on any node, probing only its own node, finds the cluster's table.
+  (``a2a_tune.kernels.base``): a backend the group leaves is not applicable, with the reason.
+
+After a completed run the table goes to every node: :mod:`a2a_tune.tuner.publish`.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
+from importlib import metadata
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from .launch import RankContext, one_line
-from .probe import Topology, merge_nodes
+from a2a_tune.kernels._flashinfer import flashinfer_version
+
+from .launch import RankContext
+from .probe import RECORDING_ENV, Topology, cpu_topology, merge_nodes, probe
 
 # Library versions that must agree across nodes (the driver is a probe fact of each node).
 COMPARED_VERSIONS = ("nccl", "cuda", "torch", "flashinfer")
@@ -152,12 +155,52 @@ class ClusterView:
         return out
 
 
+def probe_for_device(device_type: str) -> Topology:
+    """The hardware the sweep measures: the GPUs for cuda ranks; the CPU for gloo ranks, even on
+    a GPU host -- unless $A2A_TUNE_NVML_RECORDING names a recorded machine: then the gloo ranks
+    rehearse that machine's topology (fingerprint, islands, reach, heterogeneity)."""
+    return probe() if device_type == "cuda" or os.environ.get(RECORDING_ENV) else cpu_topology()
+
+
+def library_versions(device_type: str, topology: Topology) -> dict[str, str | None]:
+    def dist_version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    nccl = None
+    if device_type == "cuda" and torch.cuda.is_available():
+        nccl = ".".join(str(p) for p in torch.cuda.nccl.version())
+    return {
+        "a2a_tune": dist_version("a2a-tune"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "driver": topology.driver_version,
+        "triton": dist_version("triton"),
+        "flashinfer": flashinfer_version(),  # also a staged copy (scripts/stage_flashinfer.py), no metadata
+    }
+
+
 def gather(ctx: RankContext, topology: Topology, versions: dict[str, str | None]) -> ClusterView:
     """Collective: every rank's report, on every rank."""
     mine = RankReport(ctx.rank, ctx.local_rank, topology.to_dict(), dict(versions))
     reports: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(reports, mine, group=ctx.group)
     return ClusterView.from_reports(reports)
+
+
+def gather_cluster(ctx: RankContext) -> ClusterView:
+    """Collective: every rank's node (its probe, the rank's local rank, its libraries), on every rank."""
+    node = probe_for_device(ctx.device.type)
+    return gather(ctx, node, library_versions(ctx.device.type, node))
+
+
+def gather_topology(ctx: RankContext) -> Topology:
+    """Collective: every rank's hardware, merged into the job's (its fingerprint names the table)."""
+    return gather_cluster(ctx).topology
 
 
 def check_mixed(view: ClusterView, allow: bool) -> list[str]:
@@ -169,64 +212,3 @@ def check_mixed(view: ClusterView, allow: bool) -> list[str]:
             "anyway (the table then records the mix)"
         )
     return lines
-
-
-# ---------------------------------------------------------------------------- the table everywhere
-
-
-def table_dir(out_dir: str | None) -> Path:
-    """Where this node writes tables: `out_dir`, else the first $A2A_TUNE_PROFILE_DIR entry,
-    else the user's profile directory (both searched by lookup on this node)."""
-    from .runtime.profiles import PROFILE_DIR_ENV, user_profile_dir
-
-    first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
-    return Path(out_dir or first or user_profile_dir()).expanduser()
-
-
-def write_node_table(profile: dict, directory: Path, node_fingerprint: str) -> Path:
-    """Write `profile` into `directory` and, when it is a cluster's table (another fingerprint
-    than this node's own), point this node's fingerprint at it for lookup."""
-    from .runtime.profiles import add_cluster_pointer
-    from .select import write_profile
-
-    path = write_profile(profile, directory)
-    cluster = profile["hardware"]["fingerprint"]
-    if cluster != node_fingerprint:
-        add_cluster_pointer(directory, node_fingerprint, cluster)
-    return path
-
-
-def publish(ctx: RankContext, db_url: str | None, run_id: int, out_dir: str | None, view: ClusterView) -> dict:
-    """Collective, after a completed run: rank 0 builds the table from the store, every node
-    (its local rank 0) writes it. Returns, on every rank: {"tables": host -> path written,
-    "errors": host -> why not, "entries": shapes in the table, "kept_knobs", "note"}."""
-    from .select import profile_for_run
-
-    payload: list[Any] = [None]
-    if ctx.rank == 0:
-        try:
-            profile, kept, note = profile_for_run(db_url, run_id)
-            payload[0] = {"profile": profile, "kept": kept, "note": note}
-        except Exception as exc:  # every rank must learn of it, or they wait forever
-            payload[0] = {"error": one_line(exc)}
-    dist.broadcast_object_list(payload, src=0, group=ctx.group)
-    built = payload[0]
-    answer = None  # (written?, path or reason), from the ranks that write
-    if "error" in built:
-        answer = (False, built["error"])
-    elif ctx.local_rank == 0:
-        node = Topology.from_dict(view.reports[ctx.rank].topology).fingerprint
-        try:
-            answer = (True, str(write_node_table(built["profile"], table_dir(out_dir), node)))
-        except Exception as exc:
-            answer = (False, one_line(exc))
-    answers: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(answers, answer, group=ctx.group)
-    mine = [(view.reports[r].host, a) for r, a in enumerate(answers) if a is not None]
-    return {
-        "tables": {host: text for host, (ok, text) in mine if ok},
-        "errors": {host: text for host, (ok, text) in mine if not ok},
-        "entries": len(built.get("profile", {}).get("entries", [])),
-        "kept_knobs": built.get("kept", 0),
-        "note": built.get("note"),
-    }

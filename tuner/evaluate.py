@@ -18,12 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .runtime.lookup import FALLBACK_BACKEND, load_profile, lookup
 from .runtime.point import POINT_FIELDS, Point
+from .runtime.table import Profile
+from .shapes import ModelShape
 
-HELD_OUT_MOST = 8  # default held-out counts: ~2 minutes for 4 shapes x 2 dtypes on 2xH200
+HELD_OUT_MOST = 8  # default held-out counts (their cost: BENCHMARKS.md, "Figures moved from the code")
 
 
 def held_out_tokens(table_tokens: Iterable[int], most: int | None = HELD_OUT_MOST) -> tuple[int, ...]:
@@ -38,6 +41,54 @@ def held_out_tokens(table_tokens: Iterable[int], most: int | None = HELD_OUT_MOS
     if most <= 1:
         return tuple(mids[:most])
     return tuple(sorted({mids[round(i * (len(mids) - 1) / (most - 1))] for i in range(most)}))
+
+
+class EvaluationError(ValueError):
+    """A table and options that give nothing to measure (one line)."""
+
+
+def held_out_plan(
+    table: Profile,
+    path: Path,
+    *,
+    device: str,
+    world: int,
+    tokens: tuple[int, ...] | None = None,
+    backends: tuple[str, ...] = (),
+    warmup: int | None = None,
+    iters: int | None = None,
+    capacity: int | None = None,
+):
+    """The sweep plan that measures the table's shapes at EP size `world` at `tokens` (None:
+    :func:`held_out_tokens` of the table's token counts at that EP size). The backends default
+    to every one, and warm-up and iterations to the sweep's for `device`. Without `capacity`,
+    the table's ``run.capacity`` applies, so the points are measured as the table's own were.
+    Raises :class:`EvaluationError`."""
+    from .plans import DEFAULT_ITERS, PlanError, SweepPlan, check_capacity
+
+    entries = [e for e in table.entries if e.shape.ep_size == world]
+    if not entries:
+        raise EvaluationError(f"{path} has no entries for EP size {world}")
+    here = [e.shape for e in entries]
+    shapes = {ModelShape.of(s) for s in here}
+    held = tokens or held_out_tokens(t for e in entries for t in e.tokens)
+    if not held:
+        raise EvaluationError(f"{path.name}: its token counts leave no held-out midpoint; give --tokens")
+    try:
+        capacity = check_capacity(capacity, held, table.capacity)  # measured as the table's own points
+    except PlanError as exc:
+        raise EvaluationError(str(exc)) from None
+    default_warmup, default_iters = DEFAULT_ITERS[device]
+    return SweepPlan(
+        shapes=tuple(sorted(shapes, key=lambda s: s.name)),
+        tokens=held,
+        dtypes=tuple(sorted({s.dtype for s in here})),
+        routings=tuple(sorted({s.routing for s in here})),
+        backends=tuple(backends),
+        warmup=default_warmup if warmup is None else warmup,
+        iters=default_iters if iters is None else iters,
+        capacity=capacity,
+    )
 
 
 @dataclass

@@ -19,9 +19,9 @@ A setting asked for again (the sampler may) reuses the stored outcome instead of
 
 Studies live in the measurement database (same URL, Optuna's RDBStorage; our schema keeps
 its Alembic history in its own version table, so both coexist), so `optuna-dashboard <url>`
-shows them. Study name: ``a2a-tune knobs: <fingerprint> <backend> <shape> ep<W> T<tokens>``;
-its user attrs hold the default and best knobs and their µs. Rerunning the command adds
-trials to the same studies.
+shows them. Study name: ``a2a-tune knobs: <fingerprint> <backend> <shape> ep<W> T<tokens>``
+(:mod:`a2a_tune.tuner.studies`, which `select` reads them back with); its user attrs hold the
+default and best knobs and their µs. Rerunning the command adds trials to the same studies.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from typing import Any
 import torch.distributed as dist
 from optuna.pruners import BasePruner
 
-from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, get_backend
+from a2a_tune.kernels import BackendEnv, MoEShape, get_backend
 
+from .cluster import gather_topology
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
 from .measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
 from .progress import progress_bar
-from .runtime.point import SHAPE_FIELDS
 from .shapes import ModelShape
-from .sweep import gather_topology
+from .studies import study_name
 from .timing import summarize
 
 DEFAULT_TRIALS = 16
@@ -97,22 +97,6 @@ class KnobResult:
         if not self.default_us or not self.best_us:
             return None
         return self.default_us / self.best_us - 1
-
-
-def study_name(
-    fingerprint: str,
-    backend: str,
-    shape: MoEShape,
-    ep_size: int,
-    tokens: int,
-    routing: str,
-    capacity: int | None = None,
-) -> str:
-    """One study per point; a point measured at an engine's capacity (--capacity) is another
-    point than the same load in a workspace of its own size (names before it stay valid)."""
-    where = "" if routing == "uniform" else f" {routing}"
-    cap = "" if capacity is None else f" cap{capacity}"
-    return f"a2a-tune knobs: {fingerprint} {backend} {shape.label()} ep{ep_size} T{tokens}{cap}{where}"
 
 
 def tune_knobs(
@@ -210,14 +194,14 @@ def _one_trial(ctx, plan: KnobPlan, backend, inputs, study, result: KnobResult) 
     if not all_ranks_ok(not error, ctx):
         return _tell(study, result, "fail", reason=error or "set_knobs failed on another rank")
     # gate, then a short first measurement: the trial's intermediate value, judged for pruning
-    short = measure(ctx, backend, inputs, warmup=plan.warmup, iters=plan.probe_iters)
+    short = measure(ctx, backend, inputs, warmup=plan.warmup, iters=plan.probe_iters, split=False)
     if not short.ok:
         return _tell(study, result, "fail", reason=f"{short.kind}: {short.reason}")
     verdict: list[Any] = [study.report_and_judge(short.stats.median_us) if study is not None else None]
     dist.broadcast_object_list(verdict, src=0, group=ctx.group)
     if verdict[0]:
         return _tell(study, result, "pruned")
-    full = time_agreed(ctx, backend, inputs, warmup=plan.warmup, iters=plan.iters)
+    full = time_agreed(ctx, backend, inputs, warmup=plan.warmup, iters=plan.iters, split=False)
     if not full.ok:
         return _tell(study, result, "fail", reason=f"{full.kind}: {full.reason}")
     _tell(study, result, "complete", value=summarize(short.device_us + full.device_us).median_us)
@@ -370,42 +354,3 @@ class SlowerThanBestPruner(BasePruner):
         except ValueError:  # nothing completed yet: nothing to compare with
             return False
         return trial.intermediate_values[step] > best * (1 + self.margin)
-
-
-def _capacity_bound(backend) -> bool:
-    try:
-        return get_backend(backend).capacity_bound
-    except UnknownBackendError:  # a study of a backend not registered here: no capacity to match
-        return False
-
-
-def stored_knobs(
-    url: str, fingerprint: str, capacity: int | None = None
-) -> list[tuple[dict[str, Any], str, int, dict[str, Any]]]:
-    """The best knob settings the studies in database `url` found on `fingerprint`:
-    (shape keys of a table entry, backend, tokens per rank, knobs) per finished study, so
-    `a2a-tune select` keeps what `tune-knobs` found. Only studies of fixed-capacity backends
-    built for `capacity` (None: each load's own) count: knobs tuned for another workspace
-    size are for another point. Reads nothing (and creates no Optuna tables) in a database
-    that never held a study."""
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(url)
-    try:
-        if not sqlalchemy.inspect(engine).has_table("studies"):
-            return []
-    finally:
-        engine.dispose()
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    found = []
-    for summary in optuna.get_all_study_summaries(storage=url, include_best_trial=False):
-        attrs = summary.user_attrs
-        if not summary.study_name.startswith(f"a2a-tune knobs: {fingerprint} ") or "best_knobs" not in attrs:
-            continue
-        if _capacity_bound(attrs.get("backend")) and attrs.get("capacity") != capacity:
-            continue  # tuned for another workspace size: another point than this table's
-        shape = {k: attrs.get(k) for k in SHAPE_FIELDS}
-        found.append((shape, attrs["backend"], int(attrs["tokens_per_rank"]), dict(attrs["best_knobs"])))
-    return found

@@ -10,7 +10,11 @@ check` all measure through here, so a case is built, gated and timed one way:
      inputs: a backend that breaks it is never timed;
   3. time (`time_agreed`): CUDA-graph replay for capturable backends on CUDA (as engines run
      decode), eager launches otherwise (`tuner.timing`); samples of a backend that gave up a
-     flag wait are discarded; every rank agrees on the verdict.
+     flag wait are discarded; every rank agrees on the verdict. Then dispatch and combine
+     apart in the same mode (`timing.time_halves`; a failure there costs only the split) and
+     the bytes the inputs move (`tuner.figures`); the device memory the backend holds is
+     taken when it is built (`Backends`: free memory before construction vs after it and
+     one round trip at its capacity; CUDA only).
 
 Every step is collective (every rank of the group calls it) and returns a `Result` of the same
 kind on every rank, so all ranks take the same branch: measured (the samples, already the max
@@ -22,17 +26,20 @@ store's failure vocabulary ("infeasible" is not stored); the reason is the faili
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from a2a_tune.kernels import All2AllBackend, MoEShape, get_backend
 from a2a_tune.kernels.reference import RankInputs, check_invariant, make_inputs
 
+from .figures import Traffic, destination_pairs, traffic_from_pairs
 from .launch import RankContext, all_ranks_ok, one_line
-from .timing import Stats, summarize, time_graph_round_trips, time_round_trips
+from .timing import Stats, round_trip, summarize, time_graph_round_trips, time_halves, time_round_trips
 
 GAVE_UP = "a flag wait timed out (a peer never signalled); timings discarded"
 
@@ -48,6 +55,34 @@ class Result:
     host_us: list[float] = field(default_factory=list)
     knobs: dict[str, Any] = field(default_factory=dict)  # the backend's settings in effect
     max_rel_error: float | None = None  # gated: the invariant's worst per-token error
+    # measured: dispatch and combine apart, per sample, max over ranks ([]: not timed apart)
+    dispatch_us: list[float] = field(default_factory=list)
+    combine_us: list[float] = field(default_factory=list)
+    traffic: Traffic | None = None  # measured: the bytes the timed inputs move (tuner.figures)
+    workspace_bytes: int | None = None  # device memory the backend holds per rank (max); None: not measured
+
+    @property
+    def dispatch_median_us(self) -> float | None:
+        return statistics.median(self.dispatch_us) if self.dispatch_us else None
+
+    @property
+    def combine_median_us(self) -> float | None:
+        return statistics.median(self.combine_us) if self.combine_us else None
+
+    def figures(self) -> dict[str, Any]:
+        """The store's figure columns of this result (db.models.FIGURE_FIELDS; None: not measured)."""
+        t = self.traffic
+        return {
+            "dispatch_median_us": self.dispatch_median_us,
+            "combine_median_us": self.combine_median_us,
+            "dispatch_samples": [round(v, 3) for v in self.dispatch_us] or None,
+            "combine_samples": [round(v, 3) for v in self.combine_us] or None,
+            "dispatch_logical_bytes": t and t.dispatch_logical,
+            "dispatch_link_bytes": t and t.dispatch_link,
+            "combine_logical_bytes": t and t.combine_logical,
+            "combine_link_bytes": t and t.combine_link,
+            "workspace_bytes": self.workspace_bytes,
+        }
 
     @property
     def ok(self) -> bool:
@@ -110,6 +145,9 @@ class Backends:
         self.shape = shape  # max_tokens_per_rank: the largest count measured
         self.capacity = capacity
         self._built: dict[tuple[str, int], All2AllBackend | None] = {}
+        self._held: dict[tuple[str, int], int | None] = {}  # slot -> workspace bytes (None: not measured)
+        if ctx.device.type == "cuda":
+            _warm_collectives(ctx)
 
     def get(self, name: str, tokens: int) -> All2AllBackend | Result:
         """`name` built to run steps of `tokens` per rank (the step's max over ranks, the same
@@ -125,6 +163,7 @@ class Backends:
             return Result("infeasible", why)
         if slot not in self._built:
             error = ""
+            free_before = _free_device_memory(self.ctx.device)
             try:
                 self._built[slot] = cls(self.ctx.group, shape, self.ctx.device)
             except Exception as exc:
@@ -133,6 +172,7 @@ class Backends:
                 self._close(slot)
                 self._built[slot] = None
                 return Result("error", f"construction failed: {error or 'on another rank'}")
+            self._held[slot] = self._workspace(self._built[slot], free_before)
         backend = self._built[slot]
         if backend is None:
             return Result("error", "construction failed (see the first failure of this shape)")
@@ -140,7 +180,40 @@ class Backends:
             backend.set_step_tokens(tokens)
         return backend
 
+    def workspace_bytes(self, name: str, tokens: int) -> int | None:
+        """Device memory per rank (max over ranks) the backend `get(name, tokens)` returns holds at
+        its capacity; None where not measured (CPU ranks, or the round trip raised)."""
+        cap = capacity_of(get_backend(name), tokens, capacity=self.capacity, largest=self.shape.max_tokens_per_rank)
+        return self._held.get((name, cap))
+
+    def _workspace(self, backend: All2AllBackend, free_before: int | None) -> int | None:
+        """Collective: free device memory before construction minus free memory after it and one
+        round trip at its capacity (max_tokens_per_rank), the max over ranks. torch.cuda.mem_get_info
+        counts memory outside torch's allocator (symmetric memory, NVSHMEM, FlashInfer's
+        workspace); cached blocks nobody holds are released before both readings."""
+        if free_before is None:
+            return None
+        held, ok = 0, True
+        try:
+            capacity = backend.shape.max_tokens_per_rank
+            inputs = make_inputs(
+                backend.shape, capacity, rank=self.ctx.rank, world_size=self.ctx.world_size, device=self.ctx.device
+            )
+            backend.set_step_tokens(None)  # the capacity
+            round_trip(backend, inputs)
+            del inputs
+            vars(backend).pop("_timing_expert_out", None)  # the timers' stand-in expert output, not the backend's
+            held = free_before - _free_device_memory(self.ctx.device)
+        except Exception:  # the gate reports what is wrong with the backend
+            ok = False
+        if not all_ranks_ok(ok, self.ctx):
+            return None
+        agreed = torch.tensor([held], dtype=torch.int64, device=self.ctx.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.ctx.group)
+        return max(0, int(agreed.item()))
+
     def _close(self, slot: tuple[str, int]) -> None:
+        self._held.pop(slot, None)
         backend = self._built.pop(slot, None)
         if backend is not None:
             backend.close()
@@ -154,6 +227,37 @@ class Backends:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _warm_collectives(ctx: RankContext) -> None:
+    """Collective: one small all_to_all, all_gather and reduce_scatter on the group, so the buffers
+    NCCL sets up at a collective's first use (per-peer channels at the first all_to_all) are in
+    place before any backend's memory is read, not charged to the first backend that calls it."""
+    one = torch.zeros(ctx.world_size, device=ctx.device)
+    dist.all_to_all_single(torch.empty_like(one), one, group=ctx.group)
+    dist.all_gather_into_tensor(torch.empty(ctx.world_size**2, device=ctx.device), one, group=ctx.group)
+    dist.reduce_scatter_tensor(torch.empty(1, device=ctx.device), one, group=ctx.group)
+    torch.cuda.synchronize(ctx.device)
+
+
+def _free_device_memory(device: torch.device) -> int | None:
+    """Free memory of `device` in bytes once queued work finished and unheld cached blocks went
+    back to the driver; None on CPU ranks (device memory is not measured there)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def traffic(ctx: RankContext, shape: MoEShape, inputs: Sequence[RankInputs]) -> Traffic:
+    """Collective: the bytes `inputs` move per rank per direction, averaged over the ranks and
+    the input sets (`tuner.figures`: logical and link bytes of dispatch and combine)."""
+    counts = [destination_pairs(i.topk_ids, shape.num_experts, ctx.world_size, ctx.rank) for i in inputs]
+    total = torch.tensor([[p for p, _ in counts], [q for _, q in counts]], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(total, group=ctx.group)
+    per_rank = total.sum(dim=1) / (ctx.world_size * len(inputs))
+    return traffic_from_pairs(float(per_rank[0]), float(per_rank[1]), shape.dtype, shape.hidden)
 
 
 def gate(backend: All2AllBackend, inputs: RankInputs) -> Result:
@@ -172,9 +276,12 @@ def time_agreed(
     warmup: int,
     iters: int,
     timing: str | None = None,
+    split: bool = True,
 ) -> Result:
     """Time round trips in `timing` mode (default: `timing_mode`): "measured", or "error"
-    when the timer raised or the backend gave up a flag wait on any rank."""
+    when the timer raised or the backend gave up a flag wait on any rank. `split`: then time
+    dispatch and combine apart and count the bytes (the knob search, which compares round
+    trips only, leaves them out)."""
     mode = timing or timing_mode(type(backend), ctx.device)
     timer = time_graph_round_trips if mode == "graph" else time_round_trips
     error = ""
@@ -188,7 +295,29 @@ def time_agreed(
         error = one_line(exc)
     if not all_ranks_ok(not error, ctx):
         return Result("error", error or "failed on another rank")
-    return Result("measured", timing=mode, device_us=device_us, host_us=host_us, knobs=backend.knobs())
+    measured = Result("measured", timing=mode, device_us=device_us, host_us=host_us, knobs=backend.knobs())
+    if not split:
+        return measured
+    dispatch_us, combine_us = _halves(ctx, backend, inputs, warmup=warmup, iters=iters, graph=mode == "graph")
+    return dataclasses.replace(
+        measured, dispatch_us=dispatch_us, combine_us=combine_us, traffic=traffic(ctx, backend.shape, inputs)
+    )
+
+
+def _halves(
+    ctx: RankContext, backend: All2AllBackend, inputs: Sequence[RankInputs], *, warmup: int, iters: int, graph: bool
+) -> tuple[list[float], list[float]]:
+    """Dispatch and combine samples (`timing.time_halves`), or ([], []) when cutting the chain
+    failed on any rank: the round trip already measured stands alone, as in stores from before."""
+    ok = True
+    try:
+        halves = time_halves(backend, inputs, warmup=warmup, iters=iters, graph=graph)
+        ok = not backend.gave_up()
+    except Exception:
+        ok = False
+    if not all_ranks_ok(ok, ctx):
+        return [], []
+    return halves
 
 
 def measure(
@@ -199,12 +328,13 @@ def measure(
     warmup: int,
     iters: int,
     timing: str | None = None,
+    split: bool = True,
 ) -> Result:
     """Gate on the first input set, then time: never a timing of a backend that just failed."""
     checked = gate(backend, inputs[0])
     if not checked.ok:
         return checked
-    return time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing=timing)
+    return time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing=timing, split=split)
 
 
 def measure_case(
@@ -221,4 +351,5 @@ def measure_case(
     backend = backends.get(name, tokens)
     if isinstance(backend, Result):
         return backend
-    return measure(ctx, backend, inputs, warmup=warmup, iters=iters)
+    result = measure(ctx, backend, inputs, warmup=warmup, iters=iters)
+    return dataclasses.replace(result, workspace_bytes=backends.workspace_bytes(name, tokens))

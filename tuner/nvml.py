@@ -28,7 +28,8 @@ Recording format (``"format": "a2a-tune/nvml-record"``, ``"version": 1``)::
                   "nvlinks": [{"state": true, "version": 6,
                                "remote_pci_bus_id": "...", "remote_device_type": "gpu",
                                "speed_mbps": 26562},
-                              {"state": {"error": "InvalidArgument"}}, ...]}]}
+                              {"state": {"error": "InvalidArgument"}}, ...],
+                  "pcie_link": [5, 16]}]}                  # max PCIe generation, width
 
 Any answer may be replaced by ``{"error": "<NVML error name>"}``. A link whose state query
 failed records only its state: the probe asks nothing more about it. An optional top-level
@@ -119,6 +120,7 @@ class NvmlSource(Protocol):
     def nvlink_remote_pci_bus_id(self, device: int, link: int) -> str: ...
     def nvlink_remote_device_type(self, device: int, link: int) -> str: ...
     def nvlink_speed_mbps(self, device: int, link: int) -> int | None: ...
+    def pcie_link(self, device: int) -> tuple[int, int]: ...
 
 
 # ---------------------------------------------------------------------------------------
@@ -345,6 +347,17 @@ class RealNvml:
             raise NvmlQueryError(real_errors[0], "no NVLink speed field answered")
         return None
 
+    def pcie_link(self, device: int) -> tuple[int, int]:
+        """(generation, width) of the GPU's PCIe link at its best (the device and the slot
+        together): the current ones drop while the GPU idles."""
+        nvml, handle = self._nvml(), self._handle(device)
+        return self._query(
+            lambda: (
+                int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
+                int(nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)),
+            )
+        )
+
 
 def _field_value(nvml: Any, value: Any) -> float | int:
     """Read the member of an nvmlValue_t union that the field's valueType says is filled."""
@@ -477,6 +490,10 @@ class RecordedNvml:
         speed = self._link(device, link, "speed_mbps")
         return None if speed is None else int(speed)
 
+    def pcie_link(self, device: int) -> tuple[int, int]:
+        generation, width = self._dev(device, "pcie_link")
+        return int(generation), int(width)
+
 
 _MISSING: Any = object()
 
@@ -506,9 +523,12 @@ def _record_link(source: NvmlSource, device: int, link: int) -> dict[str, Any]:
     return entry
 
 
+_NOT_RECORDED = {"error": "NotRecorded"}
+
+
 def _record_device(source: NvmlSource, device: int, max_links: int) -> dict[str, Any]:
     fabric = _ask(source.fabric_info, device)
-    return {
+    entry = {
         "index": device,
         "name": _ask(source.name, device),
         "compute_capability": _ask(source.compute_capability, device),
@@ -518,6 +538,10 @@ def _record_device(source: NvmlSource, device: int, max_links: int) -> dict[str,
         "fabric_info": dict(fabric) if isinstance(fabric, dict) else fabric,
         "nvlinks": [_record_link(source, device, link) for link in range(max_links)],
     }
+    pcie = _ask(source.pcie_link, device) if hasattr(source, "pcie_link") else _NOT_RECORDED
+    if pcie != _NOT_RECORDED:  # a recording from before the PCIe query replays without it
+        entry["pcie_link"] = pcie
+    return entry
 
 
 def record(source: NvmlSource, *, max_links: int = MAX_NVLINKS) -> dict[str, Any]:

@@ -38,8 +38,7 @@ GPU_RANK_RESERVE_BYTES = 2 * 1024**3
 DEFAULT_TOKENS = {
     # 1 .. 16384 tokens per rank (decode to prefill): powers of 2 and 3·2^k between them. The
     # 3·2^k points matter: capacity-sized kernels (FlashInfer's) are slower off powers of 2 than
-    # interpolating between powers of 2 predicts, which cost the table up to 10% at held-out
-    # counts on 2xH200 with a powers-of-2-only grid.
+    # interpolating between powers of 2 predicts (BENCHMARKS.md, "Figures moved from the code").
     "cuda": tuple(sorted({2**i for i in range(15)} | {3 * 2**i for i in range(13)})),
     "cpu": (1, 4, 16, 64, 256),  # gloo on CPU: enough to see a crossover in minutes
 }

@@ -58,6 +58,7 @@ import os
 import platform
 import re
 import socket
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -66,6 +67,7 @@ from typing import Any
 
 from a2a_tune.tuner.nvml import NvmlQueryError, NvmlSource, record, record_live
 from a2a_tune.tuner.runtime.fingerprint import RECORDING_ENV
+from a2a_tune.tuner.runtime.text import one_line
 
 _log = logging.getLogger("a2a_tune")
 
@@ -134,6 +136,10 @@ class GpuFacts:
     uuid: str | None
     links: tuple[LinkFacts, ...]  # present links only, by link index
     fabric: FabricFacts | None
+    # The PCIe link at its best (generation, lanes); not in facts_hash: added after tables
+    # were keyed by it, and the link speed is a figure's denominator, not the hardware's identity.
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
 
     @property
     def active_links(self) -> list[int]:
@@ -327,6 +333,8 @@ def _gpu_from_dict(g: dict[str, Any]) -> GpuFacts:
         uuid=g["uuid"],
         links=tuple(LinkFacts(**link) for link in g["links"]),
         fabric=None if g["fabric"] is None else FabricFacts(**g["fabric"]),
+        pcie_generation=g.get("pcie_generation"),
+        pcie_width=g.get("pcie_width"),
     )
 
 
@@ -472,6 +480,8 @@ def _gpu_from_record(raw: dict[str, Any], *, index: int, node: int) -> GpuFacts:
     name = _answer(raw.get("name"))
     cc = _answer(raw.get("compute_capability"))
     links = [_link_from_record(i, link) for i, link in enumerate(raw.get("nvlinks", []))]
+    pcie = _answer(raw.get("pcie_link"))
+    pcie = tuple(pcie) if isinstance(pcie, list) and len(pcie) == 2 and all(isinstance(v, int) for v in pcie) else None
     return GpuFacts(
         index=index,
         node=node,
@@ -484,6 +494,8 @@ def _gpu_from_record(raw: dict[str, Any], *, index: int, node: int) -> GpuFacts:
         uuid=_answer(raw.get("uuid")),
         links=tuple(link for link in links if link is not None),
         fabric=_fabric_from_record(raw.get("fabric_info")),
+        pcie_generation=pcie[0] if pcie else None,
+        pcie_width=pcie[1] if pcie else None,
     )
 
 
@@ -825,3 +837,24 @@ def render_summary(topo: Topology) -> Any:
         parts.append(gpu_table)
     parts.append(facts)
     return Group(*parts)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m a2a_tune.tuner.probe --fingerprint``: the fingerprint on stdout, else one line on
+    stderr and exit code 1. The runtime runs it as a bounded child
+    (:func:`~a2a_tune.tuner.runtime.fingerprint.probed_fingerprint`), so NVML is read right here."""
+    from a2a_tune.tuner.nvml import RealNvml
+
+    if argv != ["--fingerprint"]:
+        print("usage: python -m a2a_tune.tuner.probe --fingerprint", file=sys.stderr)
+        return 2
+    try:
+        print(probe(recorded_source() or RealNvml(), strict=True).fingerprint)
+    except Exception as exc:  # strict: a GPU host must not borrow a CPU fingerprint
+        print(one_line(exc, None), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

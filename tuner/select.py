@@ -33,6 +33,11 @@ Rules:
   table may hold (:data:`~a2a_tune.tuner.runtime.table.MIN_US` ..
   :data:`~a2a_tune.tuner.runtime.table.MAX_US`) is left out with a warning.
 * A point measured twice in one timing mode (e.g. a resumed sweep) keeps the lower median.
+* Schema 3's figures (:data:`~a2a_tune.tuner.runtime.table.FIGURE_CURVES` and
+  ``FIGURE_COUNTS``) come from the same measurement as the median kept: its dispatch and
+  combine medians, its byte counts and its workspace (bytes -> MiB); a backend gets only the
+  figure arrays that hold a value somewhere, so tables of runs from before them carry the
+  round trip alone.
 * Timing modes may differ between backends (schema 2: ``timing`` per backend per entry;
   capturable backends are timed under CUDA-graph replay, as engines run them in decode).
   One backend keeps ONE mode per entry, so its curve is never a patchwork: the mode that
@@ -57,9 +62,12 @@ from a2a_tune.tuner.runtime.estimate import winners
 from a2a_tune.tuner.runtime.profiles import profile_filename
 from a2a_tune.tuner.runtime.table import (
     FALLBACK_BACKEND,
+    FIGURE_COUNTS,
+    FIGURE_CURVES,
     GRAPH_WORDS,
     MAX_US,
     MIN_US,
+    READABLE_SCHEMAS,
     SCHEMA_VERSION,
     SHAPE_KEYS,
     TIMING_MODES,
@@ -69,11 +77,14 @@ from a2a_tune.tuner.runtime.table import (
 )
 from a2a_tune.tuner.runtime.text import one_line
 
+from .studies import stored_knobs
+
 __all__ = [
     "build_profile",
     "select_entries",
     "validate_profile",
     "with_knobs",
+    "with_knobs_from_file",
     "with_stored_knobs",
     "profile_for_run",
     "write_profile",
@@ -129,11 +140,12 @@ def build_profile(
     backend_names: Mapping,
     generated_at: _dt.datetime | str | None = None,
 ) -> dict:
-    """Build a schema-2 profile dict from one run's measurements and failures.
+    """Build a schema-3 profile dict from one run's measurements and failures.
 
     ``measurements``: mappings (or objects) with backend, num_experts, topk, hidden,
     dtype, ep_size, tokens_per_rank, routing, timing ("eager" | "graph"; "cuda_graph" is read as
-    "graph", None as "eager"), median_us, p10_us, p90_us (extra keys ignored). ``failures``: backend, kind
+    "graph", None as "eager"), median_us, p10_us, p90_us, and optionally the store's figure
+    columns (``db.models.FIGURE_FIELDS``; extra keys ignored). ``failures``: backend, kind
     ("incorrect" | "unavailable" | "not_applicable" | "error" | "timeout"), reason, and shape keys /
     tokens_per_rank, any of which may be None. ``hardware``: fingerprint, facts_hash,
     facts. ``run``: id, device_type, world_size, versions, started_at, finished_at (extra
@@ -213,7 +225,7 @@ def select_entries(measurements: Iterable, failures: Iterable, *, order: Iterabl
         if timing not in TIMING_MODES:
             raise ValueError(f"measurement of {backend} at {shape}: timing={timing!r} is not one of {TIMING_MODES}")
         seen_backends.add(backend)
-        stats = _stats(float(med), _opt_us(_get(m, "p10_us")), _opt_us(_get(m, "p90_us")))
+        stats = _stats(float(med), _opt_us(_get(m, "p10_us")), _opt_us(_get(m, "p90_us"))) + (_figures_of(m),)
         per_t = points.setdefault(shape, {}).setdefault(backend, {}).setdefault(timing, {})
         if t not in per_t or stats[0] < per_t[t][0]:
             per_t[t] = stats
@@ -225,6 +237,23 @@ def select_entries(measurements: Iterable, failures: Iterable, *, order: Iterabl
         _build_entry(shape, points[shape], failures, preference) for shape in sorted(points, key=_shape_sort_key)
     ]
     return entries, preference
+
+
+def _figures_of(m) -> dict:
+    """A measurement's schema-3 figures as a table holds them (absent / out of range: left out)."""
+    out = {}
+    for key, stored in (("dispatch_us", "dispatch_median_us"), ("combine_us", "combine_median_us")):
+        v = _opt_us(_get(m, stored))
+        if v is not None:
+            out[key] = round_us(v)
+    for key in FIGURE_COUNTS[:-1]:
+        v = _get(m, key)
+        if isinstance(v, (int, float)) and 0 <= v < float("inf"):
+            out[key] = round(float(v), 1)
+    held = _get(m, "workspace_bytes")
+    if isinstance(held, int) and held >= 0:
+        out["workspace_mib"] = round(held / 2**20, 3)
+    return out
 
 
 def _in_range(v) -> bool:
@@ -320,6 +349,10 @@ def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: li
             "p10_us": [None if c is None or c[1] is None else round_us(c[1]) for c in cols],
             "p90_us": [None if c is None or c[2] is None else round_us(c[2]) for c in cols],
         }
+        for key in FIGURE_CURVES + FIGURE_COUNTS:
+            row = [None if c is None else c[3].get(key) for c in cols]
+            if any(v is not None for v in row):
+                backends[b][key] = row
 
     winners = _winners(tokens, backends, failed, preference)
 
@@ -358,8 +391,8 @@ def _json_path(parts) -> str:
 
 
 def validate_profile(profile: dict) -> None:
-    """Check ``profile`` against its published schema (profiles/schema-v<N>.json, N = 1 or
-    2, by its ``schema`` field), then the reader's own checks.
+    """Check ``profile`` against its published schema (profiles/schema-v<N>.json, N = 1, 2
+    or 3, by its ``schema`` field), then the reader's own checks.
 
     Raises :class:`ProfileError` naming the JSON path of the first error, e.g.
     ``entries[0].backends.nccl_all2allv.median_us[2]: -1.0 is not valid under any of the given schemas``.
@@ -367,7 +400,7 @@ def validate_profile(profile: dict) -> None:
     from jsonschema.exceptions import best_match
 
     version = profile.get("schema") if isinstance(profile, Mapping) else None
-    if type(version) is not int or version not in (1, SCHEMA_VERSION):
+    if type(version) is not int or version not in READABLE_SCHEMAS:
         # Let the reader word it: one line naming the field `schema`.
         parse_profile(profile)
     err = best_match(_validator(version).iter_errors(profile))
@@ -379,8 +412,10 @@ def validate_profile(profile: dict) -> None:
 
 
 def upgrade_profile(profile: dict) -> dict:
-    """A schema-1 profile dict as schema 2 (the same conversion lookup does on load); a
-    schema-2 one is returned as a copy. Winners are recomputed with the tie rule.
+    """A schema-1 or -2 profile dict as schema 3 (the same conversion lookup does on load); a
+    schema-3 one is returned as a copy. A schema-2 table only changes its version (it has no
+    figures: schema 3 makes them optional); a schema-1 one is converted, and its winners are
+    recomputed with the tie rule.
 
     Every backend gets the table's ``run.timing`` (``graph`` for graph / cuda_graph, else
     ``eager``); the tie preference is the engine default first, then the ``backends``
@@ -393,6 +428,8 @@ def upgrade_profile(profile: dict) -> dict:
     if loaded.schema == SCHEMA_VERSION:
         return out
     out["schema"] = SCHEMA_VERSION
+    if loaded.schema == 2:
+        return out
     out["run"] = _run_section(out.get("run") or {})
     out["tie_preference"] = list(loaded.tie_preference)
     for raw, e in zip(out["entries"], loaded.entries):
@@ -523,6 +560,18 @@ def with_knobs(
     return out, notes
 
 
+def with_knobs_from_file(
+    path: Path, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]
+) -> tuple[dict, list[str]]:
+    """:func:`with_knobs` on the table in file `path` (`tune-knobs --profile`), which is first
+    judged as lookup judges it. Write the copy back with :func:`write_profile_to`. Raises
+    ProfileError for a table lookup would refuse, OSError or ValueError for a file that is
+    not JSON."""
+    table = json.loads(Path(path).read_text())
+    parse_profile(table, str(path))
+    return with_knobs(table, shape, backend, knobs_by_tokens)
+
+
 # ------------------------------------------------------------------ store adapter
 # Kept apart on purpose: the only place that knows the store's API (a2a_tune.db).
 
@@ -565,9 +614,8 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
 def with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
     """`profile` with the launch knobs `tune-knobs` stored in the database `url` for its
     hardware, wherever the table has that shape, backend and token count: (profile, tuned
-    points kept). Raises what reading the studies raises."""
-    from .knobs import stored_knobs
-
+    points kept). The database is only read (:func:`a2a_tune.tuner.studies.stored_knobs`).
+    Raises what reading the studies raises."""
     found = stored_knobs(url, profile["hardware"]["fingerprint"], (profile.get("run") or {}).get("capacity"))
     kept = 0
     for shape, backend, tokens, knobs in found:
@@ -576,15 +624,21 @@ def with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
     return profile, kept
 
 
-def profile_for_run(url: str | None, run_id: int) -> tuple[dict, int, str | None]:
-    """The table of run `run_id` in the store at `url`, with its stored knobs
+def profile_for_run(url: str | None, run_id: int | None) -> tuple[dict, int, str | None]:
+    """The table of run `run_id` (None: the latest completed run; the table's ``run.id`` says
+    which) in the store at `url`, opened read-only, with its stored knobs
     (:func:`with_stored_knobs`): (profile, tuned points kept, a note when the knobs could not
-    be read -- the table is good without them). Raises StoreError, NotFoundError, or
-    ValueError for a run without measurements."""
-    from a2a_tune.db import open_store
+    be read -- the table is good without them). Raises EmptyStoreError, NotFoundError (no such
+    run, or no completed one), StoreError, or ValueError for a run without measurements."""
+    from a2a_tune.db import NotFoundError, open_store
     from a2a_tune.kernels import engine_names
 
     with open_store(url, readonly=True) as store:
+        if run_id is None:
+            run = store.latest_run(status="completed")
+            if run is None:
+                raise NotFoundError("no completed run in the database")
+            run_id = run.id
         profile = profile_from_store(store, run_id, backend_names=engine_names())
         url = store.url
     if not profile["entries"]:

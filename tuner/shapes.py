@@ -44,6 +44,11 @@ class ModelShape:
             return str(exc)
         return None
 
+    @classmethod
+    def of(cls, shape: Shape) -> ModelShape:
+        """The model part of a table entry's shape, named by its numbers (``E256-k8-H7168``)."""
+        return cls(f"E{shape.num_experts}-k{shape.topk}-H{shape.hidden}", shape.num_experts, shape.topk, shape.hidden)
+
     def at(self, ep_size: int, dtype: str, routing: str) -> Shape:
         """This model's shape on `ep_size` ranks with that payload dtype and routing."""
         return Shape(ep_size, self.hidden, self.topk, self.num_experts, dtype, routing)

@@ -17,16 +17,12 @@ that differ stop the sweep unless `allow_mixed`. Cases a backend declares infeas
 
 from __future__ import annotations
 
-import os
-import platform
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from a2a_tune.db import (
@@ -42,11 +38,11 @@ from a2a_tune.db import (
     open_store,
 )
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend
-from a2a_tune.kernels._flashinfer import flashinfer_version
 from a2a_tune.kernels.base import REACH_TEXT, reaches
 
 from . import cluster
 from .adaptive import AdaptiveSearch
+from .cluster import gather_cluster, library_versions
 from .launch import (
     Heartbeat,
     PeerFailed,
@@ -59,8 +55,8 @@ from .launch import (
 )
 from .measure import Backends, Result, input_sets, measure_case
 from .plans import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan, check_plan
-from .probe import RECORDING_ENV, Topology, cpu_topology, probe
 from .progress import progress_bar
+from .publish import publish_run
 from .runtime.point import Point, Shape
 from .timing import summarize
 
@@ -81,47 +77,7 @@ class SweepOutcome:
     adaptive_saved: int = 0  # grid points the adaptive search did not need to measure
     status: str = "completed"
     cluster: dict[str, Any] = field(default_factory=dict)  # tuner.cluster.ClusterView.summary()
-    published: dict[str, Any] = field(default_factory=dict)  # tuner.cluster.publish(): the table on each node
-
-
-def probe_for_device(device_type: str) -> Topology:
-    """The hardware the sweep measures: the GPUs for cuda ranks; the CPU for gloo ranks, even on
-    a GPU host -- unless $A2A_TUNE_NVML_RECORDING names a recorded machine: then the gloo ranks
-    rehearse that machine's topology (fingerprint, islands, reach, heterogeneity)."""
-    return probe() if device_type == "cuda" or os.environ.get(RECORDING_ENV) else cpu_topology()
-
-
-def gather_cluster(ctx: RankContext) -> cluster.ClusterView:
-    """Collective: every rank's node (its probe, the rank's local rank, its libraries), on every rank."""
-    node = probe_for_device(ctx.device.type)
-    return cluster.gather(ctx, node, library_versions(ctx.device.type, node))
-
-
-def gather_topology(ctx: RankContext) -> Topology:
-    """Collective: every rank's hardware, merged into the job's (its fingerprint names the table)."""
-    return gather_cluster(ctx).topology
-
-
-def library_versions(device_type: str, topology: Topology) -> dict[str, str | None]:
-    def dist_version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    nccl = None
-    if device_type == "cuda" and torch.cuda.is_available():
-        nccl = ".".join(str(p) for p in torch.cuda.nccl.version())
-    return {
-        "a2a_tune": dist_version("a2a-tune"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "nccl": nccl,
-        "driver": topology.driver_version,
-        "triton": dist_version("triton"),
-        "flashinfer": flashinfer_version(),  # also a staged copy (scripts/stage_flashinfer.py), no metadata
-    }
+    published: dict[str, Any] = field(default_factory=dict)  # tuner.publish.publish_run(): the table on each node
 
 
 DEFAULT_CASE_TIMEOUT_S = 600.0  # one case: gate + warm-up + timing (first cases also compile kernels)
@@ -275,7 +231,7 @@ def _sweep_rank(
         rec.abandon("failed")
         raise
     if job["publish"]:
-        rec.outcome.published = cluster.publish(ctx, target.db_url, rec.run_id, job["out_dir"], rec.view)
+        rec.outcome.published = publish_run(ctx, target.db_url, rec.run_id, job["out_dir"], rec.view)
     return rec.outcome if rec.is_writer else None
 
 
@@ -534,6 +490,7 @@ class _Recorder:
             samples=[round(s, 3) for s in result.device_us],
             knobs=result.knobs,
             writer=self.writer,
+            **result.figures(),
         )
 
     def beat(self, key: MeasurementKey | None) -> None:

@@ -21,6 +21,22 @@ On CPU (gloo) both times are the host wall time. Ranks meet at a barrier (then t
 before each sample and agree on one number per sample: the max over ranks (an all2all step is as slow
 as its slowest rank). Several input sets rotate so repeated round trips do not replay a
 warm L2.
+
+**Dispatch and combine apart** (`time_halves`, after the round trips, in the same mode): the
+same samples again -- barrier, lead-in, R round trips, rotating inputs, max over ranks per
+sample -- with the chain cut by timestamps between the halves: one before the first dispatch,
+one after each dispatch and one after each combine (2R + 1 a sample). On a GPU they are CUDA
+events on the stream; under graph replay *external* events captured into the graph (recorded
+at every replay, read once it completed); on CPU the host clock. A sample's dispatch is the sum
+of its R dispatch intervals / R, its combine likewise. The round trip itself stays timed
+without the cuts, so stored round trips compare with those from before.
+
+Why dispatch + combine can exceed the round trip (they agree within the noise otherwise):
+the max over ranks is taken per half, and the rank slowest in dispatch need not be the one
+slowest in combine (max(d) + max(c) >= max(d + c)); and a cut is a separation point: an event
+between two kernels on a GPU is a node of its own (about a microsecond), and it ends any
+overlap a backend's combine would have with the tail of its dispatch. Where the halves differ
+from the round trip by more than that, the backend's halves interact (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -73,14 +89,19 @@ MAX_ROUND_TRIPS = 32
 MAX_GRAPH_ROUND_TRIPS = 64  # a replayed round trip can be ~5 µs: keep samples near the target
 
 
-def _round_trip(backend: All2AllBackend, inputs: RankInputs) -> None:
+def round_trip(backend: All2AllBackend, inputs: RankInputs, cut=None) -> None:
+    """One dispatch + combine as every timer runs it; `cut()` (time_halves) runs after each half."""
     d = backend.dispatch(inputs.x, inputs.topk_ids, inputs.topk_weights)
+    if cut is not None:
+        cut()
     # An engine's experts write their output somewhere anyway: into the backend's own buffer
     # when it offers one (the same write, no staging copy), else into their own tensor.
     out = backend.combine_buffer(d)
     if out is None:
         out = d.x if getattr(d, "x_scale", None) is None else _expert_out_like(backend, d.x)
     backend.combine(out, d)
+    if cut is not None:
+        cut()
 
 
 def _expert_out_like(backend: All2AllBackend, received: torch.Tensor) -> torch.Tensor:
@@ -93,9 +114,9 @@ def _expert_out_like(backend: All2AllBackend, received: torch.Tensor) -> torch.T
     return cached
 
 
-def _round_trips(backend: All2AllBackend, input_sets: Sequence[RankInputs], first: int, count: int) -> None:
+def _round_trips(backend: All2AllBackend, input_sets: Sequence[RankInputs], first: int, count: int, cut=None) -> None:
     for j in range(first, first + count):
-        _round_trip(backend, input_sets[j % len(input_sets)])
+        round_trip(backend, input_sets[j % len(input_sets)], cut)
 
 
 def _sync(backend: All2AllBackend) -> None:
@@ -232,3 +253,81 @@ def _max_over_ranks(
     both = torch.tensor([device_us, host_us], dtype=torch.float64, device=backend.device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=backend.group)
     return both[0].tolist(), both[1].tolist()
+
+
+class _Cuts:
+    """The 2R + 1 timestamps of one sample cut between its halves (see the module docstring):
+    CUDA events (external ones when captured into a graph) on a GPU, the host clock on CPU."""
+
+    def __init__(self, backend: All2AllBackend, reps: int, *, captured: bool = False) -> None:
+        self.reps = reps
+        self.cuda = backend.device.type == "cuda"
+        count = 2 * reps + 1
+        self.events = (
+            [torch.cuda.Event(enable_timing=True, external=captured) for _ in range(count)] if self.cuda else []
+        )
+        self.host = [0.0] * count
+        self.next = 0
+
+    def __call__(self) -> None:
+        if self.cuda:
+            self.events[self.next].record()
+        else:
+            self.host[self.next] = time.perf_counter()
+        self.next = (self.next + 1) % len(self.host)  # a replayed graph records them again
+
+    def halves(self) -> tuple[float, float]:
+        """(dispatch, combine) µs per round trip of the completed sample."""
+        if self.cuda:
+            t = [0.0] + [self.events[0].elapsed_time(e) * 1e3 for e in self.events[1:]]
+        else:
+            t = [(h - self.host[0]) * 1e6 for h in self.host]
+        dispatch = sum(t[2 * j + 1] - t[2 * j] for j in range(self.reps))
+        combine = sum(t[2 * j + 2] - t[2 * j + 1] for j in range(self.reps))
+        return dispatch / self.reps, combine / self.reps
+
+
+def _cut_samples(backend: All2AllBackend, iters: int, launch, lead_in) -> tuple[list[float], list[float]]:
+    """`_timed_samples` for cut chains: `launch(i)` runs the sample and returns its `_Cuts`,
+    read once the sample completed; (dispatch_us, combine_us) per sample, max over ranks."""
+    dispatch_us: list[float] = []
+    combine_us: list[float] = []
+    for i in range(iters):
+        dist.barrier(group=backend.group)
+        _sync(backend)
+        lead_in(i)
+        cuts = launch(i)
+        _sync(backend)
+        d, c = cuts.halves()
+        dispatch_us.append(d)
+        combine_us.append(c)
+    return _max_over_ranks(backend, dispatch_us, combine_us)
+
+
+def time_halves(
+    backend: All2AllBackend, input_sets: Sequence[RankInputs], *, warmup: int, iters: int, graph: bool = False
+) -> tuple[list[float], list[float]]:
+    """Dispatch and combine apart, in the round trip's sample scheme (module docstring):
+    (dispatch_us, combine_us) per sample, per round trip, each the max over ranks.
+    `graph`: under CUDA-graph replay (capturable backends), else eager launches."""
+    if not graph:
+        _round_trips(backend, input_sets, 0, warmup)
+        reps = _round_trips_per_sample(backend, input_sets)
+
+        def eager(i: int) -> _Cuts:
+            cuts = _Cuts(backend, reps)
+            cuts()
+            _round_trips(backend, input_sets, i * reps, reps, cuts)
+            return cuts
+
+        return _cut_samples(backend, iters, eager, lambda i: _eager_lead_in(backend, input_sets, i * reps))
+    assert backend.device.type == "cuda" and backend.graph_capturable
+    reps = _graph_round_trips_per_sample(backend, input_sets)
+    cuts = _Cuts(backend, reps, captured=True)
+    graph_ = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph_):
+        cuts()
+        _round_trips(backend, input_sets, 0, reps, cuts)
+    for _ in range(max(1, warmup // reps)):
+        graph_.replay()
+    return _cut_samples(backend, iters, lambda i: (graph_.replay(), cuts)[1], lambda i: graph_.replay())

@@ -34,7 +34,7 @@ from a2a_tune.db import (
     upgrade,
 )
 from a2a_tune.db.engine import connection_lost
-from a2a_tune.db.models import VERSION_TABLE, Base
+from a2a_tune.db.models import FIGURE_FIELDS, VERSION_TABLE, Base
 
 FIXTURES = paths.FIXTURES / "db"
 SECRET_URL = "postgresql+psycopg2://u:secret@[::1:5432/x"
@@ -337,6 +337,36 @@ def test_committed_schema1_database_still_opens(tmp_path):
             ("nvlink_one_sided", 2, 7168, 8, 64, "bf16", "uniform", 128),
         }
         assert {f.kind for f in s.failures(run.id)} == {"incorrect", "unavailable"}
+        # measured before the figures: they read as not measured, the round trip stands alone
+        assert all(getattr(m, f) is None for m in s.measurements(run.id) for f in FIGURE_FIELDS)
+
+
+def test_committed_schema2_database_upgrades_and_reads_without_figures(tmp_path):
+    """tests/fixtures/db/schema2.db was written by the release before 0003_figures (README there);
+    `a2a-tune db upgrade` brings it to head and every measurement reads as before."""
+    db = tmp_path / "schema2.db"
+    shutil.copyfile(FIXTURES / "schema2.db", db)
+    url = sqlite_url(db)
+    with pytest.raises(StoreOutdatedError, match="a2a-tune db upgrade --db"):
+        open_store(url)
+    r = subprocess.run(
+        [sys.executable, "-m", "a2a_tune.tuner.cli", "db", "upgrade", "--db", url], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and "is at the current schema" in r.stdout, r.stderr
+    assert upgrade(url) == (head_revision(), head_revision()) == ("0003_figures", "0003_figures")
+    with open_store(url) as s:
+        [run] = s.runs()
+        assert (run.fingerprint, run.status, run.versions["torch"]) == ("h200.nvl18x2.node1", "completed", "2.12.0")
+        rows = s.measurements(run.id)
+        assert [(m.backend, m.timing, m.median_us) for m in rows] == [
+            ("allgather_reducescatter", "eager", 48.0),
+            ("nccl_all2allv", "eager", 39.5),
+            ("nvlink_one_sided", "graph", 21.25),
+        ]
+        assert all(getattr(m, f) is None for m in rows for f in FIGURE_FIELDS)
+        # the upgraded store takes the figures of a new measurement beside the old ones
+        s.add_measurement(run.id, **measurement(tokens_per_rank=256, dispatch_median_us=20.0, workspace_bytes=1))
+        assert s.measurements(run.id)[-1].dispatch_median_us == 20.0
 
 
 def _sha(path) -> str:

@@ -33,6 +33,7 @@ from a2a_tune.db import (
     open_store,
     resolve_url,
 )
+from a2a_tune.db.models import FIGURE_FIELDS
 from a2a_tune.tuner.runtime.point import MAX_TOKENS_PER_RANK, Point
 
 # ----------------------------------------------------------------------------- round trip
@@ -310,6 +311,45 @@ def test_closed_store_refuses_use(db_url):
     s.close()  # idempotent
     with pytest.raises(StoreError, match="closed"):
         s.runs()
+
+
+def test_figures_are_stored_beside_the_round_trip_and_read_back(db_url):
+    figures = dict(
+        dispatch_median_us=19.5,
+        combine_median_us=23.25,
+        dispatch_samples=[19.0, 19.5, 20.0],
+        combine_samples=[23.0, 23.25, 24.0],
+        dispatch_logical_bytes=1835008.0,
+        dispatch_link_bytes=917504.5,
+        combine_logical_bytes=3670016.0,
+        combine_link_bytes=1835009.0,
+        workspace_bytes=6 * 2**30,  # beyond 32 bits
+    )
+    with open_store(db_url) as s:
+        _, run = new_run(s)
+        s.add_measurement(run, **measurement(**figures))
+        s.add_measurement(run, **measurement(tokens_per_rank=1))  # none given: not measured
+    with open_store(db_url, readonly=True) as s:
+        with_figures, without = s.measurements(run)
+    assert {f: getattr(with_figures, f) for f in FIGURE_FIELDS} == figures
+    assert all(getattr(without, f) is None for f in FIGURE_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (dict(dispatch_median_us=float("nan")), ValueError),
+        (dict(combine_samples=[1.0, float("inf")]), ValueError),
+        (dict(workspace_bytes=-1), ValueError),
+        (dict(workspace_bytes=1.5), ValueError),
+        (dict(dispatch_bytes=1.0), TypeError),  # not a figure column
+    ],
+)
+def test_a_figure_that_cannot_be_stored_is_refused_before_any_sql(store, bad, error):
+    _, run = new_run(store)
+    with pytest.raises(error):
+        store.add_measurement(run, **measurement(**bad))
+    assert store.measurements(run) == []
 
 
 # ----------------------------------------------------------------------------- threads

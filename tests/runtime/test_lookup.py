@@ -575,6 +575,7 @@ def test_request_is_the_checked_request_and_answer_gives_lookups_choice(fixture_
         None,
         None,
         "t.json",
+        None,  # no memory budget
     )
 
 
@@ -732,6 +733,8 @@ def test_a_decode_range_compares_backends_missing_a_refinement_count_but_never_c
         for key in ("median_us", "p10_us", "p90_us"):
             mid = {"nvlink_one_sided": 150.0, "nccl_all2allv": 120.0}.get(b)
             curve[key].insert(4, None if mid is None else mid * {"median_us": 1, "p10_us": 0.98, "p90_us": 1.03}[key])
+        for key in (k for k, v in curve.items() if isinstance(v, list) and len(v) == 6):  # its figures
+            curve[key].insert(4, None)
     e["winners"] = []
     path = write(tmp_path, data)
     c = lookup(profile=path, phase="decode", max_tokens=200, engine="vllm", **A)
@@ -830,3 +833,89 @@ def test_paths_from_the_environment_are_escaped(tmp_path, monkeypatch, caplog):
     (rec,) = warnings_of(caplog)
     _one_safe_line(rec.getMessage())
     assert "dir with\\x1b[31mcontrol" in rec.getMessage()
+
+
+# --------------------------------------------------------------------- workspace budget
+# The fixture's shape A holds each backend's device memory per rank (test_select.WORKSPACE_MIB):
+# allgather_reducescatter 16, nccl_all2allv 64, nvlink_one_sided 3072 MiB; shape B holds none.
+
+
+def test_workspace_budget_skips_backends_above_it_and_says_so(fixture_dir):
+    free = lookup(fingerprint=FP, tokens=16, **A)
+    assert (free.backend, dict(free.over_budget)) == ("nvlink_one_sided", {})
+    c = lookup(fingerprint=FP, tokens=16, max_workspace_mib=1024, **A)
+    assert (c.backend, c.match, dict(c.over_budget)) == (
+        "allgather_reducescatter",
+        "exact",
+        {"nvlink_one_sided": 3072.0},
+    )
+    assert c.reason.endswith("; workspace budget 1024 MiB: skipped nvlink_one_sided (3072 MiB)")
+    assert "nvlink_one_sided" not in c.expected_us and c.to_dict()["over_budget"] == {"nvlink_one_sided": 3072.0}
+    at_the_budget = lookup(fingerprint=FP, tokens=16, max_workspace_mib=3072, **A)
+    assert at_the_budget.backend == "nvlink_one_sided"
+    assert at_the_budget.reason.endswith("; workspace budget 3072 MiB: nothing skipped")
+
+
+def test_workspace_budget_from_the_environment_and_the_argument_wins(fixture_dir, monkeypatch):
+    monkeypatch.setenv("A2A_TUNE_MAX_WORKSPACE_MIB", "1024")
+    assert lookup(fingerprint=FP, tokens=16, **A).backend == "allgather_reducescatter"
+    assert lookup(fingerprint=FP, tokens=16, max_workspace_mib=4096, **A).backend == "nvlink_one_sided"
+
+
+@pytest.mark.parametrize(
+    "env, arg, problem",
+    [
+        ("lots", None, "invalid A2A_TUNE_MAX_WORKSPACE_MIB='lots' (expected a number of MiB)"),
+        ("-1", None, "invalid A2A_TUNE_MAX_WORKSPACE_MIB=-1.0 (expected a number of MiB >= 0)"),
+        (None, float("nan"), "invalid max_workspace_mib=nan (expected a number of MiB >= 0)"),
+        (None, "512", "invalid max_workspace_mib='512' (expected a number of MiB >= 0)"),
+    ],
+)
+def test_a_bad_workspace_budget_falls_back_with_one_warning(env, arg, problem, fixture_dir, monkeypatch, caplog):
+    if env is not None:
+        monkeypatch.setenv("A2A_TUNE_MAX_WORKSPACE_MIB", env)
+    c = lookup(fingerprint=FP, tokens=16, max_workspace_mib=arg, **A)
+    assert c.match == "fallback" and c.reason.startswith(problem)
+    assert [r.getMessage() for r in warnings_of(caplog)] == [f"a2a-tune: {c.reason}"]
+
+
+def test_memory_the_table_does_not_hold_is_kept_under_a_budget(fixture_dir):
+    c = lookup(fingerprint=FP, tokens=1024, max_workspace_mib=1, **B)  # shape B: measured without it
+    assert (c.backend, dict(c.over_budget)) == ("nccl_all2allv", {})
+    assert c.reason.endswith(
+        "workspace budget 1 MiB: nothing skipped (memory not in the table: allgather_reducescatter, nccl_all2allv, kept)"
+    )
+
+
+def test_no_backend_within_the_budget_falls_back_naming_what_was_skipped(fixture_dir, caplog):
+    c = lookup(fingerprint=FP, tokens=16, max_workspace_mib=8, **A)
+    assert c.match == "fallback" and c.backend == FALLBACK_BACKEND
+    assert dict(c.over_budget) == {"allgather_reducescatter": 16.0, "nccl_all2allv": 64.0, "nvlink_one_sided": 3072.0}
+    assert "skipped allgather_reducescatter (16 MiB), nccl_all2allv (64 MiB), nvlink_one_sided (3072 MiB)" in c.reason
+    assert len(warnings_of(caplog)) == 1
+
+
+def test_a_request_needs_the_memory_of_its_largest_step(tmp_path):
+    """A backend built per load holds more at larger counts: the request's largest step decides
+    (the first measured count covering it), not the smallest or the entry's largest."""
+    data = fixture_data()
+    (a,) = [e for e in data["entries"] if e["hidden"] == 7168]
+    a["backends"]["nvlink_one_sided"]["workspace_mib"] = [100, 200, 400, 800, 1600, None]
+    path = write(tmp_path, data)
+
+    def pick(**request):
+        return lookup(profile=path, max_workspace_mib=500, **request, **A).backend
+
+    assert pick(tokens=16) == "nvlink_one_sided"  # 400 MiB at 16
+    assert pick(tokens=10) == "nvlink_one_sided"  # covered by 16
+    assert pick(tokens=17) == "allgather_reducescatter"  # covered by 64: 800 MiB
+    assert pick(phase="decode", max_tokens=16) == "nvlink_one_sided"
+    assert pick(phase="decode", max_tokens=64) == "allgather_reducescatter"
+    assert pick(workload={4: 0.9, 64: 0.1}) == "allgather_reducescatter"  # its largest step: 64
+
+
+def test_the_budget_is_part_of_the_checked_request():
+    assert request(tokens=8, max_workspace_mib=512, **A).max_workspace_mib == 512.0
+    assert request(tokens=8, **A).max_workspace_mib is None
+    with pytest.raises(RequestError, match=r"^--max-workspace-mib must be a number of MiB >= 0, got -1$"):
+        request(tokens=8, max_workspace_mib=-1, options={}, **A)

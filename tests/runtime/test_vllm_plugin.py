@@ -28,6 +28,7 @@ import paths
 import pytest
 import tomllib
 
+from a2a_tune.tuner.runtime import fingerprint as fingerprint_module
 from a2a_tune.tuner.runtime import vllm_plugin
 from a2a_tune.tuner.runtime.lookup import clear_cache
 
@@ -109,7 +110,13 @@ def fake_vllm(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     monkeypatch.setenv("A2A_TUNE_FINGERPRINT", FP)
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "deepseek-ai/DeepSeek-V3"])
-    for var in ("A2A_TUNE_VLLM_PLUGIN", "A2A_TUNE_PHASE", "A2A_TUNE_WORKLOAD", "VLLM_ALL2ALL_BACKEND"):
+    for var in (
+        "A2A_TUNE_VLLM_PLUGIN",
+        "A2A_TUNE_PHASE",
+        "A2A_TUNE_WORKLOAD",
+        "A2A_TUNE_MAX_WORKSPACE_MIB",
+        "VLLM_ALL2ALL_BACKEND",
+    ):
         monkeypatch.delenv(var, raising=False)
     yield SimpleNamespace(EngineArgs=engine_args, calls=calls, dir=tmp_path)
     clear_cache()
@@ -135,6 +142,21 @@ def test_sets_the_tables_backend_and_logs_one_line(fake_vllm, caplog):
         "(default for an engine serving both phases) [hardware exact]: profile test.fixture.node1.json"
     )
     assert "\n" not in msg
+
+
+def test_a_workspace_budget_keeps_backends_above_it_out_and_says_so(fake_vllm, monkeypatch, caplog):
+    """nvlink_one_sided holds 3072 MiB per rank in the table: under a 1024 MiB budget the decode
+    engine keeps vLLM's default, and the one log line names what was skipped."""
+    monkeypatch.setenv("A2A_TUNE_MAX_WORKSPACE_MIB", "1024")
+    vllm_plugin.register()
+    config = fake_vllm.EngineArgs().create_engine_config()
+    assert config.parallel_config.all2all_backend == "allgather_reducescatter"
+    assert fake_vllm.calls == ["allgather_reducescatter"]  # nothing to rebuild
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO" and "keeps --all2all-backend allgather_reducescatter" in msg
+    assert msg.endswith("; workspace budget 1024 MiB: skipped nvlink_one_sided (3072 MiB)")
+    monkeypatch.setenv("A2A_TUNE_MAX_WORKSPACE_MIB", "4096")  # room for it: the table's pick again
+    assert fake_vllm.EngineArgs().create_engine_config().parallel_config.all2all_backend == "deepep_low_latency"
 
 
 def test_prefill_engine_of_disaggregated_serving_gets_its_own_answer(fake_vllm, caplog):
@@ -295,7 +317,7 @@ FAILURES = {
     "probe_fails": (
         lambda f, mp: (
             mp.delenv("A2A_TUNE_FINGERPRINT"),
-            mp.setitem(sys.modules, "a2a_tune.tuner.probe", _broken_probe()),
+            mp.setattr(fingerprint_module, "_probe_child", _broken_probe),
         ),
         {},
     ),
@@ -326,14 +348,9 @@ def _deny_reading(path: Path, mp):
     mp.setattr(os, "open", denying(os.open))
 
 
-def _broken_probe():
-    mod = types.ModuleType("a2a_tune.tuner.probe")
-
-    def probe(**kwargs):
-        raise RuntimeError("NVML Shared Library Not Found")
-
-    mod.probe = probe
-    return mod
+def _broken_probe(timeout_s):
+    """The probe's child, failing as it does on a host whose NVML cannot start."""
+    raise fingerprint_module.ProbeError("the probe exited with code 1: NvmlQueryError: Unknown: boom")
 
 
 @pytest.mark.parametrize("case", sorted(FAILURES))

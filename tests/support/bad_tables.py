@@ -76,9 +76,27 @@ BAD_TABLES = {
         "tie_preference[0]: unknown backend 'mystery_backend'",
     ),
     "schema_1_as_string": (_mutated(lambda d: d.__setitem__("schema", "1")), "schema: unsupported version '1'"),
-    "schema_3": (
-        _mutated(lambda d: d.__setitem__("schema", 3)),
-        "schema: unsupported version 3 (this a2a-tune reads schemas 1, 2",
+    "schema_4": (
+        _mutated(lambda d: d.__setitem__("schema", 4)),
+        "schema: unsupported version 4 (this a2a-tune reads schemas 1, 2, 3",
+    ),
+    "negative_bytes": (
+        _mutated(
+            lambda d: (
+                d.__setitem__("schema", 3),
+                d["entries"][0]["backends"]["nccl_all2allv"].__setitem__("dispatch_logical_bytes", [1.0, -2.0, 3.0]),
+            )
+        ),
+        "entries[0].backends.nccl_all2allv.dispatch_logical_bytes[1]: expected a finite number >= 0 or null, got -2.0",
+    ),
+    "dispatch_us_too_short": (
+        _mutated(
+            lambda d: (
+                d.__setitem__("schema", 3),
+                d["entries"][0]["backends"]["nccl_all2allv"].__setitem__("dispatch_us", [1.0]),
+            )
+        ),
+        "entries[0].backends.nccl_all2allv.dispatch_us: expected an array of 3 values (one per token count)",
     ),
     "nan_p90": (
         lambda: _text().replace('"p90_us": [41.2, 72.1, 309.0]', '"p90_us": [41.2, NaN, 309.0]'),

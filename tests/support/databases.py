@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 POSTGRES_ENV = "A2A_TUNE_TEST_POSTGRES_URL"
 
@@ -41,6 +42,32 @@ def fresh_postgres_database(server: str) -> Iterator[str]:
                 conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+def store_with_a_completed_run(path: Path) -> None:
+    """An SQLite store at `path` with one completed run on h200.nvl18x2.node1: two backends
+    at 1 and 64 tokens per rank, E=64, k=8, H=7168, bf16, EP 2, uniform."""
+    from a2a_tune.db import open_store
+
+    shape = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, routing="uniform")
+    with open_store(str(path)) as s:
+        hw = s.get_or_create_hardware("h200.nvl18x2.node1", "h", {})
+        run = s.start_run(hw, device_type="cuda", world_size=2, versions={}, git_sha=None, config={}, config_hash="c")
+        for backend, us in (("allgather_reducescatter", 50.0), ("nccl_all2allv", 40.0)):
+            for tokens in (1, 64):
+                s.add_measurement(
+                    run,
+                    backend=backend,
+                    tokens_per_rank=tokens,
+                    timing="eager",
+                    median_us=us * tokens**0.5,
+                    p10_us=us * tokens**0.5 * 0.95,
+                    p90_us=us * tokens**0.5 * 1.05,
+                    n=3,
+                    samples=[us] * 3,
+                    **shape,
+                )
+        s.finish_run(run, "completed")
 
 
 def measurement_count(url: str) -> int:

@@ -1,6 +1,6 @@
 """What the runtime's tests share: the fixture table's shapes and a few helpers.
 
-The fixture profile tests/fixtures/profiles/test.fixture.node1.json (schema 2) is built by
+The fixture profile tests/fixtures/profiles/test.fixture.node1.json (schema 3) is built by
 tests/tuner/test_select.py::fixture_profile (see the curves there); every point has
 p10 = 0.98 x median and p90 = 1.03 x median; nvlink_one_sided is graph-timed, the rest
 eager. Shape A (ep 2, hidden 7168, topk 8, 256 experts) over tokens [1, 4, 16, 64, 256, 1024]:
@@ -13,9 +13,13 @@ eager. Shape A (ep 2, hidden 7168, topk 8, 256 experts) over tokens [1, 4, 16, 6
 Shape B (ep 2, hidden 4096, topk 6, 64 experts) over [1, 64, 1024]:
     allgather_reducescatter 20 60 600, nccl_all2allv 40 70 300.
 
+Shape A also carries the figures beside the round trip (dispatch 45% and combine 50% of it,
+bytes, and memory per rank: allgather_reducescatter 16, nccl_all2allv 64, nvlink_one_sided
+3072 MiB); shape B carries none.
+
 Tie preference: allgather_reducescatter, nccl_all2allv, nvlink_one_sided, ... (registry
 order). tests/fixtures/profiles/schema1/ holds the same table as schema 1 wrote it
-(p10 = 0.95, p90 = 1.1 x median, one timing mode).
+(p10 = 0.95, p90 = 1.1 x median, one timing mode); schema2/ as schema 2 wrote it (no figures).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def test_run_writes_a_table_the_lookup_finds_by_fingerprint(finished_run):
     if not table.exists():  # another architecture: find the one file written
         (table,) = (root / "xdg" / "a2a-tune" / "profiles").glob("cpu-*.json")
     profile = json.loads(table.read_text())
-    assert profile["schema"] == 2 and profile["entries"][0]["tokens"] == [1, 8, 32]
+    assert profile["schema"] == 3 and profile["entries"][0]["tokens"] == [1, 8, 32]
     assert {c["timing"] for c in profile["entries"][0]["backends"].values()} == {"eager"}
 
     look = a2a(
@@ -107,7 +107,19 @@ def test_select_again_from_the_database(finished_run, tmp_path):
     root, env, _ = finished_run
     r = a2a("select", "--db", str(root / "t.db"), "--out", str(tmp_path), env_extra=env)
     assert r.returncode == 0, r.stderr
-    assert len(list(tmp_path.glob("cpu-*.json"))) == 1
+    (again,) = tmp_path.glob("cpu-*.json")
+    assert r.stdout.strip() == f"wrote {again} (1 shape(s)) from run 1"
+    # The same measurements give the same table as `run` wrote, but for when it was written.
+    first = json.loads((root / "xdg" / "a2a-tune" / "profiles" / again.name).read_text())
+    table = json.loads(again.read_text())
+    assert table.pop("generated_at") >= first.pop("generated_at") and table == first
+    (entry,) = table["entries"]
+    shape = dict(ep_size=2, hidden=4096, topk=2, num_experts=8, dtype="bf16", routing="uniform")
+    assert {k: entry[k] for k in shape} == shape and entry["tokens"] == [1, 8, 32]
+    assert set(entry["backends"]) == CPU_BACKENDS  # the GPU backends: unavailable, said in `failed`
+    assert all(why.startswith("unavailable: needs CUDA GPUs") for why in entry["failed"].values())
+    assert [w["backend"] in CPU_BACKENDS for w in entry["winners"]] == [True] * 3
+    assert all(len(c["median_us"]) == 3 and None not in c["median_us"] for c in entry["backends"].values())
 
 
 def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
@@ -355,6 +367,21 @@ def test_lookup_env_format_is_shell_lines(tmp_path):
     assert sh.stdout.strip() == "nvlink_one_sided"
     r = a2a("lookup", *DSV3_DECODE, "--format", "env", env_extra=SHIPPED)
     assert "export TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED" in r.stdout.splitlines()
+
+
+def test_lookup_workspace_budget_reaches_every_paste_line():
+    """The fixture's nvlink_one_sided holds 3072 MiB per rank: a 1024 MiB budget, given or from
+    $A2A_TUNE_MAX_WORKSPACE_MIB, leaves it out of every format, and stderr says so."""
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--max-workspace-mib", "1024", env_extra=FIXTURE_ENV)
+    assert r.returncode == 0 and r.stdout.strip() == "nccl_all2allv", r.stderr  # 75 us; nvlink_one_sided 50
+    assert r.stderr.strip().endswith("workspace budget 1024 MiB: skipped nvlink_one_sided (3072 MiB)")
+    budget = {**FIXTURE_ENV, "A2A_TUNE_MAX_WORKSPACE_MIB": "1024"}
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "env", env_extra=budget)
+    assert "export A2A_TUNE_BACKEND=nccl_all2allv" in r.stdout.splitlines(), r.stderr
+    as_json = json.loads(a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "json", env_extra=budget).stdout)
+    assert (as_json["backend"], as_json["over_budget"]) == ("nccl_all2allv", {"nvlink_one_sided": 3072.0})
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--max-workspace-mib", "-1", env_extra=FIXTURE_ENV)
+    assert r.returncode == 2 and "--max-workspace-mib" in r.stderr
 
 
 def test_lookup_with_a_bad_workload_file_still_prints_the_default(tmp_path):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from a2a_tune.tuner.evaluate import evaluate, held_out_tokens
+from a2a_tune.tuner.evaluate import EvaluationError, evaluate, held_out_plan, held_out_tokens
+from a2a_tune.tuner.runtime.lookup import load_profile
 from a2a_tune.tuner.select import build_profile, write_profile
 
 SHAPE = dict(ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform")
@@ -108,3 +111,43 @@ def test_a_pick_that_failed_at_the_point_is_a_failure_not_an_unmeasured_point(tm
     crashed = SimpleNamespace(**SHAPE, backend="nvlink_one_sided", tokens_per_rank=4, kind="timeout")
     ev = evaluate(ms, path, [crashed])
     assert ev.failed == {"table": 1} and "table" not in ev.unscored and "table" not in ev.summary()
+
+
+def test_the_held_out_plan_measures_the_tables_shapes_between_its_token_counts(tmp_path):
+    from a2a_tune.tuner.sweep import DEFAULT_ITERS
+
+    path = Path(_table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0, 64: 200.0}}))
+    table = load_profile(path)
+    plan = held_out_plan(table, path, device="cpu", world=2)
+    assert [(s.name, s.num_experts, s.topk, s.hidden) for s in plan.shapes] == [("E8-k2-H64", 8, 2, 64)]
+    assert (plan.tokens, plan.dtypes, plan.routings, plan.backends) == ((4, 32), ("bf16",), ("uniform",), ())
+    assert (plan.warmup, plan.iters, plan.capacity) == (*DEFAULT_ITERS["cpu"], None)
+    given = held_out_plan(
+        table, path, device="cpu", world=2, tokens=(5,), backends=("nccl_all2allv",), warmup=0, iters=2, capacity=8
+    )
+    assert (given.tokens, given.backends, given.warmup, given.iters, given.capacity) == (
+        (5,),
+        ("nccl_all2allv",),
+        0,
+        2,
+        8,
+    )
+    with pytest.raises(EvaluationError, match=f"^{path} has no entries for EP size 4$"):
+        held_out_plan(table, path, device="cpu", world=4)
+    with pytest.raises(EvaluationError, match="^--capacity 8 is below the largest token count 32: "):
+        held_out_plan(table, path, device="cpu", world=2, capacity=8)
+    dense = Path(_table(tmp_path / "dense", {"allgather_reducescatter": {1: 50.0, 2: 60.0}}))
+    with pytest.raises(EvaluationError, match="its token counts leave no held-out midpoint; give --tokens$"):
+        held_out_plan(load_profile(dense), dense, device="cpu", world=2)
+
+
+def test_the_held_out_plan_is_measured_at_the_tables_capacity(tmp_path):
+    path = Path(_table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0, 64: 200.0}}))
+    data = json.loads(path.read_text())
+    data["run"]["capacity"] = 64
+    path.write_text(json.dumps(data))
+    assert held_out_plan(load_profile(path), path, device="cpu", world=2).capacity == 64
+    data["run"]["capacity"] = 16
+    path.write_text(json.dumps(data))
+    with pytest.raises(EvaluationError, match="^the table's run.capacity 16 is below the largest token count 32: "):
+        held_out_plan(load_profile(path), path, device="cpu", world=2)

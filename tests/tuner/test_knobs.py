@@ -23,6 +23,7 @@ from a2a_tune.tuner.select import build_profile, with_knobs, write_profile, writ
 from a2a_tune.tuner.shapes import ModelShape
 
 SHAPE = ModelShape("tiny", 16, 4, 32)
+ENTRY = dict(ep_size=2, hidden=32, topk=4, num_experts=16, dtype="bf16", routing="uniform")  # SHAPE's table entry
 FAST = {"delay_ms": 1, "shortcut": False}
 
 
@@ -150,13 +151,8 @@ def _table(tmp_path):
         for t in (4, 16, 64):
             rows.append(
                 dict(
+                    ENTRY,
                     backend=backend,
-                    ep_size=2,
-                    hidden=32,
-                    topk=4,
-                    num_experts=16,
-                    dtype="bf16",
-                    routing="uniform",
                     tokens_per_rank=t,
                     timing="eager",
                     median_us=base + t,
@@ -178,7 +174,7 @@ def _table(tmp_path):
 def test_best_knobs_are_written_into_the_table_and_lookup_returns_them(searched, tmp_path):
     _, (r,) = searched
     path = _table(tmp_path)
-    shape = dict(ep_size=2, hidden=32, topk=4, num_experts=16, dtype="bf16", routing="uniform")
+    shape = ENTRY
     updated, notes = with_knobs(json.loads(path.read_text()), shape, "knobbed_sleepy", {4: r.best_knobs, 8: FAST})
     assert notes == ["8 tokens/rank is not one of the entry's token counts (4, 16, 64)"]
     write_profile_to(updated, path)
@@ -218,12 +214,12 @@ def test_malformed_knobs_are_refused_in_one_line_and_lookup_falls_back(tmp_path,
 def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
     import sqlalchemy
 
-    from a2a_tune.tuner.knobs import stored_knobs
     from a2a_tune.tuner.select import with_stored_knobs
+    from a2a_tune.tuner.studies import stored_knobs
 
     url, (r,) = searched
     fp = r.study_name.split()[2]
-    shape = dict(ep_size=2, hidden=32, topk=4, num_experts=16, dtype="bf16", routing="uniform")
+    shape = ENTRY
     assert stored_knobs(url, fp) == [(shape, "knobbed_sleepy", 4, FAST)]
     assert stored_knobs(url, "other.machine.node1") == []
     profile = json.loads(_table(tmp_path).read_text())
@@ -241,7 +237,7 @@ def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
 def test_stored_knobs_of_fixed_capacity_backends_match_the_tables_capacity(tmp_path):
     import optuna
 
-    from a2a_tune.tuner.knobs import stored_knobs
+    from a2a_tune.tuner.studies import stored_knobs
 
     url = f"sqlite:///{tmp_path / 'k.db'}"
     attrs = {

@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
+from a2a_tune.db.models import FIGURE_FIELDS
 from a2a_tune.kernels import MoEShape
 from a2a_tune.tuner.launch import run_ranks
-from a2a_tune.tuner.measure import Backends, Result, capacity_for, input_sets, measure
+from a2a_tune.tuner.measure import Backends, Result, capacity_for, input_sets, measure, measure_case
 
 SHAPE = MoEShape(8, 2, 32, 16, "bf16")  # built for 16 tokens per rank: the largest count measured
 
@@ -33,6 +34,12 @@ def _outcomes(ctx) -> dict:
         got["measured"] = (good.kind, good.timing, len(good.device_us), good.median_us is not None)
         bad = measure(ctx, built.get("planted_off_by_one", 8), inputs, warmup=0, iters=3)
         got["incorrect"] = (bad.kind, bad.device_us, bad.median_us)
+        got["halves"] = (len(good.dispatch_us), len(good.combine_us), good.dispatch_median_us, good.combine_median_us)
+        got["traffic"] = good.traffic
+        got["figures"] = good.figures()
+        case = measure_case(ctx, built, "nccl_all2allv", 8, inputs, warmup=0, iters=2)
+        got["workspace"] = (case.kind, case.workspace_bytes, built.workspace_bytes("nccl_all2allv", 8))
+        got["without split"] = measure(ctx, b, inputs, warmup=0, iters=2, split=False)
     with Backends(ctx, SHAPE, capacity=64) as engine:  # an engine's capacity: paid at every step
         got["engine capacity"] = engine.get("capacity_reporter", 4).knobs()
     return got
@@ -80,3 +87,33 @@ def test_a_backend_is_timed_only_after_it_passed_the_gate(outcomes):
 def test_capacity_for_is_the_load_or_the_engines_capacity():
     assert (capacity_for(None, 0), capacity_for(None, 8), capacity_for(64, 8), capacity_for(4, 8)) == (1, 8, 64, 8)
     assert not Result("infeasible", "why").ok and Result("passed").ok
+
+
+def test_a_measurement_carries_dispatch_and_combine_apart_and_the_bytes_it_moved(outcomes):
+    rank0, rank1 = outcomes
+    for rank in outcomes:
+        n_dispatch, n_combine, dispatch, combine = rank["halves"]
+        assert (n_dispatch, n_combine) == (3, 3) and dispatch > 0 and combine > 0  # one a sample, like the round trip
+    assert rank0["halves"] == rank1["halves"]  # max over ranks: one number per sample
+    t = rank0["traffic"]
+    assert t == rank1["traffic"]
+    # 8 tokens a rank, top-2 of 8 experts on 2 ranks, bf16 rows of 32 x 2 B: each token goes to
+    # 1 or 2 ranks (logical), to the other rank at most once (link); combine rows are the same size
+    row = 32 * 2
+    assert 8 * row <= t.dispatch_logical <= 16 * row and 0 < t.dispatch_link <= 8 * row
+    assert t.dispatch_logical - t.dispatch_link <= 8 * row  # the own rank at most once a token
+    assert (t.combine_logical, t.combine_link) == (t.dispatch_logical, t.dispatch_link)
+    assert set(rank0["figures"]) == set(FIGURE_FIELDS)
+    assert rank0["figures"]["dispatch_logical_bytes"] == t.dispatch_logical
+
+
+def test_device_memory_is_not_measured_on_cpu_ranks(outcomes):
+    for rank in outcomes:
+        assert rank["workspace"] == ("measured", None, None)
+        assert rank["figures"]["workspace_bytes"] is None
+
+
+def test_the_knob_search_times_round_trips_only(outcomes):
+    for rank in outcomes:
+        r = rank["without split"]
+        assert r.kind == "measured" and (r.dispatch_us, r.combine_us, r.traffic) == ([], [], None)

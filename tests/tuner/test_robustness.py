@@ -6,7 +6,6 @@ ranks: tests/tuner/test_sweep_robustness.py and tests/db/test_lease.py.)"""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import paths
 import pytest
+from databases import store_with_a_completed_run
+from read_only import run_in_read_only
 from run_cli import a2a
 
 from a2a_tune.tuner.runtime.lookup import FALLBACK_BACKEND, clear_cache
@@ -148,63 +149,12 @@ def test_masking_covers_urls_that_do_not_parse():
 # ---------------------------------------------------------------- read-only databases
 
 
-def _db_with_a_completed_run(path: Path) -> None:
-    from a2a_tune.db import open_store
-
-    shape = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, routing="uniform")
-    with open_store(str(path)) as s:
-        hw = s.get_or_create_hardware("h200.nvl18x2.node1", "h", {})
-        run = s.start_run(hw, device_type="cuda", world_size=2, versions={}, git_sha=None, config={}, config_hash="c")
-        for backend, us in (("allgather_reducescatter", 50.0), ("nccl_all2allv", 40.0)):
-            for tokens in (1, 64):
-                s.add_measurement(
-                    run,
-                    backend=backend,
-                    tokens_per_rank=tokens,
-                    timing="eager",
-                    median_us=us * tokens**0.5,
-                    p10_us=us * tokens**0.5 * 0.95,
-                    p90_us=us * tokens**0.5 * 1.05,
-                    n=3,
-                    samples=[us] * 3,
-                    **shape,
-                )
-        s.finish_run(run, "completed")
-
-
-def _read_only(directory: Path, argv: list[str]) -> subprocess.CompletedProcess:
-    """Run argv with `directory` read-only: by permissions (not root), else a read-only bind
-    mount in a private mount namespace (root ignores permissions)."""
-    env = {**os.environ, "COLUMNS": "200"}
-    if os.geteuid() != 0:
-        directory.chmod(0o555)
-        try:
-            return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-        finally:
-            directory.chmod(0o755)
-    if shutil.which("unshare") is None:
-        pytest.skip("root without unshare(1): cannot make a read-only directory")
-    script = (
-        'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && touch "$0/probe" 2>/dev/null && exit 99; exec "$@"'
-    )
-    r = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, str(directory), *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    if r.returncode == 99 or "unshare:" in r.stderr or "mount:" in r.stderr:
-        pytest.skip(f"cannot make a read-only mount here: {r.stderr.strip()[:200]}")
-    return r
-
-
 @pytest.mark.parametrize("command", ["show", "select", "report", "diff"])
 def test_a_database_in_a_read_only_directory_is_read(command, tmp_path):
     shelf = tmp_path / "shelf"
     shelf.mkdir()
     db = shelf / "runs.db"
-    _db_with_a_completed_run(db)
+    store_with_a_completed_run(db)
     out = tmp_path / "out"
     out.mkdir()
     cli = [sys.executable, "-m", "a2a_tune.tuner.cli"]
@@ -215,7 +165,7 @@ def test_a_database_in_a_read_only_directory_is_read(command, tmp_path):
         "diff": [*cli, "diff", str(db), str(db)],
     }[command]
     before = sorted(p.name for p in shelf.iterdir())
-    r = _read_only(shelf, argv)
+    r = run_in_read_only(shelf, argv)
     assert r.returncode == 0, r.stderr
     assert "readonly" not in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in shelf.iterdir()) == before  # nothing created next to it
@@ -241,7 +191,7 @@ def test_a_reader_leaves_the_store_byte_for_byte_as_it_was(command, tmp_path):
     shelf.mkdir()
     out.mkdir()
     db = shelf / "runs.db"
-    _db_with_a_completed_run(db)
+    store_with_a_completed_run(db)
     before = _files(shelf)
     r = a2a(*[a.format(out=out) for a in READERS[command]], "--db", str(db))
     assert r.returncode == 0, r.stderr
@@ -254,7 +204,7 @@ def test_refusing_a_store_of_a_newer_schema_leaves_it_as_it_was(command, tmp_pat
     import sqlite3
 
     db = tmp_path / "newer.db"
-    _db_with_a_completed_run(db)
+    store_with_a_completed_run(db)
     con = sqlite3.connect(db)  # a newer a2a-tune's store, in rollback-journal mode (a copied file)
     con.execute("UPDATE a2a_tune_alembic_version SET version_num = '0099_from_the_future'")
     con.commit()

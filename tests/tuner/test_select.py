@@ -2,7 +2,8 @@
 
 CPU only, no database: build_profile works on plain mappings. The packaged test
 fixture tests/fixtures/profiles/test.fixture.node1.json is exactly what
-``fixture_profile()`` builds (regenerate with ``python tests/test_select.py``).
+``fixture_profile()`` builds (regenerate: ``write_profile(fixture_profile(), FIXTURES)``);
+schema1/ and schema2/ hold the same table as the releases before wrote it.
 """
 
 from __future__ import annotations
@@ -78,6 +79,32 @@ RUN = {
 TIMINGS = {"nvlink_one_sided": "graph"}
 
 
+# Shape A's measurements carry the figures beside the round trip (schema 3): dispatch 45% and
+# combine 50% of it, every token to both ranks (bf16 rows of 7168 x 2 B; half of them over the
+# link), and each backend's device memory; shape B's carry none, like runs from before them.
+WORKSPACE_MIB = {
+    "allgather_reducescatter": 16,
+    "nccl_all2allv": 64,
+    "nvlink_one_sided": 3072,
+    "flashinfer_nvlink_one_sided": 6144,
+}
+
+
+def _figures(shape, backend, t, v) -> dict:
+    if shape is not SHAPE_A:
+        return {}
+    row = shape["hidden"] * 2
+    return {
+        "dispatch_median_us": v * 0.45,
+        "combine_median_us": v * 0.5,
+        "dispatch_logical_bytes": 2.0 * t * row,
+        "dispatch_link_bytes": 1.0 * t * row,
+        "combine_logical_bytes": 2.0 * t * row,
+        "combine_link_bytes": 1.0 * t * row,
+        "workspace_bytes": WORKSPACE_MIB[backend] * 2**20,
+    }
+
+
 def measurements_from(curves=CURVES, timing=None):
     out = []
     for shape, tokens, per_backend in curves.values():
@@ -95,6 +122,7 @@ def measurements_from(curves=CURVES, timing=None):
                             p10_us=v * 0.98,
                             p90_us=v * 1.03,
                             n=50,
+                            **_figures(shape, backend, t, v),
                         )
                     )
     return out
@@ -164,7 +192,7 @@ def test_winners_follow_the_crossover_with_margins():
         backend_names=BACKEND_NAMES,
     )
     (e,) = p["entries"]
-    assert p["schema"] == 2
+    assert p["schema"] == 3
     assert e["tokens"] == [1, 8, 64]
     assert [(w["tokens"], w["backend"], w["fastest"], w["runner_up"], w["tie"]) for w in e["winners"]] == [
         (1, "allgather_reducescatter", "allgather_reducescatter", "nccl_all2allv", False),
@@ -332,7 +360,7 @@ def test_checked_in_fixture_is_what_select_builds():
 
 @pytest.mark.parametrize("path", sorted(FIXTURES.rglob("*.json")), ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_every_fixture_profile_matches_its_schema(path):
-    validate_profile(json.loads(path.read_text()))  # schema-v1.json or schema-v2.json by its "schema"
+    validate_profile(json.loads(path.read_text()))  # schema-v1/-v2/-v3.json by its "schema"
 
 
 def test_packaged_profiles_match_their_schema():
@@ -345,13 +373,13 @@ def test_packaged_profiles_match_their_schema():
         validate_profile(json.loads(p.read_text()))
 
 
-def test_upgrade_schema1_to_schema2():
+def test_upgrade_schema1_to_schema3():
     v1 = json.loads((FIXTURES / "schema1" / f"{FIXTURE_FP}.json").read_text())
     assert v1["schema"] == 1 and v1["run"]["timing"] == "eager"
     v2 = upgrade_profile(v1)
     validate_profile(v2)
     assert v1["schema"] == 1  # the input is not modified
-    assert v2["schema"] == 2 and "timing" not in v2["run"]
+    assert v2["schema"] == 3 and "timing" not in v2["run"]
     assert v2["tie_preference"][0] == "allgather_reducescatter"
     a = entry(v2, hidden=7168)
     assert {c["timing"] for c in a["backends"].values()} == {"eager"}
@@ -362,9 +390,37 @@ def test_upgrade_schema1_to_schema2():
     w256 = [w for w in a["winners"] if w["tokens"] == 256][0]
     assert (w256["backend"], w256["fastest"], w256["tie"]) == ("nccl_all2allv", "nccl_all2allv", True)
     assert a["failed"] == v1["entries"][1]["failed"]
-    assert upgrade_profile(v2) == v2  # schema 2: a copy
+    assert upgrade_profile(v2) == v2  # schema 3: a copy
     with pytest.raises(ProfileError, match="^schema: unsupported version 7"):
         upgrade_profile({**v1, "schema": 7})
+
+
+def test_upgrade_schema2_changes_only_the_version():
+    """A schema-2 table has no figures; schema 3 makes them optional: the same table, version 3."""
+    v2 = json.loads((FIXTURES / "schema2" / f"{FIXTURE_FP}.json").read_text())
+    assert v2["schema"] == 2
+    v3 = upgrade_profile(v2)
+    validate_profile(v3)
+    assert v3 == {**v2, "schema": 3}
+    validate_profile(v2)  # and schema 2 still validates as it is
+
+
+def test_figures_come_from_the_measurement_whose_median_is_kept():
+    p = fixture_profile()
+    a = entry(p, hidden=7168)["backends"]["nccl_all2allv"]
+    assert a["dispatch_us"] == [round(v * 0.45, 3) for v in (45, 46, 50, 75, 190, 420)]
+    assert a["combine_us"] == [round(v * 0.5, 3) for v in (45, 46, 50, 75, 190, 420)]
+    assert a["dispatch_logical_bytes"] == [2.0 * t * 7168 * 2 for t in (1, 4, 16, 64, 256, 1024)]
+    assert a["workspace_mib"] == [64.0] * 6
+    # nvlink_one_sided has no measurement at 1024: null there, as its round trip
+    assert entry(p, hidden=7168)["backends"]["nvlink_one_sided"]["workspace_mib"][-1] is None
+    # shape B was measured without them: its curves carry the round trip alone
+    assert set(entry(p, hidden=4096)["backends"]["nccl_all2allv"]) == {"timing", "median_us", "p10_us", "p90_us"}
+    # a resumed run measured a point twice: the figures of the lower median win with it
+    twice = measurements_from({"X": (SHAPE_A, [4], {"nccl_all2allv": [40]})})
+    twice += [dict(twice[0], median_us=30.0, p10_us=29.0, p90_us=31.0, dispatch_median_us=11.0)]
+    (e,) = build_profile(twice, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
+    assert e["backends"]["nccl_all2allv"]["dispatch_us"] == [11.0]
 
 
 # -------------------------------------------------------------------------- validate
@@ -373,8 +429,12 @@ def test_upgrade_schema1_to_schema2():
 @pytest.mark.parametrize(
     "mutate, where",
     [
-        (lambda p: p.__setitem__("schema", 3), "schema"),
+        (lambda p: p.__setitem__("schema", 4), "schema"),
         (lambda p: p.__setitem__("schema", "2"), "schema"),
+        (
+            lambda p: p["entries"][0]["backends"]["nccl_all2allv"].__setitem__("workspace_mib", [1.0, -1.0, 2.0]),
+            "entries[0].backends.nccl_all2allv.workspace_mib[1]",
+        ),
         (
             lambda p: p["entries"][1]["backends"]["nvlink_one_sided"].__setitem__("timing", "cuda_graph"),
             "entries[1].backends.nvlink_one_sided.timing",
@@ -625,3 +685,121 @@ def test_tables_record_every_engines_name_and_options(tmp_path):
     # Shape B: allgather_reducescatter 20 us at 1 token, nccl_all2allv (here DEEPEP) 300 at 1024.
     assert lookup(profile=out, tokens=1, engine="trtllm", **SHAPE_B).engine_args("trtllm") == ("ALLGATHER", ())
     assert lookup(profile=out, tokens=1024, engine="trtllm", **SHAPE_B).engine_args("trtllm") == ("DEEPEP", ())
+
+
+# ------------------------------------------------------------- a store's knobs, read-only
+
+TUNED = {"chunk": 2}
+
+
+def tuned_store(path: Path) -> None:
+    """store_with_a_completed_run, plus the study tune-knobs leaves for nccl_all2allv at 64
+    tokens per rank on that machine (and one of another machine, which must not count)."""
+    from databases import store_with_a_completed_run
+
+    store_with_a_completed_run(path)
+    add_studies(f"sqlite:///{path}")
+
+
+def add_studies(url: str) -> None:
+    import optuna
+
+    from a2a_tune.tuner.studies import study_name
+
+    label = SimpleNamespace(label=lambda: "E64-k8-H7168-bf16")
+    attrs = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, routing="uniform")
+    for fingerprint in ("h200.nvl18x2.node1", "other.machine.node1"):
+        name = study_name(fingerprint, "nccl_all2allv", label, 2, 64, "uniform")
+        study = optuna.create_study(study_name=name, storage=url)
+        for key, value in {**attrs, "backend": "nccl_all2allv", "tokens_per_rank": 64, "best_knobs": TUNED}.items():
+            study.set_user_attr(key, value)
+
+
+def test_the_knob_studies_are_read_from_any_store_url(db_url):
+    import sqlalchemy
+
+    from a2a_tune.db import open_store
+    from a2a_tune.tuner.studies import stored_knobs
+
+    open_store(db_url).close()
+    assert stored_knobs(db_url, "h200.nvl18x2.node1") == []  # no study yet: nothing read, nothing created
+    engine = sqlalchemy.create_engine(db_url)
+    assert not sqlalchemy.inspect(engine).has_table("studies")
+    engine.dispose()
+    add_studies(db_url)
+    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
+    assert stored_knobs(db_url, "h200.nvl18x2.node1") == [(shape, "nccl_all2allv", 64, TUNED)]
+    assert stored_knobs(db_url, "h200.nvl18x2.node") == []  # a fingerprint is matched whole
+
+
+def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_changes_nothing(tmp_path):
+    import sys
+
+    from read_only import run_in_read_only
+
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    db = shelf / "runs.db"
+    tuned_store(db)
+    before = {p.name: p.read_bytes() for p in shelf.iterdir()}
+    argv = [sys.executable, "-m", "a2a_tune.tuner.cli", "select", "--db", str(db), "--out", str(tmp_path / "out")]
+    r = run_in_read_only(shelf, argv)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout.strip().endswith("(1 shape(s)) from run 1, with the knobs of 1 tuned case(s)"), r.stdout
+    (entry,) = json.loads((tmp_path / "out" / "h200.nvl18x2.node1.json").read_text())["entries"]
+    assert entry["tokens"] == [1, 64] and entry["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED]
+    assert "knobs" not in entry["backends"]["allgather_reducescatter"]
+    assert {p.name: p.read_bytes() for p in shelf.iterdir()} == before  # byte-identical, no new files
+
+
+def test_reading_the_knob_studies_needs_no_optuna_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    db = tmp_path / "runs.db"
+    tuned_store(db)
+    before = (db.read_bytes(), sorted(tmp_path.iterdir()))
+    code = (
+        "import sys\n"
+        "from a2a_tune.tuner.studies import stored_knobs\n"
+        f"print(stored_knobs({f'sqlite:///{db}'!r}, 'h200.nvl18x2.node1'))\n"
+        "print('optuna' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
+    assert r.stdout.splitlines() == [str([(shape, "nccl_all2allv", 64, TUNED)]), "False"]
+    assert (db.read_bytes(), sorted(tmp_path.iterdir())) == before  # SQLite's shared-memory index aside
+
+
+def test_select_of_the_latest_completed_run_names_it(tmp_path):
+    from a2a_tune.db import NotFoundError, open_store
+    from a2a_tune.tuner.select import profile_for_run
+
+    db = tmp_path / "runs.db"
+    tuned_store(db)
+    profile, kept, note = profile_for_run(str(db), None)
+    assert (profile["run"]["id"], kept, note) == (1, 1, None)
+    empty = tmp_path / "empty.db"
+    open_store(str(empty)).close()
+    with pytest.raises(NotFoundError, match="no completed run"):
+        profile_for_run(str(empty), None)
+
+
+def test_knobs_go_into_a_table_file_judged_as_lookup_judges_it(tmp_path):
+    from a2a_tune.tuner.select import with_knobs_from_file
+
+    path = write_profile(fixture_profile(), tmp_path)
+    updated, notes = with_knobs_from_file(path, SHAPE_B, "nccl_all2allv", {64: TUNED, 5: TUNED})
+    assert notes == ["5 tokens/rank is not one of the entry's token counts (1, 64, 1024)"]
+    assert entry(updated, **SHAPE_B)["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED, None]
+    assert "knobs" not in entry(json.loads(path.read_text()), **SHAPE_B)["backends"]["nccl_all2allv"]  # a copy
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({**fixture_profile(), "schema": 99}))
+    with pytest.raises(ProfileError, match=f"{broken}: schema"):
+        with_knobs_from_file(broken, SHAPE_B, "nccl_all2allv", {64: TUNED})
+    (tmp_path / "not.json").write_text("{")
+    with pytest.raises(ValueError):
+        with_knobs_from_file(tmp_path / "not.json", SHAPE_B, "nccl_all2allv", {64: TUNED})
+    with pytest.raises(OSError):
+        with_knobs_from_file(tmp_path / "missing.json", SHAPE_B, "nccl_all2allv", {64: TUNED})

@@ -49,6 +49,14 @@ def test_good_backends_are_measured_for_every_case(swept):
             assert m.n == 4 and len(m.samples) == 4
             assert 0 < m.p10_us <= m.median_us <= m.p90_us
             assert m.host_median_us > 0 and m.ep_size == 2 and m.dtype == "bf16" and m.timing == "eager"
+            # beside the round trip: the halves timed apart, the bytes the inputs moved; no device memory on CPU
+            assert len(m.dispatch_samples) == len(m.combine_samples) == 4
+            assert m.dispatch_median_us > 0 and m.combine_median_us > 0
+            row = m.hidden * 2  # bf16
+            assert m.tokens_per_rank * row <= m.dispatch_logical_bytes <= 2 * m.tokens_per_rank * row
+            assert 0 < m.dispatch_link_bytes <= m.tokens_per_rank * row
+            assert (m.combine_logical_bytes, m.combine_link_bytes) == (m.dispatch_logical_bytes, m.dispatch_link_bytes)
+            assert m.workspace_bytes is None
 
 
 def test_broken_backends_are_recorded_with_their_reason_and_never_timed(swept):
@@ -105,6 +113,9 @@ def test_profile_from_the_sweep_selects_only_correct_backends(swept, tmp_path):
     for entry in profile["entries"]:
         assert "planted_off_by_one" in entry["failed"]
         assert {w["backend"] for w in entry["winners"]} <= set(BACKENDS[:2])
+        for curve in (entry["backends"][b] for b in BACKENDS[:2]):
+            assert None not in curve["dispatch_us"] + curve["combine_us"] + curve["dispatch_logical_bytes"]
+            assert "workspace_mib" not in curve  # not measured on CPU ranks: no array
     choice = lookup(ep_size=2, hidden=32, topk=4, num_experts=16, tokens=8, profile=path)
     assert choice.match == "exact"
     assert choice.backend in BACKENDS[:2]

@@ -96,3 +96,85 @@ def test_cpu_ranks_run_one_intra_op_thread_each(monkeypatch):
     assert threads_in_a_rank() == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own setting is kept
     assert threads_in_a_rank() == 2
+
+
+def _fake_clock_backend(now: list, dispatch_s: float, combine_s: float):
+    """A backend on CPU whose halves take a fixed time on a fake clock (no real sleeping: a
+    loaded host overshoots by more than the test measures)."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    class Halves:
+        device = torch.device("cpu")
+        group = dist.group.WORLD
+        dtype = torch.bfloat16
+        calls: list = []
+
+        def dispatch(self, x, topk_ids, topk_weights):
+            now[0] += dispatch_s
+            self.calls.append("dispatch")
+            return SimpleNamespace(x=x)
+
+        def combine_buffer(self, d):
+            return None
+
+        def combine(self, out, d):
+            now[0] += combine_s
+            self.calls.append("combine")
+            return out
+
+        def gave_up(self) -> bool:
+            return False
+
+    return Halves()
+
+
+@pytest.mark.parametrize("dispatch_us, combine_us", [(3000.0, 5000.0), (100.0, 50.0)])
+def test_dispatch_and_combine_are_cut_apart_in_the_round_trips_sample_scheme(
+    dispatch_us, combine_us, tmp_path, monkeypatch
+):
+    """Cut between the halves, the samples add up to the round trip's: R round trips a sample
+    (R = 1 at 8 ms, 2 at 150 µs: ~300 µs a sample), the lead-in outside, one value per sample."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from a2a_tune.kernels.reference import RankInputs
+    from a2a_tune.tuner.timing import time_halves, time_round_trips
+
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        backend = _fake_clock_backend(now, dispatch_us / 1e6, combine_us / 1e6)
+        inputs = [RankInputs(torch.zeros(2, 4), torch.zeros(2, 1, dtype=torch.int32), torch.ones(2, 1))] * 2
+        d, c = time_halves(backend, inputs, warmup=1, iters=4)
+        round_trip, _ = time_round_trips(backend, inputs, warmup=1, iters=4)
+    finally:
+        dist.destroy_process_group()
+    assert d == pytest.approx([dispatch_us] * 4) and c == pytest.approx([combine_us] * 4)
+    assert [a + b for a, b in zip(d, c)] == pytest.approx(round_trip)
+    assert backend.calls[:2] == ["dispatch", "combine"]  # the cut chain is the same chain
+
+
+def test_a_chain_that_cannot_be_cut_leaves_the_round_trip_alone(tmp_path, monkeypatch):
+    """Timing the halves fails (here: the backend raises on its next dispatch): no split, no error."""
+    import torch
+    import torch.distributed as dist
+
+    from a2a_tune.kernels.reference import RankInputs
+    from a2a_tune.tuner.launch import RankContext
+    from a2a_tune.tuner.measure import _halves
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        backend = _fake_clock_backend([0.0], 0.0, 0.0)
+        backend.dispatch = lambda *a: (_ for _ in ()).throw(RuntimeError("capture not supported"))
+        inputs = [RankInputs(torch.zeros(2, 4), torch.zeros(2, 1, dtype=torch.int32), torch.ones(2, 1))]
+        ctx = RankContext(0, 1, 0, torch.device("cpu"), None)
+        assert _halves(ctx, backend, inputs, warmup=0, iters=2, graph=False) == ([], [])
+    finally:
+        dist.destroy_process_group()

@@ -29,6 +29,22 @@ from a2a_tune.tuner.views.model import ViewError
 from a2a_tune.tuner.views.show import show_data, timing_summary, winner_ranges
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_header(data: bytes) -> tuple[int, int, int, int]:
+    """(width, height, bit depth, colour type) of a PNG file's bytes; fails on anything else."""
+    import struct
+    import zlib
+
+    assert data.startswith(PNG_MAGIC), data[:8]
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert (length, kind) == (13, b"IHDR")  # the first chunk, by the PNG specification
+    assert struct.unpack(">I", data[29:33])[0] == zlib.crc32(data[12:29])  # and it is whole
+    assert data.endswith(b"IEND\xaeB`\x82")  # so is the file
+    width, height, depth, color = struct.unpack(">IIBB", data[16:26])
+    return width, height, depth, color
+
+
 # plot / report need the optional extra a2a-tune[plot] (CI installs it).
 needs_matplotlib = pytest.mark.skipif(
     find_spec("matplotlib") is None, reason="matplotlib not installed (a2a-tune[plot])"
@@ -486,7 +502,7 @@ def test_views_refuse_every_table_the_lookup_refuses(tmp_path, case):
 
 
 @pytest.mark.parametrize(
-    "case", ["schema_3", "nan_bare_token", "unsorted_tokens", "curve_length_mismatch", "subnormal_median"]
+    "case", ["schema_4", "nan_bare_token", "unsorted_tokens", "curve_length_mismatch", "subnormal_median"]
 )
 def test_show_and_diff_exit_2_on_a_table_the_lookup_refuses(tmp_path, case):
     make, problem = BAD_TABLES[case]
@@ -623,14 +639,17 @@ def test_plot_writes_one_png_per_shape(tmp_path, profile_a):
     }
     for p in paths:
         data = p.read_bytes()
-        assert len(data) > 10_000 and data.startswith(PNG_MAGIC)
+        # 8-bit RGBA, 10.5 in wide by 5.92 in + 0.2 in per legend row (3 here) high, at 110 dpi
+        assert png_header(data) == (1155, 717, 8, 6), p.name
+        assert len(data) > 10_000  # drawn, not blank
 
 
 @needs_matplotlib
 def test_plot_from_a_database_run(tmp_path, two_run_db):
     r = a2a("plot", "--db", str(two_run_db), "--run", "2", "--out", str(tmp_path / "p"), "--link-gbs", "400")
     assert r.returncode == 0, r.stderr
-    assert len(list((tmp_path / "p").glob("*.png"))) == 2
+    pngs = sorted((tmp_path / "p").glob("*.png"))
+    assert len(pngs) == 2 and all(png_header(p.read_bytes())[:1] == (1155,) for p in pngs)
 
 
 def test_copy_bound_takes_nvlink_bandwidth_from_the_probe_facts(profile_a):

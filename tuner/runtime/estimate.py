@@ -32,7 +32,7 @@ as the engine's default ``allgather_reducescatter`` first (switching away from w
 engine does anyway is not worth a difference the measurement cannot resolve), then the
 order in which the backends are registered. Without a spread for F (not measured), only
 an exactly equal median ties. The spread is that of single samples, which on a shared
-host can be wide (a graph replay's p90 twice its median was measured on 2xH200), so a tie
+host can be wide (BENCHMARKS.md, "Figures moved from the code"), so a tie
 is also capped: a backend more than ``TIE_MAX_MARGIN`` (3%) slower than F never ties --
 preferring the engine's default may cost at most that much. Medians compare at
 ``US_DECIMALS`` (a nanosecond), the resolution a table stores.

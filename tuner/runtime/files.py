@@ -19,7 +19,8 @@ import stat
 
 __all__ = ["MAX_TABLE_BYTES", "MAX_WORKLOAD_BYTES", "MAX_CACHE_BYTES", "FileRefused", "read_capped"]
 
-#: A selection table (the shipped 2xH200 one is ~0.1 MB): 16 MiB parses in well under a second.
+#: A selection table, with room over the shipped one (sizes and parse time: BENCHMARKS.md,
+#: "Figures moved from the code").
 MAX_TABLE_BYTES = 16 * 1024 * 1024
 #: A workload histogram: MAX_POINTS lines of "tokens,weight" fit several times over.
 MAX_WORKLOAD_BYTES = 4 * 1024 * 1024

@@ -28,8 +28,9 @@ dtype (else the first, whose answer then says what it lacks): a node's own table
 EP sizes inside the node, its cluster's table the EP sizes across nodes.
 
 **This machine's fingerprint at start-up** (:func:`probed_fingerprint`, when neither
-``fingerprint=`` nor ``$A2A_TUNE_FINGERPRINT`` is given) comes from the topology probe,
-which reads NVML in a child process (a few hundred ms on a GPU host), or replays the
+``fingerprint=`` nor ``$A2A_TUNE_FINGERPRINT`` is given) comes from the tuner's topology
+probe, run as a child process (``python -m a2a_tune.tuner.probe --fingerprint``: the runtime
+imports no tuner code) that reads NVML (a few hundred ms on a GPU host), or replays the
 recording ``$A2A_TUNE_NVML_RECORDING`` names. The answer is cached
 in ``$XDG_CACHE_HOME/a2a-tune/`` (default ``~/.cache/a2a-tune/``), keyed by what could
 change it without notice: the boot (Linux boot id), the host name, the NVIDIA driver version
@@ -37,8 +38,8 @@ and GPU set the kernel lists (``/proc/driver/nvidia``), the recording replayed i
 the probe's own code; an entry
 is trusted for :data:`CACHE_MAX_AGE_S` at most (a link that failed since is seen within a
 day; ``a2a-tune probe`` refreshes it at once). A cached first lookup costs well under a
-millisecond of file reads; a probe is given :data:`PROBE_TIMEOUT_S` seconds, so a hung NVML
-delays an engine's start by that much at worst, and falls back with a warning.
+millisecond of file reads; the probe's child is given :data:`PROBE_TIMEOUT_S` seconds, so a
+hung NVML delays an engine's start by that much at worst, and falls back with a warning.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = [
     "HW_DEFAULT",
     "CACHE_MAX_AGE_S",
     "PROBE_TIMEOUT_S",
+    "ProbeError",
     "RECORDING_ENV",
     "domain_key",
     "node_count",
@@ -126,6 +128,12 @@ def domain_key(fingerprint: str) -> tuple | None:
 PROBE_TIMEOUT_S = 5.0
 CACHE_MAX_AGE_S = 24 * 3600.0
 _NVIDIA_PROC = "/proc/driver/nvidia"
+_PROBE_MODULE = "a2a_tune.tuner.probe"  # run as a child, never imported here
+_MAX_REASON = 300  # characters of the child's last error line kept in ProbeError
+
+
+class ProbeError(RuntimeError):
+    """The probe's child failed, hung or printed no fingerprint (the message is one line)."""
 
 
 def _cache_dir() -> str:
@@ -216,15 +224,43 @@ def remember_fingerprint(fingerprint: str, key: str | None = None) -> None:
 
 
 def probed_fingerprint(timeout_s: float = PROBE_TIMEOUT_S) -> str:
-    """This machine's fingerprint: cached (see the module docstring), else probed (NVML in a
-    child given ``timeout_s`` seconds) and cached. Raises on a failed or hung probe."""
+    """This machine's fingerprint: cached (see the module docstring), else probed (the probe's
+    child given ``timeout_s`` seconds) and cached. Raises :class:`ProbeError` on a failed or
+    hung probe."""
     key = _host_key()
     if key is not None:
         hit = _cached(key)
         if hit is not None:
             return hit
-    from a2a_tune.tuner.probe import probe  # lazy: the probe and its NVML child only on a miss
-
-    fingerprint = normalize_fingerprint(probe(timeout_s=timeout_s, strict=True).fingerprint)
+    fingerprint = _probe_child(timeout_s)
     remember_fingerprint(fingerprint, key)
     return fingerprint
+
+
+def _probe_child(timeout_s: float) -> str:
+    """The fingerprint ``python -m a2a_tune.tuner.probe --fingerprint`` prints, given
+    ``timeout_s`` seconds (then killed). NVML is read in that child, so a crash or a hang there
+    costs the engine only the wait."""
+    import subprocess
+    import sys
+
+    try:
+        child = subprocess.run(
+            [sys.executable, "-m", _PROBE_MODULE, "--fingerprint"],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise ProbeError(f"NVML probe did not answer within {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise ProbeError(f"the probe could not start: {one_line(exc, _MAX_REASON)}") from None
+    if child.returncode != 0:
+        last = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProbeError(f"the probe exited with code {child.returncode}: {one_line(last, _MAX_REASON)}")
+    try:
+        return normalize_fingerprint((child.stdout.strip().splitlines() or [""])[-1])
+    except ValueError as exc:
+        raise ProbeError(f"the probe printed no fingerprint ({one_line(str(exc), _MAX_REASON)})") from None

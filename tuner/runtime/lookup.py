@@ -9,7 +9,7 @@ backend with the lowest expected time there (:mod:`a2a_tune.tuner.runtime.estima
 those the engine accepts (:mod:`a2a_tune.tuner.runtime.engines`); :func:`lookup` is both in one
 call. Standard library only, and it never raises: any problem answers the documented
 fallback :data:`FALLBACK_BACKEND` with one warning. The rules -- search order, shape
-distance, loads, knobs -- are written once, in the README ("Runtime lookup").
+distance, loads, knobs, the memory budget -- are written once, in the README ("Runtime lookup").
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ __all__ = [
     "HW_UNCHECKED",
     "PHASES",
     "SIZE_OPTION",
+    "WORKSPACE_ENV",
     "Choice",
     "LookupRequest",
     "Profile",
@@ -96,6 +97,8 @@ __all__ = [
 ]
 
 PHASES = ("decode", "prefill")
+#: A workspace budget in MiB for every request that gives none (README, "Memory budget").
+WORKSPACE_ENV = "A2A_TUNE_MAX_WORKSPACE_MIB"
 #: The command line's option for each phase's ``max_tokens`` (``a2a-tune lookup``).
 SIZE_OPTION = {"decode": "--max-batch", "prefill": "--max-tokens"}
 
@@ -119,7 +122,8 @@ class Choice:
     backend's own (> 0 only when the tie rule preferred it over the fastest); ``tie``:
     whether the tie rule applied; ``timing``: compared backend -> timing mode of its curve;
     ``entry_shape``: the table shape used, or None; ``knobs``: the chosen backend's tuned
-    knob setting at the measured token count nearest the load (empty: its defaults).
+    knob setting at the measured token count nearest the load (empty: its defaults);
+    ``over_budget``: backend -> MiB it holds per rank, for those the memory budget skipped.
 
     A plain class rather than a dataclass: importing dataclasses costs ~10 ms (it imports
     inspect), which every engine would pay at start-up.
@@ -144,8 +148,9 @@ class Choice:
         "timing",
         "knobs",
         "engine_options",
+        "over_budget",
     )
-    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs", "engine_options")
+    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs", "engine_options", "over_budget")
     __slots__ = _FIELDS
 
     def __init__(
@@ -168,6 +173,7 @@ class Choice:
         knobs=None,
         trtllm_name=None,
         engine_options=None,
+        over_budget=None,
     ):
         values = dict(locals())
         for name in self._FIELDS:
@@ -221,7 +227,8 @@ class LookupRequest(NamedTuple):
     :mod:`~a2a_tune.tuner.runtime.estimate` distribution (``("point", t)``,
     ``("log-uniform", 1, B)``, ``("discrete", ((t, w), ...))``) or ``("workload-file", path)``,
     read when answered; ``engine`` or None; ``fingerprint`` as given (None: this machine's);
-    ``profile``: a table's path, or None to search for it.
+    ``profile``: a table's path, or None to search for it; ``max_workspace_mib``: the memory
+    budget per rank (None: none).
 
     A named tuple, frozen and hashable like a frozen dataclass; ``dataclasses`` would add
     ~7 ms (it imports ``inspect``) to every engine's start-up.
@@ -233,6 +240,7 @@ class LookupRequest(NamedTuple):
     engine: str | None = None
     fingerprint: str | None = None
     profile: str | None = None
+    max_workspace_mib: float | None = None
 
 
 class RequestError(ValueError):
@@ -327,6 +335,7 @@ def request(
     phase: str | None = None,
     max_tokens: int | None = None,
     workload=None,
+    max_workspace_mib: float | None = None,
     options: dict | None = None,
 ) -> LookupRequest:
     """Lookup's request rules, in one place: the :class:`LookupRequest`, or
@@ -375,7 +384,28 @@ def request(
         except TypeError:
             raise RequestError(words.invalid("profile", profile, "a file path", "a file path")) from None
     phase, load = _load(words, tokens, phase, max_tokens, workload)
-    return LookupRequest(shape, phase, load, engine, fingerprint, profile)
+    budget = _budget(words, max_workspace_mib)
+    return LookupRequest(shape, phase, load, engine, fingerprint, profile, budget)
+
+
+def _budget(words: _Words, value) -> float | None:
+    """The memory budget in MiB: the argument, else $A2A_TUNE_MAX_WORKSPACE_MIB; RequestError
+    for one that is not a number >= 0."""
+    name = words.name("max_workspace_mib")
+    if value is None:
+        value = os.environ.get(WORKSPACE_ENV, "").strip() or None
+        if value is None:
+            return None
+        name = f"{WORKSPACE_ENV}="
+        try:
+            value = float(value)
+        except ValueError:
+            raise RequestError(f"invalid {name}{_shown(value)} (expected a number of MiB)") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        if words.cli and name.startswith("--"):
+            raise RequestError(f"{name} must be a number of MiB >= 0, got {_shown(value)}")
+        raise RequestError(f"invalid {name}{_shown(value)} (expected a number of MiB >= 0)")
+    return float(value)
 
 
 def _load(words: _Words, tokens, phase, max_tokens, workload) -> tuple:
@@ -448,6 +478,7 @@ def lookup(
     max_tokens: int | None = None,
     workload=None,
     quiet: bool = False,
+    max_workspace_mib: float | None = None,
 ) -> Choice:
     """Pick the all2all backend for this shape and load. Never raises.
 
@@ -458,7 +489,8 @@ def lookup(
     profile of ``fingerprint`` (or ``$A2A_TUNE_FINGERPRINT``, or the probed one) is searched
     for. ``engine`` (``"vllm"``, ``"sglang"`` or ``"trtllm"``) lets only backends that
     engine accepts a literal for compete. ``quiet``: do not log the fallback warning (the
-    caller reports ``Choice.reason``).
+    caller reports ``Choice.reason``). ``max_workspace_mib`` (default
+    ``$A2A_TUNE_MAX_WORKSPACE_MIB``): skip backends holding more device memory per rank.
     """
     args = dict(locals())  # the request's arguments, as given
     del args["quiet"]
@@ -524,7 +556,7 @@ def _answer(req: LookupRequest) -> Choice:
     if problem:
         return _fallback(problem, path, profile_fingerprint=prof.fingerprint, phase=phase)
 
-    key = (req.shape, req.engine, phase, load, hw, expected_fp)
+    key = (req.shape, req.engine, phase, load, hw, expected_fp, req.max_workspace_mib)
     choice = slot.choices.get(key)
     if choice is None:
         if dist is None:
@@ -534,7 +566,7 @@ def _answer(req: LookupRequest) -> Choice:
                 dist = ("discrete", load_workload(req.load[1]))
             except WorkloadError as exc:
                 return _fallback(f"workload {exc}", phase=phase)  # not cached: the file may be fixed
-        choice = _choose(prof, path, req.shape, dist, phase, req.engine, hw, expected_fp)
+        choice = _choose(prof, path, req.shape, dist, phase, req.engine, hw, expected_fp, req.max_workspace_mib)
         if len(slot.choices) >= _MAX_CACHED_CHOICES:  # e.g. a caller sweeping every token count
             slot.choices.clear()
         slot.choices[key] = choice
@@ -573,8 +605,45 @@ def _pick_entry(prof: Profile, want: Shape):
     return entry, "nearest-shape", text
 
 
+def _workspace_need(entry: ProfileEntry, backend: str, dist):
+    """MiB `backend` holds per rank to serve `dist`: the most at the measured token counts up to
+    the first covering the load's largest step; None where the table does not hold it."""
+    values = entry.figures.get(backend, {}).get("workspace_mib")
+    if not values:
+        return None
+    kind = dist[0]
+    top = dist[1] if kind == "point" else dist[2] if kind == "log-uniform" else max(t for t, _ in dist[1])
+    covering = next((j for j, t in enumerate(entry.tokens) if t >= top), len(entry.tokens) - 1)
+    known = [v for v in values[: covering + 1] if v is not None] or [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _within_budget(entry: ProfileEntry, curves: dict, dist, budget) -> tuple:
+    """(the curves within `budget`, {backend: MiB} of those skipped, the words saying so)."""
+    if budget is None:
+        return curves, {}, ""
+    need = {b: _workspace_need(entry, b, dist) for b in curves}
+    over = {b: mib for b, mib in need.items() if mib is not None and mib > budget}
+    unknown = sorted(b for b, mib in need.items() if mib is None)
+    text = f"; workspace budget {budget:g} MiB: "
+    text += (
+        "skipped " + ", ".join(f"{b} ({mib:g} MiB)" for b, mib in sorted(over.items())) if over else "nothing skipped"
+    )
+    if unknown:
+        text += f" (memory not in the table: {', '.join(unknown)}, kept)"
+    return {b: c for b, c in curves.items() if b not in over}, over, text
+
+
 def _choose(
-    prof: Profile, path: str, want: Shape, dist, phase: str, engine: str | None, hw: str, machine_fp: str | None
+    prof: Profile,
+    path: str,
+    want: Shape,
+    dist,
+    phase: str,
+    engine: str | None,
+    hw: str,
+    machine_fp: str | None,
+    budget=None,
 ) -> Choice:
     fname = os.path.basename(path)
     common = dict(hardware_match=hw, profile_fingerprint=prof.fingerprint, phase=phase)
@@ -590,9 +659,15 @@ def _choose(
     curves = {b: c for b, c in entry.median_us.items() if b not in entry.failed}
     if engine is not None:
         curves = {b: c for b, c in curves.items() if _expressible(engine, prof.backends[b], want)}
+    curves, over, budget_text = _within_budget(entry, curves, dist, budget)
     medians = {b: round(v, US_DECIMALS) for b, v in expected(entry.tokens, curves, dist).items()}
     if not medians:
-        return _fallback(f"{path}: {shape_text}, {where}: {_unusable(entry, prof, engine, want)}", path, **common)
+        return _fallback(
+            f"{path}: {shape_text}, {where}: {_unusable(entry, prof, engine, want)}{budget_text}",
+            path,
+            over_budget=over,
+            **common,
+        )
     spread_of = lambda curves_by_b: expected(entry.tokens, {b: curves_by_b[b] for b in medians}, dist)  # noqa: E731
     chosen, fastest, tied = decide(medians, spread_of(entry.p10_us), spread_of(entry.p90_us), prof.tie_preference)
     best = medians[fastest]
@@ -641,7 +716,7 @@ def _choose(
         trtllm_name=names.trtllm_name,
         engine_options=names.engine_options,
         match=match,
-        reason=one_line(f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}"),
+        reason=one_line(f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}{budget_text}"),
         source=path,
         expected_us=compared,
         entry_shape=entry.shape,
@@ -650,6 +725,7 @@ def _choose(
         tie=len(tied) > 1,
         timing=modes,
         knobs=_knobs_at(entry, chosen, dist),
+        over_budget=over,
         **common,
     )
 
@@ -732,6 +808,7 @@ def _fallback(
     hardware_match: str = HW_DEFAULT,
     profile_fingerprint: str | None = None,
     phase: str = "tokens",
+    over_budget=None,
 ) -> Choice:
     return Choice(
         backend=FALLBACK_BACKEND,
@@ -744,4 +821,5 @@ def _fallback(
         hardware_match=hardware_match,
         profile_fingerprint=profile_fingerprint,
         phase=phase,
+        over_budget=over_budget,
     )

@@ -1,4 +1,4 @@
-"""The selection table on disk: schema versions 1 and 2 -> one validated, read-only model.
+"""The selection table on disk: schema versions 1, 2 and 3 -> one validated, read-only model.
 
 The one reader of tables: written by :mod:`a2a_tune.tuner.select` (always the current
 :data:`SCHEMA_VERSION`, checked here before writing), read by
@@ -6,7 +6,7 @@ The one reader of tables: written by :mod:`a2a_tune.tuner.select` (always the cu
 reads a table (``show``, ``diff``, ``plot``, ``report``, ``evaluate``, ``tune-knobs``), so
 each judges a table as the lookup does. Standard library only; it checks by hand exactly
 what lookup relies on (jsonschema is too slow and heavy for an engine's start-up;
-``select.validate_profile`` runs the published JSON Schema ``profiles/schema-v2.json`` as
+``select.validate_profile`` runs the published JSON Schema ``profiles/schema-v3.json`` as
 well before writing).
 
 Two modes, one set of rules. **Strict** (the default; what lookup uses): the first problem
@@ -34,6 +34,13 @@ Schema 2 adds to schema 1 (see the JSON Schema for every field):
 * optional per entry and backend ``knobs``: one object (knob name -> number, string or
   boolean) or null per token count, aligned with ``tokens``: the launch setting the knob
   search (:mod:`a2a_tune.tuner.knobs`) found fastest there; null: the backend's defaults.
+
+Schema 3 adds to schema 2 optional figures per entry and backend, each an array aligned with
+``tokens`` holding null where not measured (:data:`FIGURE_CURVES` in µs, :data:`FIGURE_COUNTS`
+numbers >= 0; what each counts: :mod:`a2a_tune.tuner.figures`): ``dispatch_us`` and
+``combine_us``, the bytes per rank per direction of each half (logical and over the link),
+and ``workspace_mib``, the device memory the backend holds per rank. Schema 1 and 2 tables
+have none: their entries carry the round trip alone.
 
 Schema 1 files are converted on load: every backend gets ``run.timing`` ("graph" for
 ``graph`` / ``cuda_graph``, else "eager"), p10/p90 are used where valid (else the
@@ -73,6 +80,8 @@ __all__ = [
     "MIN_US",
     "READABLE_SCHEMAS",
     "BackendNames",
+    "FIGURE_COUNTS",
+    "FIGURE_CURVES",
     "SCHEMA_VERSION",
     "SHAPE_KEYS",
     "TIMING_MODES",
@@ -90,9 +99,18 @@ __all__ = [
 #: and the first choice when measurements cannot tell backends apart (a tie).
 FALLBACK_BACKEND = "allgather_reducescatter"
 #: The version select writes.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: The versions this reader loads (1 is converted on load).
-READABLE_SCHEMAS = (1, 2)
+READABLE_SCHEMAS = (1, 2, 3)
+#: Schema 3's optional figures per entry and backend: times (µs) and counts (>= 0).
+FIGURE_CURVES = ("dispatch_us", "combine_us")
+FIGURE_COUNTS = (
+    "dispatch_logical_bytes",
+    "dispatch_link_bytes",
+    "combine_logical_bytes",
+    "combine_link_bytes",
+    "workspace_mib",
+)
 TIMING_MODES = ("eager", "graph")
 #: The keys that identify a table entry: the point's one shape-field order (the store's
 #: records and the lookup's arguments carry the same names).
@@ -143,15 +161,18 @@ def describe_shape(s: Shape) -> str:
 # imports inspect), which every engine would pay at start-up.
 
 
-class ProfileEntry(namedtuple("ProfileEntry", "shape source tokens median_us p10_us p90_us timing failed knobs")):
+class ProfileEntry(
+    namedtuple("ProfileEntry", "shape source tokens median_us p10_us p90_us timing failed knobs figures")
+):
     """One validated entry: a shape and each backend's curves over tokens per rank.
 
     ``shape``: :data:`Shape`; ``source``: "measured" or "predicted"; ``tokens``: ascending
     token counts per rank; ``median_us`` / ``p10_us`` / ``p90_us``: backend -> tuple of
     float or None aligned with ``tokens``; ``timing``: backend -> "eager" | "graph";
     ``failed``: backend -> one-line reason (never selected); ``knobs``: backend -> tuple
-    aligned with ``tokens`` of read-only mappings or None (backends with knobs only).
-    Mappings are read-only.
+    aligned with ``tokens`` of read-only mappings or None (backends with knobs only);
+    ``figures``: backend -> {figure name -> tuple aligned with ``tokens``} for the schema-3
+    figures the table holds (backends with any). Mappings are read-only.
     """
 
     __slots__ = ()
@@ -265,6 +286,17 @@ def _curve(raw, n: int, where: str, key: str) -> tuple:
     raise ProfileError("not a positive finite number", field=f"{where}.{key}")  # unreachable
 
 
+def _counts(raw, n: int, where: str, key: str) -> tuple:
+    """A schema-3 count figure ``where.key``: an array of n values, each null or a finite number >= 0."""
+    if type(raw) is not list or len(raw) != n:
+        raise ProfileError(f"expected an array of {n} values (one per token count)", field=f"{where}.{key}")
+    values = [v for v in raw if v is not None]
+    if set(map(type, values)) <= _NUMBER_TYPES and (not values or (min(values) >= 0 and sum(values) < _INF)):
+        return tuple(raw)
+    j = next(j for j, v in enumerate(raw) if v is not None and not (_is_num(v) and 0 <= v < _INF))
+    raise ProfileError(f"expected a finite number >= 0 or null, got {raw[j]!r}", field=f"{where}.{key}[{j}]")
+
+
 def _lenient_curve(raw, n: int) -> tuple:
     """Schema 1 p10/p90 (never checked by schema-1 readers): valid values or None."""
     if not isinstance(raw, list) or len(raw) != n:
@@ -276,7 +308,7 @@ def _lenient_curve(raw, n: int) -> tuple:
 
 
 def parse_profile(data, path: str | None = None, *, notes: list | None = None) -> Profile:
-    """Validate decoded profile JSON (schema 1 or 2) -> :class:`Profile`.
+    """Validate decoded profile JSON (schema 1, 2 or 3) -> :class:`Profile`.
 
     Raises :class:`ProfileError` naming the first bad field. ``notes``: a list for the
     lenient mode (module docstring): what lookup tolerates is appended there, one line each.
@@ -340,7 +372,7 @@ def _parse(data, path, notes) -> Profile:
     entries = []
     by_shape = {}
     for i, raw in enumerate(raw_entries):
-        entry = _parse_entry(raw, f"entries[{i}]", backends, timing)
+        entry = _parse_entry(raw, f"entries[{i}]", backends, timing, figures=schema >= 3)
         if entry.shape in by_shape:
             j = entries.index(by_shape[entry.shape])
             raise ProfileError(f"same shape as entries[{j}]", field=f"entries[{i}]")
@@ -399,7 +431,7 @@ def _preference(raw, backends: dict) -> tuple:
     return tuple(raw) + tuple(b for b in backends if b not in seen)
 
 
-def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> ProfileEntry:
+def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None, *, figures: bool = False) -> ProfileEntry:
     e = _obj(raw, where)
     ints = []
     for key in SHAPE_KEYS[:4]:
@@ -425,7 +457,7 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
             raise ProfileError("token counts must be strictly ascending", field=f"{where}.tokens[{j}]")
     n = len(tokens)
 
-    medians, p10s, p90s, timings, knobs = {}, {}, {}, {}, {}
+    medians, p10s, p90s, timings, knobs, extra = {}, {}, {}, {}, {}, {}
     for name, curve in _obj(e.get("backends"), f"{where}.backends").items():
         bwhere = f"{where}.backends.{name}"
         if name not in backends:
@@ -454,6 +486,11 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
         medians[name], p10s[name], p90s[name] = med, lo, hi
         if "knobs" in curve:
             knobs[name] = _knobs(curve["knobs"], n, f"{bwhere}.knobs")
+        if figures:
+            found = {k: _curve(curve[k], n, bwhere, k)[0] for k in FIGURE_CURVES if k in curve}
+            found.update({k: _counts(curve[k], n, bwhere, k) for k in FIGURE_COUNTS if k in curve})
+            if found:
+                extra[name] = MappingProxyType(found)
 
     failed = {}
     for name, reason in _obj(e.get("failed", {}), f"{where}.failed").items():
@@ -473,6 +510,7 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None) -> Prof
         timing=MappingProxyType(timings),
         failed=MappingProxyType(failed),
         knobs=MappingProxyType(knobs),
+        figures=MappingProxyType(extra),
     )
 
 

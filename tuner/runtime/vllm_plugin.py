@@ -37,7 +37,10 @@ choice. If that second build fails, the first config (vLLM's default) is returne
   combined engine runs mostly decode steps). Decode: tokens per rank 1..``max_num_seqs``;
   prefill: ``max_num_batched_tokens`` per step;
 * the table: ``$A2A_TUNE_PROFILE_DIR``, the user's, then the packaged tables, for the
-  fingerprint in ``$A2A_TUNE_FINGERPRINT`` or probed (NVML, read in a child process).
+  fingerprint in ``$A2A_TUNE_FINGERPRINT`` or probed (NVML, read in a child process);
+* a memory budget: with ``A2A_TUNE_MAX_WORKSPACE_MIB=N`` backends holding more than N MiB of
+  device memory per rank (the table's ``workspace_mib``) do not compete, so the KV cache keeps
+  what the operator reserved; the log line names what was skipped (the lookup's rule).
 
 **The user's choice wins, and so does vLLM's own.** Nothing is changed when the backend
 was chosen explicitly: ``--all2all-backend`` in any spelling vLLM's parser accepts

@@ -17,6 +17,8 @@ Rules (:func:`diff_views`):
   regression: a backend that now fails its correctness check is worse than slow).
 * Points whose timing mode differs between A and B (eager vs graph) are not compared;
   the diff says so.
+* Where both sides timed dispatch and combine apart (schema 3), a changed point also says
+  how each half moved (``dispatch_ratio``, ``combine_ratio``: B / A): which half got slower.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ class PointChange:
     b_p10: float | None
     b_p90: float | None
     medians_only: bool
+    dispatch_ratio: float | None = None  # B / A of the halves, where both sides timed them apart
+    combine_ratio: float | None = None
+
+    def halves(self) -> str:
+        """' (dispatch 1.9x, combine 1.1x)', or '' without the halves on both sides."""
+        if self.dispatch_ratio is None or self.combine_ratio is None:
+            return ""
+        return f" (dispatch {self.dispatch_ratio:.2f}x, combine {self.combine_ratio:.2f}x)"
 
 
 @dataclass
@@ -178,7 +188,21 @@ def diff_views(a: TableView, b: TableView, *, tolerance: float = 0.0) -> DiffRes
                 res.compared_points += 1
                 ratio = bm / am
                 spread = None not in (a10, a90, b10, b90)
-                pc = PointChange(sa.key, backend, t, am, bm, ratio, a10, a90, b10, b90, medians_only=not spread)
+                pc = PointChange(
+                    sa.key,
+                    backend,
+                    t,
+                    am,
+                    bm,
+                    ratio,
+                    a10,
+                    a90,
+                    b10,
+                    b90,
+                    medians_only=not spread,
+                    dispatch_ratio=_half_ratio(ca, cb, "dispatch_us", j, jb[t]),
+                    combine_ratio=_half_ratio(ca, cb, "combine_us", j, jb[t]),
+                )
                 if (b10 > a90 if spread else True) and ratio > 1 + tolerance:
                     res.regressions.append(pc)
                 elif (b90 < a10 if spread else True) and ratio < 1 / (1 + tolerance):
@@ -242,6 +266,11 @@ def _ratio_range(lo: float | None, hi: float | None) -> str:
     if lo is None or hi is None:
         return "-"
     return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}{EN_DASH}{hi:.2f}x"
+
+
+def _half_ratio(ca, cb, name: str, ja: int, jb: int) -> float | None:
+    a, b = ca.figure(name, ja), cb.figure(name, jb)
+    return None if a is None or b is None else b / a
 
 
 def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",)) -> None:
@@ -334,6 +363,8 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
                 ratio = _ratio_range(min(x.ratio for x in run), max(x.ratio for x in run))
                 if any(x.medians_only for x in run):
                     ratio += " (medians only)"
+                if len(run) == 1:
+                    ratio += p.halves()
                 if len(run) == 1:
                     am = f"{fmt_us(p.a_median)} ({fmt_us(p.a_p10)}{EN_DASH}{fmt_us(p.a_p90)})"
                     bm = f"{fmt_us(p.b_median)} ({fmt_us(p.b_p10)}{EN_DASH}{fmt_us(p.b_p90)})"

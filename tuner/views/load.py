@@ -84,7 +84,7 @@ def _parse(data, label: str, notes: list):
 
 
 def load_profile_view(path) -> TableView:
-    """Read a profile JSON file (schema 1 or 2) into a view; refuse what the lookup refuses."""
+    """Read a profile JSON file (schema 1, 2 or 3) into a view; refuse what the lookup refuses."""
     path = Path(path)
     data = _read_json(path)
     notes: list = []
@@ -124,7 +124,14 @@ def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
     """A validated entry as the views show it: curves, the winners lookup answers, failures."""
     c = clean
     curves = {
-        c(b): Curve(c(b), entry.timing[b], list(entry.median_us[b]), list(entry.p10_us[b]), list(entry.p90_us[b]))
+        c(b): Curve(
+            c(b),
+            entry.timing[b],
+            list(entry.median_us[b]),
+            list(entry.p10_us[b]),
+            list(entry.p90_us[b]),
+            {k: list(v) for k, v in entry.figures.get(b, {}).items()},
+        )
         for b in entry.median_us
     }
     winners = [

@@ -16,11 +16,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime.table import SHAPE_KEYS
+from ..figures import LinkBandwidth, gbps, link_bandwidth, link_pct
+from ..runtime.table import FIGURE_COUNTS, FIGURE_CURVES, SHAPE_KEYS
 from ..runtime.text import one_line
 
 __all__ = [
     "EN_DASH",
+    "FIGURE_NAMES",
     "Curve",
     "FailureView",
     "ShapeView",
@@ -29,6 +31,8 @@ __all__ = [
     "clean",
     "fmt_pct",
     "fmt_us",
+    "point_figures",
+    "shape_link",
     "shape_label",
     "shape_slug",
     "token_range",
@@ -62,10 +66,16 @@ class Curve:
     median_us: list
     p10_us: list
     p90_us: list
+    figures: dict = field(default_factory=dict)  # schema 3: figure name -> list aligned with tokens
 
     def at(self, j: int) -> tuple:
         """(median, p10, p90) at token index j, each None when missing."""
         return self.median_us[j], self.p10_us[j], self.p90_us[j]
+
+    def figure(self, name: str, j: int):
+        """Figure `name` (runtime.table.FIGURE_CURVES / FIGURE_COUNTS) at token index j, or None."""
+        values = self.figures.get(name)
+        return values[j] if values is not None else None
 
 
 @dataclass
@@ -119,6 +129,68 @@ class TableView:
             if s.key == key:
                 return s
         return None
+
+
+# ----------------------------------------------------------------------------- figures
+
+#: The names `show --json` gives each backend's figures per token count (checks read them).
+FIGURE_NAMES = (
+    "tokens",
+    "round_trip_us",
+    "dispatch_us",
+    "combine_us",
+    "logical_bytes",  # dispatch, per rank per direction
+    "link_bytes",
+    "logical_gbps",  # dispatch logical bytes / dispatch time
+    "link_pct",  # dispatch link bytes / dispatch time / the link's bandwidth per direction
+    "combine_logical_bytes",
+    "combine_logical_gbps",
+    "combine_link_pct",
+    "workspace_mib",
+)
+
+
+def shape_link(view: TableView, shape: ShapeView) -> LinkBandwidth | None:
+    """The link bandwidth per direction of one rank of the shape's EP group (tuner.figures)."""
+    return link_bandwidth(view.facts, shape.ep_size)
+
+
+def point_figures(curve: Curve, tokens: list, link: LinkBandwidth | None) -> list:
+    """Per token count, one dict of :data:`FIGURE_NAMES` for `curve` (None where not measured)."""
+    rows = []
+    for j, t in enumerate(tokens):
+        f = {name: curve.figure(name, j) for name in FIGURE_CURVES + FIGURE_COUNTS}
+        dispatch, combine = f["dispatch_us"], f["combine_us"]
+        rows.append(
+            {
+                "tokens": t,
+                "round_trip_us": curve.median_us[j],
+                "dispatch_us": dispatch,
+                "combine_us": combine,
+                "logical_bytes": f["dispatch_logical_bytes"],
+                "link_bytes": f["dispatch_link_bytes"],
+                "logical_gbps": gbps(f["dispatch_logical_bytes"], dispatch),
+                "link_pct": link_pct(f["dispatch_link_bytes"], dispatch, link),
+                "combine_logical_bytes": f["combine_logical_bytes"],
+                "combine_logical_gbps": gbps(f["combine_logical_bytes"], combine),
+                "combine_link_pct": link_pct(f["combine_link_bytes"], combine, link),
+                "workspace_mib": f["workspace_mib"],
+            }
+        )
+    return rows
+
+
+def fmt_gbps(v: float | None) -> str:
+    return "-" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.3f}")
+
+
+def fmt_share(v: float | None) -> str:
+    """A % of link: 0.4%, 12%."""
+    return "-" if v is None else (f"{v:.0f}%" if v >= 10 else f"{v:.1f}%")
+
+
+def fmt_mib(v: float | None) -> str:
+    return "-" if v is None else (f"{v:,.0f}" if v >= 10 else f"{v:.1f}")
 
 
 # ----------------------------------------------------------------------------- formatting

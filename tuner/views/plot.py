@@ -1,6 +1,8 @@
 """`a2a-tune plot`: one PNG per shape -- latency vs tokens per rank, one line per backend.
 
-Each figure (log-log axes): every backend's median round trip with its p10-p90 band;
+Each figure (log-log axes): every backend's median round trip with its p10-p90 band, and
+where the table has them (schema 3) its dispatch and combine medians as thin dashed and
+dotted lines in the same colour;
 backends failed for the shape drawn dotted and named so; the winner per token bucket
 shaded along the x axis (a colour strip at the bottom, the same colour faintly over the
 whole height, hatched where the winner is a tie); and the physical limit as a dashed
@@ -13,10 +15,11 @@ dispatch + combine round trip, over the bandwidth one rank can send at::
     remote   = (W - 1) x (1 - C(E - E/W, k) / C(E, k))   # expected other ranks a token
                                                         # has an expert on (uniform routing)
 
-The bandwidth is ``--link-gbs`` when given, else from the probe facts: the NVLink island
-holding W GPUs, its fewest active links per GPU x the per-link speed (an H200 NV18 pair:
-18 x 26.562 GB/s = 478 GB/s). No island of W GPUs (PCIe only, ranks across nodes, a CPU
-run) or routing other than uniform -> no line, and the figure says why. Every figure
+The bandwidth is ``--link-gbs`` when given, else from the probe facts
+(:func:`a2a_tune.tuner.figures.link_bandwidth`): the NVLink island holding W GPUs, its fewest
+active links per GPU x the per-link speed (an H200 NV18 pair: 18 x 26.562 GB/s = 478 GB/s),
+else on one node the GPUs' PCIe generation x width. Neither known (ranks across nodes, a CPU
+run, no PCIe numbers) or routing other than uniform -> no line, and the figure says why. Every figure
 states the bound's assumptions in its footnote.
 
 matplotlib (``pip install a2a-tune[plot]``) is imported lazily, with the Agg backend.
@@ -28,6 +31,7 @@ import io
 import math
 from pathlib import Path
 
+from ..figures import link_bandwidth
 from .model import ShapeView, TableView, ViewError, shape_label, shape_slug
 from .show import timing_summary
 
@@ -66,26 +70,6 @@ def remote_ranks(num_experts: int, topk: int, world: int) -> float:
     return (world - 1) * (1 - p_none)
 
 
-def link_bandwidth(facts: dict, world: int) -> tuple | None:
-    """(GB/s one rank can send at, words) from probe facts, or None when unknown."""
-    islands = facts.get("islands") if isinstance(facts, dict) else None
-    best = None
-    for isl in islands or []:
-        if not isinstance(isl, dict):
-            continue
-        gpus = isl.get("gpus") or []
-        counts = [c for c in isl.get("link_counts") or [] if isinstance(c, int) and c > 0]
-        speed = isl.get("speed_mbps")
-        if len(gpus) < world or not counts or not isinstance(speed, (int, float)) or speed <= 0:
-            continue
-        links = min(counts)
-        gbs = links * speed / 1000
-        if best is None or gbs > best[0]:
-            how = "NVSwitch" if isl.get("via_switch") else "direct NVLink"
-            best = (gbs, f"= {links} NVLinks x {speed / 1000:g} GB/s per GPU ({how}, from the probe facts)")
-    return best
-
-
 def copy_bound(view: TableView, shape: ShapeView, link_gbs: float | None = None) -> tuple:
     """(CopyBound, None) or (None, why there is no line)."""
     nbytes = DTYPE_BYTES.get(str(shape.dtype).lower())
@@ -99,10 +83,10 @@ def copy_bound(view: TableView, shape: ShapeView, link_gbs: float | None = None)
         found = link_bandwidth(view.facts, shape.ep_size)
         if found is None:
             return None, (
-                f"no copy bound: the probe facts show no NVLink island of {shape.ep_size} GPUs; "
+                f"no copy bound: the probe facts show no NVLink island or PCIe link of {shape.ep_size} GPUs; "
                 "pass --link-gbs to draw one"
             )
-        gbs, source = found
+        gbs, source = found.gbps, f"= {found.how} per GPU, from the probe facts"
     remote = remote_ranks(shape.num_experts, shape.topk, shape.ep_size)
     per_token = 2 * shape.hidden * nbytes * remote
     assumption = (
@@ -161,6 +145,20 @@ def _us_tick(v: float) -> str:
     return f"{v:.3g}"
 
 
+_HALF_STYLES = {"dispatch_us": (0, (5, 2)), "combine_us": (0, (1, 1.5))}
+
+
+def _plot_halves(ax, curve, tokens: list, color: str) -> list:
+    """Dispatch and combine medians of one backend as thin lines; returns the values drawn."""
+    drawn = []
+    for name, style in _HALF_STYLES.items():
+        pts = [(t, curve.figure(name, j)) for j, t in enumerate(tokens) if curve.figure(name, j) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=style, lw=1.1, color=color, alpha=0.9, zorder=3)
+            drawn += [p[1] for p in pts]
+    return drawn
+
+
 def _edges(tokens: list) -> list:
     """Bucket edges on a log axis: geometric midpoints; the ends extend half a step."""
     if len(tokens) == 1:
@@ -197,6 +195,7 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
     handles = []
     ys = []
     med_all = []  # medians of backends not failed: what the frame is for
+    halves = []  # dispatch and combine medians drawn: in the frame too
     for label, c in shape.curves.items():
         pts = [(t, *c.at(j)) for j, t in enumerate(tokens) if c.at(j)[0] is not None]
         if not pts:
@@ -222,6 +221,8 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
             zorder=3,
         )
         handles.append(line)
+        if not failed:
+            halves += _plot_halves(ax, c, tokens, color)
         band = [(p[0], p[2], p[3]) for p in pts if p[2] is not None and p[3] is not None]
         if band and not failed:
             ax.fill_between(
@@ -234,6 +235,15 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
                 zorder=2,
             )
             ys += [b[1] for b in band] + [b[2] for b in band]
+
+    ys += halves
+    if halves:
+        from matplotlib.lines import Line2D
+
+        handles += [
+            Line2D([], [], color="#555555", lw=1, ls=_HALF_STYLES["dispatch_us"], label="dispatch (timed apart)"),
+            Line2D([], [], color="#555555", lw=1, ls=_HALF_STYLES["combine_us"], label="combine (timed apart)"),
+        ]
 
     bound, why_not = copy_bound(view, shape, link_gbs)
     if bound is not None:

@@ -12,8 +12,21 @@ import datetime as _dt
 import html
 from pathlib import Path
 
-from .model import EN_DASH, TableView, ViewError, fmt_us, shape_label, shape_slug
-from .show import group_failures, provenance_lines, timing_summary, winner_ranges
+from .model import (
+    EN_DASH,
+    ShapeView,
+    TableView,
+    ViewError,
+    fmt_gbps,
+    fmt_mib,
+    fmt_share,
+    fmt_us,
+    point_figures,
+    shape_label,
+    shape_link,
+    shape_slug,
+)
+from .show import figures_note, group_failures, has_figures, provenance_lines, timing_summary, winner_ranges
 
 __all__ = ["render_report", "write_report"]
 
@@ -210,8 +223,57 @@ def _winners_section(view: TableView) -> str:
             '<table class="winners"><colgroup><col style="width:13%"><col style="width:27%"><col style="width:20%">'
             '<col style="width:26%"><col style="width:14%"></colgroup><tr><th class="num">tokens/rank</th><th>winner</th><th class="num">margin over runner-up</th>'
             f'<th>runner-up</th><th class="num">winner median µs</th></tr>{"".join(rows)}</table>{failed}'
+            + _figures_table(view, s)
         )
     return "".join(out) or '<p class="muted">No shapes.</p>'
+
+
+def _figures_table(view: TableView, s: ShapeView) -> str:
+    """Every measured (token count, backend) of the shape: round trip, dispatch, combine, GB/s of
+    each half, % of link, MiB; '' for a shape without figures (the round trip alone)."""
+    if not has_figures(s):
+        return ""
+    link = shape_link(view, s)
+    per_backend = {b: point_figures(c, s.tokens, link) for b, c in s.curves.items()}
+    rows = []
+    for j, t in enumerate(s.tokens):
+        for b, figs in per_backend.items():
+            f = figs[j]
+            if f["round_trip_us"] is None:
+                continue
+            cells = [
+                fmt_us(f["round_trip_us"]),
+                fmt_us(f["dispatch_us"]),
+                fmt_us(f["combine_us"]),
+                fmt_gbps(f["logical_gbps"]),
+                fmt_gbps(f["combine_logical_gbps"]),
+                fmt_share(f["link_pct"]),
+                fmt_share(f["combine_link_pct"]),
+                fmt_mib(f["workspace_mib"]),
+            ]
+            rows.append(
+                f'<tr><td class="num">{_e(t)}</td><td class="mono">{_e(b)}</td>'
+                + "".join(f'<td class="num">{_e(c)}</td>' for c in cells)
+                + "</tr>"
+            )
+    head = "".join(
+        f'<th class="num">{h}</th>'
+        for h in (
+            "round trip µs",
+            "dispatch µs",
+            "combine µs",
+            "dispatch GB/s",
+            "combine GB/s",
+            "dispatch % link",
+            "combine % link",
+            "MiB",
+        )
+    )
+    return (
+        f'<details open><summary>dispatch and combine, bytes, GB/s, % of link, memory</summary><table><tr><th class="num">'
+        f"tokens/rank</th><th>backend</th>{head}</tr>{''.join(rows)}</table>"
+        f'<p class="muted">{_e(figures_note(view, s))}</p></details>'
+    )
 
 
 def _failures_section(view: TableView) -> str:

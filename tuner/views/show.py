@@ -12,11 +12,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..figures import NO_LINK, is_cpu, link_text
 from ..runtime.table import SHAPE_KEYS
-from .model import EN_DASH, ShapeView, TableView, clean, fmt_pct, fmt_us, parse_time, shape_label, token_range, when
+from .model import (
+    EN_DASH,
+    ShapeView,
+    TableView,
+    clean,
+    fmt_gbps,
+    fmt_mib,
+    fmt_pct,
+    fmt_share,
+    fmt_us,
+    parse_time,
+    point_figures,
+    shape_label,
+    shape_link,
+    token_range,
+    when,
+)
 
 __all__ = [
     "WinnerRange",
+    "figure_rows",
     "group_failures",
     "provenance_lines",
     "render_show",
@@ -198,8 +216,37 @@ def group_failures(view: TableView) -> list:
     return rows
 
 
+def has_figures(shape: ShapeView) -> bool:
+    """Whether any backend of the shape carries figures beside its round trip (schema 3)."""
+    return any(c.figures for c in shape.curves.values())
+
+
+def figure_rows(view: TableView, shape: ShapeView) -> list:
+    """Per winner range, the winner's figures at the range's largest token count:
+    (tokens, backend, figures dict of model.FIGURE_NAMES); ranges without a winner left out."""
+    link = shape_link(view, shape)
+    rows = []
+    for r in winner_ranges(shape):
+        curve = shape.curves.get(r.backend) if r.backend else None
+        if curve is None:
+            continue
+        j = shape.tokens.index(r.hi)
+        rows.append((r.hi, r.backend, point_figures(curve, shape.tokens, link)[j]))
+    return rows
+
+
+def figures_note(view: TableView, shape: ShapeView) -> str:
+    """The line under a figures table: what GB/s and link % count, and the link they compare with."""
+    text = link_text(view.facts, shape.ep_size)
+    link = f"link: link bytes / dispatch time vs {text}" if text != NO_LINK else "link: no link (CPU ranks)"
+    mib = "; MiB: not measured on CPU ranks" if is_cpu(view.facts) else ""
+    return f"GB/s: dispatch logical bytes (every token-rank pair) / dispatch time; {link}{mib}"
+
+
 def show_data(view: TableView) -> dict:
-    """What ``show --json`` prints: provenance, collapsed winner ranges, failures, notes."""
+    """What ``show --json`` prints: provenance, collapsed winner ranges, failures, notes, and
+    per shape each backend's figures per token count (``figures``: model.FIGURE_NAMES, null
+    where not measured)."""
     return {
         "source": view.label,
         "kind": view.kind,
@@ -225,12 +272,45 @@ def show_data(view: TableView) -> dict:
                     for r in winner_ranges(s)
                 ],
                 "failed": s.failed,
+                "link": _link_data(view, s),
+                "figures": {b: point_figures(c, s.tokens, shape_link(view, s)) for b, c in s.curves.items()},
             }
             for s in view.shapes
         ],
         "failures": [{"backend": b, "kind": k, "where": w, "reason": r} for b, k, w, r in group_failures(view)],
         "notes": view.notes,
     }
+
+
+def _link_data(view: TableView, shape: ShapeView) -> dict:
+    link = shape_link(view, shape)
+    return {
+        "gbps": None if link is None else link.gbps,
+        "how": None if link is None else link.how,
+        "text": link_text(view.facts, shape.ep_size),
+    }
+
+
+def _figures_table(view: TableView, shape: ShapeView):
+    """The winner's dispatch, combine, GB/s, % of link and MiB per range (80 columns)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), show_edge=False, pad_edge=False, collapse_padding=True)
+    for name in ("at T", "winner", "disp µs", "comb µs", "GB/s", "link", "MiB"):
+        t.add_column(name, justify="left" if name == "winner" else "right", no_wrap=True)
+    for tokens, backend, f in figure_rows(view, shape):
+        t.add_row(
+            str(tokens),
+            Text(backend, style="green"),
+            fmt_us(f["dispatch_us"]),
+            fmt_us(f["combine_us"]),
+            fmt_gbps(f["logical_gbps"]),
+            fmt_share(f["link_pct"]),
+            fmt_mib(f["workspace_mib"]),
+        )
+    return t
 
 
 def render_show(view: TableView, console) -> None:
@@ -273,6 +353,9 @@ def render_show(view: TableView, console) -> None:
             runners_up = Text(", ".join(r.runners_up) or "none (only backend)")  # Text: never markup
             t.add_row(r.tokens, Text(r.backend, style="green"), margin, runners_up, med)
         console.print(t)
+        if has_figures(s):  # tables from before the figures: the round trip alone
+            console.print(_figures_table(view, s))
+            console.print(Text(f"  {figures_note(view, s)}", style="dim"))  # wraps: 80 columns
         ties = [t_ for r in winner_ranges(s) for t_ in r.ties]
         if ties:
             console.print(

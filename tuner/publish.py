@@ -1,0 +1,78 @@
+"""Write a run's table everywhere it belongs: where `lookup` looks on this node, and after a
+multi-node job on every node.
+
+`a2a-tune select` writes on this node (:func:`write_table`). `a2a-tune run`, through the sweep,
+calls :func:`publish_run` on every rank once the run completes: rank 0 builds the table from
+the store (:func:`a2a_tune.tuner.select.profile_for_run`), and each node's local rank 0 writes
+it. When the table is a cluster's (another fingerprint than the node's own), the node also gets
+a pointer from its own fingerprint to the cluster's
+(:data:`~a2a_tune.tuner.runtime.profiles.CLUSTER_POINTER_SUFFIX`). An engine on any node probes
+only its own node, and the pointer leads it to the cluster's table.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from .cluster import ClusterView
+from .launch import RankContext, one_line
+from .probe import Topology
+from .runtime.profiles import PROFILE_DIR_ENV, add_cluster_pointer, user_profile_dir
+from .select import profile_for_run, write_profile
+
+
+def table_dir(out_dir: str | None) -> Path:
+    """Where this node writes tables: `out_dir`, else the first $A2A_TUNE_PROFILE_DIR entry,
+    else the user's profile directory (both searched by lookup on this node)."""
+    first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
+    return Path(out_dir or first or user_profile_dir()).expanduser()
+
+
+def write_table(profile: dict, out_dir: str | None, node_fingerprint: str | None = None) -> Path:
+    """Validate `profile` and write it atomically into :func:`table_dir`. Given this node's
+    fingerprint, also point it at the table when the table is a cluster's. Raises
+    ProfileError or OSError."""
+    directory = table_dir(out_dir)
+    path = write_profile(profile, directory)
+    cluster = profile["hardware"]["fingerprint"]
+    if node_fingerprint is not None and cluster != node_fingerprint:
+        add_cluster_pointer(directory, node_fingerprint, cluster)
+    return path
+
+
+def publish_run(ctx: RankContext, db_url: str | None, run_id: int, out_dir: str | None, view: ClusterView) -> dict:
+    """Collective, after a completed run: rank 0 builds the table from the store, every node
+    (its local rank 0) writes it. Returns, on every rank: {"tables": host -> path written,
+    "errors": host -> why not, "entries": shapes in the table, "kept_knobs", "note"}."""
+    payload: list[Any] = [None]
+    if ctx.rank == 0:
+        try:
+            profile, kept, note = profile_for_run(db_url, run_id)
+            payload[0] = {"profile": profile, "kept": kept, "note": note}
+        except Exception as exc:  # every rank must learn of it, or they wait forever
+            payload[0] = {"error": one_line(exc)}
+    dist.broadcast_object_list(payload, src=0, group=ctx.group)
+    built = payload[0]
+    answer = None  # (written?, path or reason), from the ranks that write
+    if "error" in built:
+        answer = (False, built["error"])
+    elif ctx.local_rank == 0:
+        node = Topology.from_dict(view.reports[ctx.rank].topology).fingerprint
+        try:
+            answer = (True, str(write_table(built["profile"], out_dir, node)))
+        except Exception as exc:
+            answer = (False, one_line(exc))
+    answers: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(answers, answer, group=ctx.group)
+    mine = [(view.reports[r].host, a) for r, a in enumerate(answers) if a is not None]
+    return {
+        "tables": {host: text for host, (ok, text) in mine if ok},
+        "errors": {host: text for host, (ok, text) in mine if not ok},
+        "entries": len(built.get("profile", {}).get("entries", [])),
+        "kept_knobs": built.get("kept", 0),
+        "note": built.get("note"),
+    }
