@@ -647,6 +647,10 @@ def tune_knobs(
         except ProfileError:
             pass  # an unusable table is reported where the knobs are written
     capacity = _planned(plans.check_capacity, capacity, plan.tokens, table_capacity)
+    if capacity is not None:  # the cases at that capacity must fit too
+        from dataclasses import replace
+
+        _planned(plans.check_plan, replace(plan, capacity=capacity), device, world)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
         backend=backend,
