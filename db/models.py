@@ -39,6 +39,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from a2a_tune.tuner.runtime.point import POINT_FIELDS
+
 # Alembic's version table, under our own name: Optuna studies share the store's URL and
 # Optuna keeps its own revision in the default ``alembic_version`` table.
 VERSION_TABLE = "a2a_tune_alembic_version"
@@ -58,19 +60,10 @@ DEVICE_TYPES = ("cuda", "cpu")
 # "not_applicable": the run's EP group is beyond the backend's reach (not a failure of it).
 FAILURE_KINDS = ("unavailable", "incorrect", "error", "timeout", "crashed", "not_applicable")
 
-# The columns that identify one case, what a sweep has done (see Store.done_keys);
-# a measurement adds ``timing`` to make its unique key.
-KEY_FIELDS = (
-    "backend",
-    "num_experts",
-    "topk",
-    "hidden",
-    "dtype",
-    "ep_size",
-    "tokens_per_rank",
-    "routing",
-)
-SHAPE_FIELDS = KEY_FIELDS[1:]
+# The columns that identify one case, what a sweep has done (see Store.done_keys): the
+# backend and the point, in the point's one field order; a measurement adds ``timing`` to
+# make its unique key.
+KEY_FIELDS = ("backend",) + POINT_FIELDS
 
 
 def utcnow() -> dt.datetime:

@@ -35,14 +35,16 @@ import dataclasses
 import datetime as dt
 import math
 import os
+from collections import namedtuple
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from a2a_tune.tuner.runtime.point import Point, check_tokens
 from a2a_tune.tuner.runtime.text import one_line
 
 from .engine import _one_line, _sqlite_file, connection_lost, display_url, open_engine, resolve_url
@@ -54,7 +56,6 @@ from .models import (
     FIGURE_FIELDS,
     KEY_FIELDS,
     RUN_STATUSES,
-    SHAPE_FIELDS,
     Failure,
     Hardware,
     Measurement,
@@ -82,21 +83,20 @@ def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
 # --------------------------------------------------------------------------- records
 
 
-class MeasurementKey(NamedTuple):
-    """What a sweep has done for one case; equal (and hashing equal) to the plain tuple
-    ``(backend, num_experts, topk, hidden, dtype, ep_size, tokens_per_rank, routing)``."""
+class MeasurementKey(namedtuple("MeasurementKey", KEY_FIELDS)):
+    """What a sweep has done for one case: ``(backend, *point)`` in :data:`KEY_FIELDS` order
+    (the backend, then :class:`~a2a_tune.tuner.runtime.point.Point`'s fields); equal (and
+    hashing equal) to the plain tuple."""
 
-    backend: str
-    num_experts: int
-    topk: int
-    hidden: int
-    dtype: str
-    ep_size: int
-    tokens_per_rank: int
-    routing: str
+    __slots__ = ()
 
+    @classmethod
+    def of(cls, backend: str, point: Point) -> MeasurementKey:
+        return cls(backend, *point)
 
-assert MeasurementKey._fields == KEY_FIELDS
+    @property
+    def point(self) -> Point:
+        return Point(*self[1:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +188,7 @@ class FailureRecord:
     @property
     def has_shape(self) -> bool:
         """True when every shape column is set (the failure is about one point)."""
-        return all(getattr(self, f) is not None for f in SHAPE_FIELDS)
+        return all(getattr(self, f) is not None for f in KEY_FIELDS[1:])
 
     @property
     def key(self) -> MeasurementKey | None:
@@ -254,6 +254,13 @@ def _int(name: str, value: Any, *, optional: bool = False, minimum: int = 0) -> 
     if out < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {out}")
     return out
+
+
+def _tokens(value: Any, *, optional: bool = False) -> int | None:
+    """A token count per rank: the point's one bound (1..2^20), numpy/torch ints converted."""
+    if value is None and optional:
+        return None
+    return check_tokens(_int("tokens_per_rank", value), "tokens_per_rank")
 
 
 def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
@@ -581,7 +588,7 @@ class Store:
             hidden=_int("hidden", hidden, minimum=1),
             dtype=_str("dtype", dtype),
             ep_size=_int("ep_size", ep_size, minimum=1),
-            tokens_per_rank=_int("tokens_per_rank", tokens_per_rank),
+            tokens_per_rank=_tokens(tokens_per_rank),
             routing=_str("routing", routing),
             timing=_str("timing", timing),
             median_us=_finite("median_us", median_us),
@@ -648,7 +655,7 @@ class Store:
             hidden=_int("hidden", hidden, optional=True, minimum=1),
             dtype=_str("dtype", dtype, optional=True),
             ep_size=_int("ep_size", ep_size, optional=True, minimum=1),
-            tokens_per_rank=_int("tokens_per_rank", tokens_per_rank, optional=True),
+            tokens_per_rank=_tokens(tokens_per_rank, optional=True),
             routing=_str("routing", routing, optional=True),
         )
         with self._session("adding a failure") as s:
@@ -666,7 +673,7 @@ class Store:
         with self._session("reading done keys") as s:
             self._run_or_raise(s, run_id)
             keys = {MeasurementKey(*r) for r in s.execute(select(*m_cols).where(Measurement.run_id == run_id))}
-            shaped = [getattr(Failure, f).is_not(None) for f in SHAPE_FIELDS]
+            shaped = [getattr(Failure, f).is_not(None) for f in KEY_FIELDS[1:]]
             keys.update(MeasurementKey(*r) for r in s.execute(select(*f_cols).where(Failure.run_id == run_id, *shaped)))
         return keys
 

@@ -28,6 +28,11 @@ or anywhere torch.distributed connects ranks (NCCL over the network, gloo). The 
 compares it with what joins the group's ranks (the group's span, SPANS): a backend the group
 leaves is recorded as not applicable, with the reason, and never started.
 
+Memory: `case_bytes` bounds what one rank allocates for one case (inputs, the rows a backend
+receives -- `received_rows`, which a layout with more slots than W x capacity overrides --,
+their expert outputs and what combine returns), so a case that cannot fit is refused before
+any rank allocates (`a2a_tune.tuner.plans`).
+
 Knobs: a backend may declare launch parameters that change its speed but never its results
 (`knob_space`: name -> allowed values; `knob_defaults`: what it runs with unless told).
 `set_knobs(...)` applies a setting to the following dispatch/combine calls; `knobs()` says
@@ -45,6 +50,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from a2a_tune.tuner.runtime.point import Shape, check_tokens
+
 from .errors import KnobError, ShapeError
 
 if TYPE_CHECKING:  # torch is imported lazily so `availability` stays cheap to call
@@ -61,6 +68,8 @@ PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {
     "fp32": ("float32", None),
     "fp8_e4m3": ("bfloat16", "float8_e4m3fn"),
 }
+#: Bytes per element of the dtypes PAYLOAD_DTYPES names, known without importing torch.
+ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 FP8_BLOCK = 128  # elements per scale (kernels/quant.py quantizes, kernels/_quant_kernels.py on CUDA)
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 
@@ -89,7 +98,9 @@ def wire_dtype(name: str) -> torch.dtype | None:
 
 @dataclass(frozen=True)
 class MoEShape:
-    """The MoE layer geometry a backend instance is built for (its workspaces size from it)."""
+    """The MoE layer geometry a backend instance is built for (its workspaces size from it):
+    a point's shape less what the group (ep_size) and the inputs (routing) carry, plus the
+    capacity the backend is built for."""
 
     num_experts: int
     topk: int
@@ -97,14 +108,26 @@ class MoEShape:
     max_tokens_per_rank: int
     dtype: str = "bf16"
 
+    @classmethod
+    def of(cls, shape: Shape, max_tokens_per_rank: int) -> MoEShape:
+        """The geometry to build a backend for `shape` (a point's shape) at that capacity."""
+        return cls(shape.num_experts, shape.topk, shape.hidden, max_tokens_per_rank, shape.dtype)
+
     def validate(self, world_size: int) -> None:
-        """Raise ShapeError (one line) if this shape cannot run on `world_size` ranks."""
+        """Raise ShapeError (one line) if this shape cannot run on `world_size` ranks: the
+        point's rules for a shape to measure (`Shape.problem`), a capacity within the token
+        bound, a payload dtype we know."""
         if min(self.num_experts, self.topk, self.hidden, self.max_tokens_per_rank) <= 0:
             raise ShapeError(f"{self}: experts, topk, hidden and max_tokens_per_rank must be positive")
-        if self.topk > self.num_experts:
-            raise ShapeError(f"{self}: topk {self.topk} exceeds num_experts {self.num_experts}")
-        if self.num_experts % world_size:
-            raise ShapeError(f"{self}: {self.num_experts} experts do not divide over {world_size} ranks")
+        problem = Shape(world_size, self.hidden, self.topk, self.num_experts, self.dtype, "uniform").problem(
+            measuring=True
+        )
+        if problem:
+            raise ShapeError(f"{self.label()}: {problem}")
+        try:
+            check_tokens(self.max_tokens_per_rank, "max_tokens_per_rank")
+        except ValueError as exc:
+            raise ShapeError(f"{self.label()}: {exc}") from None
         if self.dtype not in PAYLOAD_DTYPES:
             raise ShapeError(f"unknown payload dtype {self.dtype!r}; choose one of {', '.join(PAYLOAD_DTYPES)}")
 
@@ -113,6 +136,28 @@ class MoEShape:
 
     def label(self) -> str:
         return f"E{self.num_experts}-k{self.topk}-H{self.hidden}-{self.dtype}"
+
+
+def case_bytes(cls: type[All2AllBackend], shape: MoEShape, world_size: int, tokens: int, *, input_sets: int = 1) -> int:
+    """At most how many bytes one rank allocates to run `cls`, built for `shape`, at `tokens`
+    per rank on `world_size` ranks: a bound to refuse a case before anything is allocated,
+    not a measurement (it counts generously: every buffer of the widest layout at once).
+
+    Inputs (`reference.make_inputs`): per set x [T, H] + ids and weights [T, k]; drawing them
+    holds router scores [T, E] fp32 (three such for skewed routing) and x in fp32. Received:
+    `cls.received_rows` rows of H (the received x, the workspace or padded copy a combine
+    reduces, combine's staging and the expert outputs, once in fp32 for the reference compute)
+    with their 2k words of routing twice. Plus the check's reference and result, [T, H] each.
+    """
+    act, wire = PAYLOAD_DTYPES[shape.dtype]
+    a = ITEM_BYTES[act]
+    w = ITEM_BYTES[wire] if wire else a
+    t, h, k = tokens, shape.hidden, shape.topk
+    inputs = input_sets * t * (h * a + 8 * k) + t * max(3 * 4 * shape.num_experts, 4 * h)
+    rows = cls.received_rows(shape, world_size)
+    received = rows * (h * (w + 3 * a + 4) + 2 * 8 * k)
+    check = t * h * (4 + a)
+    return inputs + received + check
 
 
 # Where a backend's transport works, narrowest first; and what joins an EP group's ranks,
@@ -284,6 +329,14 @@ class All2AllBackend(ABC):
         if wire_dtype(shape.dtype) is not None and not cls.quantized_payloads:
             return Availability(False, f"{shape.dtype} payloads not implemented for this backend")
         return Availability(True)
+
+    @classmethod
+    def received_rows(cls, shape: MoEShape, world_size: int) -> int:
+        """The most rows of H one rank holds for a dispatch: by default W x capacity (every
+        source's tokens once: the all-gather, padded and one-sided layouts, and the most an
+        all2allv can receive). Layouts with more slots (expert-major low-latency) override it.
+        Feeds `case_bytes`."""
+        return world_size * shape.max_tokens_per_rank
 
     @abstractmethod
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:

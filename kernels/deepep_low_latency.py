@@ -76,6 +76,11 @@ class DeepEPLowLatency(All2AllBackend):
             return Availability(False, f"low-latency slots hold at most {MAX_TOKENS_PER_RANK} tokens per rank (decode)")
         return super().feasibility(shape, world_size)
 
+    @classmethod
+    def received_rows(cls, shape: MoEShape, world_size: int) -> int:
+        """Every local expert's W x slots (of which the first count[e] are filled)."""
+        return shape.experts_per_rank(world_size) * world_size * slots_per_source(shape.max_tokens_per_rank, world_size)
+
     def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
         super().__init__(group, shape, device)
         ep = self._ep = import_deepep()

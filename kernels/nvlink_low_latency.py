@@ -39,3 +39,8 @@ class NvlinkLowLatency(SymmetricMemoryBackend):
         if shape.max_tokens_per_rank > MAX_TOKENS_PER_RANK:
             return Availability(False, f"low-latency slots hold at most {MAX_TOKENS_PER_RANK} tokens per rank (decode)")
         return super().feasibility(shape, world_size)
+
+    @classmethod
+    def received_rows(cls, shape: MoEShape, world_size: int) -> int:
+        """Expert-major slots: E_local x W x capacity rows (module docstring)."""
+        return shape.experts_per_rank(world_size) * world_size * shape.max_tokens_per_rank

@@ -96,6 +96,12 @@ class TorchNvshmemAll2All(All2AllBackend):
             return Availability(False, f"torch's all_to_all_vdev_2d_offset runs at most {MAX_RANKS} ranks")
         return super().feasibility(shape, world_size)
 
+    @classmethod
+    def received_rows(cls, shape: MoEShape, world_size: int) -> int:
+        """W x capacity x min(k, experts per rank), plus a padding row per expert group."""
+        per_rank = shape.experts_per_rank(world_size)
+        return world_size * shape.max_tokens_per_rank * min(shape.topk, per_rank) + expert_groups(max(per_rank, 1))
+
     def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
         super().__init__(group, shape, device)
         s, w = shape, self.world_size

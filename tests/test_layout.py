@@ -48,11 +48,20 @@ def test_the_vllm_entry_point_resolves():
     assert callable(ep.load())
 
 
-def test_the_store_and_the_table_name_a_shape_with_the_same_keys():
-    """One vocabulary: the table's shape keys (runtime.table.SHAPE_KEYS, the one order the
-    tuner uses) are the columns a store record carries its point in, less the token count."""
-    from a2a_tune.db.models import SHAPE_FIELDS
-    from a2a_tune.tuner.runtime.table import SHAPE_KEYS, Shape
+def test_the_store_the_table_and_lookup_name_a_point_with_the_point_type():
+    """One vocabulary: runtime.point's Shape and Point are the table's entry key, the store's
+    key columns (the backend, then the point, in one order) and lookup's request."""
+    import inspect
 
-    assert Shape._fields == SHAPE_KEYS
-    assert set(SHAPE_FIELDS) == {*SHAPE_KEYS, "tokens_per_rank"}
+    from a2a_tune.db import MeasurementKey
+    from a2a_tune.db.models import KEY_FIELDS, Failure, Measurement
+    from a2a_tune.tuner.runtime import point, table
+    from a2a_tune.tuner.runtime.lookup import lookup
+
+    assert point.Shape._fields == point.SHAPE_FIELDS and point.Point._fields == point.POINT_FIELDS
+    assert KEY_FIELDS == ("backend",) + point.POINT_FIELDS
+    assert MeasurementKey._fields == KEY_FIELDS
+    for model in (Measurement, Failure):
+        assert set(KEY_FIELDS) <= set(model.__table__.columns.keys())
+    assert table.Shape is point.Shape and table.SHAPE_KEYS == point.SHAPE_FIELDS
+    assert set(point.SHAPE_FIELDS) <= set(inspect.signature(lookup).parameters)

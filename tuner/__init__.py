@@ -1,6 +1,7 @@
 """a2a-tune: probe -> sweep -> store -> select -> lookup.
 
-The offline tuner, read top-down: ``probe`` names the machine; ``sweep`` checks and times
+The offline tuner, read top-down: ``probe`` names the machine; ``plans`` turns the command
+line's options into the sweep plan, refused whole before any rank starts; ``sweep`` checks and times
 every backend (ranks started by ``launch``; each case built, gated and timed by ``measure``
 with ``timing``; token counts chosen by ``adaptive``), ``knobs`` searches launch settings and
 ``check`` runs the conformance cases through the same path; ``db`` stores the results;
@@ -14,11 +15,14 @@ Glossary -- these words mean one thing everywhere in code, help texts and docs:
 shape
     An MoE layer as the all2all sees it: experts E, top-k k, hidden size H, at an EP size W
     (the ranks of the expert-parallel group; rank r owns experts [r*E/W, (r+1)*E/W)).
-    ``shapes.ModelShape`` is a model's E, k, H; ``kernels.MoEShape`` is what one backend
-    is built for: E, k, H, its capacity and the payload dtype.
+    ``runtime.point.Shape`` is one (W, H, k, E, payload dtype, routing), a table entry's key;
+    ``shapes.ModelShape`` is a model's E, k, H (``at(W, dtype, routing)`` gives its Shape);
+    ``kernels.MoEShape`` is what one backend is built for: E, k, H, its capacity and the
+    payload dtype (``MoEShape.of(shape, capacity)``).
 point
     (shape, payload dtype, routing, tokens per rank): where something is measured, whatever
-    the backend.
+    the backend. ``runtime.point.Point``: the one type, in one field order, that the plan,
+    the ranks, the store's key and lookup's request carry.
 case
     One backend at one point: what the sweep gates (the invariant check) and times. It ends
     as a measurement or a failure (incorrect, error, timeout); a backend unavailable on the

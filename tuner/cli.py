@@ -116,173 +116,25 @@ def probe(
 # ---------------------------------------------------------------------------------- sweep
 
 
-def _parse_tokens(text: str) -> tuple[int, ...]:
-    from .shapes import MAX_TOKENS_PER_RANK
+def _planned(step, *args, **kwargs):
+    """`step` of tuner.plans (options -> plan); its PlanError is a one-line error, exit code 2."""
+    from .plans import PlanError
 
     try:
-        values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
-    except ValueError:
-        raise _fail(f"--tokens must be comma-separated integers, got {text!r}", 2) from None
-    if not values or values[0] < 1:
-        raise _fail(f"--tokens must be positive integers, got {text!r}", 2)
-    if values[-1] > MAX_TOKENS_PER_RANK:
-        raise _fail(f"--tokens {values[-1]} is above the largest supported count, {MAX_TOKENS_PER_RANK} per rank", 2)
-    return tuple(values)
-
-
-def _resolve_device(device: str, *, launched: bool = False, gpu_ranks: int = 2) -> tuple[str, int]:
-    """--device: auto is cuda where `gpu_ranks` GPUs are visible (one each in a torchrun/srun job)."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device == "auto":
-        device = "cuda" if gpus >= (1 if launched else gpu_ranks) else "cpu"
-    if device == "cuda" and gpus == 0:
-        raise _fail("--device cuda: no CUDA GPU is visible (use --device cpu to sweep CPU ranks over gloo)", 2)
-    if device not in ("cuda", "cpu"):
-        raise _fail(f"--device must be auto, cuda or cpu, got {device!r}", 2)
-    return device, gpus
-
-
-def _gpu_name() -> str | None:
-    import torch
-
-    try:
-        return torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 - the name only decorates a message
-        return None
-
-
-def _resolve_ranks(device: str, world: int | None, *, virtual_hint: bool = False) -> tuple[str, int]:
-    """--device and --world: the device type and the ranks to run (a torchrun/srun job's own).
-    A host with one GPU is refused GPU ranks (and auto) in one line saying what it can do."""
-    from .launch import RankFailed, cpu_rank_limit, cpu_rehearsal_note, job_rank, one_gpu_refusal
-
-    try:
-        job = job_rank()  # torchrun / srun: the job's size, whatever --world says
-    except RankFailed as exc:
+        return step(*args, **kwargs)
+    except PlanError as exc:
         raise _fail(str(exc), 2) from None
-    requested = device
-    device, gpus = _resolve_device(device, launched=job is not None)
-    if job is None and gpus == 1 and requested in ("auto", "cuda"):
-        raise _fail(one_gpu_refusal(gpus, _gpu_name(), virtual_hint=virtual_hint), 2)
-    if job is not None:
-        world = job.world_size
-    elif world is None:
-        world = gpus if device == "cuda" else 2
-    if device == "cuda" and job is None and world > gpus:
-        raise _fail(f"--world {world} needs {world} GPUs; {gpus} visible (several nodes: launch with torchrun/srun)", 2)
-    if device == "cpu" and gpus and job is None:
-        err.print(cpu_rehearsal_note(gpus), highlight=False, markup=False)
-    if world < 2:
-        raise _fail(f"--world must be at least 2 (all2all needs peers), got {world}", 2)
-    if device == "cpu" and job is None:
-        limit, why = cpu_rank_limit()
-        if world > limit:
-            raise _fail(f"--world {world} on cpu: this machine holds at most {limit} CPU ranks ({why})", 2)
-    return device, world
 
 
-def _resolve_virtual(device: str, world: int | None) -> tuple[str, int]:
-    """--device and --world for --virtual: one process holds every rank (on one GPU, or on CPU)."""
-    from a2a_tune.kernels.virtual import MAX_VIRTUAL_RANKS
+def _plans():
+    from . import plans
 
-    from .launch import launched_externally
-
-    if launched_externally():
-        raise _fail("--virtual runs every rank in one process: start it without torchrun/srun", 2)
-    device, _ = _resolve_device(device, gpu_ranks=1)
-    world = 2 if world is None else world
-    if not 2 <= world <= MAX_VIRTUAL_RANKS:
-        raise _fail(f"--world must be 2..{MAX_VIRTUAL_RANKS} with --virtual, got {world}", 2)
-    return device, world
+    return plans
 
 
-def _shapes(presets, model_configs) -> list:
-    """--preset and --model-config: the model shapes [default: every preset]."""
-    from .shapes import ShapeSpecError, from_model_config, preset
-    from .shapes import presets as all_presets
-
-    try:
-        shapes = [preset(p) for p in presets] + [from_model_config(p) for p in model_configs]
-    except ShapeSpecError as exc:
-        raise _fail(str(exc), 2) from None
-    return shapes or list(all_presets().values())
-
-
-def _build_plan(
-    device,
-    world,
-    presets,
-    model_configs,
-    tokens,
-    dtypes,
-    routings,
-    backends,
-    warmup,
-    iters,
-    adaptive=False,
-    capacity=None,
-    refine=None,
-):
-    from a2a_tune.kernels import PAYLOAD_DTYPES
-    from a2a_tune.kernels.reference import ROUTINGS
-
-    from .adaptive import REFINE_RATIO
-    from .sweep import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
-
-    device, world = _resolve_ranks(device, world)
-    shapes = _shapes(presets, model_configs)
-    for d in dtypes:
-        if d not in PAYLOAD_DTYPES:
-            raise _fail(f"unknown --dtype {d!r}; choose from {', '.join(PAYLOAD_DTYPES)}", 2)
-    for r in routings:
-        if r not in ROUTINGS:
-            raise _fail(f"unknown --routing {r!r}; choose from {', '.join(ROUTINGS)}", 2)
-    _check_backends(backends)
-    token_counts = _parse_tokens(tokens) if tokens else DEFAULT_TOKENS[device]
-    _check_capacity(capacity, token_counts)
-    default_warmup, default_iters = DEFAULT_ITERS[device]
-    plan = SweepPlan(
-        shapes=tuple(shapes),
-        tokens=token_counts,
-        dtypes=tuple(dtypes) or ("bf16",),
-        routings=tuple(routings) or ("uniform",),
-        backends=tuple(backends),
-        warmup=default_warmup if warmup is None else warmup,
-        iters=default_iters if iters is None else iters,
-        adaptive=adaptive,
-        capacity=capacity,
-        # on by default where timings resolve few-% differences (GPUs); gloo noise would chase flips
-        refine_ratio=REFINE_RATIO if (device == "cuda" if refine is None else refine) else None,
-    )
-    return plan, device, world
-
-
-def _check_capacity(capacity: int | None, token_counts, table_capacity: int | None = None) -> int | None:
-    """--capacity, or without it the capacity a table was measured with (its run.capacity),
-    checked against the token counts to measure; None: each load's own."""
-    source = None
-    if capacity is None and table_capacity is not None:
-        capacity = table_capacity
-        source = f"the table's run.capacity {capacity}"
-    if capacity is not None and token_counts and capacity < max(token_counts):
-        raise _fail(
-            f"{source or f'--capacity {capacity}'} is below the largest token count {max(token_counts)}: "
-            "a fixed-capacity backend cannot carry more tokens than it was built for",
-            2,
-        )
-    return capacity
-
-
-def _check_backends(names) -> None:
-    from a2a_tune.kernels import UnknownBackendError, get_backend
-
-    try:
-        for b in names:
-            get_backend(b)
-    except UnknownBackendError as exc:
-        raise _fail(str(exc), 2) from None
+def _note(line: str) -> None:
+    """A note the plan's rules say on the way (one line on stderr; not an error)."""
+    err.print(line, highlight=False, markup=False)
 
 
 def _unavailable_here(names: list[str], device: str, world: int) -> int:
@@ -310,49 +162,17 @@ def _print_outcome(outcome, seconds: float) -> None:
         out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False, soft_wrap=True)
 
 
-def _do_sweep(
-    device,
-    world,
-    presets,
-    model_configs,
-    tokens,
-    dtypes,
-    routings,
-    backends,
-    warmup,
-    iters,
-    db,
-    resume,
-    progress,
-    case_timeout,
-    adaptive=False,
-    capacity=None,
-    refine=None,
-    allow_mixed=False,
-    publish=False,
-    out_dir=None,
-):
-    _store_url(db)  # before the imports below: they cost torch
+def _do_sweep(options, *, publish: bool = False):
+    """Sweep as `options` (tuner.plans.SweepOptions) say; `publish`: `run`'s table on every node."""
+    _store_url(options.db)  # before the imports below: they cost torch
     from a2a_tune.db import StoreError
 
     from .launch import PeerLost, RankFailed, job_rank
+    from .plans import PlanError
     from .sweep import sweep as run_sweep
 
-    plan, device, world = _build_plan(
-        device,
-        world,
-        presets,
-        model_configs,
-        tokens,
-        dtypes,
-        routings,
-        backends,
-        warmup,
-        iters,
-        adaptive,
-        capacity,
-        refine,
-    )
+    plan, device, world = _planned(_plans().build_plan, options, note=_note)
+    db = options.db
     job = job_rank()
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
         launcher = f" ({job.launcher} job)" if job else ""
@@ -372,13 +192,15 @@ def _do_sweep(
             device_type=device,
             world_size=world,
             db_url=db,
-            resume=resume,
-            progress=progress,
-            case_timeout=case_timeout,
-            allow_mixed=allow_mixed,
+            resume=options.resume,
+            progress=options.progress,
+            case_timeout=options.case_timeout,
+            allow_mixed=options.allow_mixed,
             publish=publish,
-            out_dir=str(out_dir) if out_dir else None,
+            out_dir=str(options.out_dir) if options.out_dir else None,
         )
+    except PlanError as exc:  # the plan was checked above; a rank's share of memory can shrink since
+        raise _fail(str(exc), 2) from None
     except PeerLost as exc:
         raise _fail(f"sweep stopped: {exc}; relaunch the job with --resume to complete the run") from None
     except (RankFailed, StoreError) as exc:
@@ -481,51 +303,64 @@ _timeout_opt = typer.Option(
 )
 
 
+# The options `sweep` and `run` share, in their --help order; run adds --out after --progress.
+_SWEEP_OPTIONS = (
+    ("device", str, _device_opt),
+    ("world", int | None, _world_opt),
+    ("preset", list[str], _preset_opt),
+    ("model_config", list[Path], _config_opt),
+    ("tokens", str | None, _tokens_opt),
+    ("dtype", list[str], _dtype_opt),
+    ("routing", list[str], _routing_opt),
+    ("backend", list[str], _backend_opt),
+    ("warmup", int | None, _warmup_opt),
+    ("iters", int | None, _iters_opt),
+    ("db", str | None, _db_opt),
+    ("resume", bool, _resume_opt),
+    ("progress", bool, _progress_opt),
+    ("case_timeout", float, _timeout_opt),
+    ("adaptive", bool, _adaptive_opt),
+    ("capacity", int | None, _capacity_opt),
+    ("refine", bool | None, _refine_opt),
+    ("allow_mixed", bool, _mixed_opt),
+)
+
+
+def _sweep_options(out_opt=None):
+    """Give a command the sweep options (and, with `out_opt`, --out after --progress); typer
+    reads them from the signature, the command gets one tuner.plans.SweepOptions."""
+    import functools
+    import inspect
+
+    params = []
+    for name, kind, option in _SWEEP_OPTIONS:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
+        if name == "progress" and out_opt is not None:
+            params.append(
+                inspect.Parameter("out_dir", inspect.Parameter.KEYWORD_ONLY, default=out_opt, annotation=Path | None)
+            )
+
+    def decorate(command):
+        @functools.wraps(command)
+        def with_options(**values):
+            return command(_plans().SweepOptions(**values))
+
+        del with_options.__wrapped__  # typer must read the options, not the command's one argument
+        with_options.__signature__ = inspect.Signature(params)
+        with_options.__annotations__ = {p.name: p.annotation for p in params}
+        return with_options
+
+    return decorate
+
+
 @app.command()
-def sweep(
-    device: str = _device_opt,
-    world: int | None = _world_opt,
-    preset: list[str] = _preset_opt,
-    model_config: list[Path] = _config_opt,
-    tokens: str | None = _tokens_opt,
-    dtype: list[str] = _dtype_opt,
-    routing: list[str] = _routing_opt,
-    backend: list[str] = _backend_opt,
-    warmup: int | None = _warmup_opt,
-    iters: int | None = _iters_opt,
-    db: str | None = _db_opt,
-    resume: bool = _resume_opt,
-    progress: bool = _progress_opt,
-    case_timeout: float = _timeout_opt,
-    adaptive: bool = _adaptive_opt,
-    capacity: int | None = _capacity_opt,
-    refine: bool | None = _refine_opt,
-    allow_mixed: bool = _mixed_opt,
-) -> None:
+@_sweep_options()
+def sweep(options) -> None:
     """Check, then time, every backend over shapes x token counts; store every measurement.
 
     Several nodes: launch it under torchrun or srun, one process per GPU (see `a2a-tune run`,
     which also writes the table on every node)."""
-    _do_sweep(
-        device,
-        world,
-        preset,
-        model_config,
-        tokens,
-        dtype,
-        routing,
-        backend,
-        warmup,
-        iters,
-        db,
-        resume,
-        progress,
-        case_timeout,
-        adaptive,
-        capacity,
-        refine,
-        allow_mixed,
-    )
+    _do_sweep(options)
 
 
 # --------------------------------------------------------------------------------- select
@@ -580,55 +415,17 @@ def select(
 
 
 @app.command()
-def run(
-    device: str = _device_opt,
-    world: int | None = _world_opt,
-    preset: list[str] = _preset_opt,
-    model_config: list[Path] = _config_opt,
-    tokens: str | None = _tokens_opt,
-    dtype: list[str] = _dtype_opt,
-    routing: list[str] = _routing_opt,
-    backend: list[str] = _backend_opt,
-    warmup: int | None = _warmup_opt,
-    iters: int | None = _iters_opt,
-    db: str | None = _db_opt,
-    resume: bool = _resume_opt,
-    progress: bool = _progress_opt,
-    out_dir: Path | None = typer.Option(
+@_sweep_options(
+    typer.Option(
         None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."
-    ),
-    case_timeout: float = _timeout_opt,
-    adaptive: bool = _adaptive_opt,
-    capacity: int | None = _capacity_opt,
-    refine: bool | None = _refine_opt,
-    allow_mixed: bool = _mixed_opt,
-) -> None:
+    )
+)
+def run(options) -> None:
     """Probe + sweep + select: the one command to run once per machine type.
 
     Several nodes: launch it under torchrun or srun, one process per GPU; every node probes
     itself, rank 0 writes the store, and every node gets the table where lookup looks there."""
-    outcome = _do_sweep(
-        device,
-        world,
-        preset,
-        model_config,
-        tokens,
-        dtype,
-        routing,
-        backend,
-        warmup,
-        iters,
-        db,
-        resume,
-        progress,
-        case_timeout,
-        adaptive,
-        capacity,
-        refine,
-        allow_mixed,
-        publish=True,
-        out_dir=out_dir,
-    )
+    outcome = _do_sweep(options, publish=True)
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     published = outcome.published
@@ -696,6 +493,7 @@ def evaluate(
     from .evaluate import EvaluationError, held_out_plan, table_measurements
     from .evaluate import evaluate as run_evaluation
     from .launch import RankFailed
+    from .plans import PlanError
     from .runtime.lookup import ProfileError, load_profile
     from .sweep import sweep as run_sweep
 
@@ -720,9 +518,10 @@ def evaluate(
         _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)")
         return
     _store_url(db)
-    device, world = _resolve_ranks(device, world)
-    held = _parse_tokens(tokens) if tokens else None
-    _check_backends(backend)
+    plans = _plans()
+    device, world = _planned(plans.resolve_ranks, device, world, note=_note)
+    held = _planned(plans.parse_tokens, tokens) if tokens else None
+    _planned(plans.check_backends, backend)
     try:
         plan = held_out_plan(
             table,
@@ -737,6 +536,7 @@ def evaluate(
         )
     except EvaluationError as exc:
         raise _fail(str(exc), 2) from None
+    _planned(plans.check_plan, plan, device, world)
     out.print(
         f"evaluating {profile.name} at {len(plan.tokens)} held-out token counts x {len(plan.shapes)} shape(s)",
         highlight=False,
@@ -745,6 +545,8 @@ def evaluate(
         outcome = run_sweep(
             plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout
         )
+    except PlanError as exc:
+        raise _fail(str(exc), 2) from None
     except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
     except KeyboardInterrupt as exc:
@@ -848,7 +650,6 @@ def tune_knobs(
     from .knobs import tune_knobs as run_search
     from .launch import RankFailed
     from .runtime.lookup import ProfileError, load_profile
-    from .runtime.table import SHAPE_KEYS
     from .select import with_knobs_from_file, write_profile_to
 
     try:
@@ -862,18 +663,18 @@ def tune_knobs(
             markup=False,
         )
         return
-    plan, device, world = _build_plan(
-        device,
-        world,
-        [preset] if preset else [],
-        [model_config] if model_config else [],
-        tokens,
-        [dtype],
-        [routing],
-        [backend],
-        None,
-        None,
+    plans = _plans()
+    options = plans.SweepOptions(
+        device=device,
+        world=world,
+        preset=[preset] if preset else [],
+        model_config=[model_config] if model_config else [],
+        tokens=tokens,
+        dtype=[dtype],
+        routing=[routing],
+        backend=[backend],
     )
+    plan, device, world = _planned(plans.build_plan, options, note=_note)
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
     table_capacity = None
@@ -882,7 +683,11 @@ def tune_knobs(
             table_capacity = load_profile(profile).capacity
         except ProfileError:
             pass  # an unusable table is reported where the knobs are written
-    capacity = _check_capacity(capacity, plan.tokens, table_capacity)
+    capacity = _planned(plans.check_capacity, capacity, plan.tokens, table_capacity)
+    if capacity is not None:  # the cases at that capacity must fit too
+        from dataclasses import replace
+
+        _planned(plans.check_plan, replace(plan, capacity=capacity), device, world)
     defaults = DEFAULT_ITERS[device]
     knob_plan = KnobPlan(
         backend=backend,
@@ -945,7 +750,7 @@ def tune_knobs(
     out.print(t)
     if profile is None:
         return
-    values = dict(zip(SHAPE_KEYS, (world, shape.hidden, shape.topk, shape.num_experts, dtype, routing)))
+    values = shape.at(world, dtype, routing)._asdict()
     found = {r.tokens: r.best_knobs for r in results if r.best_knobs}
     try:
         updated, notes = with_knobs_from_file(profile, values, backend, found)
@@ -1314,7 +1119,7 @@ def backends(
 
     from a2a_tune.kernels import BackendEnv, get_backend, list_backends
 
-    device, gpus = _resolve_device(device, gpu_ranks=1)  # one GPU: its reasons, true for it
+    device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
     rows = []
@@ -1396,14 +1201,15 @@ def check(
     from .check import check as run_check
     from .progress import progress_bar
 
-    _check_backends(backend)
+    plans = _plans()
+    _planned(plans.check_backends, backend)
     if virtual:
-        device, world = _resolve_virtual(device, world)
+        device, world = _planned(plans.resolve_virtual, device, world)
     else:
-        device, world = _resolve_ranks(device, world, virtual_hint=True)
+        device, world = _planned(plans.resolve_ranks, device, world, virtual_hint=True, note=_note)
     if token_scale is None:
         token_scale = INTERPRETER_TOKEN_SCALE if virtual and device == "cpu" else 1.0
-    shapes = _shapes(preset, model_config)
+    shapes = _planned(plans.model_shapes, preset, model_config)
     names = list(dict.fromkeys(backend)) or list_backends()
     speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun/srun: rank 0 reports
     with progress_bar(progress and speaks, "check") as bar:

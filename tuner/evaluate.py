@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .runtime.lookup import FALLBACK_BACKEND, load_profile, lookup
-from .runtime.table import SHAPE_KEYS, Profile
+from .runtime.point import POINT_FIELDS, Point
+from .runtime.table import Profile
 from .shapes import ModelShape
 
 HELD_OUT_MOST = 8  # default held-out counts (their cost: BENCHMARKS.md, "Figures moved from the code")
@@ -63,24 +64,20 @@ def held_out_plan(
     to every one, and warm-up and iterations to the sweep's for `device`. Without `capacity`,
     the table's ``run.capacity`` applies, so the points are measured as the table's own were.
     Raises :class:`EvaluationError`."""
-    from .sweep import DEFAULT_ITERS, SweepPlan  # lazy: torch is needed to measure, not to score
+    from .plans import DEFAULT_ITERS, PlanError, SweepPlan, check_capacity
 
     entries = [e for e in table.entries if e.shape.ep_size == world]
     if not entries:
         raise EvaluationError(f"{path} has no entries for EP size {world}")
     here = [e.shape for e in entries]
-    shapes = {ModelShape(f"E{s.num_experts}-k{s.topk}-H{s.hidden}", s.num_experts, s.topk, s.hidden) for s in here}
+    shapes = {ModelShape.of(s) for s in here}
     held = tokens or held_out_tokens(t for e in entries for t in e.tokens)
     if not held:
         raise EvaluationError(f"{path.name}: its token counts leave no held-out midpoint; give --tokens")
-    source = None
-    if capacity is None and table.capacity is not None:
-        capacity, source = table.capacity, f"the table's run.capacity {table.capacity}"
-    if capacity is not None and capacity < max(held):
-        raise EvaluationError(
-            f"{source or f'--capacity {capacity}'} is below the largest token count {max(held)}: "
-            "a fixed-capacity backend cannot carry more tokens than it was built for"
-        )
+    try:
+        capacity = check_capacity(capacity, held, table.capacity)  # measured as the table's own points
+    except PlanError as exc:
+        raise EvaluationError(str(exc)) from None
     default_warmup, default_iters = DEFAULT_ITERS[device]
     return SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)),
@@ -115,10 +112,9 @@ class Evaluation:
         return sorted((p for p in self.points if p.get("table")), key=lambda p: -p["table"])[:n]
 
 
-def _point(r) -> tuple:
-    """(ep, H, k, E, dtype, routing, tokens) of a measurement or failure record: the first six
-    are a table entry's shape (:data:`~a2a_tune.tuner.runtime.table.SHAPE_KEYS`)."""
-    return (*(getattr(r, k) for k in SHAPE_KEYS), r.tokens_per_rank)
+def _point(r) -> Point:
+    """The point of a measurement or failure record (its shape is a table entry's)."""
+    return Point(*(getattr(r, k) for k in POINT_FIELDS))
 
 
 def table_measurements(profile: str) -> list:
@@ -133,9 +129,7 @@ def table_measurements(profile: str) -> list:
                 continue
             for t, v in zip(e.tokens, curve):
                 if v is not None:
-                    out.append(
-                        SimpleNamespace(**dict(zip(SHAPE_KEYS, e.shape)), tokens_per_rank=t, backend=b, median_us=v)
-                    )
+                    out.append(SimpleNamespace(**e.shape.at(t)._asdict(), backend=b, median_us=v))
     return out
 
 
@@ -147,10 +141,10 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     Raises :class:`~a2a_tune.tuner.runtime.table.ProfileError` for a table the lookup refuses."""
     shapes = set(load_profile(profile).by_shape)
     ev = Evaluation()
-    by_point: dict[tuple, dict[str, float]] = {}
+    by_point: dict[Point, dict[str, float]] = {}
     for m in measurements:
         by_point.setdefault(_point(m), {})[m.backend] = m.median_us
-    for point in [p for p in by_point if p[:6] not in shapes]:
+    for point in [p for p in by_point if p.shape not in shapes]:
         del by_point[point]
         ev.outside += 1
     broken = {(f.backend, _point(f)) for f in failures if f.kind in ("error", "timeout", "crashed", "incorrect")}
@@ -161,15 +155,14 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     complete = [b for b in totals if all(b in t for t in by_point.values())]
     best_single = min(complete, key=totals.get) if complete else None
     for point, times in sorted(by_point.items()):
-        shape, tokens = point[:6], point[6]
         best = min(times.values())
-        choice = lookup(**dict(zip(SHAPE_KEYS, shape)), tokens=tokens, profile=profile, quiet=True)
+        choice = lookup(**point.shape._asdict(), tokens=point.tokens_per_rank, profile=profile, quiet=True)
         picked = {"table": choice.backend, f"always {FALLBACK_BACKEND}": FALLBACK_BACKEND}
         if best_single:
             picked[f"always {best_single}"] = best_single
         row = {
-            "shape": shape,
-            "tokens": tokens,
+            "shape": point.shape,
+            "tokens": point.tokens_per_rank,
             "best": min(times, key=times.get),
         }
         for policy, backend in picked.items():

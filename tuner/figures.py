@@ -41,7 +41,6 @@ __all__ = [
 #: What the views say where the ranks have no link to share (CPU ranks over gloo).
 NO_LINK = "no link"
 SCALE_BYTES = 4  # one fp32 scale per FP8 block
-_ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 # PCIe per-lane payload rate per direction, GB/s: transfer rate x line-code efficiency / 8
 # (8b/10b up to gen 2, 128b/130b for gen 3-5, 242/256 FLIT efficiency for gen 6).
 PCIE_LANE_GBPS = {
@@ -72,14 +71,14 @@ class LinkBandwidth(NamedTuple):
 
 def row_bytes(dtype: str, hidden: int) -> tuple[int, int]:
     """(dispatch row, combine row) in bytes for payload `dtype` (kernels.base.PAYLOAD_DTYPES)."""
-    from a2a_tune.kernels.base import PAYLOAD_DTYPES
+    from a2a_tune.kernels.base import ITEM_BYTES, PAYLOAD_DTYPES
     from a2a_tune.kernels.quant import scale_blocks
 
     activation, wire = PAYLOAD_DTYPES[dtype]
-    combine = hidden * _ITEM_BYTES[activation]
+    combine = hidden * ITEM_BYTES[activation]
     if wire is None:
         return combine, combine
-    return hidden * _ITEM_BYTES[wire] + scale_blocks(hidden) * SCALE_BYTES, combine
+    return hidden * ITEM_BYTES[wire] + scale_blocks(hidden) * SCALE_BYTES, combine
 
 
 def destination_pairs(topk_ids: Any, num_experts: int, world_size: int, rank: int) -> tuple[int, int]:

@@ -139,7 +139,7 @@ def _tune_point(ctx, plan: KnobPlan, fingerprint: str, tokens: int, owner, bar, 
     m = plan.shape
     # built as the sweep builds it: fixed-capacity backends for the load being timed, or for
     # the engine's capacity when one is given
-    shape = MoEShape(m.num_experts, m.topk, m.hidden, max(plan.tokens), plan.dtype)
+    shape = MoEShape.of(m.at(ctx.world_size, plan.dtype, plan.routing), max(plan.tokens))
     name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing, plan.tuned_capacity())
     cls = get_backend(plan.backend)
     result = KnobResult(plan.backend, tokens, name, default_knobs=dict(cls.knob_defaults))
@@ -261,13 +261,7 @@ class _StudyOwner:
         p = self.plan
         for key, value in {
             "backend": p.backend,
-            "num_experts": p.shape.num_experts,
-            "topk": p.shape.topk,
-            "hidden": p.shape.hidden,
-            "dtype": p.dtype,
-            "routing": p.routing,
-            "ep_size": world,
-            "tokens_per_rank": result.tokens,
+            **p.shape.at(world, p.dtype, p.routing).at(result.tokens)._asdict(),
             "fingerprint": fingerprint,
             "timing": result.timing,
             "default_knobs": defaults,

@@ -167,13 +167,9 @@ CPU_RANKS_PER_CORE = 8
 CPU_RANK_MEMORY_BYTES = 256 * 1024 * 1024
 
 
-def cpu_rank_limit() -> tuple[int, str]:
-    """How many CPU ranks this machine can hold, and why that many (one line)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    by_cores = CPU_RANKS_PER_CORE * cores
+def host_memory_available() -> int | None:
+    """Bytes this host can still give its processes: /proc/meminfo's MemAvailable, or less
+    where a cgroup v2 limit (a container's, a Slurm job's) leaves less; None when unknown."""
     available = None
     try:
         with open("/proc/meminfo") as f:
@@ -182,6 +178,25 @@ def cpu_rank_limit() -> tuple[int, str]:
                     available = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            left = max(int(limit) - used, 0)
+            available = left if available is None else min(available, left)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def cpu_rank_limit() -> tuple[int, str]:
+    """How many CPU ranks this machine can hold, and why that many (one line)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    by_cores = CPU_RANKS_PER_CORE * cores
+    available = host_memory_available()
     if available is None:
         return by_cores, f"{cores} core(s) x {CPU_RANKS_PER_CORE}"
     by_memory = available // CPU_RANK_MEMORY_BYTES

@@ -246,6 +246,11 @@ class RealNvml:
         nvml, handle = self._nvml(), self._handle(device)
         return self._query(lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
 
+    def memory_free_bytes(self, device: int) -> int:
+        """Device memory free now (not part of NvmlSource: a recording has no "now")."""
+        nvml, handle = self._nvml(), self._handle(device)
+        return self._query(lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).free))
+
     def pci_bus_id(self, device: int) -> str:
         nvml, handle = self._nvml(), self._handle(device)
         return self._query(lambda: _as_str(nvml.nvmlDeviceGetPciInfo(handle).busId))
@@ -564,6 +569,37 @@ def record(source: NvmlSource, *, max_links: int = MAX_NVLINKS) -> dict[str, Any
         except NvmlQueryError:
             pass  # the answers are already in hand; a failing shutdown changes none of them
     return recording
+
+
+def free_memory_bytes(visible: str | None) -> list[int] | None:
+    """Free memory of each GPU the ranks may use, read through NVML so that this process
+    holds no CUDA context: the devices ``visible`` (CUDA_VISIBLE_DEVICES: NVML indices or
+    UUIDs) names, every GPU when it is None. None when NVML cannot say."""
+    source = RealNvml()
+    try:
+        source.init()
+    except NvmlQueryError:
+        return None
+    try:
+        count = source.device_count()
+        if visible is None:
+            devices = list(range(count))
+        else:
+            uuids = {source.uuid(d): d for d in range(count)}
+            devices = []
+            for item in (v.strip() for v in visible.split(",") if v.strip()):
+                if item.isdigit():
+                    devices.append(int(item))
+                else:  # a UUID, or the unique prefix of one
+                    devices += [d for u, d in uuids.items() if u.startswith(item)][:1]
+        return [source.memory_free_bytes(d) for d in devices if 0 <= d < count] or None
+    except NvmlQueryError:
+        return None
+    finally:
+        try:
+            source.shutdown()
+        except NvmlQueryError:
+            pass
 
 
 def record_live(timeout_s: float = 60.0) -> dict[str, Any]:

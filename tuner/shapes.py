@@ -1,4 +1,10 @@
-"""Model shapes to sweep: named presets (data in model_presets.json) or a Hugging Face config.json."""
+"""Model shapes to sweep: named presets (data in model_presets.json) or a Hugging Face config.json.
+
+A model gives three of a shape's numbers (experts, top-k, hidden); the sweep's EP size,
+payload dtype and routing complete it (:meth:`ModelShape.at`) into the one
+:class:`~a2a_tune.tuner.runtime.point.Shape` the plan, the ranks, the store and the table carry.
+Each number is held to the point's bounds when it is read, so a config with 10^9 experts is
+refused in one line here, before any plan is built."""
 
 from __future__ import annotations
 
@@ -7,14 +13,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from .runtime.point import MAX_EXPERTS, MAX_HIDDEN, MAX_TOPK, PointError, Shape, check_count
+
 # Hugging Face configs name the same three numbers differently per model family.
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 _TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
 _HIDDEN_KEYS = ("hidden_size", "d_model")
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config.json is a few KB; never read a FIFO or /dev/zero
-# Tokens per rank a sweep point may have: 64x the default grid's largest (16384), far beyond
-# any engine step, and with top-k 8 on 64 ranks still inside int32 row indices.
-MAX_TOKENS_PER_RANK = 1 << 20
 
 
 class ShapeSpecError(ValueError):
@@ -23,10 +28,30 @@ class ShapeSpecError(ValueError):
 
 @dataclass(frozen=True)
 class ModelShape:
+    """A model's MoE layer: its name (for people) and the three numbers of a shape it fixes."""
+
     name: str
     num_experts: int
     topk: int
     hidden: int
+
+    def problem(self) -> str | None:
+        """Why no shape of this model can exist (a number beyond the point's bounds), or None."""
+        try:
+            for field, upper in (("num_experts", MAX_EXPERTS), ("topk", MAX_TOPK), ("hidden", MAX_HIDDEN)):
+                check_count(getattr(self, field), field, upper)
+        except PointError as exc:
+            return str(exc)
+        return None
+
+    @classmethod
+    def of(cls, shape: Shape) -> ModelShape:
+        """The model part of a table entry's shape, named by its numbers (``E256-k8-H7168``)."""
+        return cls(f"E{shape.num_experts}-k{shape.topk}-H{shape.hidden}", shape.num_experts, shape.topk, shape.hidden)
+
+    def at(self, ep_size: int, dtype: str, routing: str) -> Shape:
+        """This model's shape on `ep_size` ranks with that payload dtype and routing."""
+        return Shape(ep_size, self.hidden, self.topk, self.num_experts, dtype, routing)
 
 
 def presets() -> dict[str, ModelShape]:
@@ -77,7 +102,11 @@ def from_model_config(path: str | Path) -> ModelShape:
         )
         if experts and topk and hidden:
             name = str(candidate.get("_name_or_path") or config.get("model_type") or path.parent.name or path.stem)
-            return ModelShape(name, experts, topk, hidden)
+            model = ModelShape(name, experts, topk, hidden)
+            problem = model.problem()
+            if problem:
+                raise ShapeSpecError(f"{path}: {problem}")
+            return model
     raise ShapeSpecError(
         f"{path}: no MoE shape found (need one of {_EXPERT_KEYS}, one of {_TOPK_KEYS}, one of {_HIDDEN_KEYS})"
     )

@@ -6,23 +6,23 @@ rank together by `tuner.measure` (built at its capacity, gated on the invariant,
 backend that fails the gate is recorded as "incorrect" and is not timed) -> rank 0 commits
 the measurement to the store at once, so an interrupted sweep loses nothing and `--resume`
 skips what is already there.
-Unavailable backends (availability() says why), backends whose reach the EP group leaves
-(not applicable: tuner.cluster), impossible shapes and backends that raise are recorded with
-their one-line reason and the sweep goes on; a backend that hangs a case or kills a rank's
-process is recorded ("timeout", "crashed") and the ranks restart without it. Before any of it the ranks gather what every
-node probed (tuner.cluster): nodes that differ stop the sweep unless `allow_mixed`. Cases a backend declares
-infeasible (feasibility(), e.g. beyond a fixed capacity) are skipped and reported.
+Before any rank starts, the plan is checked whole (tuner.plans: impossible shapes and cases
+that cannot fit in a rank's memory are refused in one line). Unavailable backends
+(availability() says why), backends whose reach the EP group leaves (not applicable:
+tuner.cluster) and backends that raise are recorded with their one-line reason and the sweep
+goes on; a backend that hangs a case or kills a rank's process is recorded ("timeout",
+"crashed") and the ranks restart without it. Before any timing the ranks gather what every
+node probed (tuner.cluster): nodes that differ stop the sweep unless `allow_mixed`. Cases a
+backend declares infeasible (feasibility(), e.g. beyond a fixed capacity) are skipped and
+reported.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from a2a_tune.db import (
     open_store,
     resolve_url,
 )
-from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, engine_names, get_backend, list_backends
+from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, engine_names, get_backend
 from a2a_tune.kernels.base import REACH_TEXT, reaches
 
 from . import cluster
@@ -58,67 +58,14 @@ from .launch import (
     one_line,
     run_ranks,
 )
-from .measure import Backends, Result, capacity_for, input_sets, measure_case
+from .measure import Backends, Result, input_sets, measure_case
+from .plans import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan, check_plan
 from .progress import progress_bar
 from .publish import publish_run
-from .shapes import ModelShape
+from .runtime.point import Point, Shape
 from .timing import summarize
 
-DEFAULT_TOKENS = {
-    # 1 .. 16384 tokens per rank (decode to prefill): powers of 2 and 3·2^k between them. The
-    # 3·2^k points matter: capacity-sized kernels (FlashInfer's) are slower off powers of 2 than
-    # interpolating between powers of 2 predicts (BENCHMARKS.md, "Figures moved from the code").
-    "cuda": tuple(sorted({2**i for i in range(15)} | {3 * 2**i for i in range(13)})),
-    "cpu": (1, 4, 16, 64, 256),  # gloo on CPU: enough to see a crossover in minutes
-}
-DEFAULT_ITERS = {"cuda": (10, 50), "cpu": (3, 15)}  # (warm-up, timed) round trips per case
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    shapes: tuple[ModelShape, ...]
-    tokens: tuple[int, ...]
-    dtypes: tuple[str, ...] = ("bf16",)
-    routings: tuple[str, ...] = ("uniform",)
-    backends: tuple[str, ...] = ()  # empty = every registered backend
-    warmup: int = 10
-    iters: int = 50
-    input_sets: int = 3  # rotated so repeated iterations do not hit a warm cache
-    seed: int = 0
-    adaptive: bool = False  # tuner.adaptive: coarse grid + bisection at crossovers, not every point
-    # Tokens per rank fixed-capacity backends are built for. None: each token count's own (their
-    # best case); an engine's largest batch per rank: what that engine pays at every step.
-    capacity: int | None = None
-    # Refine crossovers and close races between neighbouring token counts (tuner.adaptive)
-    # while they are more than this ratio apart; None: measure the grid only.
-    refine_ratio: float | None = None
-
-    def backend_names(self) -> list[str]:
-        return list(self.backends) or list_backends()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["backends"] = self.backend_names()
-        for optional in ("capacity", "refine_ratio"):
-            if d[optional] is None:
-                del d[optional]  # the default: plans (and resumable runs) from before it hash alike
-        return d
-
-    def capacity_for(self, tokens: int) -> int:
-        return capacity_for(self.capacity, tokens)
-
-    def config_hash(self, device_type: str, world_size: int) -> str:
-        blob = json.dumps({"plan": self.to_dict(), "device": device_type, "world": world_size}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def groups(self) -> Iterator[tuple[ModelShape, str, str]]:
-        for shape in self.shapes:
-            for dtype in self.dtypes:
-                for routing in self.routings:
-                    yield shape, dtype, routing
-
-    def total(self) -> int:
-        return len(self.shapes) * len(self.dtypes) * len(self.routings) * len(self.tokens) * len(self.backend_names())
+__all__ = ["DEFAULT_ITERS", "DEFAULT_TOKENS", "SweepOutcome", "SweepPlan", "sweep"]  # the plan's names: tuner.plans
 
 
 @dataclass
@@ -191,6 +138,7 @@ def sweep(
     `SweepInterrupted`; after `kill -9` the run stays "running" and `resume` takes it over.
     """
     check_url(db_url, persistent=True)  # before any rank starts
+    check_plan(plan, device_type, world_size)  # impossible shapes, cases that cannot fit: PlanError
     writer = Writer.this_process()
     skip: dict[str, str] = {}  # backend -> why the rest of this sweep goes on without it
     lost: dict[str, str] = {}  # backend -> the failure kind it was left out for
@@ -323,13 +271,14 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[s
         with progress_bar(show_progress, "sweep") as bar:
             progress = _Progress(bar, plan.total())
             backends: Backends | None = None
-            for model, dtype, routing in plan.groups():
-                shape = MoEShape(model.num_experts, model.topk, model.hidden, max(plan.tokens), dtype)
-                if backends is None or backends.shape != shape:  # groups run shape-major: free the last
+            for name, shape in plan.shapes_at(ctx.world_size):
+                built_for = MoEShape.of(shape, max(plan.tokens))
+                if backends is None or backends.shape != built_for:  # groups run shape-major: free the last
                     if backends is not None:
                         backends.close()
-                    backends = Backends(ctx, shape, capacity=plan.capacity)
-                _sweep_group(ctx, plan, rec, backends, f"{model.name} {dtype} {routing}", routing, usable, progress)
+                    backends = Backends(ctx, built_for, capacity=plan.capacity)
+                label = f"{name} {shape.dtype} {shape.routing}"
+                _sweep_group(ctx, plan, rec, backends, label, shape, usable, progress)
             if backends is not None:
                 backends.close()
         rec.finish("completed")  # raises when the store lost what it was given: never reported measured
@@ -375,15 +324,15 @@ def _sweep_group(
     rec: _Recorder,
     backends: Backends,
     label: str,
-    routing: str,
+    shape: Shape,
     usable: list[str],
     progress: _Progress,
 ) -> None:
-    """One (shape, dtype, routing): every point of the grid then the refinements, or the
-    points the adaptive search asks for."""
+    """One shape: every point of the grid then the refinements, or the points the adaptive
+    search asks for."""
 
     def point(tokens: int, names: list[str]) -> dict[str, float | None]:
-        return _run_point(ctx, plan, rec, backends, label, routing, tokens, names, progress)
+        return _run_point(ctx, plan, rec, backends, label, shape.at(tokens), names, progress)
 
     if not plan.adaptive:
         # the whole grid is the coarse pass; the search then only refines crossovers and races
@@ -396,7 +345,7 @@ def _sweep_group(
             _follow(search, plan, usable, point, progress)
         return
     search = AdaptiveSearch(plan.tokens, tuple(usable), refine_ratio=plan.refine_ratio)
-    _observe_stored(search, rec, backends.shape, routing, usable, plan.tokens)  # a resumed run: what is stored counts
+    _observe_stored(search, rec, shape, usable, plan.tokens)  # a resumed run: what is stored counts
     points = _follow(search, plan, usable, point, progress)
     rec.outcome.adaptive_saved += len(plan.tokens) * len(usable) - points
     progress.advance(len(plan.tokens) * len(plan.backend_names()) - points, label)
@@ -422,17 +371,13 @@ def _follow(search: AdaptiveSearch, plan: SweepPlan, usable: list[str], point, p
     return points
 
 
-def _observe_stored(search: AdaptiveSearch, rec: _Recorder, shape: MoEShape, routing, usable, grid) -> None:
-    """Feed `search` the medians a resumed run stored for one shape group, refinement counts
+def _observe_stored(search: AdaptiveSearch, rec: _Recorder, shape: Shape, usable, grid) -> None:
+    """Feed `search` the medians a resumed run stored for one shape, refinement counts
     between the grid's ends included."""
     for key, median in rec.medians.items():
-        if (
-            (key.num_experts, key.topk, key.hidden, key.dtype, key.routing)
-            == (shape.num_experts, shape.topk, shape.hidden, shape.dtype, routing)
-            and key.backend in usable
-            and grid[0] <= key.tokens_per_rank <= grid[-1]
-        ):
-            search.observe(key.tokens_per_rank, key.backend, median)
+        point = key.point
+        if point.shape == shape and key.backend in usable and grid[0] <= point.tokens_per_rank <= grid[-1]:
+            search.observe(point.tokens_per_rank, key.backend, median)
 
 
 def _run_point(
@@ -441,20 +386,14 @@ def _run_point(
     rec: _Recorder,
     backends: Backends,
     label: str,
-    routing: str,
-    tokens: int,
+    point: Point,
     names: list[str],
     progress: _Progress,
 ) -> dict[str, float | None]:
-    """Every backend of `names` at one token count: median µs, or None (failed / infeasible)."""
-    shape = backends.shape
+    """Every backend of `names` at one point: median µs, or None (failed / infeasible)."""
+    tokens = point.tokens_per_rank
     label = f"{label} T={tokens}"
-    keys = {
-        name: MeasurementKey(
-            name, shape.num_experts, shape.topk, shape.hidden, shape.dtype, ctx.world_size, tokens, routing
-        )
-        for name in names
-    }
+    keys = {name: MeasurementKey.of(name, point) for name in names}
     result = {name: rec.medians.get(keys[name]) for name in names if keys[name] in rec.done}
     todo = [name for name in names if keys[name] not in rec.done]
     rec.outcome.skipped += len(names) - len(todo)
@@ -462,7 +401,7 @@ def _run_point(
     if not todo:
         return result
     try:
-        inputs = input_sets(ctx, shape, tokens, routing=routing, seed=plan.seed, sets=plan.input_sets)
+        inputs = input_sets(ctx, backends.shape, tokens, routing=point.routing, seed=plan.seed, sets=plan.input_sets)
     except ShapeError as exc:
         for name in todo:
             rec.failure(name, "error", str(exc), keys[name])

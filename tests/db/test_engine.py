@@ -332,9 +332,9 @@ def test_committed_schema1_database_still_opens(tmp_path):
             ("nccl_all2allv", 128, 41.5),
         ]
         assert s.done_keys(run.id) == {
-            ("allgather_reducescatter", 64, 8, 7168, "bf16", 2, 128, "uniform"),
-            ("nccl_all2allv", 64, 8, 7168, "bf16", 2, 128, "uniform"),
-            ("nvlink_one_sided", 64, 8, 7168, "bf16", 2, 128, "uniform"),
+            ("allgather_reducescatter", 2, 7168, 8, 64, "bf16", "uniform", 128),
+            ("nccl_all2allv", 2, 7168, 8, 64, "bf16", "uniform", 128),
+            ("nvlink_one_sided", 2, 7168, 8, 64, "bf16", "uniform", 128),
         }
         assert {f.kind for f in s.failures(run.id)} == {"incorrect", "unavailable"}
         # measured before the figures: they read as not measured, the round trip stands alone

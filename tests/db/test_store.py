@@ -34,6 +34,7 @@ from a2a_tune.db import (
     resolve_url,
 )
 from a2a_tune.db.models import FIGURE_FIELDS
+from a2a_tune.tuner.runtime.point import MAX_TOKENS_PER_RANK, Point
 
 # ----------------------------------------------------------------------------- round trip
 
@@ -155,6 +156,21 @@ def test_duplicate_measurement_raises_and_keeps_the_first(store):
     assert [(m.id, m.median_us) for m in ms][0] == (first, 10.0) and len(ms) == 2
 
 
+@pytest.mark.parametrize("tokens", [0, MAX_TOKENS_PER_RANK + 1])
+def test_the_store_refuses_a_token_count_outside_the_points_bound(store, tokens):
+    """The one bound for token counts (runtime.point.check_tokens), as the CLI, the table and
+    lookup hold it: nothing is written."""
+    _, run = new_run(store)
+    with pytest.raises(ValueError, match=rf"tokens_per_rank must be in 1\.\.{MAX_TOKENS_PER_RANK}, got {tokens}"):
+        store.add_measurement(run, **measurement(tokens_per_rank=tokens))
+    with pytest.raises(ValueError, match=rf"must be in 1\.\.{MAX_TOKENS_PER_RANK}, got {tokens}"):
+        store.add_failure(
+            run, backend="nvlink_one_sided", kind="error", reason="x", **dict(SHAPE, tokens_per_rank=tokens)
+        )
+    assert store.measurements(run) == [] and store.failures(run) == []
+    store.add_measurement(run, **measurement(tokens_per_rank=MAX_TOKENS_PER_RANK))  # the bound itself is a count
+
+
 def test_virtual_rank_timings_are_never_stored_as_a_machine_s_measurements(store):
     import a2a_tune.db.store as store_mod
     from a2a_tune.kernels.virtual import VIRTUAL_TIMING, VirtualTimings
@@ -214,6 +230,7 @@ def test_done_keys_holds_measurements_and_shaped_failures_only(store):
     # Plain tuples compare and hash equal to MeasurementKey: the sweep may build either.
     assert keys == {("nccl_all2allv", *shape), ("nvlink_one_sided", *shape)}
     assert all(isinstance(k, MeasurementKey) for k in keys)
+    assert MeasurementKey.of("nccl_all2allv", Point(**SHAPE)).point == Point(**SHAPE)
     assert store.done_keys(other_run) == {("allgather_reducescatter", *shape)}
 
 

@@ -105,7 +105,9 @@ def test_single_rank_is_unavailable_with_a_reason(name):
     "shape, world, message",
     [
         (MoEShape(10, 2, 64, 8), 3, "10 experts do not divide over 3 ranks"),
-        (MoEShape(4, 8, 64, 8), 2, "topk 8 exceeds num_experts 4"),
+        (MoEShape(4, 8, 64, 8), 2, "topk 8 is more than the 4 experts"),
+        (MoEShape(8, 2, 10**9, 8), 2, "hidden must be in 1..65536, got 1000000000"),
+        (MoEShape(8, 2, 64, 2**20 + 1), 2, "max_tokens_per_rank must be in 1..1048576"),
         (MoEShape(8, 2, 0, 8), 2, "must be positive"),
         (MoEShape(8, 2, 64, 8, dtype="int4"), 2, "unknown payload dtype 'int4'"),
     ],
@@ -113,6 +115,24 @@ def test_single_rank_is_unavailable_with_a_reason(name):
 def test_impossible_shapes_are_one_line_errors(shape, world, message):
     with pytest.raises(ShapeError, match=message):
         shape.validate(world)
+
+
+def test_case_bytes_bounds_what_a_case_allocates_per_rank():
+    """The one estimate the plan refuses cases with: linear in the tokens and the hidden size,
+    counting each layout's received rows (expert-major slots hold E_local x W x capacity)."""
+    from a2a_tune.kernels.base import case_bytes
+
+    ag, ll = get_backend("allgather_reducescatter"), get_backend("nvlink_low_latency")
+    small = MoEShape(256, 8, 7168, 128)
+    assert ag.received_rows(small, 8) == 8 * 128
+    assert ll.received_rows(small, 8) == 32 * 8 * 128
+    assert case_bytes(ll, small, 8, 128) > case_bytes(ag, small, 8, 128)
+    # what x, the received rows and the reference need at least: [T, H] and [W*T, H] of bf16
+    assert case_bytes(ag, small, 8, 128) >= (128 + 8 * 128) * 7168 * 2
+    double = MoEShape(256, 8, 2 * 7168, 256)
+    assert 3.5 < case_bytes(ag, double, 8, 256) / case_bytes(ag, small, 8, 128) < 4.5
+    # inside the token bound, a large hidden size is far beyond any machine: what plans refuse
+    assert case_bytes(ag, MoEShape(8, 2, 65536, 2**20), 2, 2**20) > 2**40
 
 
 def test_make_inputs_rows_have_distinct_experts_and_normalised_weights():

@@ -70,17 +70,37 @@ def test_interpolation_beats_nearest_bucket(fixture_dir):
     assert "preferring nccl_all2allv (tie preference)" in c.reason
 
 
-def test_clamps_below_and_above_the_measured_range(fixture_dir):
-    lo = lookup(fingerprint=FP, tokens=0, **A)
-    assert lo.backend == "nvlink_one_sided"
-    assert "clamped to 1 tokens/rank (requested 0)" in lo.reason
-    assert dict(lo.expected_us) == {"allgather_reducescatter": 30.0, "nccl_all2allv": 45.0, "nvlink_one_sided": 20.0}
+def test_clamps_above_the_measured_range_and_refuses_outside_the_token_bound(fixture_dir):
+    for tokens in (0, 2**20 + 1):  # the point's one bound (1..2^20), as the CLI, store and table hold it
+        c = lookup(fingerprint=FP, tokens=tokens, quiet=True, **A)
+        assert c.match == "fallback" and f"tokens per rank must be in 1..1048576, got {tokens}" in c.reason
 
     hi = lookup(fingerprint=FP, tokens=100_000, **A)
     assert hi.backend == "nccl_all2allv"
     assert "clamped to 1024 tokens/rank (requested 100000)" in hi.reason
     # nvlink_one_sided was not measured at 1024 (timeout): it does not compete beyond 256.
     assert dict(hi.expected_us) == {"allgather_reducescatter": 1500.0, "nccl_all2allv": 420.0}
+
+
+@pytest.mark.parametrize(
+    "shape, problem",
+    [
+        (dict(A, topk=9, num_experts=8), "topk 9 is more than the 8 experts"),
+        (dict(A, hidden=10**9), "hidden must be in 1..65536, got 1000000000"),
+        (dict(A, num_experts=10**9), "num_experts must be in 1..4096, got 1000000000"),
+    ],
+)
+def test_an_impossible_shape_is_refused_not_answered_by_the_nearest(shape, problem, fixture_dir, caplog):
+    c = lookup(fingerprint=FP, tokens=64, **shape)
+    assert (c.backend, c.match) == (FALLBACK_BACKEND, "fallback")
+    assert c.reason.startswith(f"invalid lookup shape: {problem}")
+    (rec,) = warnings_of(caplog)
+    assert problem in rec.getMessage()
+
+
+def test_uneven_experts_are_a_valid_request(fixture_dir):
+    # engines run experts that do not divide over the ranks (TensorRT-LLM): answered, not refused
+    assert lookup(fingerprint=FP, tokens=64, **dict(A, num_experts=A["num_experts"] + 1)).match == "nearest-shape"
 
 
 def test_backend_missing_a_neighbour_does_not_compete(fixture_dir):
@@ -513,7 +533,8 @@ def test_warm_phase_and_workload_lookups_give_the_same_answer_from_cache(fixture
 def test_a_table_at_the_edges_of_its_ranges_is_computed_without_error(tmp_path):
     """Every value validation lets through is one the lookup computes with: the smallest and
     largest times and token counts a table may hold, for every kind of request."""
-    from a2a_tune.tuner.runtime.table import MAX_COUNT, MAX_US, MIN_US
+    from a2a_tune.tuner.runtime.point import MAX_TOKENS_PER_RANK as MAX_COUNT
+    from a2a_tune.tuner.runtime.table import MAX_US, MIN_US
 
     data = fixture_data()
     e = data["entries"][0]  # shape B: allgather_reducescatter, nccl_all2allv
@@ -527,11 +548,10 @@ def test_a_table_at_the_edges_of_its_ranges_is_computed_without_error(tmp_path):
         {"tokens": 1},
         {"tokens": MAX_COUNT - 1},
         {"tokens": MAX_COUNT},
-        {"tokens": 2**40},  # clamped to the last count
-        {"tokens": 1 << 30},  # interpolated over a 2^30-fold step
+        {"tokens": 1 << 10},  # interpolated over a 2^20-fold step
         {"phase": "decode", "max_tokens": MAX_COUNT},
         {"phase": "prefill", "max_tokens": MAX_COUNT - 1},
-        {"workload": {1: 1, MAX_COUNT - 1: 1, MAX_COUNT: 2}},
+        {"workload": {1: 1, MAX_COUNT - 1: 1, MAX_COUNT: 2, 2**40: 1}},  # a histogram's tail clamped to the last count
     ]
     for req in requests:
         c = lookup(profile=path, quiet=True, **B, **req)
@@ -582,12 +602,31 @@ BAD_REQUESTS = [
         "invalid lookup argument phase='mixed' (expected 'decode' or 'prefill')",
         "--phase must be decode or prefill, got 'mixed'",
     ),
-    (
+    (  # token counts: the point's one bound, 1..2^20, as the CLI, the store and the table hold it
         {"phase": "prefill", "max_tokens": 0},
-        "invalid lookup argument max_tokens=0 (expected an integer >= 1)",
-        "--max-tokens must be >= 1, got 0",
+        "invalid lookup argument max_tokens=0 (tokens per rank must be in 1..1048576, got 0)",
+        "--max-tokens: tokens per rank must be in 1..1048576, got 0",
     ),
-    ({"tokens": -1}, "invalid lookup argument tokens=-1 (expected an integer >= 0)", "--tokens must be >= 0, got -1"),
+    (
+        {"tokens": -1},
+        "invalid lookup argument tokens=-1 (tokens per rank must be in 1..1048576, got -1)",
+        "--tokens: tokens per rank must be in 1..1048576, got -1",
+    ),
+    (
+        {"tokens": 0},
+        "invalid lookup argument tokens=0 (tokens per rank must be in 1..1048576, got 0)",
+        "--tokens: tokens per rank must be in 1..1048576, got 0",
+    ),
+    (
+        {"tokens": 2**20 + 1},
+        "invalid lookup argument tokens=1048577 (tokens per rank must be in 1..1048576, got 1048577)",
+        "--tokens: tokens per rank must be in 1..1048576, got 1048577",
+    ),
+    (
+        {"tokens": 8.0},
+        "invalid lookup argument tokens=8.0 (tokens per rank must be a whole number, got 8.0)",
+        "--tokens: tokens per rank must be a whole number, got 8.0",
+    ),
     (
         {"tokens": 8, "max_tokens": 8},
         "max_tokens= goes with phase=, not with tokens=",
@@ -607,6 +646,16 @@ BAD_REQUESTS = [
         {"tokens": 8, "num_experts": -2},
         "invalid lookup argument num_experts=-2 (expected an integer >= 1)",
         "--experts must be >= 1, got -2",
+    ),
+    (  # a shape no engine runs is refused, not answered by the nearest shape
+        {"tokens": 8, "topk": 9, "num_experts": 8},
+        "invalid lookup shape: topk 9 is more than the 8 experts",
+        "invalid lookup shape: topk 9 is more than the 8 experts",
+    ),
+    (
+        {"tokens": 8, "hidden": 10**9},
+        "invalid lookup shape: hidden must be in 1..65536, got 1000000000",
+        "invalid lookup shape: hidden must be in 1..65536, got 1000000000",
     ),
 ]
 

@@ -144,7 +144,7 @@ BAD_TABLES = {
     ),
     "absurd_token_count": (
         _mutated(lambda d: d["entries"][0]["tokens"].__setitem__(2, 2**40)),
-        "entries[0].tokens[2]: 1099511627776 is above the largest count a table may hold",
+        "entries[0].tokens[2]: tokens per rank must be in 1..1048576, got 1099511627776",
     ),
     "absurd_hidden": (
         _mutated(lambda d: d["entries"][1].__setitem__("hidden", 10**400)),
@@ -152,6 +152,6 @@ BAD_TABLES = {
     ),
     "zero_capacity": (
         _mutated(lambda d: d["run"].__setitem__("capacity", 0)),
-        "run.capacity: not a positive integer (0)",
+        "run.capacity: tokens per rank must be in 1..1048576, got 0",
     ),
 }

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SHAPE = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, tokens_per_rank=128, routing="uniform")
+# One point, in the point's field order (the store's key: the backend, then these).
+SHAPE = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform", tokens_per_rank=128)
 
 VERSIONS = {
     "torch": "2.11.0",

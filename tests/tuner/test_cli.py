@@ -228,7 +228,7 @@ def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
                 "--max-tokens",
                 "0",
             ),
-            "--max-tokens must be >= 1",
+            "--max-tokens: tokens per rank must be in 1..1048576, got 0",
         ),
         (  # the shape follows lookup's request rules too: refused, not answered with the fallback
             ("lookup", "--ep-size", "2", "--hidden", "0", "--topk", "1", "--experts", "2", "--tokens", "1"),
@@ -585,3 +585,88 @@ def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_pa
     _, why = get_backend("flashinfer_nvlink_one_sided").availability(BackendEnv.local(2, "cpu"))
     assert len(f"  flashinfer_nvlink_one_sided: unavailable: {why}") > 80  # what a log would have broken
     assert f"  flashinfer_nvlink_one_sided: unavailable: {why}" in lines
+
+
+# --------------------------------------------------------------- refused before any rank
+
+
+def _capped(*args: str, env_extra: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    """`a2a-tune` with its address space capped at 3 GiB (its ranks inherit the cap): a command
+    that would allocate without bound fails here instead of waking the OOM killer."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))  # a tiny sweep runs in it
+
+    env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
+    cmd = [sys.executable, "-m", "a2a_tune.tuner.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=300, preexec_fn=cap)
+
+
+@pytest.mark.parametrize(
+    "numbers, tokens, message",
+    [
+        ({"num_local_experts": 10**9, "num_experts_per_tok": 2, "hidden_size": 4096}, "1", "num_experts must be in"),
+        ({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 10**9}, "1", "hidden must be in 1..65536"),
+        ({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 10**30}, "1", "hidden must be in 1..65536"),
+        # inside every bound, but terabytes per rank at 2^20 tokens
+        ({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 65536}, "1048576", "would allocate about"),
+        (
+            {"num_local_experts": 4, "num_experts_per_tok": 8, "hidden_size": 64},
+            "1",
+            "topk 8 is more than the 4 experts",
+        ),
+        ({"num_local_experts": 3, "num_experts_per_tok": 1, "hidden_size": 64}, "1", "3 experts do not divide over 2"),
+    ],
+)
+def test_impossible_shapes_are_refused_in_one_line_before_any_rank_starts(tmp_path, numbers, tokens, message):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "test_moe", **numbers}))
+    db = tmp_path / "t.db"
+    r = _capped(
+        "sweep", "--device", "cpu", "--world", "2", "--model-config", str(config), "--tokens", tokens,
+        "--backend", "allgather_reducescatter", "--db", str(db), "--no-progress",
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "sweeping" not in r.stdout and not db.exists()  # no rank started, no run opened
+
+
+@pytest.mark.parametrize("tokens", [0, 2**20 + 1])
+def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, tokens):
+    """1..2^20 tokens per rank, checked by runtime.point.check_tokens wherever a count enters."""
+    from bad_tables import fixture_data
+
+    from a2a_tune.db import open_store
+    from a2a_tune.tuner.runtime.lookup import lookup
+    from a2a_tune.tuner.runtime.table import ProfileError, parse_profile
+
+    said = f"must be in 1..1048576, got {tokens}"
+    sweep = a2a("sweep", "--device", "cpu", "--tokens", f"1,{tokens}", "--db", str(tmp_path / "s.db"), "--no-progress")
+    assert sweep.returncode == 2 and f"--tokens: tokens per rank {said}" in sweep.stderr
+    looked = a2a("lookup", "--ep-size", "2", "--hidden", "64", "--topk", "2", "--experts", "8", "--tokens", str(tokens))
+    assert looked.returncode == 2 and f"--tokens: tokens per rank {said}" in looked.stderr
+
+    with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        hw = store.get_or_create_hardware("cpu-x86_64.node1", "f" * 64, {})
+        run = store.start_run(
+            hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={}, config_hash="c"
+        )
+        with pytest.raises(ValueError, match=said.replace(".", r"\.")):
+            store.add_measurement(
+                run, backend="nccl_all2allv", ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16",
+                routing="uniform", tokens_per_rank=tokens, timing="eager", median_us=1.0, p10_us=1.0, p90_us=1.0,
+                n=1, samples=[1.0],
+            )  # fmt: skip
+
+    table = fixture_data()
+    table["entries"][0]["tokens"][0] = tokens
+    with pytest.raises(ProfileError) as info:
+        parse_profile(table, "t.json")
+    assert str(info.value) == f"t.json: entries[0].tokens[0]: tokens per rank {said}"
+
+    choice = lookup(ep_size=2, hidden=7168, topk=8, num_experts=256, tokens=tokens, fingerprint="x.y", quiet=True)
+    assert (
+        choice.match == "fallback"
+        and f"invalid lookup argument tokens={tokens} (tokens per rank {said})" in choice.reason
+    )

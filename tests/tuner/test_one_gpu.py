@@ -92,18 +92,18 @@ def test_a_host_without_gpus_still_says_it_has_none(monkeypatch):
 
 
 def test_a_job_with_one_gpu_per_task_runs_on_cuda_ranks(one_h200, monkeypatch):
-    from a2a_tune.tuner import cli
+    from a2a_tune.tuner import plans
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun/srun across nodes: one GPU visible to each task
-    assert cli._resolve_ranks("auto", None) == ("cuda", 4)
+    assert plans.resolve_ranks("auto", None) == ("cuda", 4)
 
 
 def test_virtual_ranks_run_on_the_one_gpu_at_any_world_size(one_h200):
-    from a2a_tune.tuner import cli
+    from a2a_tune.tuner import plans
     from a2a_tune.tuner.check import virtual_availability
 
-    assert cli._resolve_virtual("auto", 8) == ("cuda", 8)
+    assert plans.resolve_virtual("auto", 8) == ("cuda", 8)
     assert virtual_availability("nvlink_low_latency", "cuda", 8).ok
     ok, reason = virtual_availability("deepep_low_latency", "cuda", 8)
     assert not ok and reason == "needs a process per rank (collectives), so not on virtual ranks"

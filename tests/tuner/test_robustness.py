@@ -92,7 +92,7 @@ def test_commands_that_store_refuse_an_in_memory_database(url):
 def test_a_token_count_out_of_range_is_one_line():
     r = a2a("sweep", "--device", "cpu", "--tokens", "99999999999999999999", "--db", "x.db", "--no-progress")
     assert r.returncode == 2
-    assert "--tokens 99999999999999999999 is above the largest supported count" in one_error_line(r)
+    assert "--tokens: tokens per rank must be in 1..1048576, got 99999999999999999999" in one_error_line(r)
 
 
 # ---------------------------------------------------------------------- one line each

@@ -63,3 +63,28 @@ def test_broken_model_config_is_one_line(tmp_path):
         from_model_config(path)
     with pytest.raises(ShapeSpecError, match="cannot read"):
         from_model_config(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    "numbers, problem",
+    [
+        ({"num_local_experts": 10**9, "num_experts_per_tok": 2, "hidden_size": 4096}, "num_experts must be in 1..4096"),
+        ({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 10**9}, "hidden must be in 1..65536"),
+        ({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 10**30}, "hidden must be in 1..65536"),
+        ({"num_local_experts": 8, "num_experts_per_tok": 100, "hidden_size": 64}, "topk must be in 1..64"),
+    ],
+)
+def test_a_config_beyond_the_points_bounds_is_refused_when_read(tmp_path, numbers, problem):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "huge", **numbers}))
+    with pytest.raises(ShapeSpecError) as info:
+        from_model_config(path)
+    assert str(info.value).startswith(f"{path}: {problem}") and len(str(info.value)) < 200
+
+
+def test_a_model_on_ranks_is_the_one_shape_type():
+    from a2a_tune.tuner.runtime.point import Shape
+
+    s = preset("deepseek-v3").at(8, "fp8_e4m3", "skewed")
+    assert type(s) is Shape and s == Shape(8, 7168, 8, 256, "fp8_e4m3", "skewed")
+    assert all(p.problem() is None for p in presets().values())

@@ -22,7 +22,16 @@ from typing import NamedTuple
 from a2a_tune.tuner.runtime import engines
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS, bridge_gaps, decide, expected, where_text
 from a2a_tune.tuner.runtime.fingerprint import HW_CLUSTER, HW_DEFAULT, HW_SAME_DOMAIN, normalize_fingerprint
-from a2a_tune.tuner.runtime.point import Shape
+from a2a_tune.tuner.runtime.point import (
+    MAX_EP_SIZE,
+    MAX_EXPERTS,
+    MAX_HIDDEN,
+    MAX_TOKENS_PER_RANK,
+    MAX_TOPK,
+    PointError,
+    Shape,
+    check_tokens,
+)
 from a2a_tune.tuner.runtime.profiles import (
     CLUSTER_POINTER_SUFFIX,
     FINGERPRINT_ENV,
@@ -287,6 +296,22 @@ class _Words:
                 pass
         raise RequestError(self.invalid(arg, value, f"an integer >= {low}", f">= {low}", phase), phase or "tokens")
 
+    def tokens(self, arg: str, value, phase=None) -> int:
+        """``value`` as a token count per rank: the point's one bound (1..2^20), which the CLI,
+        the store and the table hold too."""
+        import operator
+
+        try:
+            number = value if isinstance(value, bool) else operator.index(value)  # numpy ints too
+        except TypeError:
+            number = value  # not integer-like: check_tokens says so
+        try:
+            return check_tokens(number)
+        except PointError as exc:
+            if self.cli:
+                raise RequestError(f"{self.name(arg, phase)}: {exc}", phase or "tokens") from None
+            raise RequestError(f"invalid lookup argument {arg}={_shown(value)} ({exc})", phase or "tokens") from None
+
     def stray_size(self, other: str) -> str:
         """``max_tokens`` given where the load is ``other`` (tokens or a workload)."""
         if not self.cli:
@@ -324,9 +349,14 @@ def request(
         and type(hidden) is int
         and type(topk) is int
         and type(num_experts) is int
-        and min(ep_size, hidden, topk, num_experts) >= 1
+        and 1 <= ep_size <= MAX_EP_SIZE
+        and 1 <= hidden <= MAX_HIDDEN
+        and 1 <= topk <= MAX_TOPK
+        and topk <= num_experts <= MAX_EXPERTS
         and type(dtype) is str
+        and dtype
         and type(routing) is str
+        and routing
     ):
         shape = Shape(ep_size, hidden, topk, num_experts, dtype, routing)  # the common case, fast
     else:
@@ -336,6 +366,9 @@ def request(
             if not isinstance(v, str):
                 raise RequestError(words.invalid(n, v, "a string", "a string"))
         shape = Shape(*sizes, dtype, routing)
+        problem = shape.problem()  # the point's bounds, top-k <= experts (uneven experts are fine)
+        if problem:
+            raise RequestError(f"invalid lookup shape: {problem}")
     if engine is not None and engine not in engines.ENGINES:
         raise RequestError(
             words.invalid(
@@ -377,7 +410,13 @@ def _budget(words: _Words, value) -> float | None:
 
 def _load(words: _Words, tokens, phase, max_tokens, workload) -> tuple:
     """(phase label, load) of a request (see :class:`LookupRequest`), or RequestError."""
-    if type(tokens) is int and tokens >= 0 and phase is None and max_tokens is None and workload is None:
+    if (
+        type(tokens) is int
+        and 1 <= tokens <= MAX_TOKENS_PER_RANK
+        and phase is None
+        and max_tokens is None
+        and workload is None
+    ):
         return "tokens", ("point", tokens)  # the common case, fast
     given = [n for n, v in (("tokens", tokens), ("phase", phase), ("workload", workload)) if v is not None]
     if len(given) != 1:
@@ -388,7 +427,7 @@ def _load(words: _Words, tokens, phase, max_tokens, workload) -> tuple:
     if tokens is not None:
         if max_tokens is not None:
             raise RequestError(words.stray_size("tokens"))
-        return "tokens", ("point", words.count("tokens", tokens, 0))
+        return "tokens", ("point", words.tokens("tokens", tokens))
     if phase is not None:
         if phase not in PHASES:
             raise RequestError(words.invalid("phase", phase, "'decode' or 'prefill'", "decode or prefill"))
@@ -400,7 +439,7 @@ def _load(words: _Words, tokens, phase, max_tokens, workload) -> tuple:
                 raise RequestError(f"--phase {phase} needs {size} N", phase)
             what = "max batch per rank" if phase == "decode" else "tokens per rank per prefill step"
             raise RequestError(f"phase={phase!r} needs max_tokens= ({what})", phase)
-        n = words.count("max_tokens", max_tokens, 1, phase)
+        n = words.tokens("max_tokens", max_tokens, phase)
         return phase, ("log-uniform", 1, n) if phase == "decode" else ("point", n)
     if max_tokens is not None:
         raise RequestError(words.stray_size("workload"), "workload")

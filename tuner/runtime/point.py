@@ -3,19 +3,26 @@
 A *shape* is what identifies a table entry: (ep_size, hidden, topk, num_experts, dtype,
 routing). A *point* is a shape at one token count per rank. Both are named tuples in one
 field order (:data:`SHAPE_FIELDS`, then ``tokens_per_rank``), so they are dictionary keys and
-unpack like the tuples they replace. The command line builds them, the plan and the ranks
-carry them, the store keys its rows by :data:`POINT_FIELDS` (``db.models.KEY_FIELDS`` is
-``("backend",) + POINT_FIELDS``, checked by a test), tables hold entries by :data:`SHAPE_FIELDS`
-and lookup's request is a shape plus a load.
+unpack like the tuples they replace. The command line builds them (``tuner.plans``), the plan
+and the ranks carry them, the store keys its rows by :data:`POINT_FIELDS`
+(``db.models.KEY_FIELDS`` is ``("backend",) + POINT_FIELDS``), tables hold entries by
+:data:`SHAPE_FIELDS` (``runtime.table.Shape`` is :class:`Shape`) and lookup's request is a
+shape plus a load.
 
 The bounds are checked here and only here (:func:`check_count`, :func:`check_tokens`,
-:meth:`Shape.problem`): the CLI, the store, the table reader and lookup call them.
+:meth:`Shape.problem`): the CLI, the store, the table reader and lookup call them. Two
+levels: any shape (what lookup answers for: bounds, top-k <= experts) and a shape our
+backends can measure (``measuring=True``: also experts divisible over the EP ranks, as the
+backend contract requires, and "local" routing's top-k within one rank's experts; engines
+such as TensorRT-LLM run uneven experts, so lookup does not refuse them).
 Standard library only: the engines' start-up path imports it.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = [
     "MAX_EP_SIZE",
@@ -81,8 +88,10 @@ class Shape(NamedTuple):
     dtype: str
     routing: str
 
-    def problem(self) -> str | None:
-        """Why no backend can run this shape (one line), or None."""
+    def problem(self, *, measuring: bool = False) -> str | None:
+        """Why this shape is impossible (one line), or None. ``measuring``: also why our
+        backends cannot measure it (the backend contract's E % W == 0; "local" routing needs
+        top-k within one rank's experts)."""
         try:
             for name, upper in _SHAPE_BOUNDS:
                 check_count(getattr(self, name), name, upper)
@@ -90,20 +99,30 @@ class Shape(NamedTuple):
             return str(exc)
         if self.topk > self.num_experts:
             return f"topk {self.topk} is more than the {self.num_experts} experts"
-        if self.num_experts % self.ep_size:
-            return f"{self.num_experts} experts do not divide over {self.ep_size} ranks"
         for name in ("dtype", "routing"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 return f"{name} must be a non-empty name, got {_short(value)}"
+        if not measuring:
+            return None
+        if self.num_experts % self.ep_size:
+            return f"{self.num_experts} experts do not divide over {self.ep_size} ranks"
+        if self.routing == "local" and self.topk > self.num_experts // self.ep_size:
+            return (
+                f"'local' routing needs topk {self.topk} <= the {self.num_experts // self.ep_size} experts of one rank"
+            )
         return None
 
-    def checked(self) -> Shape:
-        """This shape, or :class:`PointError` saying why it is impossible."""
-        problem = self.problem()
+    def checked(self, *, measuring: bool = False) -> Shape:
+        """This shape, or :class:`PointError` saying why it is impossible (see :meth:`problem`)."""
+        problem = self.problem(measuring=measuring)
         if problem:
             raise PointError(problem)
         return self
+
+    def describe(self) -> str:
+        """``ep_size=2 hidden=7168 ...``: the shape in one line, every field named."""
+        return " ".join(f"{name}={value}" for name, value in zip(SHAPE_FIELDS, self))
 
     def at(self, tokens_per_rank: int) -> Point:
         return Point(*self, tokens_per_rank)
@@ -124,12 +143,17 @@ class Point(NamedTuple):
     def shape(self) -> Shape:
         return Shape(*self[: len(SHAPE_FIELDS)])
 
-    def checked(self) -> Point:
-        self.shape.checked()
+    def checked(self, *, measuring: bool = False) -> Point:
+        """This point, or :class:`PointError` (its shape, then its token count)."""
+        self.shape.checked(measuring=measuring)
         check_tokens(self.tokens_per_rank)
         return self
 
 
 def _short(value, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """A value from outside, as the messages quote it: its repr, one bounded line."""
+    try:
+        text = repr(value)
+    except Exception:  # an int beyond Python's digit limit, a broken __repr__
+        text = value
+    return one_line(text, limit=limit)

@@ -16,9 +16,10 @@ tolerates but an operator should hear about is appended to ``notes``, one line e
 entry without winners, winners that disagree with the entry's curves (lookup answers from
 the curves: :func:`a2a_tune.tuner.runtime.estimate.winners`).
 
-**Ranges.** Every time is a number of µs in [:data:`MIN_US`, :data:`MAX_US`] and every
-count (token counts, shape sizes, capacity) an integer in [1, :data:`MAX_COUNT`]: inside
-them every ratio, logarithm and power law the lookup computes is finite and non-zero
+**Ranges.** Every time is a number of µs in [:data:`MIN_US`, :data:`MAX_US`], every token
+count (and the capacity) one the point allows (:func:`~a2a_tune.tuner.runtime.point.check_tokens`:
+1..2^20, as the CLI, the store and lookup) and every shape size inside the point's bounds:
+inside them every ratio, logarithm and power law the lookup computes is finite and non-zero
 (a median of 5e-324 would round to 0 and divide by zero).
 
 Schema 2 adds to schema 1 (see the JSON Schema for every field):
@@ -60,11 +61,21 @@ from types import MappingProxyType
 
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS, winners
 from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
+from a2a_tune.tuner.runtime.point import (
+    MAX_EP_SIZE,
+    MAX_EXPERTS,
+    MAX_HIDDEN,
+    MAX_TOKENS_PER_RANK,
+    MAX_TOPK,
+    SHAPE_FIELDS,
+    PointError,
+    Shape,
+    check_count,
+)
 from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = [
     "FALLBACK_BACKEND",
-    "MAX_COUNT",
     "MAX_US",
     "MIN_US",
     "READABLE_SCHEMAS",
@@ -101,14 +112,20 @@ FIGURE_COUNTS = (
     "workspace_mib",
 )
 TIMING_MODES = ("eager", "graph")
-#: The keys that identify a table entry, in table order: the one shape-key order (the
-#: store's records and the lookup's arguments carry the same names).
-SHAPE_KEYS = ("ep_size", "hidden", "topk", "num_experts", "dtype", "routing")
+#: The keys that identify a table entry: the point's one shape-field order (the store's
+#: records and the lookup's arguments carry the same names).
+SHAPE_KEYS = SHAPE_FIELDS
 #: The range of a time a table may hold, in µs: 1 ns (the stored resolution) to 1000 s.
 MIN_US = 10.0**-US_DECIMALS
 MAX_US = 1e9
-#: The largest count a table may hold (token counts, shape sizes, capacity): int32.
-MAX_COUNT = 2**31 - 1
+#: The largest value of each count a table holds: the point's bounds.
+_COUNT_BOUNDS = {
+    "ep_size": MAX_EP_SIZE,
+    "hidden": MAX_HIDDEN,
+    "topk": MAX_TOPK,
+    "num_experts": MAX_EXPERTS,
+    "tokens": MAX_TOKENS_PER_RANK,
+}
 
 _INF = float("inf")
 _NUMBER_TYPES = frozenset({float, int})
@@ -131,20 +148,13 @@ class ProfileError(ValueError):
         return one_line(": ".join(parts + [self.problem]))
 
 
-#: Model shape of one table entry (everything but the token count), in :data:`SHAPE_KEYS` order.
-Shape = namedtuple("Shape", SHAPE_KEYS)
-
-
 def round_us(v: float) -> float:
     """A time in µs as a table stores it: to the nanosecond."""
     return round(float(v), US_DECIMALS)
 
 
 def describe_shape(s: Shape) -> str:
-    return (
-        f"ep_size={s.ep_size} hidden={s.hidden} topk={s.topk} "
-        f"num_experts={s.num_experts} dtype={s.dtype} routing={s.routing}"
-    )
+    return Shape(*s).describe()
 
 
 # Records are named tuples, not dataclasses: importing dataclasses costs ~10 ms (it
@@ -207,20 +217,23 @@ def _is_us(v) -> bool:
     return (type(v) is float or type(v) is int) and MIN_US <= v <= MAX_US
 
 
-def _is_count(v) -> bool:
-    return type(v) is int and 1 <= v <= MAX_COUNT
+def _count(v, field: str, kind: str = "tokens") -> int:
+    """``v`` if it is a count of ``kind`` the point allows, else ProfileError at ``field``
+    with the point's own one-line message (the fast path raises nothing)."""
+    upper = _COUNT_BOUNDS[kind]
+    if type(v) is int and 1 <= v <= upper:
+        return v
+    try:
+        check_count(v, "tokens per rank" if kind == "tokens" else kind, upper)
+    except PointError as exc:
+        raise ProfileError(str(exc), field=field) from None
+    return v
 
 
 def _us_problem(v) -> str:
     if (type(v) is float or type(v) is int) and 0 < v < _INF:
         return f"{v!r} us is outside the range a table may hold ({MIN_US:g}..{MAX_US:g} us)"
     return "not a positive finite number"
-
-
-def _count_problem(v) -> str:
-    if type(v) is int and v > MAX_COUNT:
-        return f"{v} is above the largest count a table may hold ({MAX_COUNT})"
-    return f"not a positive integer ({v!r})"
 
 
 def _jtype(v) -> str:
@@ -329,8 +342,8 @@ def _parse(data, path, notes) -> Profile:
         raise ProfileError(str(exc), field="hardware.fingerprint") from None
     run = top.get("run")
     capacity = run.get("capacity") if isinstance(run, dict) else None
-    if capacity is not None and not _is_count(capacity):
-        raise ProfileError(_count_problem(capacity), field="run.capacity")
+    if capacity is not None:
+        _count(capacity, "run.capacity")
 
     backends = {}
     for name, spec in _obj(top.get("backends"), "backends").items():
@@ -422,10 +435,7 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None, *, figu
     e = _obj(raw, where)
     ints = []
     for key in SHAPE_KEYS[:4]:
-        v = e.get(key)
-        if not _is_count(v):
-            raise ProfileError(_count_problem(v), field=f"{where}.{key}")
-        ints.append(v)
+        ints.append(_count(e.get(key), f"{where}.{key}", key))
     strs = []
     for key in SHAPE_KEYS[4:]:
         v = e.get(key)
@@ -442,8 +452,7 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None, *, figu
     if not isinstance(tokens, list) or not tokens:
         raise ProfileError("expected a non-empty array of token counts", field=f"{where}.tokens")
     for j, t in enumerate(tokens):
-        if not _is_count(t):
-            raise ProfileError(_count_problem(t), field=f"{where}.tokens[{j}]")
+        _count(t, f"{where}.tokens[{j}]")
         if j and t <= tokens[j - 1]:
             raise ProfileError("token counts must be strictly ascending", field=f"{where}.tokens[{j}]")
     n = len(tokens)
@@ -558,7 +567,7 @@ def _check_winners(winners, where: str, token_set: set, medians: dict, failed: d
 
 def _winner_error(w, wwhere: str, token_set: set, medians: dict, failed: dict, *, v1: bool) -> None:
     w = _obj(w, wwhere)
-    if not _is_count(w.get("tokens")) or w.get("tokens") not in token_set:
+    if type(w.get("tokens")) is not int or w.get("tokens") not in token_set:
         raise ProfileError(f"{w.get('tokens')!r} is not one of the entry's token counts", field=f"{wwhere}.tokens")
     for key in ("backend",) if v1 else ("backend", "fastest"):
         b = w.get(key)
