@@ -9,8 +9,8 @@ Four tables, one direction of reference::
 ``runs`` is one sweep on it (versions, sweep plan, status); ``measurements`` holds one
 timed case (backend, shape, dtype, routing, token count) in one timing mode with its
 statistics and raw samples; ``failures`` records why a backend was not timed (unavailable, incorrect
-result, error, timeout, not applicable to the run's EP group), with the shape when the failure is
-shape-specific.
+result, error, timeout, a rank's process that died in it, not applicable to the run's EP group),
+with the shape when the failure is shape-specific.
 
 The schema is owned by the Alembic revisions in ``migrations/versions``: a change here
 needs a new revision there (``tests/db/test_models.py`` compares the two). Columns use only
@@ -58,7 +58,7 @@ NAMING_CONVENTION = {
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 DEVICE_TYPES = ("cuda", "cpu")
 # "not_applicable": the run's EP group is beyond the backend's reach (not a failure of it).
-FAILURE_KINDS = ("unavailable", "incorrect", "error", "timeout", "not_applicable")
+FAILURE_KINDS = ("unavailable", "incorrect", "error", "timeout", "crashed", "not_applicable")
 
 # The columns that identify one case, what a sweep has done (see Store.done_keys): the
 # backend and the point, in the point's one field order; a measurement adds ``timing`` to

@@ -27,8 +27,29 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"a2a-tune {version('a2a-tune')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("a2a-tune (not installed: version unknown)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    _: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Options before the command."""
+
+
 out = Console()
 err = Console(stderr=True)
+# One-line messages print with soft_wrap=True: rich never breaks them (a terminal wraps them,
+# a captured log keeps each whole); tables and views fit the width by their own rules.
 
 DB_HELP = "SQLAlchemy URL or SQLite file path [env: A2A_TUNE_DB; default: sqlite:///a2a_tune.db]."
 
@@ -116,6 +137,14 @@ def _note(line: str) -> None:
     err.print(line, highlight=False, markup=False)
 
 
+def _unavailable_here(names: list[str], device: str, world: int) -> int:
+    """How many of the backends `names` cannot run on `world` `device` ranks here."""
+    from a2a_tune.kernels import BackendEnv, get_backend
+
+    env = BackendEnv.local(world, device)
+    return sum(not get_backend(name).availability(env)[0] for name in names)
+
+
 def _print_outcome(outcome, seconds: float) -> None:
     failed = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()) if kind != "unavailable")
     out.print(
@@ -123,13 +152,14 @@ def _print_outcome(outcome, seconds: float) -> None:
         f"{outcome.skipped} already stored" + (f", failed: {failed}" if failed else "") + f" ({seconds:.0f} s)",
         highlight=False,
         markup=False,
+        soft_wrap=True,
     )
     for name, reason in outcome.unavailable.items():
-        out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False)
+        out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False, soft_wrap=True)
     for name, reason in outcome.not_applicable.items():
-        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False)
+        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False, soft_wrap=True)
     for name, reason in outcome.infeasible.items():
-        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False)
+        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _do_sweep(options, *, publish: bool = False):
@@ -146,10 +176,14 @@ def _do_sweep(options, *, publish: bool = False):
     job = job_rank()
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
         launcher = f" ({job.launcher} job)" if job else ""
+        names = plan.backend_names()
+        unavailable = _unavailable_here(names, device, world)
         out.print(
-            f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(plan.backend_names())} "
-            f"backend(s) on {world} {device} rank(s){launcher}",
+            f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(names) - unavailable} "
+            f"backend(s) on {world} {device} rank(s){launcher}"
+            + (f" ({unavailable} more unavailable here: `a2a-tune backends` says why)" if unavailable else ""),
             highlight=False,
+            soft_wrap=True,
         )
     start = time.perf_counter()
     try:
@@ -182,7 +216,10 @@ def _do_sweep(options, *, publish: bool = False):
     _print_outcome(outcome, time.perf_counter() - start)
     if outcome.adaptive_saved:
         out.print(
-            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed", highlight=False, markup=False
+            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
         )
     return outcome
 
@@ -758,13 +795,13 @@ def lookup(
     ),
     dtype: str = typer.Option("bf16", help="Payload dtype."),
     routing: str = typer.Option("uniform", help="Routing the table was measured with."),
-    profile: Path | None = typer.Option(None, help="Profile JSON \\[default: found by this machine's fingerprint]."),
+    profile: Path | None = typer.Option(None, help="Profile JSON [default: found by this machine's fingerprint]."),
     fingerprint: str | None = typer.Option(
-        None, help="Hardware fingerprint \\[default: $A2A_TUNE_FINGERPRINT, else probed]."
+        None, help="Hardware fingerprint [default: $A2A_TUNE_FINGERPRINT, else probed]."
     ),
     engine: str | None = typer.Option(
         None,
-        help="Only backends this engine (vllm, sglang, trtllm) can be told \\[default: "
+        help="Only backends this engine (vllm, sglang, trtllm) can be told [default: "
         "implied by --format vllm/sglang/trtllm, else any].",
     ),
     fmt: str = typer.Option(
@@ -778,7 +815,7 @@ def lookup(
         "--max-workspace-mib",
         min=0,
         help="Skip backends holding more device memory per rank than this many MiB (the table's workspace_mib; "
-        "memory not in the table: kept) \\[default: $A2A_TUNE_MAX_WORKSPACE_MIB, else no budget].",
+        "memory not in the table: kept) [default: $A2A_TUNE_MAX_WORKSPACE_MIB, else no budget].",
     ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
@@ -1014,7 +1051,7 @@ def diff(
         "dispatch + combine over --link-gbs or the NVLink bandwidth in the probe facts. Each figure states "
         "what the line assumes.",
         "Files: OUT/<fingerprint>.<shape>.png, one path printed per line. Needs matplotlib "
-        "(pip install 'a2a-tune\\[plot]').",
+        "(pip install 'a2a-tune[plot]').",
     )
 )
 def plot(
@@ -1061,7 +1098,11 @@ def report(
         write_report(view, path, link_gbs=link_gbs)
     except ViewError as exc:
         raise _view_fail(exc) from None
-    out.print(f"wrote {path} ({len(view.shapes)} shape(s))", highlight=False, markup=False, soft_wrap=True)
+    from .views.plot import plots_unavailable
+
+    missing = plots_unavailable() if view.shapes else None  # the report says so too; say it here
+    note = f"; without plots: {missing}" if missing else ", plots embedded" if view.shapes else ""
+    out.print(f"wrote {path} ({len(view.shapes)} shape(s){note})", highlight=False, markup=False, soft_wrap=True)
 
 
 # ------------------------------------------------------------------------------- listings
@@ -1073,34 +1114,52 @@ def backends(
     world: int | None = typer.Option(None, help="Ranks [default: every GPU; 2 on cpu]."),
 ) -> None:
     """List the registered backends, their engine names, and whether they can run here."""
-    from rich.table import Table
+    from rich.measure import Measurement
+    from rich.table import Column, Table
 
     from a2a_tune.kernels import BackendEnv, get_backend, list_backends
 
     device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
-    table = Table("backend", "vLLM", "SGLang", "reach", "here", title=f"backends for {world} {device} rank(s)")
+    rows = []
     for name in list_backends():
         cls = get_backend(name)
         ok, reason = cls.availability(env)
         vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
         here = "[green]available[/]" if ok else f"[yellow]{escape(reason)}[/]"
-        table.add_row(name, vllm, cls.sglang_name or "-", cls.reach, here)
-    out.print(table)
+        rows.append((escape(name), escape(vllm), escape(cls.sglang_name or "-"), cls.reach, here))
+
+    def table(title: str, columns: list[int]) -> Table:
+        # Names are never cut: their columns do not wrap; only the notes in "here" do.
+        heads = [Column("backend", no_wrap=True), "vLLM", Column("SGLang", no_wrap=True), "reach", "here"]
+        t = Table(*[heads[c] for c in columns], title=title)
+        for row in rows:
+            t.add_row(*[row[c] for c in columns])
+        return t
+
+    title = f"backends for {world} {device} rank(s)"
+    whole = table(title, [0, 1, 2, 3, 4])
+    if Measurement.get(out, out.options.update_width(10_000), whole).maximum <= out.width:  # unwrapped
+        out.print(whole)
+    else:  # a narrow terminal: what runs here, then what the engines call each one
+        out.print(table(title, [0, 3, 4]))
+        out.print(table("the engines' names for them", [0, 1, 2]))
 
 
 @app.command(
     help=_help(
-        "Check backends against the invariant every backend must satisfy (ARCHITECTURE: y[t] = sum_j "
-        "w[t,j] f(e_j, x[t]) after dispatch -> expert compute -> combine), over the standard cases: ranks with "
+        "Check backends against the invariant every backend must satisfy (the contract in kernels/base.py: "
+        "y[t] = sum_j w[t,j] f(e_j, x[t]) after dispatch -> expert compute -> combine), over the standard cases: "
+        "ranks with "
         "different loads, a rank with no tokens under skewed routing, tokens whose experts are all local, "
         "repeated calls on one instance, block-FP8 payloads where supported, and CUDA-graph replays where the "
         "backend is capturable; for each model shape. Nothing is timed or stored.",
         "Each backend runs in its own launch of ranks (gloo on cpu, NCCL on cuda) with a watchdog: a case that "
         "makes no progress for --timeout seconds FAILs as hung and the next backend runs.",
         "An out-of-tree backend: name its module in A2A_TUNE_BACKEND_MODULES (comma-separated, importable in "
-        "every rank) and run `a2a-tune check --backend NAME --device cpu` (if it runs on gloo) or on GPUs.",
+        "every rank) and run `a2a-tune check --backend NAME --device cpu` (if it runs on gloo) or on GPUs. "
+        "Each module may take A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S seconds to import (default 60).",
         "--virtual: the --world ranks are virtual ranks of one device in one process, each a region of one "
         "allocation, run phase by phase (every rank's send, then every rank's wait): on a machine with fewer GPUs "
         "than ranks (--device cuda), or on CPU under Triton's interpreter (--device cpu). For backends that reach "

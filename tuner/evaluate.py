@@ -147,7 +147,7 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     for point in [p for p in by_point if p.shape not in shapes]:
         del by_point[point]
         ev.outside += 1
-    broken = {(f.backend, _point(f)) for f in failures if f.kind in ("error", "timeout", "incorrect")}
+    broken = {(f.backend, _point(f)) for f in failures if f.kind in ("error", "timeout", "crashed", "incorrect")}
     totals: dict[str, float] = {}
     for times in by_point.values():
         for b, t in times.items():

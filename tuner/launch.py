@@ -65,8 +65,39 @@ class RankFailed(RuntimeError):
     """A rank raised; the message is that rank's error in one line."""
 
 
-class RanksStalled(RankFailed):
+class RanksLost(RankFailed):
+    """Every rank was stopped in the middle of some work, through no error any rank reported:
+    the work hung (:class:`RanksStalled`) or a rank's process died (:class:`RankCrashed`). The
+    caller can blame the work each rank said it was doing (:class:`Heartbeat`) and go on
+    without it."""
+
+    rank: int | None = None  # the rank whose death stopped them (None: a stall)
+
+
+class RanksStalled(RanksLost):
     """The `stalled` watchdog of `run_ranks` fired: every rank was stopped."""
+
+
+class RankCrashed(RanksLost):
+    """A rank's process ended without reporting (a segfault, ``abort()``, ``os._exit``, the OOM
+    killer's SIGKILL): the others were stopped. `how` says how it ended, in a few words."""
+
+    def __init__(self, rank: int, exitcode: int) -> None:
+        self.rank, self.exitcode, self.how = rank, exitcode, exit_text(exitcode)
+        super().__init__(f"rank {rank}: process {self.how}")
+
+
+def exit_text(exitcode: int) -> str:
+    """A process's exit status in words: "exited with code 3", "was killed by SIGKILL (out of
+    memory?)" (multiprocessing's exitcode: -N for signal N)."""
+    if exitcode >= 0:
+        return f"exited with code {exitcode}" + (" without a result" if exitcode == 0 else "")
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    hint = {"SIGKILL": " (out of memory?)", "SIGABRT": " (abort: a failed assertion or std::bad_alloc?)"}
+    return f"was killed by {name}{hint.get(name, '')}"
 
 
 class PeerFailed(RuntimeError):
@@ -430,47 +461,79 @@ def run_ranks(
     ]
     out = [None] * world_size
     failures: list[tuple[int, str, str, bool]] = []  # (rank, line, traceback, echo) in arrival order
+    dead: dict[int, int] = {}  # rank -> exit code, of ranks whose process ended without reporting
     stall: str | None = None
     pending = set(range(world_size))
+
+    def take(rank: int, ok: bool, value: Any) -> None:
+        pending.discard(rank)
+        if ok:
+            out[rank] = value
+        else:
+            failures.append((rank, *value))
+
     with _sigterm_as_interrupt():
         try:
             for p in procs:
                 p.start()
             grace_end = 0.0
             while pending and stall is None:
-                if failures and (any(not f[3] for f in failures) or time.monotonic() >= grace_end):
+                if dead or failures and (any(not f[3] for f in failures) or time.monotonic() >= grace_end):
                     break  # the cause is known, or no rank had more to say than an echo
                 try:
-                    rank, ok, value = results.get(timeout=0.2 if failures else 1.0)
+                    take(*results.get(timeout=0.2 if failures else 1.0))
                 except queue.Empty:
                     # A rank that died without reporting (segfault, OOM kill) would otherwise hang us.
-                    for r in sorted(pending):
-                        code = procs[r].exitcode
-                        if code not in (None, 0):
-                            pending.discard(r)
-                            failures.append((r, f"process exited with code {code}", "", False))
-                    if not failures and stalled is not None:
+                    _find_dead(procs, pending, results, take, dead)
+                    if not failures and not dead and stalled is not None:
                         stall = stalled()
-                else:
-                    pending.discard(rank)
-                    if ok:
-                        out[rank] = value
-                    else:
-                        failures.append((rank, *value))
                 if failures and not grace_end:
                     grace_end = time.monotonic() + FIRST_ERROR_GRACE_S
+            if failures and not dead:  # a peer's death is what the others report: look once more
+                _find_dead(procs, pending, results, take, dead, wait=DEATH_NOTICE_S)
         finally:
-            if failures or stall is not None or pending:
+            if failures or dead or stall is not None or pending:
                 _stop(procs)
             else:
                 for p in procs:
                     p.join()
     if stall is not None:
         raise RanksStalled(stall)
+    if dead:  # the cause, whatever its peers said when it left them
+        rank = next(iter(dead))
+        raise RankCrashed(rank, dead[rank])
     if failures:
         rank, line, tb = _first_cause(failures)
         raise RankFailed(f"rank {rank}: {line}") from RuntimeError(tb)
     return out
+
+
+# How long the supervisor waits, once a rank reported an error, for a peer's process to show
+# that it ended (the error may be the peer's death seen through a closed connection).
+DEATH_NOTICE_S = 0.5
+
+
+def _find_dead(procs: list, pending: set, results, take: Callable, dead: dict, *, wait: float = 0.0) -> None:
+    """Record in `dead` (rank -> exit code) the pending ranks whose process ended without a
+    report, after `take`-ing whatever the queue still holds (a rank that reported just before
+    it ended is not dead). Polls for up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        ended = [r for r in sorted(pending) if procs[r].exitcode is not None]
+        if ended:
+            while True:  # its report, if it made one, is in the pipe by now
+                try:
+                    take(*results.get(timeout=0.05))
+                except queue.Empty:
+                    break
+            for r in ended:
+                if r in pending:
+                    pending.discard(r)
+                    dead[r] = procs[r].exitcode
+            return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 @contextmanager
@@ -494,10 +557,16 @@ def _sigterm_as_interrupt():
 class Heartbeat:
     """A file in which rank 0 says what it is doing, for the spawning parent's watchdog:
     `run_ranks(..., stalled=heartbeat.stalled_after(s))` stops every rank once one item of
-    work has run for `s` seconds, and `last()` then names that item."""
+    work has run for `s` seconds, and `last()` then names that item. Other ranks may say
+    what they are doing in their own file (`of_rank`), so the item a rank died in is known
+    (:class:`RankCrashed`), whatever rank 0 went on to."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+
+    def of_rank(self, rank: int) -> Heartbeat:
+        """Rank `rank`'s heartbeat (rank 0's is this one)."""
+        return self if rank == 0 else Heartbeat(f"{self.path}.rank{rank}")
 
     def beat(self, doing: dict[str, Any] | None, **facts: Any) -> None:
         """Rank 0: `doing` starts now (JSON-able; None: between items); `facts` are for the
@@ -522,7 +591,10 @@ class Heartbeat:
         return self._read().get(name)
 
     def clear(self) -> None:
+        """Forget what every rank said (the ranks restart)."""
         Path(self.path).unlink(missing_ok=True)
+        for other in Path(self.path).parent.glob(Path(self.path).name + ".rank*"):
+            other.unlink(missing_ok=True)
 
     def stalled_after(self, seconds: float) -> Callable[[], str | None]:
         def stalled() -> str | None:

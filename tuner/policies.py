@@ -217,30 +217,37 @@ def score_table(profile_path: str, points: Iterable | None = None, names: Mappin
 
 
 def render_scores(scores: list, console, title: str) -> None:
-    """The policies and the table for each engine, one row each (rich table)."""
-    from rich.table import Table
+    """The policies and the table for each engine, one row each (rich table), each policy's
+    rule below it: the rules name backends, which a table column would cut at 80 columns."""
+    from rich import box
+    from rich.table import Column, Table
+    from rich.text import Text
 
     t = Table(
-        "engine",
+        Column("engine", no_wrap=True),
         "its own choice",
-        "rule",
-        "mean regret",
-        "worst",
-        "table for it: mean",
-        "worst",
-        "table's speedup",
+        Column("mean regret", justify="right"),
+        Column("worst", justify="right"),
+        Column("table for it: mean", justify="right"),
+        Column("worst", justify="right"),
+        Column("table's speedup", justify="right"),
         "points",
         title=f"{title}: each engine's default vs the table (regret vs the fastest backend)",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
     )
     for s in scores:
         r = s.summary()
+        label = ENGINE_LABEL[s.policy.engine]
+        choice = s.policy.name.removeprefix(f"{label} ")  # the engine column says whose
         if not r["points"]:
-            t.add_row(ENGINE_LABEL[s.policy.engine], s.policy.name, s.policy.rule, *["-"] * 5, "0")
+            t.add_row(label, choice, *["-"] * 5, "0")
             continue
         t.add_row(
-            ENGINE_LABEL[s.policy.engine],
-            s.policy.name,
-            s.policy.rule,
+            label,
+            choice,
             f"{100 * r['mean']:.1f}%",
             f"{100 * r['worst']:.1f}%",
             f"{100 * r['table_mean']:.1f}%",
@@ -249,6 +256,8 @@ def render_scores(scores: list, console, title: str) -> None:
             str(r["points"]) + (f" (+{r['unscored']} unscored)" if r["unscored"] else ""),
         )
     console.print(t)
+    for s in scores:
+        console.print(Text(f"  {s.policy.name}: {s.policy.rule}"), soft_wrap=True)
 
 
 def scores_data(scores: list) -> list:

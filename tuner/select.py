@@ -20,6 +20,8 @@ Rules:
   the matching entries (a None shape key matches anything).
 * A backend with no measurement at all for a shape and only "error"/"timeout"
   failures there is listed in ``failed`` as well, so the table says why it is absent.
+* A backend that killed a rank's process ("crashed") at any token count of a shape is
+  listed in that entry's ``failed``, like an incorrect one: an engine must never start it.
 * ``winners``: per token count, among the non-failed backends, the ``fastest`` by
   median, the ``runner_up``, ``margin = runner_up / fastest - 1`` and ``tie``: whether the
   fastest's p10..p90 spread (capped at 3%) holds another backend's median. Without a tie
@@ -97,7 +99,7 @@ __all__ = [
 log = logging.getLogger("a2a_tune")
 
 # Precedence when one backend has several failures for one entry (lower wins).
-_FAILURE_RANK = {"incorrect": 0, "unavailable": 1, "not_applicable": 1, "error": 2, "timeout": 3}
+_FAILURE_RANK = {"incorrect": 0, "crashed": 1, "unavailable": 2, "not_applicable": 2, "error": 3, "timeout": 4}
 
 
 def _get(obj, key, default=None):
@@ -146,7 +148,7 @@ def build_profile(
     dtype, ep_size, tokens_per_rank, routing, timing ("eager" | "graph"; "cuda_graph" is read as
     "graph", None as "eager"), median_us, p10_us, p90_us, and optionally the store's figure
     columns (``db.models.FIGURE_FIELDS``; extra keys ignored). ``failures``: backend, kind
-    ("incorrect" | "unavailable" | "not_applicable" | "error" | "timeout"), reason, and shape keys /
+    ("incorrect" | "crashed" | "unavailable" | "not_applicable" | "error" | "timeout"), reason, and shape keys /
     tokens_per_rank, any of which may be None. ``hardware``: fingerprint, facts_hash,
     facts. ``run``: id, device_type, world_size, versions, started_at, finished_at (extra
     keys kept; a schema-1 style ``timing`` key is dropped: the mode is per backend now).
@@ -624,6 +626,21 @@ def with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
     return profile, kept
 
 
+def run_engine_names(config: Mapping) -> dict:
+    """`backend_names` for a run's table, without importing any out-of-tree backend module
+    (A2A_TUNE_BACKEND_MODULES: `select` must work when one hangs or is gone): what the sweep
+    recorded in the run's config (``engine_names``: [name, literals] in registry order), with
+    today's literals for the backends shipped here, then shipped backends it did not list."""
+    from a2a_tune.kernels import engine_names
+
+    shipped = engine_names(extra=False)
+    recorded = [e for e in config.get("engine_names") or () if isinstance(e, list | tuple) and len(e) == 2]
+    names = {name: shipped.get(name, spec) for name, spec in recorded if isinstance(spec, Mapping)}
+    for name, spec in shipped.items():
+        names.setdefault(name, spec)
+    return names
+
+
 def profile_for_run(url: str | None, run_id: int | None) -> tuple[dict, int, str | None]:
     """The table of run `run_id` (None: the latest completed run; the table's ``run.id`` says
     which) in the store at `url`, opened read-only, with its stored knobs
@@ -631,7 +648,6 @@ def profile_for_run(url: str | None, run_id: int | None) -> tuple[dict, int, str
     be read -- the table is good without them). Raises EmptyStoreError, NotFoundError (no such
     run, or no completed one), StoreError, or ValueError for a run without measurements."""
     from a2a_tune.db import NotFoundError, open_store
-    from a2a_tune.kernels import engine_names
 
     with open_store(url, readonly=True) as store:
         if run_id is None:
@@ -639,7 +655,7 @@ def profile_for_run(url: str | None, run_id: int | None) -> tuple[dict, int, str
             if run is None:
                 raise NotFoundError("no completed run in the database")
             run_id = run.id
-        profile = profile_from_store(store, run_id, backend_names=engine_names())
+        profile = profile_from_store(store, run_id, backend_names=run_engine_names(store.get_run(run_id).config))
         url = store.url
     if not profile["entries"]:
         raise ValueError(f"run {run_id} has no measurements to select from")

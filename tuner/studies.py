@@ -82,18 +82,21 @@ def stored_knobs(
         a = attrs[sid]
         if "best_knobs" not in a:
             continue  # a search still running, or stopped before its first result
-        if _capacity_bound(a.get("backend")) and a.get("capacity") != capacity:
+        if _capacity_bound(a.get("backend"), a.get("capacity")) and a.get("capacity") != capacity:
             continue  # tuned for another workspace size: another point than this table's
         shape = {k: a.get(k) for k in SHAPE_KEYS}
         found.append((shape, a["backend"], int(a["tokens_per_rank"]), dict(a["best_knobs"])))
     return found
 
 
-def _capacity_bound(backend: str | None) -> bool:
+def _capacity_bound(backend: str | None, capacity) -> bool:
+    """Whether the study of `backend` (which recorded `capacity`) is of a fixed-capacity one.
+    Asked without importing out-of-tree modules (select never needs them): for a backend not
+    registered here, only a fixed-capacity backend's study records a capacity."""
     # lazy: the registry (and torch) load only once a study of this machine is found
     from a2a_tune.kernels import UnknownBackendError, get_backend
 
     try:
-        return get_backend(backend).capacity_bound
-    except UnknownBackendError:  # a study of a backend not registered here: no capacity to match
-        return False
+        return get_backend(backend, extra=False).capacity_bound
+    except UnknownBackendError:
+        return capacity is not None

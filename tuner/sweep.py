@@ -10,13 +10,16 @@ Before any rank starts, the plan is checked whole (tuner.plans: impossible shape
 that cannot fit in a rank's memory are refused in one line). Unavailable backends
 (availability() says why), backends whose reach the EP group leaves (not applicable:
 tuner.cluster) and backends that raise are recorded with their one-line reason and the sweep
-goes on. Before any timing the ranks gather what every node probed (tuner.cluster): nodes
-that differ stop the sweep unless `allow_mixed`. Cases a backend declares infeasible
-(feasibility(), e.g. beyond a fixed capacity) are skipped and reported.
+goes on; a backend that hangs a case or kills a rank's process is recorded ("timeout",
+"crashed") and the ranks restart without it. Before any timing the ranks gather what every
+node probed (tuner.cluster): nodes that differ stop the sweep unless `allow_mixed`. Cases a
+backend declares infeasible (feasibility(), e.g. beyond a fixed capacity) are skipped and
+reported.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -36,8 +39,9 @@ from a2a_tune.db import (
     check_url,
     mask_secrets,
     open_store,
+    resolve_url,
 )
-from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend
+from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, engine_names, get_backend
 from a2a_tune.kernels.base import REACH_TEXT, reaches
 
 from . import cluster
@@ -47,8 +51,9 @@ from .launch import (
     Heartbeat,
     PeerFailed,
     RankContext,
+    RankCrashed,
     RankFailed,
-    RanksStalled,
+    RanksLost,
     launched_externally,
     one_line,
     run_ranks,
@@ -82,6 +87,8 @@ class SweepOutcome:
 
 DEFAULT_CASE_TIMEOUT_S = 600.0  # one case: gate + warm-up + timing (first cases also compile kernels)
 MAX_RESTARTS = 8
+# Failure kinds of a case that lost its ranks (its backend is left out of the rest of the run).
+LOST = {"timeout": "timed out", "crashed": "crashed"}
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -112,7 +119,9 @@ def sweep(
 
     The run has one writer: this process (see a2a_tune.db, "One writer per run"). `resume`
     continues the latest unfinished run of the same plan unless another live process holds
-    it (then `RankFailed` says who); a sweep that lost its run stops without changing it.
+    it (then `RankFailed` says who), leaving out the backends that hung or crashed in it; when
+    the plan's latest run completed it changes nothing and reports that run. A sweep that lost
+    its run stops without changing it.
 
     `allow_mixed`: sweep even when the nodes differ (tuner.cluster); the run records the mix.
     `publish`: after a completed run, write its table on every node (into `out_dir`, else
@@ -121,14 +130,18 @@ def sweep(
     Spawned ranks are watched: a case that makes no progress for `case_timeout` seconds (a
     hung collective or kernel) gets every rank killed — the only way to free a wedged NCCL
     communicator or GPU — is recorded as a "timeout" failure, its backend is left out of the
-    rest of this sweep, and the ranks restart on the same run, skipping what is stored.
-    Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
+    rest of this sweep, and the ranks restart on the same run, skipping what is stored. A
+    rank whose process dies in a case (a segfault, ``abort()``, ``os._exit``, the OOM
+    killer) is handled the same way, recorded as "crashed" with its exit code or signal.
+    A rank that dies outside any case marks the run "failed" and raises `RankCrashed`; a rank's
+    error marks it "failed" (rank 0 does) and raises `RankFailed`. Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
     `SweepInterrupted`; after `kill -9` the run stays "running" and `resume` takes it over.
     """
     check_url(db_url, persistent=True)  # before any rank starts
     check_plan(plan, device_type, world_size)  # impossible shapes, cases that cannot fit: PlanError
     writer = Writer.this_process()
-    skip: dict[str, str] = {}
+    skip: dict[str, str] = {}  # backend -> why the rest of this sweep goes on without it
+    lost: dict[str, str] = {}  # backend -> the failure kind it was left out for
     run_id: int | None = None  # known once rank 0 opened the run (its first heartbeat)
     with tempfile.TemporaryDirectory(prefix="a2a-tune-") as tmp:
         heartbeat = Heartbeat(Path(tmp) / "heartbeat.json")
@@ -147,44 +160,87 @@ def sweep(
                     {"allow_mixed": allow_mixed, "publish": publish, "out_dir": out_dir},
                     stalled=stalled,
                 )
-            except RanksStalled:
-                hung = heartbeat.last()
+            except RanksLost as exc:
+                # A case hung, or a rank's process died in it: the case that rank was in is
+                # recorded against its backend, which the restarted ranks leave out.
+                doing = heartbeat.of_rank(exc.rank or 0).last()
+                run_id = run_id or heartbeat.fact("run_id")
                 heartbeat.clear()  # the restarted ranks start a fresh heartbeat
-                key = MeasurementKey(*hung["key"])
-                run_id = hung["run_id"]
-                reason = f"no progress for {case_timeout:.0f} s; every rank was stopped"
-                _record_timeout(db_url, run_id, key, reason, writer)
-                skip[key.backend] = f"timed out at {key.tokens_per_rank} tokens/rank ({reason})"
+                if doing is None:  # between cases: nothing to blame, nothing to go on without
+                    _mark_stopped(db_url, run_id, writer, "failed")
+                    raise
+                key = MeasurementKey(*doing["key"])
+                run_id = doing["run_id"]
+                kind, reason = _lost_case(exc, case_timeout)
+                _record_lost(db_url, run_id, key, kind, reason, writer)
+                skip[key.backend] = _left_out(kind, key.tokens_per_rank, reason)
+                lost[key.backend] = kind
                 continue  # the same run, held by the same writer
             except KeyboardInterrupt as exc:
                 run_id = run_id or heartbeat.fact("run_id")
-                if run_id is not None and not launched_externally():
-                    _mark_interrupted(db_url, run_id, writer)
+                _mark_stopped(db_url, run_id, writer, "interrupted")
                 signal_name = "SIGTERM" if type(exc).__name__ == "Terminated" else "SIGINT"
                 raise SweepInterrupted(run_id, signal_name) from None
             outcome = next((r for r in results if r is not None), None)
             if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
                 return None
             for backend, why in skip.items():
-                outcome.failed["timeout"] = outcome.failed.get("timeout", 0) + 1
+                outcome.failed[lost[backend]] = outcome.failed.get(lost[backend], 0) + 1
                 outcome.infeasible[backend] = why
             return outcome
-    raise RankFailed(f"gave up after {MAX_RESTARTS} restarts of stalled ranks")
+    _mark_stopped(db_url, run_id, writer, "failed")
+    raise RankFailed(f"gave up after {MAX_RESTARTS} restarts of lost ranks")
 
 
-def _record_timeout(db_url: str | None, run_id: int, key: MeasurementKey, reason: str, writer: Writer) -> None:
+def _lost_case(exc: RanksLost, case_timeout: float) -> tuple[str, str]:
+    """(failure kind, reason) for a case that lost its ranks."""
+    if isinstance(exc, RankCrashed):
+        return "crashed", f"rank {exc.rank} {exc.how}; every rank was stopped"
+    return "timeout", f"no progress for {case_timeout:.0f} s; every rank was stopped"
+
+
+def _left_out(kind: str, tokens: int | None, reason: str) -> str:
+    """Why the rest of a run goes on without a backend that lost the ranks (one of LOST)."""
+    return f"{LOST[kind]} at {tokens} tokens/rank ({reason})"
+
+
+def _record_lost(db_url: str | None, run_id: int, key: MeasurementKey, kind: str, reason: str, writer: Writer) -> None:
+    """Record the lost case, taking the run back first: rank 0 may have seen its peer go and
+    marked the run failed (releasing it) before it was stopped."""
     with open_store(db_url) as store:
-        store.add_failure(run_id, kind="timeout", reason=reason, writer=writer, **key._asdict())
+        store.claim_run(run_id, writer)
+        store.add_failure(run_id, kind=kind, reason=reason, writer=writer, **key._asdict())
 
 
-def _mark_interrupted(db_url: str | None, run_id: int, writer: Writer) -> None:
-    """Mark `run_id` interrupted for `writer`; nothing when rank 0 already finished it (or the
-    run is another's): the lease decides."""
+def _mark_stopped(db_url: str | None, run_id: int | None, writer: Writer, status: str) -> None:
+    """Mark `run_id` `status` ("interrupted", "failed") for `writer` and release it, so ranks
+    that were stopped or died do not leave it "running"; nothing when rank 0 already finished
+    it (or the run is another's: the lease decides), when no run was opened, or under
+    torchrun/srun (rank 0 records its own end there). Not after a rank's own error: rank 0
+    recorded the end itself, and the store may be what failed (a replaced SQLite file must not
+    be opened again: the old file's -wal beside it would be replayed into it)."""
+    if run_id is None or launched_externally() or _file_gone(db_url):
+        return
     try:
         with open_store(db_url) as store:
-            store.finish_run(run_id, "interrupted", writer=writer)
+            store.finish_run(run_id, status, writer=writer)
     except StoreError:
         pass
+
+
+def _file_gone(db_url: str | None) -> bool:
+    """Whether the store is an SQLite file that is not there any more (deleted mid-sweep):
+    opening it would create an empty one in its place."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(resolve_url(db_url))
+    path = url.database
+    return (
+        url.get_backend_name() == "sqlite"
+        and bool(path)
+        and not path.startswith(("file:", ":memory:"))
+        and (not os.path.exists(path))
+    )
 
 
 # --------------------------------------------------------------------------------- ranks
@@ -200,9 +256,19 @@ def _sweep_rank(
     job: dict,
 ):
     rec = _Recorder(ctx, plan, target, heartbeat, job["allow_mixed"])
+    if not rec.completed:  # --resume of a completed run has nothing to measure
+        _sweep_cases(ctx, plan, rec, {**rec.lost, **skip}, show_progress and rec.is_writer)
+    if job["publish"]:
+        rec.outcome.published = publish_run(ctx, target.db_url, rec.run_id, job["out_dir"], rec.view)
+    return rec.outcome if rec.is_writer else None
+
+
+def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[str, str], show_progress: bool) -> None:
+    """Every case of the plan not yet in the run, leaving out the backends of `skip`; then the
+    run's end is recorded (completed, or interrupted / failed on the way out)."""
     usable = _usable_backends(ctx, plan, rec, skip)
     try:
-        with progress_bar(show_progress and rec.is_writer, "sweep") as bar:
+        with progress_bar(show_progress, "sweep") as bar:
             progress = _Progress(bar, plan.total())
             backends: Backends | None = None
             for name, shape in plan.shapes_at(ctx.world_size):
@@ -230,9 +296,6 @@ def _sweep_rank(
     except BaseException:
         rec.abandon("failed")
         raise
-    if job["publish"]:
-        rec.outcome.published = publish_run(ctx, target.db_url, rec.run_id, job["out_dir"], rec.view)
-    return rec.outcome if rec.is_writer else None
 
 
 def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[str, str]) -> list[str]:
@@ -244,7 +307,7 @@ def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: di
     for name in plan.backend_names():
         cls = get_backend(name)
         ok, reason = cls.availability(env)
-        if name in skip:  # timed out earlier in this sweep
+        if name in skip:  # hung or crashed earlier in this run
             rec.infeasible(name, skip[name])
         elif not ok:
             rec.not_timed(name, "unavailable", reason)
@@ -391,7 +454,7 @@ class _Recorder:
         self, ctx: RankContext, plan: SweepPlan, target: _Target, heartbeat: Heartbeat, allow_mixed: bool = False
     ):
         self.is_writer = ctx.rank == 0
-        self.heartbeat = heartbeat
+        self.heartbeat = heartbeat.of_rank(ctx.rank)  # each rank's own: the case a rank died in
         self.writer = target.writer
         self.store = None
         self.lease: LeaseHeartbeat | None = None
@@ -415,10 +478,15 @@ class _Recorder:
             raise PeerFailed(f"rank 0 could not open the run: {header[0]['error']}")
         self.run_id: int = header[0]["run_id"]
         self.done: set[MeasurementKey] = header[0]["done"]
-        self.recorded: set[tuple[str, str]] = header[0]["recorded"]  # (backend, kind) a resumed run has
-        self.medians: dict[MeasurementKey, float | None] = header[0]["medians"]  # stored, for a resumed search
+        self.completed: bool = header[0].get("completed", False)  # --resume of a completed run: a no-op
+        self.recorded: set[tuple[str, str]] = header[0].get("recorded", set())  # (backend, kind) a resumed run has
+        self.medians: dict[MeasurementKey, float | None] = header[0].get("medians", {})  # for a resumed search
+        self.lost: dict[str, str] = header[0].get("lost", {})  # backend -> why the run goes on without it
         self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size, cluster=self.view.summary())
-        if self.is_writer:
+        if self.completed:
+            self.outcome.skipped = len(self.done)
+            self.close()
+        elif self.is_writer:
             self.lease = LeaseHeartbeat(self.store, self.run_id, self.writer).__enter__()
             self.beat(None)  # the supervisor learns the run id
 
@@ -431,11 +499,17 @@ class _Recorder:
         run_id = target.run_id
         if run_id is None and target.resume:
             run_id = self.store.find_resumable_run(hw, config_hash)
+            if run_id is None and (finished := self._completed_run(topo.fingerprint, hw, config_hash)) is not None:
+                # --resume of a plan whose latest run completed: nothing to continue, nothing to write
+                return {"run_id": finished, "completed": True, "done": self.store.done_keys(finished)}
         if run_id is not None:
             self.store.claim_run(run_id, self.writer)  # refuses a run another live sweep holds
         else:
             argv = [mask_secrets(arg) for arg in sys.argv[1:]]
             config = {**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": argv}
+            # every backend's engine literals, in registry order, so that `select` never needs to
+            # import the out-of-tree modules (A2A_TUNE_BACKEND_MODULES) to write this run's table
+            config["engine_names"] = [[name, spec] for name, spec in engine_names().items()]
             summary = self.view.summary()
             if len(summary["nodes"]) > 1 or "mixed" in summary:
                 config["cluster"] = summary  # which node ran which ranks, and any mix (the table shows it)
@@ -453,12 +527,20 @@ class _Recorder:
         recorded = {(f.backend, f.kind) for f in failures if f.key is None}
         medians = {m.key: m.median_us for m in self.store.measurements(run_id)}
         medians.update({f.key: None for f in failures if f.key is not None})
+        # backends that hung or killed a rank earlier in this run: a resumed run goes on without them
+        lost = {f.backend: _left_out(f.kind, f.tokens_per_rank, f.reason) for f in failures if f.kind in LOST}
         return {
             "run_id": run_id,
             "done": self.store.done_keys(run_id),
             "recorded": recorded,
             "medians": medians,
+            "lost": lost,
         }
+
+    def _completed_run(self, fingerprint: str, hardware_id: int, config_hash: str) -> int | None:
+        """The latest run of this plan on this hardware when it is completed, else None."""
+        runs = [r for r in self.store.runs(fingerprint) if (r.hardware_id, r.config_hash) == (hardware_id, config_hash)]
+        return runs[0].id if runs and runs[0].status == "completed" else None
 
     def record(self, key: MeasurementKey, result: Result) -> float | None:
         """Store what measuring the case `key` gave; its median µs, or None."""
@@ -494,9 +576,8 @@ class _Recorder:
         )
 
     def beat(self, key: MeasurementKey | None) -> None:
-        """Tell the watching parent which case runs now (None: between cases)."""
-        if self.is_writer:
-            self.heartbeat.beat({"run_id": self.run_id, "key": list(key)} if key else None, run_id=self.run_id)
+        """Tell the watching parent which case this rank runs now (None: between cases)."""
+        self.heartbeat.beat({"run_id": self.run_id, "key": list(key)} if key else None, run_id=self.run_id)
 
     def infeasible(self, backend: str, reason: str) -> None:
         self.outcome.infeasible[backend] = reason
@@ -539,6 +620,11 @@ class _Recorder:
         try:
             self.store.finish_run(self.run_id, status, summary=summary, writer=self.writer)
         finally:
+            self.close()
+
+    def close(self) -> None:
+        """Let go of the store without writing (a run this sweep does not hold)."""
+        if self.store is not None:
             self.store.close()
             self.store = None
 

@@ -116,6 +116,75 @@ class FailsToBuildOnOneRank(NcclAll2Allv):
             raise RuntimeError("planted failure: out of memory for the workspace")
 
 
+class _DiesOnRankOne(NcclAll2Allv):
+    """Rank 1's process ends inside dispatch without a word (`die`), as a segfaulting kernel,
+    a failed assertion or the OOM killer ends it; rank 0 is left in a collective."""
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        if self.rank == 1:
+            self.die()
+        return super().dispatch(x, topk_ids, topk_weights)
+
+    def die(self) -> None:
+        raise NotImplementedError
+
+
+@register_backend
+class ExitsOnOneRank(_DiesOnRankOne):
+    name = "planted_exit"
+
+    def die(self) -> None:
+        import os
+
+        os._exit(3)
+
+
+@register_backend
+class AbortsOnOneRank(_DiesOnRankOne):
+    """abort(): what an uncaught std::bad_alloc or a failed C assertion ends in."""
+
+    name = "planted_abort"
+
+    def die(self) -> None:
+        import os
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
+        os.abort()
+
+
+@register_backend
+class KilledOnOneRank(_DiesOnRankOne):
+    """SIGKILL, the OOM killer's signal."""
+
+    name = "planted_sigkill"
+
+    def die(self) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@register_backend
+class KillsRankZeroBetweenCases(NcclAll2Allv):
+    """With $A2A_TUNE_TEST_KILL_RANK0 set, rank 0's process is SIGKILLed while the sweep asks
+    which backends are available: after the run is opened, outside any case."""
+
+    name = "planted_kill_rank0"
+
+    @classmethod
+    def availability(cls, env):
+        import os
+        import signal
+
+        import torch.distributed as dist
+
+        if os.environ.get("A2A_TUNE_TEST_KILL_RANK0") and dist.is_initialized() and dist.get_rank() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().availability(env)
+
+
 @register_backend
 class TakesTheStoreAway(NcclAll2Allv):
     """At rank 0's first dispatch, deletes the file $A2A_TUNE_TEST_VANISH (the sweep's SQLite

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -122,27 +123,17 @@ def test_select_again_from_the_database(finished_run, tmp_path):
     assert all(len(c["median_us"]) == 3 and None not in c["median_us"] for c in entry["backends"].values())
 
 
+def small_sweep(db, *backends: str, iters: int = 2, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """`a2a-tune sweep` of `backends` on 2 CPU ranks at one point of one preset."""
+    args = ["--device", "cpu", "--preset", "mixtral-8x7b", "--tokens", "1", "--iters", str(iters), "--warmup", "0"]
+    for b in backends:
+        args += ["--backend", b]
+    return a2a("sweep", *args, "--db", str(db), "--no-progress", env_extra=env_extra)
+
+
 def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
     root, env, _ = finished_run
-    r = a2a(
-        "sweep",
-        "--device",
-        "cpu",
-        "--preset",
-        "mixtral-8x7b",
-        "--tokens",
-        "1",
-        "--iters",
-        "2",
-        "--warmup",
-        "0",
-        "--backend",
-        "nccl_all2allv",
-        "--db",
-        str(root / "t.db"),
-        "--no-progress",
-        env_extra=env,
-    )
+    r = small_sweep(root / "t.db", "nccl_all2allv", env_extra=env)
     assert r.returncode == 0, r.stderr
     assert "run 2 (completed)" in r.stdout and "1 measured" in r.stdout
 
@@ -530,6 +521,70 @@ def test_a_plan_without_capacity_hashes_as_before_it_existed():
     sized = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), capacity=64)
     assert sized.to_dict()["capacity"] == 64 and sized.capacity_for(8) == 64
     assert sized.config_hash("cpu", 2) != plan.config_hash("cpu", 2)
+
+
+def test_version():
+    from importlib.metadata import version
+
+    r = a2a("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"a2a-tune {version('a2a-tune')}"
+
+
+def _all_commands():
+    import typer
+
+    from a2a_tune.tuner.cli import app
+
+    def walk(group, path):
+        for name, cmd in group.commands.items():
+            yield (*path, name)
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, (*path, name))
+
+    return list(walk(typer.main.get_command(app), ()))
+
+
+def test_no_help_text_shows_markup_escapes_or_cites_missing_files():
+    from typer.testing import CliRunner
+
+    from a2a_tune.tuner.cli import app
+
+    runner = CliRunner()
+    for command in [(), *_all_commands()]:
+        text = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}).output
+        assert "Usage:" in text, command
+        assert "\\[" not in text and "\\]" not in text, (command, text)
+        for cited in ("ARCHITECTURE", "STYLE.md"):  # design notes that ship outside the repository
+            assert cited not in text, (command, cited)
+
+
+def test_backends_at_80_columns_shows_every_name_whole():
+    from a2a_tune.kernels import engine_names
+
+    r = a2a("backends", "--device", "cpu", env_extra={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and max(map(len, r.stdout.splitlines())) <= 80
+    words = set(re.findall(r"[\w.-]+", r.stdout))
+    literals = {n for spec in engine_names().values() for n in (spec["vllm_name"], spec["vllm_closest"]) if n}
+    assert set(engine_names()) | literals <= words
+
+
+def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_path):
+    """Captured at 80 columns (a log, CI): the announcement counts what runs here, and a
+    backend's one-line reason stays on its line."""
+    backends = ("allgather_reducescatter", "flashinfer_nvlink_one_sided", "deepep_low_latency")
+    r = small_sweep(tmp_path / "s.db", *backends, iters=1, env_extra={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == (
+        "sweeping 1 shape(s) x 1 token counts x 1 backend(s) on 2 cpu rank(s) "
+        "(2 more unavailable here: `a2a-tune backends` says why)"
+    )
+    from a2a_tune.kernels import BackendEnv, get_backend
+
+    _, why = get_backend("flashinfer_nvlink_one_sided").availability(BackendEnv.local(2, "cpu"))
+    assert len(f"  flashinfer_nvlink_one_sided: unavailable: {why}") > 80  # what a log would have broken
+    assert f"  flashinfer_nvlink_one_sided: unavailable: {why}" in lines
 
 
 # --------------------------------------------------------------- refused before any rank

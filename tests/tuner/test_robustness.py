@@ -5,6 +5,7 @@ ranks: tests/tuner/test_sweep_robustness.py and tests/db/test_lease.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -116,6 +117,67 @@ def test_a_backend_module_raising_anything_is_one_line(tmp_path):
     r = a2a("backends", "--device", "cpu", env_extra=env)
     assert r.returncode == 2
     assert "cannot import 'broken_backends' (ValueError: boom at import)" in one_error_line(r)
+
+
+def _hanging_module(tmp_path) -> dict:
+    """An out-of-tree backend module that never finishes importing, and the environment that
+    names it (each import bounded to 2 s)."""
+    (tmp_path / "hangs_at_import.py").write_text("import time\n\ntime.sleep(3600)\n")
+    return {
+        "A2A_TUNE_BACKEND_MODULES": "hangs_at_import",
+        "A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S": "2",
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ['PYTHONPATH']}",
+    }
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["backends", "--device", "cpu"],
+        ["check", "--device", "cpu", "--world", "2", "--preset", "mixtral-8x7b"],
+        ["sweep", "--device", "cpu", "--tokens", "1", "--no-progress"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_a_backend_module_hanging_at_import_fails_in_one_line_within_the_bound(tmp_path, args):
+    env = _hanging_module(tmp_path)
+    if args[0] == "sweep":
+        args = [*args, "--db", str(tmp_path / "s.db")]
+    start = time.monotonic()
+    r = a2a(*args, env_extra=env)
+    assert time.monotonic() - start < 120  # the 2 s bound plus start-up on a loaded machine
+    assert r.returncode == 2
+    assert one_error_line(r) == (
+        "error: A2A_TUNE_BACKEND_MODULES: importing 'hangs_at_import' did not finish within 2 s "
+        "(A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S); what does it wait for at import?"
+    )
+
+
+def test_select_never_imports_the_backend_modules(tmp_path):
+    """select writes a run's table with the engine names the sweep recorded for an
+    out-of-tree backend, while that backend's module hangs at import."""
+    from stored import measurement
+
+    from a2a_tune.db import open_store
+
+    db = tmp_path / "runs.db"
+    mine = {"vllm_name": "nixl_ep", "sglang_name": None, "trtllm_name": None, "vllm_closest": None}
+    with open_store(str(db)) as s:
+        hw = s.get_or_create_hardware("cpu-test.node1", "0123456789abcdef", {"gpus": []})
+        config = {"engine_names": [["allgather_reducescatter", {}], ["my_backend", {**mine, "engine_options": {}}]]}
+        run = s.start_run(
+            hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config=config, config_hash="h"
+        )
+        for backend, us in (("allgather_reducescatter", 20.0), ("my_backend", 10.0)):
+            s.add_measurement(run, **measurement(backend=backend, median_us=us, p10_us=us, p90_us=us, knobs={}))
+        s.finish_run(run, "completed")
+    env = {**_hanging_module(tmp_path), "A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S": "600"}
+    r = a2a("select", "--db", str(db), "--out", str(tmp_path / "out"), env_extra=env)
+    assert r.returncode == 0, r.stderr
+    (table,) = (tmp_path / "out").glob("*.json")
+    profile = json.loads(table.read_text())
+    assert profile["backends"]["my_backend"]["vllm_name"] == "nixl_ep"
+    assert profile["backends"]["allgather_reducescatter"]["vllm_name"] == "allgather_reducescatter"  # today's
 
 
 @pytest.mark.parametrize(

@@ -283,9 +283,81 @@ def test_the_reported_error_is_rank_0s_cause_not_its_peers_echo(tmp_path, monkey
     with pytest.raises(RankFailed) as info:
         sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
     assert str(info.value) == "rank 0: OSError: [Errno 28] No space left on device"
+    _assert_failed_and_released(url)
+
+
+def _assert_failed_and_released(url: str) -> None:
     with open_store(url) as store:
         (run,) = store.runs()
         assert run.status == "failed" and run.writer_pid is None
+
+
+CRASHERS = {  # planted backend -> how its rank 1 ended, as the failure row says
+    "planted_exit": "rank 1 exited with code 3",
+    "planted_abort": "rank 1 was killed by SIGABRT",
+    "planted_sigkill": "rank 1 was killed by SIGKILL",
+}
+
+
+def test_a_rank_that_dies_in_a_case_is_recorded_and_the_run_finishes(tmp_path, monkeypatch):
+    """os._exit, abort() and SIGKILL on rank 1 inside dispatch: each is recorded against its
+    backend, the ranks restart without it, the backend after them is measured and the run
+    completes; --resume then has nothing to do, and a resumed unfinished run leaves them out."""
+    monkeypatch.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
+    url = f"sqlite:///{tmp_path / 'crash.db'}"
+    plan = SweepPlan(
+        shapes=(ModelShape("tiny", 8, 2, 16),),
+        tokens=(2, 4),
+        backends=(*CRASHERS, "allgather_reducescatter"),
+        warmup=1,
+        iters=2,
+        input_sets=1,
+    )
+    outcome = sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
+    assert outcome.status == "completed"
+    assert outcome.failed.get("crashed") == 3
+    for backend, how in CRASHERS.items():
+        assert outcome.infeasible[backend].startswith(f"crashed at 2 tokens/rank ({how}")
+    with open_store(url) as store:
+        (run,) = store.runs()
+        assert run.status == "completed" and run.id == outcome.run_id and run.writer_pid is None
+        measured = {(m.backend, m.tokens_per_rank) for m in store.measurements(run.id)}
+        assert measured == {("allgather_reducescatter", 2), ("allgather_reducescatter", 4)}
+        crashed = {f.backend: f for f in store.failures(run.id) if f.kind == "crashed"}
+        assert set(crashed) == set(CRASHERS)
+        for backend, how in CRASHERS.items():
+            assert crashed[backend].tokens_per_rank == 2 and crashed[backend].reason.startswith(how)
+        rows = len(store.failures(run.id))
+
+    again = sweep(plan, device_type="cpu", world_size=2, db_url=url, resume=True, progress=False)
+    assert (again.run_id, again.status, again.measured, again.skipped) == (run.id, "completed", 0, 2 + 3)
+    with open_store(url) as store:
+        (same,) = store.runs()
+        assert same.finished_at == run.finished_at and len(store.failures(run.id)) == rows
+        store.finish_run(run.id, "interrupted")  # as if stopped: its crashers' later points are not done
+
+    resumed = sweep(plan, device_type="cpu", world_size=2, db_url=url, resume=True, progress=False)
+    assert (resumed.run_id, resumed.status, resumed.measured) == (run.id, "completed", 0)
+    assert all(resumed.infeasible[b].startswith("crashed at 2 tokens/rank") for b in CRASHERS)
+    with open_store(url) as store:
+        assert len(store.failures(run.id)) == rows  # the crashers were not started again
+
+
+def test_a_rank_killed_outside_any_case_fails_the_run_and_releases_it(tmp_path, monkeypatch):
+    """SIGKILL of rank 0 (the writer) after it opened the run, before any case: nothing to
+    blame, so the sweep stops in one line; the run is "failed", not left "running" and held."""
+    from a2a_tune.tuner.launch import RankCrashed
+
+    monkeypatch.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
+    monkeypatch.setenv("A2A_TUNE_TEST_KILL_RANK0", "1")
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    plan = SweepPlan(
+        shapes=(ModelShape("tiny", 8, 2, 16),), tokens=(2,), backends=("planted_kill_rank0",), warmup=0, iters=1
+    )
+    with pytest.raises(RankCrashed) as info:
+        sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
+    assert str(info.value) == "rank 0: process was killed by SIGKILL (out of memory?)"
+    _assert_failed_and_released(url)
 
 
 # ----------------------------------------------------------------- a store that goes away

@@ -12,6 +12,7 @@ import base64
 import copy
 import html
 import json
+import os
 import re
 import subprocess
 from importlib.util import find_spec
@@ -821,3 +822,59 @@ def test_a_run_reads_as_the_table_select_writes_for_it(two_run_db, tmp_path):
             table = write_profile(profile_from_store(s, run, backend_names=names), tmp_path / str(run))
         from_run, from_table = show_data(load_run_view(str(two_run_db), run)), show_data(load_profile_view(table))
         assert from_run["shapes"] == from_table["shapes"]
+
+
+# ------------------------------------------------------------------------ 80 columns, CPU ranks
+
+LONG_NAMES = {  # the fixture's backends renamed to the longest shipped names
+    '"nvlink_one_sided"': '"allgather_reducescatter_padded"',
+    '"nccl_all2allv"': '"flashinfer_nvlink_two_sided"',
+}
+
+
+def _long_named_profile(tmp_path) -> Path:
+    text = (LOOKUP_FIXTURE.parent / "test.fixture.node1.json").read_text()
+    for old, new in LONG_NAMES.items():
+        text = text.replace(old, new)
+    path = tmp_path / "long.json"
+    path.write_text(text)
+    return path
+
+
+def test_show_at_80_columns_never_cuts_or_breaks_a_backend_name(tmp_path):
+    path = _long_named_profile(tmp_path)
+    r = a2a("show", "--profile", str(path), env_extra={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines() if "│" in line or "─" in line) <= 80
+    words = set(re.findall(r"[\w.-]+", r.stdout))
+    names = set(json.loads(path.read_text())["backends"])
+    assert names <= words, names - words  # each name whole, on one line
+
+
+def _cpu_profile(tmp_path) -> Path:
+    p = make_profile(fingerprint="cpu-x86.node1")
+    p["run"]["device_type"] = "cpu"
+    return write(tmp_path / "cpu.json", p)
+
+
+def test_show_says_a_cpu_rank_table_is_a_rehearsal(tmp_path):
+    view = load_profile_view(_cpu_profile(tmp_path))
+    assert any("rehearsal" in n and "CPU ranks" in n for n in view.notes)
+    assert not any("rehearsal" in n for n in load_profile_view(write(tmp_path / "gpu.json", make_profile())).notes)
+    r = a2a("show", "--profile", str(tmp_path / "cpu.json"))
+    assert r.returncode == 0 and "note: measured on CPU ranks over gloo: a rehearsal" in r.stdout
+
+
+def test_report_says_a_cpu_rank_table_is_a_rehearsal_and_when_its_plots_are_left_out(tmp_path):
+    fake = tmp_path / "no_matplotlib" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    env = {"PYTHONPATH": f"{fake.parent}{os.pathsep}{os.environ['PYTHONPATH']}"}
+    out = tmp_path / "r.html"
+    r = a2a("report", "--profile", str(_cpu_profile(tmp_path)), "--out", str(out), env_extra=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        f"wrote {out} (2 shape(s); without plots: plotting needs matplotlib: pip install 'a2a-tune[plot]')"
+    )
+    assert "a rehearsal of the flow" in out.read_text()

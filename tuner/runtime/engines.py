@@ -29,7 +29,12 @@ print a value the engine would reject.
   DEEPEPLOWLATENCY and falls back to ALLGATHER (:data:`TRTLLM_PRIORITY`). A forced method
   other than NVLINK_ONE_SIDED or ALLGATHER is refused when the experts do not divide
   evenly over the EP ranks. FlashInfer's one- and two-sided NVLink kernels are
-  TensorRT-LLM's.
+  TensorRT-LLM's. The newest release is v1.2.1 (2026-04); its copy of that file is not
+  checked yet (the repository was too large to fetch here). By the pull requests that
+  brought them, NCCL_EP (NVIDIA/TensorRT-LLM#15597) and the refusal for uneven experts
+  (#13888) came after it: on v1.2.1 expect NVLINK_ONE_SIDED, NVLINK_TWO_SIDED, DEEPEP,
+  DEEPEPLOWLATENCY, ALLGATHER. No backend here maps to NCCL_EP, so no table tells v1.2.1 a
+  method it lacks.
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ def load_profile_view(path) -> TableView:
     run = dict(data.get("run")) if isinstance(data.get("run"), Mapping) else {}
     facts = hw.get("facts") if isinstance(hw.get("facts"), Mapping) else {}
     backends = data.get("backends")
+    _rehearsal(run, notes)
     return TableView(
         kind="profile",
         label=clean(path),
@@ -114,6 +115,18 @@ def load_profile_view(path) -> TableView:
         failures=failures,
         notes=notes,
     )
+
+
+#: What a table or run measured on CPU ranks is (`a2a-tune run` on a machine with fewer than 2 GPUs).
+REHEARSAL_NOTE = (
+    "measured on CPU ranks over gloo: a rehearsal of the flow, not a machine's figures "
+    "(GPU timings come from --device cuda)"
+)
+
+
+def _rehearsal(run: Mapping, notes: list) -> None:
+    if run.get("device_type") == "cpu":
+        notes.append(REHEARSAL_NOTE)
 
 
 def _str(v) -> str | None:
@@ -312,6 +325,7 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
         notes.append(f"run {g(run, 'id')} is {clean(status)}: its measurements may be partial")
     if not shapes:
         notes.append(f"run {g(run, 'id')} has no measurements")
+    _rehearsal(run_dict, notes)
     facts = g(hw, "facts") if isinstance(g(hw, "facts"), Mapping) else {}
     fp = g(hw, "fingerprint") or g(run, "fingerprint")
     return TableView(

@@ -35,7 +35,15 @@ from ..figures import link_bandwidth
 from .model import ShapeView, TableView, ViewError, shape_label, shape_slug
 from .show import timing_summary
 
-__all__ = ["CopyBound", "copy_bound", "plot_view", "render_png", "backend_colors", "PlotUnavailable"]
+__all__ = [
+    "CopyBound",
+    "copy_bound",
+    "plot_view",
+    "plots_unavailable",
+    "render_png",
+    "backend_colors",
+    "PlotUnavailable",
+]
 
 #: Payload bytes per element; a dtype not listed gets no bound.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
@@ -129,6 +137,15 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def plots_unavailable() -> str | None:
+    """Why no plot can be drawn here (matplotlib is not installed), or None."""
+    try:
+        _pyplot()
+    except PlotUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def _tok_label(t: float) -> str:

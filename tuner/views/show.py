@@ -331,16 +331,16 @@ def render_show(view: TableView, console) -> None:
         console.print()
         title = shape_label(s) + ("  (predicted)" if s.source != "measured" else "")
         console.print(Text(title, style="bold cyan"), soft_wrap=True)
-        # Fits 80 columns with the longest backend names in both winner and runner-up.
+        # The runners-up go under the winner, so one column holds the names: 80 columns take the
+        # longest names whole (a name is wrapped only at the spaces between names, never cut).
         t = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), show_edge=False, pad_edge=False, collapse_padding=True)
         t.add_column("tokens", justify="right", no_wrap=True)
-        t.add_column("winner", no_wrap=True)
+        t.add_column("winner, then runner-up")
         t.add_column("margin", justify="right", no_wrap=True)
-        t.add_column("runner-up", min_width=13, overflow="fold")
         t.add_column("winner µs", justify="right", no_wrap=True)
         for r in winner_ranges(s):
             if r.backend is None:
-                t.add_row(r.tokens, Text("no backend measured", style="yellow"), "-", "-", "-")
+                t.add_row(r.tokens, Text("no backend measured", style="yellow"), "-", "-")
                 continue
             margin = Text(r.margin)
             if r.ties:
@@ -350,8 +350,10 @@ def render_show(view: TableView, console) -> None:
                 if r.median_lo == r.median_hi
                 else f"{fmt_us(r.median_lo)}{EN_DASH}{fmt_us(r.median_hi)}"
             )
-            runners_up = Text(", ".join(r.runners_up) or "none (only backend)")  # Text: never markup
-            t.add_row(r.tokens, Text(r.backend, style="green"), margin, runners_up, med)
+            names = Text.assemble(  # Text: never markup
+                (r.backend, "green"), "\n  ", (", ".join(r.runners_up) or "none (only backend)", "dim")
+            )
+            t.add_row(r.tokens, names, margin, med)
         console.print(t)
         if has_figures(s):  # tables from before the figures: the round trip alone
             console.print(_figures_table(view, s))
