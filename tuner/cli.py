@@ -1259,12 +1259,16 @@ def db_upgrade(db: str | None = _db_opt) -> None:
     from a2a_tune.db import EmptyStoreError, StoreError, display_url, resolve_url, upgrade
 
     try:
-        upgrade(db)
+        before, after = upgrade(db)
     except EmptyStoreError as exc:  # no such file: upgrading nothing is a mistake (a typo in --db?)
         raise _fail(str(exc), 2) from None
     except StoreError as exc:
         raise _fail(str(exc)) from None
-    out.print(f"{display_url(resolve_url(db))} is at the current schema", highlight=False, markup=False)
+    shown = display_url(resolve_url(db))
+    if before == after:
+        out.print(f"{shown} is at the current schema ({after})", highlight=False, markup=False)
+    else:
+        out.print(f"{shown} upgraded from {before or 'an empty database'} to {after}", highlight=False, markup=False)
 
 
 def main() -> None:
