@@ -1,0 +1,28 @@
+"""db upgrade: database maintenance."""
+
+from __future__ import annotations
+
+from .common import (
+    _db_opt,
+    _fail,
+    db_app,
+    out,
+)
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: str | None = _db_opt) -> None:
+    """Migrate a database made by an older a2a-tune to the current schema."""
+    from a2a_tune.db import EmptyStoreError, StoreError, display_url, resolve_url, upgrade
+
+    try:
+        before, after = upgrade(db)
+    except EmptyStoreError as exc:  # no such file: upgrading nothing is a mistake (a typo in --db?)
+        raise _fail(str(exc), 2) from None
+    except StoreError as exc:
+        raise _fail(str(exc)) from None
+    shown = display_url(resolve_url(db))
+    if before == after:
+        out.print(f"{shown} is at the current schema ({after})", highlight=False, markup=False)
+    else:
+        out.print(f"{shown} upgraded from {before or 'an empty database'} to {after}", highlight=False, markup=False)

@@ -1,0 +1,126 @@
+"""lookup: the engines' start-up answer from the command line (as light as the runtime lookup)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from .common import (
+    _fail,
+    app,
+    err,
+)
+
+# --------------------------------------------------------------------------------- lookup
+
+
+@app.command()
+def lookup(
+    ep_size: int = typer.Option(..., help="Expert-parallel group size (ranks)."),
+    hidden: int = typer.Option(..., help="Hidden size H of the token rows."),
+    topk: int = typer.Option(..., help="Experts per token."),
+    experts: int = typer.Option(..., help="Number of routed experts E."),
+    tokens: int | None = typer.Option(None, help="Tokens per rank of one step. Or use --phase / --workload."),
+    phase: str | None = typer.Option(
+        None,
+        help="decode (with --max-batch) or prefill (with --max-tokens): the backend for an engine's whole life "
+        "in that phase, e.g. one engine each in disaggregated serving.",
+    ),
+    max_batch: int | None = typer.Option(
+        None,
+        help="--phase decode: the engine's max batch per rank (vLLM max_num_seqs); tokens per rank are taken "
+        "log-uniform over 1..N.",
+    ),
+    max_tokens: int | None = typer.Option(
+        None, help="--phase prefill: tokens per rank per prefill step (vLLM max_num_batched_tokens, the chunk size)."
+    ),
+    workload: Path | None = typer.Option(
+        None, help='Histogram of tokens per rank per step: JSON {"tokens": weight} or CSV lines tokens,weight.'
+    ),
+    dtype: str = typer.Option("bf16", help="Payload dtype."),
+    routing: str = typer.Option("uniform", help="Routing the table was measured with."),
+    profile: Path | None = typer.Option(None, help="Profile JSON [default: found by this machine's fingerprint]."),
+    fingerprint: str | None = typer.Option(
+        None, help="Hardware fingerprint [default: $A2A_TUNE_FINGERPRINT, else probed]."
+    ),
+    engine: str | None = typer.Option(
+        None,
+        help="Only backends this engine (vllm, sglang, trtllm) can be told [default: "
+        "implied by --format vllm/sglang/trtllm, else any].",
+    ),
+    fmt: str = typer.Option(
+        "name",
+        "--format",
+        help="name | vllm (--all2all-backend X) | sglang (--moe-a2a-backend X, with --deepep-mode M for DeepEP) | "
+        "trtllm (TRTLLM_FORCE_COMM_METHOD=X) | env | json",
+    ),
+    max_workspace_mib: float | None = typer.Option(
+        None,
+        "--max-workspace-mib",
+        min=0,
+        help="Skip backends holding more device memory per rank than this many MiB (the table's workspace_mib; "
+        "memory not in the table: kept) [default: $A2A_TUNE_MAX_WORKSPACE_MIB, else no budget].",
+    ),
+) -> None:
+    """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
+
+    With --format vllm / sglang / trtllm: what to add to that engine's launch, for the fastest backend the engine can run (one it has no name for is left out). A missing or broken table or workload file is not an error: it prints the engine's default (for TensorRT-LLM nothing, so it keeps its own choice) and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` and `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` always start.
+    """
+    import logging
+
+    from ..runtime import engines
+    from ..runtime import lookup as lk
+    from ..runtime.text import one_line
+
+    logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
+    if fmt not in ("name", *engines.ENGINES, "env", "json"):
+        raise _fail(f"--format must be name, {', '.join(engines.ENGINES)}, env or json, got {fmt!r}", 2)
+    # Two options give lookup's max_tokens; when both are given, the one that goes with no
+    # phase asked is the one refused.
+    sizes = [(opt, v) for opt, v in (("--max-batch", max_batch), ("--max-tokens", max_tokens)) if v is not None]
+    size_opt, size = min(sizes, key=lambda s: s[0] == lk.SIZE_OPTION.get(phase), default=(None, None))
+    try:
+        req = lk.request(
+            ep_size=ep_size,
+            hidden=hidden,
+            topk=topk,
+            num_experts=experts,
+            tokens=tokens,
+            phase=phase,
+            max_tokens=size,
+            workload=workload,
+            dtype=dtype,
+            routing=routing,
+            fingerprint=fingerprint,
+            profile=profile,
+            engine=engine,
+            max_workspace_mib=max_workspace_mib,
+            options={"max_tokens": size_opt},
+        )
+    except lk.RequestError as exc:
+        raise _fail(str(exc), 2) from None
+
+    def ask(for_engine, quiet=False):
+        return lk.answer(req._replace(engine=for_engine), quiet=quiet)
+
+    choice = ask(fmt if fmt in engines.ENGINES else engine)
+    if fmt == "json":
+        print(json.dumps(choice.to_dict(), indent=2))
+    elif fmt in engines.ENGINES:
+        flag = engines.engine_flag(fmt, *choice.engine_args(fmt))
+        if flag:  # TensorRT-LLM without a method: nothing, it keeps its own choice
+            print(flag)
+    elif fmt == "env":
+        # Each engine gets the fastest backend it can be told (asked separately; an engine
+        # that can be told none of the table's backends keeps its default: not worth a warning).
+        vllm, sglang, trtllm = (ask(e, quiet=True).engine_args(e) for e in ("vllm", "sglang", "trtllm"))
+        backend = one_line(choice.backend)  # a name from the table: one line in the shell too
+        for line in engines.env_lines(backend, vllm[0], sglang[0], choice.match, trtllm[0], sglang[1]):
+            print(line)
+    else:
+        print(one_line(choice.backend))
+    if choice.match != "fallback":  # a fallback already warned once with the reason
+        err.print(f"{choice.match}: {choice.reason}", style="dim", highlight=False, markup=False, soft_wrap=True)

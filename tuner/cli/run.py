@@ -1,0 +1,332 @@
+"""probe, sweep, select, run: the operator's once-per-cluster flow."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from .common import (
+    _adaptive_opt,
+    _backend_opt,
+    _capacity_opt,
+    _config_opt,
+    _db_opt,
+    _device_opt,
+    _dtype_opt,
+    _fail,
+    _iters_opt,
+    _mixed_opt,
+    _note,
+    _planned,
+    _plans,
+    _preset_opt,
+    _progress_opt,
+    _refine_opt,
+    _resume_opt,
+    _routing_opt,
+    _store_url,
+    _timeout_opt,
+    _tokens_opt,
+    _warmup_opt,
+    _world_opt,
+    app,
+    err,
+    out,
+)
+
+# ---------------------------------------------------------------------------------- probe
+
+
+@app.command()
+def probe(
+    as_json: bool = typer.Option(False, "--json", help="Print the full facts and the fingerprint as JSON."),
+    record: Path | None = typer.Option(None, help="Also save the raw NVML answers to FILE (a test fixture)."),
+) -> None:
+    """Detect GPUs, NVLink islands, fabric domains and degraded links; print the fingerprint.
+
+    Also refreshes the fingerprint engines' lookups cache for this boot and driver.
+    """
+    from ..nvml import NvmlQueryError
+    from ..probe import cpu_topology, render_summary
+    from ..probe import probe as run_probe
+    from ..runtime.fingerprint import remember_fingerprint
+
+    if record is not None:
+        from ..nvml import RealNvml
+        from ..nvml import record as record_nvml
+
+        try:
+            record.write_text(json.dumps(record_nvml(RealNvml()), indent=2))
+        except Exception as exc:  # no NVML here: nothing to record
+            raise _fail(f"cannot record NVML answers: {exc}") from None
+    try:
+        topo = run_probe(strict=True)
+    except NvmlQueryError as exc:  # a crashed or hung NVML: say so, cache nothing
+        err.print(f"warning: NVML probe failed ({exc}); reporting this host as CPU-only", highlight=False, markup=False)
+        topo = cpu_topology()
+    else:
+        remember_fingerprint(topo.fingerprint)
+    if as_json:
+        out.print_json(json.dumps(topo.to_dict()))
+    else:
+        out.print(render_summary(topo))
+
+
+# ---------------------------------------------------------------------------------- sweep
+
+
+def _unavailable_here(names: list[str], device: str, world: int) -> int:
+    """How many of the backends `names` cannot run on `world` `device` ranks here."""
+    from a2a_tune.kernels import BackendEnv, get_backend
+
+    env = BackendEnv.local(world, device)
+    return sum(not get_backend(name).availability(env)[0] for name in names)
+
+
+def _print_outcome(outcome, seconds: float) -> None:
+    failed = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()) if kind != "unavailable")
+    out.print(
+        f"run {outcome.run_id} ({outcome.status}) on {outcome.fingerprint}: {outcome.measured} measured, "
+        f"{outcome.skipped} already stored" + (f", failed: {failed}" if failed else "") + f" ({seconds:.0f} s)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    for name, reason in outcome.unavailable.items():
+        out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False, soft_wrap=True)
+    for name, reason in outcome.not_applicable.items():
+        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False, soft_wrap=True)
+    for name, reason in outcome.infeasible.items():
+        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _do_sweep(options, *, publish: bool = False):
+    """Sweep as `options` (tuner.plans.SweepOptions) say; `publish`: `run`'s table on every node."""
+    _store_url(options.db)  # before the imports below: they cost torch
+    from a2a_tune.db import StoreError
+
+    from ..launch import PeerLost, RankFailed, job_rank
+    from ..plans import PlanError
+    from ..sweep import sweep as run_sweep
+
+    plan, device, world = _planned(_plans().build_plan, options, note=_note)
+    db = options.db
+    job = job_rank()
+    if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
+        launcher = f" ({job.launcher} job)" if job else ""
+        names = plan.backend_names()
+        unavailable = _unavailable_here(names, device, world)
+        out.print(
+            f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(names) - unavailable} "
+            f"backend(s) on {world} {device} rank(s){launcher}"
+            + (f" ({unavailable} more unavailable here: `a2a-tune backends` says why)" if unavailable else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
+    start = time.perf_counter()
+    try:
+        outcome = run_sweep(
+            plan,
+            device_type=device,
+            world_size=world,
+            db_url=db,
+            resume=options.resume,
+            progress=options.progress,
+            case_timeout=options.case_timeout,
+            allow_mixed=options.allow_mixed,
+            publish=publish,
+            out_dir=str(options.out_dir) if options.out_dir else None,
+        )
+    except PlanError as exc:  # the plan was checked above; a rank's share of memory can shrink since
+        raise _fail(str(exc), 2) from None
+    except PeerLost as exc:
+        raise _fail(f"sweep stopped: {exc}; relaunch the job with --resume to complete the run") from None
+    except (RankFailed, StoreError) as exc:
+        raise _fail(f"sweep stopped: {exc}") from None
+    except KeyboardInterrupt as exc:
+        run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
+        raise _fail(
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
+            143 if by == "SIGTERM" else 130,
+        ) from None
+    if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
+        raise typer.Exit(0)
+    _print_outcome(outcome, time.perf_counter() - start)
+    if outcome.adaptive_saved:
+        out.print(
+            f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    return outcome
+
+
+def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
+    """What an interrupted sweep left in its run, in one line (the Ctrl-C summary). The sweep
+    marked the run interrupted itself; this only reads."""
+    from a2a_tune.db import open_store
+
+    if run_id is None:
+        return "no run was opened yet: nothing was stored"
+    try:
+        with open_store(db, readonly=True) as store:
+            measured, failed = len(store.measurements(run_id)), len(store.failures(run_id))
+    except Exception as exc:  # noqa: BLE001 - the summary must not hide the interrupt
+        from ..runtime.text import one_line
+
+        return f"the store could not be read ({one_line(exc)})"
+    return (
+        f"run {run_id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
+        "rerun the same command with --resume to continue"
+    )
+
+
+_SWEEP_OPTIONS = (
+    ("device", str, _device_opt),
+    ("world", int | None, _world_opt),
+    ("preset", list[str], _preset_opt),
+    ("model_config", list[Path], _config_opt),
+    ("tokens", str | None, _tokens_opt),
+    ("dtype", list[str], _dtype_opt),
+    ("routing", list[str], _routing_opt),
+    ("backend", list[str], _backend_opt),
+    ("warmup", int | None, _warmup_opt),
+    ("iters", int | None, _iters_opt),
+    ("db", str | None, _db_opt),
+    ("resume", bool, _resume_opt),
+    ("progress", bool, _progress_opt),
+    ("case_timeout", float, _timeout_opt),
+    ("adaptive", bool, _adaptive_opt),
+    ("capacity", int | None, _capacity_opt),
+    ("refine", bool | None, _refine_opt),
+    ("allow_mixed", bool, _mixed_opt),
+)
+
+
+def _sweep_options(out_opt=None):
+    """Give a command the sweep options (and, with `out_opt`, --out after --progress); typer
+    reads them from the signature, the command gets one tuner.plans.SweepOptions."""
+    import functools
+    import inspect
+
+    params = []
+    for name, kind, option in _SWEEP_OPTIONS:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
+        if name == "progress" and out_opt is not None:
+            params.append(
+                inspect.Parameter("out_dir", inspect.Parameter.KEYWORD_ONLY, default=out_opt, annotation=Path | None)
+            )
+
+    def decorate(command):
+        @functools.wraps(command)
+        def with_options(**values):
+            return command(_plans().SweepOptions(**values))
+
+        del with_options.__wrapped__  # typer must read the options, not the command's one argument
+        with_options.__signature__ = inspect.Signature(params)
+        with_options.__annotations__ = {p.name: p.annotation for p in params}
+        return with_options
+
+    return decorate
+
+
+@app.command()
+@_sweep_options()
+def sweep(options) -> None:
+    """Check, then time, every backend over shapes x token counts; store every measurement.
+
+    Several nodes: launch it under torchrun or srun, one process per GPU (see `a2a-tune run`,
+    which also writes the table on every node)."""
+    _do_sweep(options)
+
+
+# --------------------------------------------------------------------------------- select
+
+
+def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
+    from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError
+
+    from ..publish import write_table
+    from ..runtime.lookup import ProfileError
+    from ..select import profile_for_run
+
+    try:
+        profile, kept, note = profile_for_run(db, run_id)
+    except EmptyStoreError as exc:
+        raise _fail(f"{exc}; run `a2a-tune sweep` first") from None
+    except NotFoundError:
+        if run_id is None:
+            raise _fail("no completed run in the database; run `a2a-tune sweep` first") from None
+        raise _fail(f"no run {run_id} in the database") from None
+    except (StoreError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if note:
+        err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
+    try:
+        path = write_table(profile, str(out_dir) if out_dir else None)
+    except (ProfileError, OSError) as exc:
+        raise _fail(f"cannot write the profile: {exc}") from None
+    knobs_note = f", with the knobs of {kept} tuned case(s)" if kept else ""
+    out.print(
+        f"wrote {path} ({len(profile['entries'])} shape(s)) from run {profile['run']['id']}{knobs_note}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    return path
+
+
+@app.command()
+def select(
+    db: str | None = _db_opt,
+    run: int | None = typer.Option(None, help="Run id [default: the latest completed run]."),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="Directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."
+    ),
+) -> None:
+    """Turn a run's measurements into the selection table profiles/<fingerprint>.json."""
+    _do_select(db, run, out_dir)
+
+
+# ------------------------------------------------------------------------------------ run
+
+
+@app.command()
+@_sweep_options(
+    typer.Option(
+        None, "--out", help="Profile directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."
+    )
+)
+def run(options) -> None:
+    """Probe + sweep + select: the one command to run once per machine type.
+
+    Several nodes: launch it under torchrun or srun, one process per GPU; every node probes
+    itself, rank 0 writes the store, and every node gets the table where lookup looks there."""
+    outcome = _do_sweep(options, publish=True)
+    if outcome.status != "completed":
+        raise _fail("the sweep did not complete; no table written")
+    published = outcome.published
+    if published.get("note"):
+        err.print(f"note: {published['note']}; the table is written without them", highlight=False, markup=False)
+    knobs_note = f", with the knobs of {published['kept_knobs']} tuned point(s)" if published["kept_knobs"] else ""
+    several = len(outcome.cluster.get("nodes", [])) > 1
+    for host, path in published["tables"].items():
+        out.print(
+            f"wrote {path}{f' on {host}' if several else ''} ({published['entries']} shape(s)) "
+            f"from run {outcome.run_id}{knobs_note}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    if published["errors"]:
+        raise _fail("no table written on " + "; ".join(f"{h}: {why}" for h, why in published["errors"].items()))
+    out.print(
+        f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
