@@ -50,6 +50,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.point import Shape, check_tokens
 
 from .errors import KnobError, ShapeError
@@ -256,10 +257,13 @@ class Dispatched:
 class All2AllBackend(ABC):
     """Base class of every backend; subclasses register with `@register_backend`.
 
-    Subclasses set `name` (our registry name) and `vllm_name` / `sglang_name` / `trtllm_name`
-    (the engine literal the backend stands for, or None when the engine has no equivalent;
-    then `vllm_closest` names vLLM's nearest backend), and `engine_options` where an engine
-    needs more than the literal.
+    Subclasses set `name` (our registry name) and the engines' literals the backend stands for:
+    `engine_names = {engine: literal}` keyed by `a2a_tune.tuner.runtime.engines.ENGINES` (None
+    or absent: the engine has no equivalent; then `closest_names = {engine: literal}` names the
+    engine's nearest backend), or, as the shipped backends still do, one `<engine>_name` field
+    per engine (`vllm_name`, `sglang_name`, `trtllm_name`) and `vllm_closest`. Either is derived
+    from the other when the class is made, so the two always agree, and a table records the
+    map. `engine_options` where an engine needs more than the literal.
     """
 
     name: ClassVar[str]
@@ -272,6 +276,9 @@ class All2AllBackend(ABC):
     # Without a vLLM literal: the literal of the vLLM backend that does the same job, written
     # into tables for operators (lookup for vLLM never returns it in this backend's place).
     vllm_closest: ClassVar[str | None] = None
+    # engine -> literal, and engine -> the closest literal (see the class docstring).
+    engine_names: ClassVar[dict[str, str | None]] = {}
+    closest_names: ClassVar[dict[str, str]] = {}
     # Which EP groups the transport can join (REACHES); the default: whatever the process
     # group connects, as the torch.distributed collectives do.
     reach: ClassVar[str] = "anywhere"
@@ -295,6 +302,18 @@ class All2AllBackend(ABC):
     # `kernels.virtual.VirtualRank`): backends that reach peers only through memory they map
     # themselves. Collective-based ones (torch.distributed, NCCL, NVSHMEM) need real ranks.
     virtual_ranks: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "engine_names" in cls.__dict__:  # the map is declared: the per-engine fields follow it
+            for engine in ENGINES:
+                setattr(cls, f"{engine}_name", cls.engine_names.get(engine))
+        else:  # the fields, own or inherited, make the map
+            cls.engine_names = {engine: getattr(cls, f"{engine}_name", None) for engine in ENGINES}
+        if "closest_names" in cls.__dict__:
+            cls.vllm_closest = cls.closest_names.get("vllm")
+        else:
+            cls.closest_names = {"vllm": cls.vllm_closest} if cls.vllm_closest else {}
 
     def __init__(self, group: dist.ProcessGroup | None, shape: MoEShape, device: torch.device) -> None:
         self.group = group

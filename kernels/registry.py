@@ -121,18 +121,17 @@ def get_backend(name: str, *, extra: bool = True) -> type[All2AllBackend]:
 
 
 def engine_names(*, extra: bool = True) -> dict[str, dict[str, Any]]:
-    """Every registered backend -> the engines' literals for it (vllm_name, sglang_name,
-    trtllm_name), vLLM's closest backend where vLLM has none, and the options an engine needs
-    beside the literal (engine_options): what a table records per backend. `extra=False`:
-    only what is registered already, without importing A2A_TUNE_BACKEND_MODULES."""
+    """Every registered backend -> what a table records of it: ``engines`` (engine -> its
+    literal, None where it has none), ``closest`` (engine -> its backend doing the same job,
+    where it has no literal) and ``engine_options`` (engine -> the options it needs beside the
+    literal). `extra=False`: only what is registered already, without importing
+    A2A_TUNE_BACKEND_MODULES."""
     if extra:
         _load_extra_modules()
     return {
         n: {
-            "vllm_name": cls.vllm_name,
-            "sglang_name": cls.sglang_name,
-            "trtllm_name": cls.trtllm_name,
-            "vllm_closest": cls.vllm_closest,
+            "engines": dict(cls.engine_names),
+            "closest": dict(cls.closest_names),
             "engine_options": {engine: list(opts) for engine, opts in cls.engine_options.items()},
         }
         for n, cls in list(_REGISTRY.items())

@@ -37,7 +37,7 @@ from .runtime.table import BackendNames
 ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 #: GPU models on which vLLM PR 54268 makes the one-sided FlashInfer kernels the default.
 ONE_SIDED_SKUS = frozenset({"gb200", "gb300"})
-_NO_NAMES = BackendNames(None, None, None, {})
+_NO_NAMES = BackendNames.of()
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def _trtllm_priority(point: Point, names: Mapping) -> set:
     if experts % ep_size:
         order = tuple(m for m in order if m in engines.TRTLLM_NONDIVISIBLE)
     for method in order:
-        found = {b for b in point.times if names.get(b, _NO_NAMES).trtllm_name == method}
+        found = {b for b in point.times if names.get(b, _NO_NAMES).literal("trtllm") == method}
         if found:
             return found
     return set()
@@ -82,9 +82,10 @@ def default_policies(fingerprint: str) -> list:
     """Each engine's own rule for a machine of ``fingerprint`` (its GPU models decide PR 54268)."""
     skus = set((fingerprint or "").split(".", 1)[0].split("+"))
     one_sided = bool(skus) and skus <= ONE_SIDED_SKUS
-    pr_pick = "flashinfer_nvlink_one_sided" if one_sided else "allgather_reducescatter"
+    default = engines.DEFAULT["vllm"]
+    pr_pick = "flashinfer_nvlink_one_sided" if one_sided else default
     return [
-        Policy("vllm", "vLLM default", "allgather_reducescatter", _with_literal("vllm", "allgather_reducescatter")),
+        Policy("vllm", "vLLM default", default, _with_literal("vllm", default)),
         Policy(
             "vllm",
             "vLLM PR 54268",
@@ -101,7 +102,7 @@ def default_policies(fingerprint: str) -> list:
             "sglang",
             "SGLang default",
             "none: all-gather, reduce (our allgather_reducescatter)",
-            _with_literal("vllm", "allgather_reducescatter"),
+            _with_literal("vllm", default),
         ),
     ]
 
@@ -193,15 +194,7 @@ def registry_names() -> dict:
     """backend -> :class:`BackendNames` of every registered backend (what the kernels declare)."""
     from a2a_tune.kernels.registry import engine_names
 
-    return {
-        b: BackendNames(
-            n.get("vllm_name"),
-            n.get("sglang_name"),
-            n.get("trtllm_name"),
-            {e: tuple(o) for e, o in (n.get("engine_options") or {}).items()},
-        )
-        for b, n in engine_names().items()
-    }
+    return {b: BackendNames.of(n["engines"], n["closest"], n["engine_options"]) for b, n in engine_names().items()}
 
 
 def score_table(profile_path: str, points: Iterable | None = None, names: Mapping | None = None) -> list:

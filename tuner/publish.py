@@ -12,6 +12,8 @@ only its own node, and the pointer leads it to the cluster's table.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -21,24 +23,40 @@ import torch.distributed as dist
 from .cluster import ClusterView
 from .launch import RankContext, one_line
 from .probe import Topology
-from .runtime.profiles import PROFILE_DIR_ENV, add_cluster_pointer, user_profile_dir
-from .select import profile_for_run, write_profile
+from .runtime.files import MAX_TABLE_BYTES, read_capped
+from .runtime.fingerprint import normalize_fingerprint
+from .runtime.profiles import add_cluster_pointer, profile_filename, table_lock, write_dir
+from .runtime.table import upgrade
+from .select import profile_for_run, write_profile_to
+from .tables import merge
 
-
-def table_dir(out_dir: str | None) -> Path:
-    """Where this node writes tables: `out_dir`, else the first $A2A_TUNE_PROFILE_DIR entry,
-    else the user's profile directory (both searched by lookup on this node)."""
-    first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
-    return Path(out_dir or first or user_profile_dir()).expanduser()
+log = logging.getLogger("a2a_tune")
 
 
 def write_table(profile: dict, out_dir: str | None, node_fingerprint: str | None = None) -> Path:
-    """Validate `profile` and write it atomically into :func:`table_dir`. Given this node's
-    fingerprint, also point it at the table when the table is a cluster's. Raises
-    ProfileError or OSError."""
-    directory = table_dir(out_dir)
-    path = write_profile(profile, directory)
+    """Validate `profile` and write it into :func:`~a2a_tune.tuner.runtime.profiles.write_dir`,
+    merged with the table already there (:func:`a2a_tune.tuner.tables.merge`: a new run never
+    drops the shapes and EP sizes it did not measure), under the directory's lock for that
+    fingerprint, so two writers at once merge one after the other. Given this node's
+    fingerprint, also point it at the table when the table is a cluster's. Raises ProfileError
+    or OSError. A table on disk that does not load is never overwritten unread: it is moved to
+    ``<name>.unreadable`` with a warning, and the new table written alone."""
+    directory = write_dir(out_dir)
     cluster = profile["hardware"]["fingerprint"]
+    target = Path(directory) / profile_filename(cluster)
+    with table_lock(directory, cluster):
+        if os.path.lexists(target):
+            try:
+                old = upgrade(json.loads(read_capped(str(target), MAX_TABLE_BYTES).decode("utf-8")))
+                if old["hardware"]["fingerprint"] != normalize_fingerprint(cluster):
+                    raise ValueError(f"it holds the table of {old['hardware']['fingerprint']}")
+            except (OSError, ValueError) as exc:  # ProfileError and JSON errors are ValueErrors
+                kept = target.with_name(f"{target.name}.unreadable")
+                os.replace(target, kept)
+                log.warning("a2a-tune: %s does not load (%s); moved to %s, not merged", target, one_line(exc), kept)
+            else:
+                profile = merge(old, profile)
+        path = write_profile_to(profile, target)
     if node_fingerprint is not None and cluster != node_fingerprint:
         add_cluster_pointer(directory, node_fingerprint, cluster)
     return path

@@ -54,15 +54,15 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 
+from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.estimate import winners
-from a2a_tune.tuner.runtime.profiles import profile_filename
+from a2a_tune.tuner.runtime.profiles import profile_filename, replace_file
 from a2a_tune.tuner.runtime.table import (
+    FABRICS,
     FALLBACK_BACKEND,
     FIGURE_COUNTS,
     FIGURE_CURVES,
@@ -73,9 +73,12 @@ from a2a_tune.tuner.runtime.table import (
     SCHEMA_VERSION,
     SHAPE_KEYS,
     TIMING_MODES,
+    Failed,
     ProfileError,
     parse_profile,
     round_us,
+    to_json,
+    upgrade,
 )
 from a2a_tune.tuner.runtime.text import one_line
 
@@ -94,6 +97,7 @@ __all__ = [
     "profile_from_store",
     "upgrade_profile",
     "ProfileError",
+    "UnfinishedRunError",
 ]
 
 log = logging.getLogger("a2a_tune")
@@ -141,8 +145,9 @@ def build_profile(
     run: Mapping,
     backend_names: Mapping,
     generated_at: _dt.datetime | str | None = None,
+    status: str = "completed",
 ) -> dict:
-    """Build a schema-3 profile dict from one run's measurements and failures.
+    """Build a current-schema profile dict from one run's measurements and failures.
 
     ``measurements``: mappings (or objects) with backend, num_experts, topk, hidden,
     dtype, ep_size, tokens_per_rank, routing, timing ("eager" | "graph"; "cuda_graph" is read as
@@ -152,10 +157,12 @@ def build_profile(
     tokens_per_rank, any of which may be None. ``hardware``: fingerprint, facts_hash,
     facts. ``run``: id, device_type, world_size, versions, started_at, finished_at (extra
     keys kept; a schema-1 style ``timing`` key is dropped: the mode is per backend now).
-    ``backend_names``: backend -> {vllm_name, sglang_name, trtllm_name, vllm_closest,
-    engine_options} (mapping or object; :func:`a2a_tune.kernels.registry.engine_names`), in
+    ``backend_names``: backend -> {engines, closest, engine_options} (mapping or object;
+    :func:`a2a_tune.kernels.registry.engine_names`; a run's recorded names from before the
+    maps, one ``<engine>_name`` field each, are read too), in
     registry order (it sets the tie preference); a backend missing there gets nulls (with
-    a warning).
+    a warning). ``status``: the run's (each entry's ``provenance`` records it; ``fabric``:
+    :func:`fabric_of` the facts).
 
     With no usable measurement the result has ``entries == []`` (callers check;
     :func:`write_profile` refuses it). Raises ``ValueError`` for a timing mode other than
@@ -165,24 +172,18 @@ def build_profile(
     entries, preference = select_entries(
         measurements, failures, order=backend_names if isinstance(backend_names, Mapping) else ()
     )
-    backends_out = {}
-    for b in sorted(preference):
-        spec = backend_names.get(b) if isinstance(backend_names, Mapping) else None
-        if spec is None:
-            log.warning("a2a-tune select: no engine names for backend %r; writing null literals", b)
-        backends_out[b] = {
-            "vllm_name": _get(spec, "vllm_name") if spec is not None else None,
-            "sglang_name": _get(spec, "sglang_name") if spec is not None else None,
-        }
-        closest = _get(spec, "vllm_closest") if spec is not None else None
-        if closest and backends_out[b]["vllm_name"] is None:
-            backends_out[b]["vllm_closest"] = closest
-        trtllm = _get(spec, "trtllm_name") if spec is not None else None
-        if trtllm:
-            backends_out[b]["trtllm_name"] = trtllm
-        options = _get(spec, "engine_options") if spec is not None else None
-        if options:
-            backends_out[b]["engine_options"] = {engine: list(opts) for engine, opts in options.items()}
+    source = {
+        "run": _get(run, "id"),
+        "date": iso_timestamp(_get(run, "started_at")),
+        "facts_hash": _get(hardware, "facts_hash"),
+        "status": status,
+    }
+    for e in entries:
+        e["provenance"] = [dict(source)]
+        fabric = fabric_of(_get(hardware, "facts"), e["ep_size"], _get(run, "world_size"))
+        if fabric is not None:
+            e["fabric"] = fabric
+    backends_out = {b: _engine_names(b, backend_names) for b in sorted(preference)}
 
     if generated_at is None:
         generated_at = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
@@ -200,6 +201,51 @@ def build_profile(
         "tie_preference": preference,
         "entries": entries,
     }
+
+
+def fabric_of(facts, ep_size: int, world_size) -> str | None:
+    """What the groups of ``ep_size`` consecutive ranks span (:data:`FABRICS`), the widest over
+    the groups, from the probe's ``facts`` (rank r is GPU r: ranks are numbered node by node,
+    as the probe orders the nodes). None when the facts cannot tell: no GPUs (CPU ranks),
+    or more ranks than GPUs (virtual ranks)."""
+    gpus = facts.get("gpus") if isinstance(facts, Mapping) else None
+    world = world_size if isinstance(world_size, int) else 0
+    if not isinstance(gpus, list) or not gpus or not 0 < ep_size <= world <= len(gpus):
+        return None
+    try:
+        node_of = {g["index"]: g["node"] for g in gpus}
+        island_of = {r: i for i, isl in enumerate(facts.get("islands") or []) for r in isl["gpus"]}
+    except (KeyError, TypeError):
+        return None
+    widest = 0
+    for start in range(0, world - ep_size + 1, ep_size):
+        group = range(start, start + ep_size)
+        islands = {island_of.get(r) for r in group}
+        if None in islands or len(islands) > 1:
+            widest = 2
+        elif len({node_of.get(r) for r in group}) > 1:
+            widest = max(widest, 1)
+    return FABRICS[widest]
+
+
+def _engine_names(backend: str, backend_names) -> dict:
+    """A table's ``backends.<b>``: the engines map (every engine, null where it has no
+    literal), the closest literals and the engine options, from the registry's names."""
+    spec = backend_names.get(backend) if isinstance(backend_names, Mapping) else None
+    if spec is None:
+        log.warning("a2a-tune select: no engine names for backend %r; writing null literals", backend)
+    given, closest = {}, {}
+    if spec is not None:  # the registry's maps, or a run recorded before them (one field per engine)
+        given = dict(_get(spec, "engines") or {e: _get(spec, f"{e}_name") for e in ENGINES})
+        closest = dict(_get(spec, "closest") or {"vllm": _get(spec, "vllm_closest")})
+    out = {"engines": {e: given.get(e) for e in (*ENGINES, *sorted(set(given) - set(ENGINES)))}}
+    closest = {e: v for e, v in closest.items() if v and not given.get(e)}
+    if closest:
+        out["closest"] = closest
+    options = _get(spec, "engine_options") if spec is not None else None
+    if options:
+        out["engine_options"] = {engine: list(opts) for engine, opts in options.items()}
+    return out
 
 
 def select_entries(measurements: Iterable, failures: Iterable, *, order: Iterable = ()) -> tuple[list, list]:
@@ -235,9 +281,7 @@ def select_entries(measurements: Iterable, failures: Iterable, *, order: Iterabl
     failures = list(failures)
     seen_backends.update(_get(f, "backend") for f in failures)
     preference = _tie_preference(seen_backends, order)
-    entries = [
-        _build_entry(shape, points[shape], failures, preference) for shape in sorted(points, key=_shape_sort_key)
-    ]
+    entries = [_build_entry(shape, points[shape], failures, preference) for shape in sorted(points, key=shape_sort_key)]
     return entries, preference
 
 
@@ -280,7 +324,7 @@ def _tie_preference(backends: set, registry_order: Iterable) -> list:
     return order + sorted(b for b in backends if b not in order)
 
 
-def _shape_sort_key(shape: tuple) -> tuple:
+def shape_sort_key(shape: tuple) -> tuple:
     ep, hidden, topk, ne, dtype, routing = shape
     return (ep, str(dtype), hidden, topk, ne, str(routing))
 
@@ -304,12 +348,10 @@ def _failure_applies(f, shape: tuple) -> bool:
     return all(_get(f, k) is None or _get(f, k) == v for k, v in zip(SHAPE_KEYS, shape))
 
 
-def _failure_text(f) -> str:
-    kind = _get(f, "kind") or "error"
-    t = _get(f, "tokens_per_rank")
-    at = f" at {t} tokens/rank" if t is not None else ""
+def _failure_of(f) -> dict:
+    """A table's ``failed.<b>``: the store's failure as structure (:class:`~a2a_tune.tuner.runtime.table.Failed`)."""
     reason = one_line(_get(f, "reason") or "no reason recorded", None)  # the store bounds it
-    return f"{kind}{at}: {reason}"
+    return Failed(_get(f, "kind") or "error", _get(f, "tokens_per_rank"), reason)._asdict()
 
 
 def _pick_mode(per_mode: dict) -> str:
@@ -317,7 +359,7 @@ def _pick_mode(per_mode: dict) -> str:
     return max(per_mode, key=lambda mode: (len(per_mode[mode]), mode == "graph"))
 
 
-def _winners(tokens: list, backends: dict, failed, preference: list) -> list:
+def table_winners(tokens: list, backends: dict, failed, preference: list) -> list:
     """The entry's ``winners`` array (the one rule: :func:`~a2a_tune.tuner.runtime.estimate.winners`)."""
     curves = {key: {b: c[key] for b, c in backends.items()} for key in ("median_us", "p10_us", "p90_us")}
     return [
@@ -339,7 +381,7 @@ def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: li
             continue  # just a null at that point
         rank = _FAILURE_RANK.get(kind, len(_FAILURE_RANK))
         if b not in failed or rank < failed[b][0]:
-            failed[b] = (rank, _failure_text(f))
+            failed[b] = (rank, _failure_of(f))
 
     backends = {}
     for b in sorted(per_backend):
@@ -356,7 +398,7 @@ def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: li
             if any(v is not None for v in row):
                 backends[b][key] = row
 
-    winners = _winners(tokens, backends, failed, preference)
+    winners = table_winners(tokens, backends, failed, preference)
 
     entry = dict(zip(SHAPE_KEYS, shape))
     entry.update(
@@ -414,122 +456,28 @@ def validate_profile(profile: dict) -> None:
 
 
 def upgrade_profile(profile: dict) -> dict:
-    """A schema-1 or -2 profile dict as schema 3 (the same conversion lookup does on load); a
-    schema-3 one is returned as a copy. A schema-2 table only changes its version (it has no
-    figures: schema 3 makes them optional); a schema-1 one is converted, and its winners are
-    recomputed with the tie rule.
-
-    Every backend gets the table's ``run.timing`` (``graph`` for graph / cuda_graph, else
-    ``eager``); the tie preference is the engine default first, then the ``backends``
-    section's order. Raises :class:`ProfileError` if the input does not load.
-    """
-    import copy
-
-    loaded = parse_profile(profile)
-    out = copy.deepcopy(profile)
-    if loaded.schema == SCHEMA_VERSION:
-        return out
-    out["schema"] = SCHEMA_VERSION
-    if loaded.schema == 2:
-        return out
-    out["run"] = _run_section(out.get("run") or {})
-    out["tie_preference"] = list(loaded.tie_preference)
-    for raw, e in zip(out["entries"], loaded.entries):
-        for b in raw["backends"]:
-            cols = [
-                _stats(m, lo, hi) if m is not None else (None, None, None)
-                for m, lo, hi in zip(e.median_us[b], e.p10_us[b], e.p90_us[b])
-            ]
-            raw["backends"][b] = {
-                "timing": e.timing[b],
-                "median_us": [c[0] for c in cols],
-                "p10_us": [c[1] for c in cols],
-                "p90_us": [c[2] for c in cols],
-            }
-        raw["winners"] = _winners(raw["tokens"], raw["backends"], raw.get("failed") or {}, out["tie_preference"])
-        raw.setdefault("failed", {})
-        raw.setdefault("source", "measured")
-    return out
-
-
-def _scalar(v) -> str:
-    return json.dumps(v, allow_nan=False, ensure_ascii=False)
-
-
-def _dumps(v, level: int = 0) -> str:
-    """Pretty JSON with sorted keys, one line per curve / winner / flat object.
-
-    Same data as ``json.dumps(indent=2, sort_keys=True)`` but a curve such as
-    ``"median_us": [41.2, 43.0, null]`` stays on one line, so profiles stay short and
-    ``diff`` between two profiles shows one changed line per changed curve.
-    """
-    pad, inner = "  " * level, "  " * (level + 1)
-    if isinstance(v, Mapping):
-        if not v:
-            return "{}"
-        keys = sorted(v, key=str)
-        if all(not isinstance(v[k], (Mapping, list, tuple)) for k in keys):
-            return "{" + ", ".join(f"{_scalar(str(k))}: {_scalar(v[k])}" for k in keys) + "}"
-        body = ",\n".join(f"{inner}{_scalar(str(k))}: {_dumps(v[k], level + 1)}" for k in keys)
-        return "{\n" + body + "\n" + pad + "}"
-    if isinstance(v, (list, tuple)):
-        if not v:
-            return "[]"
-        if all(not isinstance(x, (Mapping, list, tuple)) for x in v):
-            return "[" + ", ".join(_scalar(x) for x in v) + "]"
-        body = ",\n".join(f"{inner}{_dumps(x, level + 1)}" for x in v)
-        return "[\n" + body + "\n" + pad + "]"
-    return _scalar(v)
+    """A profile dict of any readable schema as the current one (:func:`a2a_tune.tuner.runtime.table.upgrade`:
+    the conversion lookup does on load, written back). Raises :class:`ProfileError` if the
+    input does not load."""
+    return upgrade(profile)
 
 
 def write_profile(profile: dict, directory: Path) -> Path:
-    """Validate, then atomically write ``directory / profile_filename(fingerprint)``.
-
-    The JSON is pretty-printed with sorted keys (curves one per line). The temporary file lives in the same
-    directory and is moved into place with ``os.replace``, so a reader (an engine
-    starting up) sees either the old file or the new one, never a partial one.
-    """
-    validate_profile(profile)
-    return _write_atomic(profile, Path(directory) / profile_filename(profile["hardware"]["fingerprint"]))
+    """Validate, then atomically write ``directory / profile_filename(fingerprint)``
+    (:func:`write_profile_to`)."""
+    return write_profile_to(profile, Path(directory) / profile_filename(profile["hardware"]["fingerprint"]))
 
 
 def write_profile_to(profile: dict, target: Path) -> Path:
-    """Validate, then atomically replace the file ``target`` (see :func:`write_profile`)."""
+    """Validate ``profile`` (its JSON Schema, then the reader), then atomically replace the file
+    ``target`` with the reader's model of it written back (:func:`~a2a_tune.tuner.runtime.table.to_json`):
+    a reader (an engine starting up) sees the old file or the new one, never a partial one."""
     validate_profile(profile)
-    return _write_atomic(profile, Path(target))
-
-
-def _write_atomic(profile: dict, target: Path) -> Path:
-    directory = target.parent
     try:
-        text = _dumps(profile) + "\n"
+        text = to_json(parse_profile(profile))
     except ValueError as exc:  # NaN / inf slipped past validation
         raise ProfileError(str(exc)) from None
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600; engines often run as another user than the tuner.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename durable too (best effort; not all filesystems allow it)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-    return target
+    return Path(replace_file(target, text))
 
 
 def with_knobs(
@@ -610,6 +558,7 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
         hardware=hardware,
         run=run_section,
         backend_names=backend_names,
+        status=_get(run, "status") or "completed",
     )
 
 
@@ -641,12 +590,19 @@ def run_engine_names(config: Mapping) -> dict:
     return names
 
 
-def profile_for_run(url: str | None, run_id: int | None) -> tuple[dict, int, str | None]:
+class UnfinishedRunError(ValueError):
+    """`select` of a run that did not complete, not asked for with ``partial=True``."""
+
+
+def profile_for_run(url: str | None, run_id: int | None, *, partial: bool = False) -> tuple[dict, int, str | None]:
     """The table of run `run_id` (None: the latest completed run; the table's ``run.id`` says
     which) in the store at `url`, opened read-only, with its stored knobs
     (:func:`with_stored_knobs`): (profile, tuned points kept, a note when the knobs could not
-    be read -- the table is good without them). Raises EmptyStoreError, NotFoundError (no such
-    run, or no completed one), StoreError, or ValueError for a run without measurements."""
+    be read -- the table is good without them). A run still running, interrupted or failed
+    is refused (:class:`UnfinishedRunError`, one line) unless ``partial``: then its entries
+    record that status (their ``provenance``), which marks the table partial. Raises
+    EmptyStoreError, NotFoundError (no such run, or no completed one), StoreError, or
+    ValueError for a run without measurements."""
     from a2a_tune.db import NotFoundError, open_store
 
     with open_store(url, readonly=True) as store:
@@ -655,7 +611,13 @@ def profile_for_run(url: str | None, run_id: int | None) -> tuple[dict, int, str
             if run is None:
                 raise NotFoundError("no completed run in the database")
             run_id = run.id
-        profile = profile_from_store(store, run_id, backend_names=run_engine_names(store.get_run(run_id).config))
+        run = store.get_run(run_id)
+        if run.status != "completed" and not partial:
+            raise UnfinishedRunError(
+                f"run {run_id} is {run.status}, not completed: its table would lack what it did not measure; "
+                "pass --partial to write it anyway, marked partial"
+            )
+        profile = profile_from_store(store, run_id, backend_names=run_engine_names(run.config))
         url = store.url
     if not profile["entries"]:
         raise ValueError(f"run {run_id} has no measurements to select from")

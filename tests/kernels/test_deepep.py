@@ -98,15 +98,17 @@ def test_registered_after_every_existing_backend_in_order():
 )
 def test_engine_literals(name, vllm, sglang, trtllm, mode):
     names = engine_names()[name]
-    assert (names["vllm_name"], names["sglang_name"], names["trtllm_name"]) == (vllm, sglang, trtllm)
+    assert names["engines"] == {"vllm": vllm, "sglang": sglang, "trtllm": trtllm}
+    cls = get_backend(name)  # the class's per-engine fields and its map agree
+    assert (cls.vllm_name, cls.sglang_name, cls.trtllm_name) == (vllm, sglang, trtllm)
     assert names["engine_options"] == {"sglang": ["--deepep-mode", mode]}
 
 
 def test_torch_nvshmem_has_no_engine_literal_and_names_the_closest_vllm_backend():
     names = engine_names()["torch_nvshmem_all2all"]
-    assert names["vllm_name"] is names["sglang_name"] is names["trtllm_name"] is None
-    assert names["vllm_closest"] == "flashinfer_nvlink_two_sided" and names["engine_options"] == {}
-    assert engine_names()["nccl_all2allv"]["trtllm_name"] is None  # the default for the others
+    assert names["engines"] == {"vllm": None, "sglang": None, "trtllm": None}
+    assert names["closest"] == {"vllm": "flashinfer_nvlink_two_sided"} and names["engine_options"] == {}
+    assert engine_names()["nccl_all2allv"]["engines"]["trtllm"] is None  # the default for the others
 
 
 # ------------------------------------------------------------------------ availability

@@ -277,7 +277,7 @@ def test_sglang_takes_every_line_lookup_prints(tmp_path):
 
     expected, arg_lists = [], []
     for spec in engine_names().values():
-        literal, options = spec["sglang_name"], tuple(spec["engine_options"].get("sglang", ()))
+        literal, options = spec["engines"]["sglang"], tuple(spec["engine_options"].get("sglang", ()))
         line = engines.engine_flag("sglang", literal, options)
         arg_lists.append(line.split())
         mode = options[1] if options else "auto"  # SGLang's default mode

@@ -126,7 +126,7 @@ def test_engine_literals_come_from_the_profile(tmp_path, monkeypatch):
     assert (c.backend, c.vllm_name, c.sglang_name) == ("nccl_all2allv", None, None)
 
     data = fixture_data()
-    data["backends"]["nccl_all2allv"] = {"vllm_name": "deepep_high_throughput", "sglang_name": "deepep"}
+    data["backends"]["nccl_all2allv"] = {"engines": {"vllm": "deepep_high_throughput", "sglang": "deepep"}}
     c = lookup(profile=write(tmp_path, data), tokens=1024, **B)
     assert (c.vllm_name, c.sglang_name) == ("deepep_high_throughput", "deepep")
 
@@ -139,14 +139,14 @@ def test_engine_restricts_to_backends_it_can_name(tmp_path, caplog):
     assert set(c.expected_us) == {"allgather_reducescatter"}
 
     data = fixture_data()
-    data["backends"]["nccl_all2allv"]["vllm_name"] = "deepep_high_throughput"
+    data["backends"]["nccl_all2allv"]["engines"]["vllm"] = "deepep_high_throughput"
     c = lookup(profile=write(tmp_path, data), tokens=64, engine="vllm", **A)
     assert (c.backend, c.vllm_name) == ("nccl_all2allv", "deepep_high_throughput")
 
     # A literal the engine does not accept (a typo, or one from a newer engine) never
     # competes for that engine: `--format vllm` can only print what vLLM accepts.
     for bogus in ("deepep_lowlatency", "pplx", "naive"):
-        data["backends"]["nccl_all2allv"]["vllm_name"] = bogus
+        data["backends"]["nccl_all2allv"]["engines"]["vllm"] = bogus
         clear_cache()
         c = lookup(profile=write(tmp_path, data), tokens=64, engine="vllm", **A)
         assert c.backend == "allgather_reducescatter", bogus
@@ -165,8 +165,8 @@ def test_trtllm_gets_the_fastest_method_it_has_and_its_rule_for_uneven_experts(t
     # Shape A at 64 tokens: nvlink_one_sided 50 us (no TensorRT-LLM method), nccl_all2allv 75,
     # allgather_reducescatter 100. As for vLLM, the fastest backend TensorRT-LLM can be told wins.
     data = fixture_data()
-    data["backends"]["allgather_reducescatter"]["trtllm_name"] = "ALLGATHER"
-    data["backends"]["nccl_all2allv"]["trtllm_name"] = "NVLINK_TWO_SIDED"
+    data["backends"]["allgather_reducescatter"]["engines"]["trtllm"] = "ALLGATHER"
+    data["backends"]["nccl_all2allv"]["engines"]["trtllm"] = "NVLINK_TWO_SIDED"
     path = write(tmp_path, data)
     c = lookup(profile=path, tokens=64, engine="trtllm", **A)
     assert (c.backend, c.trtllm_name, c.match) == ("nccl_all2allv", "NVLINK_TWO_SIDED", "exact")
@@ -182,9 +182,8 @@ def test_trtllm_gets_the_fastest_method_it_has_and_its_rule_for_uneven_experts(t
 def test_engine_options_are_part_of_what_an_engine_accepts(tmp_path):
     # SGLang runs both DeepEP kernels under one literal; the mode tells them apart.
     data = fixture_data()
-    data["backends"]["nccl_all2allv"].update(
-        sglang_name="deepep", engine_options={"sglang": ["--deepep-mode", "normal"]}
-    )
+    data["backends"]["nccl_all2allv"]["engines"]["sglang"] = "deepep"
+    data["backends"]["nccl_all2allv"]["engine_options"] = {"sglang": ["--deepep-mode", "normal"]}
     c = lookup(profile=write(tmp_path, data), tokens=64, engine="sglang", **A)
     assert (c.backend, c.sglang_name, c.engine_options["sglang"]) == (
         "nccl_all2allv",
@@ -697,15 +696,14 @@ def test_unusable_backends_are_named_by_what_happened_to_them(tmp_path, caplog):
     data = fixture_data()
     e = data["entries"][1]  # shape A
     data["backends"]["deepep_high_throughput"] = {
-        "vllm_name": None,
-        "sglang_name": "deepep",
+        "engines": {"vllm": None, "sglang": "deepep"},
         "engine_options": {"sglang": ["--deepep-mode", "normal"]},
     }
     data["backends"]["deepep_low_latency"]["engine_options"] = {"sglang": ["--deepep-mode", "low_latency"]}
     e["failed"] = {
-        "deepep_high_throughput": "unavailable: deep_ep is not installed",
-        "deepep_low_latency": "unavailable: deep_ep is not installed",
-        "flashinfer_nvlink_one_sided": "incorrect at 4 tokens/rank: wrong sums",
+        "deepep_high_throughput": {"kind": "unavailable", "tokens": None, "reason": "deep_ep is not installed"},
+        "deepep_low_latency": {"kind": "unavailable", "tokens": None, "reason": "deep_ep is not installed"},
+        "flashinfer_nvlink_one_sided": {"kind": "incorrect", "tokens": 4, "reason": "wrong sums"},
     }
     data["tie_preference"].append("deepep_high_throughput")
     c = lookup(profile=write(tmp_path, data), tokens=64, engine="sglang", **A)

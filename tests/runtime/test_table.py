@@ -5,6 +5,7 @@ schema 1 converted on load, and what a table's strings may not carry to a termin
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from bad_tables import BAD_TABLES
@@ -12,7 +13,16 @@ from lookups import FIXTURES, FP, A, fixture_data, warnings_of, write
 
 from a2a_tune.tuner.runtime.lookup import FALLBACK_BACKEND, lookup
 from a2a_tune.tuner.runtime.profiles import load_profile
-from a2a_tune.tuner.runtime.table import ProfileError, Shape
+from a2a_tune.tuner.runtime.table import (
+    SCHEMA_VERSION,
+    Failed,
+    ProfileError,
+    Shape,
+    parse_profile,
+    to_dict,
+    to_json,
+    upgrade,
+)
 
 # ---------------------------------------------------------------------------- bad tables
 
@@ -79,9 +89,63 @@ def test_schema1_graph_timing_is_read_per_backend(tmp_path):
 
 def test_a_refusal_quotes_the_tables_names_in_one_safe_line(tmp_path):
     data = fixture_data()
-    data["backends"]["evil\n\x1b]0;pwned\x07"] = {"vllm_name": 7}
+    data["backends"]["evil\n\x1b]0;pwned\x07"] = {"engines": {"vllm": 7}}
     with pytest.raises(ProfileError) as info:
         load_profile(write(tmp_path, data))
     text = str(info.value)
     assert "\n" not in text and "\x1b" not in text
-    assert text.endswith("backends.evil \\x1b]0;pwned\\x07.vllm_name: expected a string or null, got number")
+    assert text.endswith(
+        "backends.evil \\x1b]0;pwned\\x07.engines.vllm: expected a non-empty string or null, got number"
+    )
+
+
+# ------------------------------------------------------------------ one model, both ways
+
+SHIPPED = sorted(p for p in (Path(__file__).parents[2] / "profiles").glob("*.json") if not p.name.startswith("schema-"))
+OLD_TABLES = [FIXTURES / "schema1" / f"{FP}.json", FIXTURES / "schema2" / f"{FP}.json"]
+
+
+@pytest.mark.parametrize("path", SHIPPED + [FIXTURES / f"{FP}.json"], ids=lambda p: p.parent.name + "/" + p.name)
+def test_writing_a_parsed_table_gives_its_file_byte_for_byte(path):
+    assert SHIPPED
+    text = path.read_text()
+    prof = parse_profile(json.loads(text))
+    assert prof.schema == SCHEMA_VERSION == 4
+    assert to_json(prof) == text
+
+
+@pytest.mark.parametrize("path", OLD_TABLES, ids=lambda p: p.parent.name)
+def test_an_old_table_upgrades_to_what_it_reads_as(path):
+    """The one upgrade path: the conversion on load, written back; it reads as the same model."""
+    old = parse_profile(json.loads(path.read_text()))
+    new = parse_profile(upgrade(json.loads(path.read_text())))
+    assert new.schema == 4 and old.schema in (1, 2)
+    assert new.entries == old.entries and new.backends == old.backends
+    assert new.tie_preference == old.tie_preference
+    assert to_json(new) == to_json(old)
+
+
+def test_failures_are_structure_in_the_model_and_in_the_file():
+    v2 = json.loads(OLD_TABLES[1].read_text())
+    text = v2["entries"][1]["failed"]
+    prof = parse_profile(v2)
+    failed = prof.entries[1].failed
+    # The old text is read once, on load ...
+    assert {b: str(f) for b, f in failed.items()} == text
+    assert all(isinstance(f, Failed) for f in failed.values())
+    # ... and written as structure: kind, tokens (None: the whole shape), reason.
+    written = to_dict(prof)["entries"][1]["failed"]
+    assert written == {b: {"kind": f.kind, "tokens": f.tokens, "reason": f.reason} for b, f in failed.items()}
+    assert parse_profile(to_dict(prof)).entries[1].failed == failed
+
+
+def test_a_new_engine_is_a_key_of_the_map_not_a_new_schema():
+    data = fixture_data()
+    data["backends"]["nccl_all2allv"]["engines"]["lmdeploy"] = "nccl"
+    prof = parse_profile(data)
+    names = prof.backends["nccl_all2allv"]
+    assert names.literal("lmdeploy") == "nccl" and names.literal("vllm") is None
+    assert to_dict(prof)["backends"]["nccl_all2allv"]["engines"]["lmdeploy"] == "nccl"
+    from a2a_tune.tuner.select import validate_profile
+
+    validate_profile(to_dict(prof))  # the published schema takes it too

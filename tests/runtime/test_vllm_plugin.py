@@ -105,7 +105,7 @@ def fake_vllm(monkeypatch, caplog, tmp_path):
         monkeypatch.setitem(sys.modules, name, mod)
     # A copy of the fixture table in which vLLM can express nvlink_one_sided (as deepep_low_latency).
     data = json.loads((FIXTURES / f"{FP}.json").read_text())
-    data["backends"]["nvlink_one_sided"]["vllm_name"] = "deepep_low_latency"
+    data["backends"]["nvlink_one_sided"]["engines"]["vllm"] = "deepep_low_latency"
     (tmp_path / f"{FP}.json").write_text(json.dumps(data))
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     monkeypatch.setenv("A2A_TUNE_FINGERPRINT", FP)

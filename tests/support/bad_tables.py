@@ -76,9 +76,26 @@ BAD_TABLES = {
         "tie_preference[0]: unknown backend 'mystery_backend'",
     ),
     "schema_1_as_string": (_mutated(lambda d: d.__setitem__("schema", "1")), "schema: unsupported version '1'"),
-    "schema_4": (
-        _mutated(lambda d: d.__setitem__("schema", 4)),
-        "schema: unsupported version 4 (this a2a-tune reads schemas 1, 2, 3",
+    "schema_5": (
+        _mutated(lambda d: d.__setitem__("schema", 5)),
+        "schema: unsupported version 5 (this a2a-tune reads schemas 1, 2, 3, 4",
+    ),
+    # Schema 4 reads failures as structure, never text: a reason string there is refused.
+    "failure_as_text": (
+        _mutated(lambda d: d["entries"][0]["failed"].__setitem__("deepep_low_latency", "unavailable: no")),
+        "entries[0].failed.deepep_low_latency: expected a JSON object, got string",
+    ),
+    "failure_without_kind": (
+        _mutated(lambda d: d["entries"][0]["failed"]["deepep_low_latency"].pop("kind")),
+        "entries[0].failed.deepep_low_latency.kind: expected a non-empty string, got null",
+    ),
+    "engine_literal_not_a_string": (
+        _mutated(lambda d: d["backends"]["nccl_all2allv"]["engines"].__setitem__("vllm", 1)),
+        "backends.nccl_all2allv.engines.vllm: expected a non-empty string or null, got number",
+    ),
+    "unknown_fabric": (
+        _mutated(lambda d: d["entries"][0].__setitem__("fabric", "carrier-pigeon")),
+        "entries[0].fabric: expected one of 'nvlink-island', 'nvlink-domain', 'network' or null",
     ),
     "negative_bytes": (
         _mutated(

@@ -567,7 +567,7 @@ def test_backends_at_80_columns_shows_every_name_whole():
     assert r.returncode == 0, r.stderr
     assert "…" not in r.stdout and max(map(len, r.stdout.splitlines())) <= 80
     words = set(re.findall(r"[\w.-]+", r.stdout))
-    literals = {n for spec in names.values() for n in (spec["vllm_name"], spec["vllm_closest"]) if n}
+    literals = {n for spec in names.values() for n in (spec["engines"]["vllm"], spec["closest"].get("vllm")) if n}
     assert set(names) | literals <= words
 
 

@@ -20,12 +20,22 @@ SHIPPED = ROOT / "profiles" / "h200.nvl18x2.node1.json"
 SHAPE = (2, 7168, 8, 256, "bf16", "uniform")
 
 NAMES = {
-    "allgather_reducescatter": BackendNames("allgather_reducescatter", None, "ALLGATHER", {}),
-    "allgather_reducescatter_padded": BackendNames("allgather_reducescatter", None, "ALLGATHER", {}),
-    "flashinfer_nvlink_one_sided": BackendNames("flashinfer_nvlink_one_sided", "flashinfer", "NVLINK_ONE_SIDED", {}),
-    "flashinfer_nvlink_two_sided": BackendNames("flashinfer_nvlink_two_sided", None, "NVLINK_TWO_SIDED", {}),
-    "deepep_low_latency": BackendNames("deepep_low_latency", "deepep", "DEEPEPLOWLATENCY", {}),
-    "nvlink_one_sided": BackendNames(None, None, None, {}),
+    "allgather_reducescatter": BackendNames.of(
+        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
+    ),
+    "allgather_reducescatter_padded": BackendNames.of(
+        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
+    ),
+    "flashinfer_nvlink_one_sided": BackendNames.of(
+        {"vllm": "flashinfer_nvlink_one_sided", "sglang": "flashinfer", "trtllm": "NVLINK_ONE_SIDED"}
+    ),
+    "flashinfer_nvlink_two_sided": BackendNames.of(
+        {"vllm": "flashinfer_nvlink_two_sided", "sglang": None, "trtllm": "NVLINK_TWO_SIDED"}
+    ),
+    "deepep_low_latency": BackendNames.of(
+        {"vllm": "deepep_low_latency", "sglang": "deepep", "trtllm": "DEEPEPLOWLATENCY"}
+    ),
+    "nvlink_one_sided": BackendNames.of({"vllm": None, "sglang": None, "trtllm": None}),
 }
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
-from a2a_tune.tuner.publish import table_dir, write_table
+from a2a_tune.tuner.publish import write_table
+from a2a_tune.tuner.runtime.profiles import locate, write_dir
 from a2a_tune.tuner.select import build_profile
 
 SHAPE = dict(ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform")
@@ -19,16 +21,20 @@ def table(fingerprint: str) -> dict:
 
 
 def test_a_table_goes_to_the_out_dir_else_the_first_profile_dir_else_the_users(tmp_path, monkeypatch):
-    assert table_dir(str(tmp_path / "out")) == tmp_path / "out"
+    assert Path(write_dir(str(tmp_path / "out"))) == tmp_path / "out"
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", os.pathsep.join([str(tmp_path / "first"), str(tmp_path / "second")]))
-    assert table_dir(None) == tmp_path / "first"
+    assert Path(write_dir(None)) == tmp_path / "first"
     monkeypatch.delenv("A2A_TUNE_PROFILE_DIR")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    assert table_dir(None) == tmp_path / "xdg" / "a2a-tune" / "profiles"
+    assert Path(write_dir(None)) == tmp_path / "xdg" / "a2a-tune" / "profiles"
+    path = write_table(table("h200.nvl18x2.node1"), None)
+    # Where it is written is where the lookup finds it first.
+    assert locate("h200.nvl18x2.node1", 2, "bf16")[0] == str(path)
     path = write_table(table("h200.nvl18x2.node1"), str(tmp_path / "out"))
     assert path == tmp_path / "out" / "h200.nvl18x2.node1.json"
     assert json.loads(path.read_text())["entries"][0]["tokens"] == [1, 4]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["h200.nvl18x2.node1.json"]  # no pointer
+    visible = sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith("."))
+    assert visible == ["h200.nvl18x2.node1.json"]  # no pointer
 
 
 def test_a_clusters_table_on_a_node_gets_a_pointer_from_the_nodes_fingerprint(tmp_path):

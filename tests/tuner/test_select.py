@@ -19,7 +19,9 @@ from types import SimpleNamespace
 import paths
 import pytest
 
+from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.lookup import ProfileError, load_profile, lookup, profile_filename
+from a2a_tune.tuner.runtime.table import Failed
 from a2a_tune.tuner.select import build_profile, profile_from_store, upgrade_profile, validate_profile, write_profile
 
 FIXTURES = paths.FIXTURES / "profiles"
@@ -192,7 +194,7 @@ def test_winners_follow_the_crossover_with_margins():
         backend_names=BACKEND_NAMES,
     )
     (e,) = p["entries"]
-    assert p["schema"] == 3
+    assert p["schema"] == 4
     assert e["tokens"] == [1, 8, 64]
     assert [(w["tokens"], w["backend"], w["fastest"], w["runner_up"], w["tie"]) for w in e["winners"]] == [
         (1, "allgather_reducescatter", "allgather_reducescatter", "nccl_all2allv", False),
@@ -279,7 +281,9 @@ def test_timing_mode_is_per_backend_and_one_per_curve():
 def test_incorrect_backend_is_failed_for_the_whole_shape_and_never_wins():
     p = fixture_profile()
     a = entry(p, hidden=7168)
-    assert a["failed"]["flashinfer_nvlink_one_sided"].startswith("incorrect at 256 tokens/rank: max abs error")
+    failed = a["failed"]["flashinfer_nvlink_one_sided"]  # structure, never text to parse back
+    assert (failed["kind"], failed["tokens"]) == ("incorrect", 256)
+    assert failed["reason"].startswith("max abs error")
     # Fastest at every token count, yet never a winner or runner-up.
     assert all(w["backend"] != "flashinfer_nvlink_one_sided" for w in a["winners"])
     assert all(w["runner_up"] != "flashinfer_nvlink_one_sided" for w in a["winners"])
@@ -292,8 +296,15 @@ def test_incorrect_backend_is_failed_for_the_whole_shape_and_never_wins():
 def test_unavailable_without_shape_goes_into_every_entry():
     p = fixture_profile()
     for e in p["entries"]:
-        assert e["failed"]["deepep_low_latency"] == "unavailable: package deep_ep not installed"
-    assert p["backends"]["deepep_low_latency"] == {"vllm_name": "deepep_low_latency", "sglang_name": "deepep"}
+        assert e["failed"]["deepep_low_latency"] == {
+            "kind": "unavailable",
+            "tokens": None,
+            "reason": "package deep_ep not installed",
+        }
+    # One map, every engine: null where the engine has no literal.
+    assert p["backends"]["deepep_low_latency"] == {
+        "engines": {"vllm": "deepep_low_latency", "sglang": "deepep", "trtllm": None}
+    }
 
 
 def test_timeout_leaves_a_null_point_only():
@@ -314,7 +325,11 @@ def test_timeout_leaves_a_null_point_only():
 def test_backend_that_only_errored_on_a_shape_is_explained():
     fails = [dict(SHAPE_B, backend="nvlink_one_sided", kind="error", tokens_per_rank=64, reason="CUDA OOM\nat alloc")]
     p = build_profile(measurements_from(), fails, hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
-    assert entry(p, hidden=4096)["failed"]["nvlink_one_sided"] == "error at 64 tokens/rank: CUDA OOM at alloc"
+    assert entry(p, hidden=4096)["failed"]["nvlink_one_sided"] == {
+        "kind": "error",
+        "tokens": 64,
+        "reason": "CUDA OOM at alloc",
+    }
     assert "nvlink_one_sided" not in entry(p, hidden=7168)["failed"]  # measured there: just a null
 
 
@@ -373,13 +388,13 @@ def test_packaged_profiles_match_their_schema():
         validate_profile(json.loads(p.read_text()))
 
 
-def test_upgrade_schema1_to_schema3():
+def test_upgrade_schema1_to_the_current_schema():
     v1 = json.loads((FIXTURES / "schema1" / f"{FIXTURE_FP}.json").read_text())
     assert v1["schema"] == 1 and v1["run"]["timing"] == "eager"
     v2 = upgrade_profile(v1)
     validate_profile(v2)
     assert v1["schema"] == 1  # the input is not modified
-    assert v2["schema"] == 3 and "timing" not in v2["run"]
+    assert v2["schema"] == 4 and "timing" not in v2["run"]
     assert v2["tie_preference"][0] == "allgather_reducescatter"
     a = entry(v2, hidden=7168)
     assert {c["timing"] for c in a["backends"].values()} == {"eager"}
@@ -389,19 +404,40 @@ def test_upgrade_schema1_to_schema3():
     # leaves with nccl_all2allv (allgather_reducescatter is not inside the spread).
     w256 = [w for w in a["winners"] if w["tokens"] == 256][0]
     assert (w256["backend"], w256["fastest"], w256["tie"]) == ("nccl_all2allv", "nccl_all2allv", True)
-    assert a["failed"] == v1["entries"][1]["failed"]
-    assert upgrade_profile(v2) == v2  # schema 3: a copy
+    # Failure text becomes structure, read once on load (the one upgrade path).
+    assert {b: str(Failed(**f)) for b, f in a["failed"].items()} == v1["entries"][1]["failed"]
+    assert upgrade_profile(v2) == v2  # the current schema: a copy
     with pytest.raises(ProfileError, match="^schema: unsupported version 7"):
         upgrade_profile({**v1, "schema": 7})
 
 
-def test_upgrade_schema2_changes_only_the_version():
-    """A schema-2 table has no figures; schema 3 makes them optional: the same table, version 3."""
+def failure_of(text: str) -> tuple:
+    """(kind, tokens, reason) a schema-2 failure text says, for the check below."""
+    kind, _, reason = text.partition(": ")
+    kind, _, at = kind.partition(" at ")
+    return kind, int(at.split()[0]) if at else None, reason
+
+
+def test_upgrade_schema2_changes_the_names_the_failures_and_the_version_only():
+    """A schema-2 table has no figures (schema 3 makes them optional); schema 4 writes engine
+    literals as one map, failures as structure and each entry's provenance (its one run)."""
     v2 = json.loads((FIXTURES / "schema2" / f"{FIXTURE_FP}.json").read_text())
     assert v2["schema"] == 2
-    v3 = upgrade_profile(v2)
-    validate_profile(v3)
-    assert v3 == {**v2, "schema": 3}
+    v4 = upgrade_profile(v2)
+    validate_profile(v4)
+    names = {b: {"engines": {e: n.get(f"{e}_name") for e in ENGINES}} for b, n in v2["backends"].items()}
+    run, facts_hash = v2["run"], v2["hardware"]["facts_hash"]
+    source = [{"run": run["id"], "date": run["started_at"], "facts_hash": facts_hash, "status": "completed"}]
+    entries = [
+        {**e, "failed": {b: dict(zip(("kind", "tokens", "reason"), failure_of(t))) for b, t in e["failed"].items()}}
+        for e in v2["entries"]
+    ]
+    assert v4 == {
+        **v2,
+        "schema": 4,
+        "backends": names,
+        "entries": [{**e, "provenance": source} for e in entries],
+    }
     validate_profile(v2)  # and schema 2 still validates as it is
 
 
@@ -429,8 +465,11 @@ def test_figures_come_from_the_measurement_whose_median_is_kept():
 @pytest.mark.parametrize(
     "mutate, where",
     [
-        (lambda p: p.__setitem__("schema", 4), "schema"),
+        (lambda p: p.__setitem__("schema", 5), "schema"),
         (lambda p: p.__setitem__("schema", "2"), "schema"),
+        (lambda p: p["entries"][0]["failed"].__setitem__("x", "error: text"), "entries[0].failed.x"),
+        (lambda p: p["entries"][0].__setitem__("fabric", "pcie"), "entries[0].fabric"),
+        (lambda p: p["backends"]["nccl_all2allv"].__setitem__("vllm_name", None), "backends.nccl_all2allv"),
         (
             lambda p: p["entries"][0]["backends"]["nccl_all2allv"].__setitem__("workspace_mib", [1.0, -1.0, 2.0]),
             "entries[0].backends.nccl_all2allv.workspace_mib[1]",
@@ -588,11 +627,10 @@ def test_backends_without_a_vllm_literal_name_the_closest_one():
         backend_names=names,
     )
     assert p["backends"]["nccl_all2allv"] == {
-        "vllm_name": None,
-        "sglang_name": None,
-        "vllm_closest": "flashinfer_nvlink_two_sided",
+        "engines": {"vllm": None, "sglang": None, "trtllm": None},
+        "closest": {"vllm": "flashinfer_nvlink_two_sided"},
     }
-    assert "vllm_closest" not in p["backends"]["allgather_reducescatter"]  # it has a literal of its own
+    assert "closest" not in p["backends"]["allgather_reducescatter"]  # it has a literal of its own
     validate_profile(p)
 
 
@@ -671,13 +709,14 @@ def test_tables_record_every_engines_name_and_options(tmp_path):
     from a2a_tune.kernels.registry import engine_names
 
     names = dict(engine_names())
-    names["nccl_all2allv"] = dict(names["nccl_all2allv"], sglang_name="deepep", trtllm_name="DEEPEP")
+    nccl = names["nccl_all2allv"]
+    names["nccl_all2allv"] = dict(nccl, engines=dict(nccl["engines"], sglang="deepep", trtllm="DEEPEP"))
     names["nccl_all2allv"]["engine_options"] = {"sglang": ("--deepep-mode", "normal")}
     p = build_profile(measurements_from(), [], hardware=HARDWARE, run=RUN, backend_names=names)
     validate_profile(p)
-    assert p["backends"]["flashinfer_nvlink_one_sided"]["trtllm_name"] == "NVLINK_ONE_SIDED"
-    assert p["backends"]["allgather_reducescatter"]["trtllm_name"] == "ALLGATHER"
-    assert "trtllm_name" not in p["backends"]["nvlink_one_sided"]  # no TensorRT-LLM method: left out
+    assert p["backends"]["flashinfer_nvlink_one_sided"]["engines"]["trtllm"] == "NVLINK_ONE_SIDED"
+    assert p["backends"]["allgather_reducescatter"]["engines"]["trtllm"] == "ALLGATHER"
+    assert p["backends"]["nvlink_one_sided"]["engines"]["trtllm"] is None  # no TensorRT-LLM method
     assert p["backends"]["nccl_all2allv"]["engine_options"] == {"sglang": ["--deepep-mode", "normal"]}
     out = write_profile(p, tmp_path)
     c = lookup(profile=out, tokens=1024, engine="sglang", **SHAPE_B)

@@ -503,7 +503,8 @@ def test_views_refuse_every_table_the_lookup_refuses(tmp_path, case):
 
 
 @pytest.mark.parametrize(
-    "case", ["schema_4", "nan_bare_token", "unsorted_tokens", "curve_length_mismatch", "subnormal_median"]
+    "case",
+    ["schema_5", "failure_as_text", "nan_bare_token", "unsorted_tokens", "curve_length_mismatch", "subnormal_median"],
 )
 def test_show_and_diff_exit_2_on_a_table_the_lookup_refuses(tmp_path, case):
     make, problem = BAD_TABLES[case]

@@ -247,32 +247,49 @@ def sweep(options) -> None:
 # --------------------------------------------------------------------------------- select
 
 
-def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
+def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, partial: bool = False) -> Path:
     from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError
 
     from ..publish import write_table
     from ..runtime.lookup import ProfileError
     from ..select import profile_for_run
+    from ..tables import merge
 
-    try:
-        profile, kept, note = profile_for_run(db, run_id)
-    except EmptyStoreError as exc:
-        raise _fail(f"{exc}; run `a2a-tune sweep` first") from None
-    except NotFoundError:
-        if run_id is None:
-            raise _fail("no completed run in the database; run `a2a-tune sweep` first") from None
-        raise _fail(f"no run {run_id} in the database") from None
-    except (StoreError, ValueError) as exc:
-        raise _fail(str(exc)) from None
-    if note:
-        err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
+    profile, kept_total = None, 0
+    for run_id in runs or [None]:  # oldest first as given: each merged into the ones before it
+        try:
+            table, kept, note = profile_for_run(db, run_id, partial=partial)
+        except EmptyStoreError as exc:
+            raise _fail(f"{exc}; run `a2a-tune sweep` first") from None
+        except NotFoundError:
+            if run_id is None:
+                raise _fail("no completed run in the database; run `a2a-tune sweep` first") from None
+            raise _fail(f"no run {run_id} in the database") from None
+        except (StoreError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+        if note:
+            err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
+        if profile is not None and table["hardware"]["fingerprint"] != profile["hardware"]["fingerprint"]:
+            raise _fail(
+                f"run {run_id} is of {table['hardware']['fingerprint']}, run {profile['run']['id']} of "
+                f"{profile['hardware']['fingerprint']}: one table holds one fingerprint's runs"
+            )
+        profile = table if profile is None else merge(profile, table)
+        kept_total += kept
     try:
         path = write_table(profile, str(out_dir) if out_dir else None)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
-    knobs_note = f", with the knobs of {kept} tuned case(s)" if kept else ""
+    knobs_note = f", with the knobs of {kept_total} tuned case(s)" if kept_total else ""
+    written = json.loads(path.read_text())
+    partial_note = ""
+    if any(p["status"] != "completed" for e in written["entries"] for p in e.get("provenance", [])):
+        partial_note = "; PARTIAL: from a run that did not complete"
+    ids = ", ".join(str(r) for r in runs) if runs else str(profile["run"]["id"])
+    before = len(written["entries"]) - len(profile["entries"])
+    kept_note = f"; kept {before} shape(s) of the table there that it did not measure" if before else ""
     out.print(
-        f"wrote {path} ({len(profile['entries'])} shape(s)) from run {profile['run']['id']}{knobs_note}",
+        f"wrote {path} ({len(written['entries'])} shape(s)) from run {ids}{knobs_note}{kept_note}{partial_note}",
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -283,13 +300,18 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
 @app.command()
 def select(
     db: str | None = _db_opt,
-    run: int | None = typer.Option(None, help="Run id [default: the latest completed run]."),
+    run: list[int] | None = typer.Option(
+        None, help="Run id; repeat to merge several runs of one machine [default: the latest completed run]."
+    ),
     out_dir: Path | None = typer.Option(
         None, "--out", help="Directory [default: $A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles]."
     ),
+    partial: bool = typer.Option(
+        False, "--partial", help="Select a run that did not complete too; the table is then marked partial."
+    ),
 ) -> None:
-    """Turn a run's measurements into the selection table profiles/<fingerprint>.json."""
-    _do_select(db, run, out_dir)
+    """Turn runs' measurements into the selection table <fingerprint>.json, merged into the one there."""
+    _do_select(db, run, out_dir, partial)
 
 
 # ------------------------------------------------------------------------------------ run

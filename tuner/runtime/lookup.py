@@ -587,22 +587,37 @@ def shape_distance(a: Shape, b: Shape) -> float:
 
 
 def _pick_entry(prof: Profile, want: Shape):
-    """(entry, match, shape text) or (None, None, problem)."""
+    """(entry, match, shape text) or (None, None, problem). An EP size the table lacks is
+    answered from the nearest larger one it has (its groups span as much or more), said so."""
     entry = prof.by_shape.get(want)
     if entry is not None:
         return entry, "exact", "exact shape"
+    ep_text = ""
+    same_dtype = [e.shape for e in prof.entries if e.shape.dtype == want.dtype]
+    if not any(s.ep_size == want.ep_size for s in same_dtype):
+        larger = [s.ep_size for s in same_dtype if s.ep_size > want.ep_size]
+        model = [s.ep_size for s in same_dtype if s.ep_size > want.ep_size and s[1:] == want[1:]]
+        if not larger:
+            have = sorted({f"ep_size={e.shape.ep_size}/dtype={e.shape.dtype}" for e in prof.entries})
+            return (
+                None,
+                None,
+                f"no entry for ep_size={want.ep_size} dtype={want.dtype} nor a larger EP size (table has {', '.join(have)})",
+            )
+        ep_text = f"ep_size={want.ep_size} not measured, answered from the nearest larger measured ep_size={min(model or larger)}: "
+        want = want._replace(ep_size=min(model or larger))
+        entry = prof.by_shape.get(want)
+        if entry is not None:
+            return entry, "nearest-shape", ep_text + "exact shape there"
     ranked = sorted(
         (round(shape_distance(want, e.shape), 9), -e.shape.hidden, -e.shape.num_experts, -e.shape.topk, i)
         for i, e in enumerate(prof.entries)
         if e.shape.ep_size == want.ep_size and e.shape.dtype == want.dtype
     )
-    if not ranked:
-        have = sorted({f"ep_size={e.shape.ep_size}/dtype={e.shape.dtype}" for e in prof.entries})
-        return None, None, f"no entry for ep_size={want.ep_size} dtype={want.dtype} (table has {', '.join(have)})"
     dist, *_, idx = ranked[0]
     entry = prof.entries[idx]
     text = f"nearest shape {describe_shape(entry.shape)} (distance {dist:.2f}) for requested {describe_shape(want)}"
-    return entry, "nearest-shape", text
+    return entry, "nearest-shape", ep_text + text
 
 
 def _workspace_need(entry: ProfileEntry, backend: str, dist):
@@ -652,6 +667,9 @@ def _choose(
         return _fallback(f"{path}: {shape_text}", path, **common)
     if entry.source != "measured":
         shape_text += f" [{entry.source}]"
+    unfinished = [f"run {p['run']} {p['status']}" for p in entry.provenance if p["status"] != "completed"]
+    if unfinished:
+        shape_text += f" [partial table: {', '.join(unfinished)}]"
     where = where_text(entry.tokens, dist)
     if phase in PHASES:
         where = f"{phase}: {where}"
@@ -711,9 +729,9 @@ def _choose(
     names = prof.backends[chosen]
     return Choice(
         backend=chosen,
-        vllm_name=names.vllm_name,
-        sglang_name=names.sglang_name,
-        trtllm_name=names.trtllm_name,
+        vllm_name=names.literal("vllm"),
+        sglang_name=names.literal("sglang"),
+        trtllm_name=names.literal("trtllm"),
         engine_options=names.engine_options,
         match=match,
         reason=one_line(f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}{budget_text}"),
@@ -730,7 +748,7 @@ def _choose(
     )
 
 
-# How a failure's kind (the first word of a table's ``failed`` reason) reads in a list.
+# How a failure's kind (:class:`~a2a_tune.tuner.runtime.table.Failed`) reads in a list.
 _FAILURE_KINDS = {
     "unavailable": "unavailable",
     "not_applicable": "not applicable",
@@ -744,10 +762,9 @@ def _unusable(entry: ProfileEntry, prof: Profile, engine, want: Shape) -> str:
     """Why no backend competes: "no usable backend [that <engine> accepts]", and of those the
     engine could run, which the table lists as unavailable, incorrect, ... there."""
     kinds: dict = {}
-    for b, reason in sorted(entry.failed.items()):
+    for b, failed in sorted(entry.failed.items()):
         if engine is None or _expressible(engine, prof.backends[b], want):
-            kind = reason.split(":", 1)[0].split(" at ", 1)[0].strip()
-            kinds.setdefault(_FAILURE_KINDS.get(kind, "failed"), []).append(b)
+            kinds.setdefault(_FAILURE_KINDS.get(failed.kind, "failed"), []).append(b)
     text = f"no usable backend{f' that {engines.NAMES[engine]} accepts' if engine else ''}"
     if kinds:
         text += " (" + "; ".join(f"{kind}: {', '.join(bs)}" for kind, bs in kinds.items()) + ")"

@@ -1,7 +1,9 @@
-"""Which table: the file a fingerprint's table has, where tables are searched, and loading.
+"""Which table: the file a fingerprint's table has, where tables are written and searched, and loading.
 
-The writers (``select``, ``run``, the cluster path) name a table with :func:`profile_filename`
-and write where :func:`user_profile_dir` says; :mod:`a2a_tune.tuner.runtime.lookup` asks
+The one place for both sides of a table's location. The writers (``select``, ``run``, the
+cluster path) name a table with :func:`profile_filename`, write into :func:`write_dir` (the
+first directory the search looks in, so an engine finds what was just written), under
+:func:`table_lock`, with :func:`replace_file`; :mod:`a2a_tune.tuner.runtime.lookup` asks
 :func:`locate` which table answers for this machine and loads it with :func:`load_cached`.
 The search order, the levels (exact, cluster, same GPU domain) and the rule that a broken
 table or directory is reported, never skipped, are in the README ("Runtime lookup").
@@ -44,8 +46,11 @@ __all__ = [
     "profile_filename",
     "profile_search_paths",
     "resolve_fingerprint",
+    "replace_file",
+    "table_lock",
     "user_profile_dir",
     "warn_once",
+    "write_dir",
 ]
 
 PROFILE_DIR_ENV = "A2A_TUNE_PROFILE_DIR"
@@ -89,6 +94,70 @@ def user_profile_dir() -> str:
     """Where `a2a-tune select` / `run` write by default: this machine's own measured tables."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "a2a-tune", "profiles")
+
+
+def write_dir(out_dir=None) -> str:
+    """Where a table is written: ``out_dir``, else the first ``$A2A_TUNE_PROFILE_DIR`` entry,
+    else :func:`user_profile_dir` -- the first directory :func:`locate` searches either way."""
+    first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
+    return os.path.expanduser(os.fspath(out_dir or first or user_profile_dir()))
+
+
+class table_lock:  # noqa: N801 - used as a context manager, like open()
+    """Hold ``directory``'s lock for ``fingerprint``'s table (``.<fingerprint>.json.lock``, an
+    advisory ``flock``) while a writer reads the table on disk, merges and replaces it: two
+    ``run``s or ``select``s at once then merge one after the other, never over each other."""
+
+    def __init__(self, directory, fingerprint: str):
+        self.path = os.path.join(os.fspath(directory), f".{profile_filename(fingerprint)}.lock")
+        self.fd = None
+
+    def __enter__(self):
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # releases the lock
+        self.fd = None
+
+
+def replace_file(target, text: str) -> str:
+    """Atomically replace ``target`` with ``text``: a temporary file in the same directory,
+    flushed to disk, made world-readable (engines often run as another user than the tuner)
+    and renamed over it, so a reader sees the old file or the new one, never a partial one.
+    Returns the path; raises OSError."""
+    import tempfile
+
+    target = os.fspath(target)
+    directory = os.path.dirname(target) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename durable too (best effort; not all filesystems allow it)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return target
 
 
 def _search_dirs() -> list:
@@ -231,20 +300,11 @@ def add_cluster_pointer(directory, node_fingerprint: str, cluster_fingerprint: s
     ``cluster_fingerprint``: lookup on the node then finds that table. Newest first; written
     atomically (several nodes may share the directory). Raises OSError / ValueError."""
     import json
-    import tempfile
 
     node, cluster = normalize_fingerprint(node_fingerprint), normalize_fingerprint(cluster_fingerprint)
     path = os.path.join(os.fspath(directory), node + CLUSTER_POINTER_SUFFIX)
     clusters = [cluster] + [c for c in _read_pointer(path) if c != cluster]
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=CLUSTER_POINTER_SUFFIX)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"clusters": clusters}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    replace_file(path, json.dumps({"clusters": clusters}))
 
 
 # path -> (file identity, clusters): pointers are re-read only when they change.
@@ -307,13 +367,16 @@ def _tables(fingerprint: str, dirs: list):
     yield None, tried, None
 
 
-def _covers(slot, ep_size: int, dtype: str) -> bool:
-    """Whether a loaded table has any entry for this EP size and dtype."""
+def _covers(slot, ep_size: int, dtype: str) -> int:
+    """How a loaded table answers this EP size and dtype: 2, an entry for them; 1, one for a
+    larger EP size (the lookup answers from the nearest larger one, and says so); 0, neither."""
     if slot.profile is None:
-        return False
+        return 0
     if slot.ep_dtypes is None:
         slot.ep_dtypes = frozenset((e.shape.ep_size, e.shape.dtype) for e in slot.profile.entries)
-    return (ep_size, dtype) in slot.ep_dtypes
+    if (ep_size, dtype) in slot.ep_dtypes:
+        return 2
+    return int(any(d == dtype and ep > ep_size for ep, d in slot.ep_dtypes))
 
 
 def _miss_message(fingerprint: str, tried: list) -> str:
@@ -325,21 +388,25 @@ def _miss_message(fingerprint: str, tried: list) -> str:
 def locate(fingerprint: str, ep_size: int, dtype: str) -> tuple:
     """(path, level, problem) of the table that answers for ``fingerprint`` (normalised) at
     this EP size and dtype: of the tables found, the first with an entry for them, else the
-    first found (its answer says what it lacks). A table that does not load, or a place on
-    the search path that cannot be read (``problem``), stops the search: it is reported, not
-    skipped. (None, None, problem) when no table is found."""
-    first = None
+    first with one for a larger EP size, else the first found (its answer says what it
+    lacks). A table that does not load, or a place on the search path that cannot be read
+    (``problem``), stops the search: it is reported, not skipped. (None, None, problem) when
+    no table is found."""
+    first = larger = None
     for path, level, problem in _tables(fingerprint, _search_dirs()):
         if path is None:  # every table was looked at; none has this EP size and dtype
             if first is None:
                 return None, None, _miss_message(fingerprint, level)
-            return (*first, None)
+            return (*(larger or first), None)
         if problem is not None:
             return path, level, problem
         first = first or (path, level)
         found = load_cached(path)
-        if found.error is not None or _covers(found, ep_size, dtype):
+        covers = _covers(found, ep_size, dtype)
+        if found.error is not None or covers == 2:
             return path, level, None
+        if covers and larger is None:
+            larger = path, level
     raise AssertionError("unreachable: _tables always ends with (None, tried, None)")
 
 

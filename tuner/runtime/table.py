@@ -1,7 +1,9 @@
-"""The selection table on disk: schema versions 1, 2 and 3 -> one validated, read-only model.
+"""The selection table on disk: schema versions 1 to 4 <-> one validated, read-only model.
 
-The one reader of tables: written by :mod:`a2a_tune.tuner.select` (always the current
-:data:`SCHEMA_VERSION`, checked here before writing), read by
+The one reader AND writer of tables: :func:`parse_profile` reads any readable schema into a
+:class:`Profile`; :func:`to_dict` / :func:`to_json` write a Profile as the current
+:data:`SCHEMA_VERSION` -- the one upgrade path is ``to_json(parse_profile(old))``
+(:func:`upgrade`), and :mod:`a2a_tune.tuner.select` writes through the same two calls. Read by
 :mod:`a2a_tune.tuner.runtime.lookup` at engine start-up, and by every other command that
 reads a table (``show``, ``diff``, ``plot``, ``report``, ``evaluate``, ``tune-knobs``), so
 each judges a table as the lookup does. Standard library only; it checks by hand exactly
@@ -42,7 +44,22 @@ numbers >= 0; what each counts: :mod:`a2a_tune.tuner.figures`): ``dispatch_us`` 
 and ``workspace_mib``, the device memory the backend holds per rank. Schema 1 and 2 tables
 have none: their entries carry the round trip alone.
 
-Schema 1 files are converted on load: every backend gets ``run.timing`` ("graph" for
+Schema 4 changes three things, and adds two:
+
+* ``backends.<b>``: ``engines`` -- one map engine -> literal (null: the engine has none) keyed
+  by :data:`a2a_tune.tuner.runtime.engines.ENGINES` -- replaces ``vllm_name`` / ``sglang_name`` /
+  ``trtllm_name``; ``closest`` (engine -> literal) replaces ``vllm_closest``. A new engine is a
+  new key, not a new schema.
+* ``failed.<b>`` is an object ``{kind, tokens, reason}`` (:class:`Failed`), never text to parse.
+* every time is written through this module (``to_json``), so a parsed table written again is
+  byte-identical.
+* per entry ``provenance``: the runs its measurements come from, newest first (run id, date,
+  facts hash, status: a run not ``completed`` makes the entry, and the table, *partial*);
+* per entry ``fabric``: what its EP groups span (:data:`FABRICS`).
+
+Older files are converted on load (the same conversion :func:`upgrade` writes): failure text
+``"kind[ at T tokens/rank]: reason"`` becomes a :class:`Failed`, the per-engine name fields the
+engines map. Schema 1 files are converted on load: every backend gets ``run.timing`` ("graph" for
 ``graph`` / ``cuda_graph``, else "eager"), p10/p90 are used where valid (else the
 spread is unknown: no ties), and the tie preference is the engine default
 ``allgather_reducescatter`` first, then the order of the ``backends`` section. Any other
@@ -59,6 +76,7 @@ from collections import namedtuple
 from operator import le as _le
 from types import MappingProxyType
 
+from a2a_tune.tuner.runtime import engines
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS, winners
 from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
 from a2a_tune.tuner.runtime.point import (
@@ -80,6 +98,8 @@ __all__ = [
     "MIN_US",
     "READABLE_SCHEMAS",
     "BackendNames",
+    "FABRICS",
+    "Failed",
     "FIGURE_COUNTS",
     "FIGURE_CURVES",
     "SCHEMA_VERSION",
@@ -93,15 +113,23 @@ __all__ = [
     "entry_winners",
     "parse_profile",
     "round_us",
+    "to_dict",
+    "to_json",
+    "upgrade",
 ]
 
 #: vLLM's own default (``--all2all-backend``); the answer whenever the table cannot give one,
 #: and the first choice when measurements cannot tell backends apart (a tie).
-FALLBACK_BACKEND = "allgather_reducescatter"
+#: (Our backend of that name stands for it: it is the engine default's own literal.)
+FALLBACK_BACKEND = engines.DEFAULT["vllm"]
 #: The version select writes.
-SCHEMA_VERSION = 3
-#: The versions this reader loads (1 is converted on load).
-READABLE_SCHEMAS = (1, 2, 3)
+SCHEMA_VERSION = 4
+#: The versions this reader loads (1 to 3 are converted on load).
+READABLE_SCHEMAS = (1, 2, 3, 4)
+#: What an entry's EP groups span (schema 4 ``fabric``), from the probe's facts: one NVLink
+#: island (one node's NVLink), one multi-node NVLink domain (e.g. a GB200 NVL72 rack), or
+#: nodes with no NVLink between them (the network).
+FABRICS = ("nvlink-island", "nvlink-domain", "network")
 #: Schema 3's optional figures per entry and backend: times (µs) and counts (>= 0).
 FIGURE_CURVES = ("dispatch_us", "combine_us")
 FIGURE_COUNTS = (
@@ -161,48 +189,87 @@ def describe_shape(s: Shape) -> str:
 # imports inspect), which every engine would pay at start-up.
 
 
+class Failed(namedtuple("Failed", "kind tokens reason")):
+    """Why a backend is never chosen for an entry: ``kind`` ("incorrect", "crashed",
+    "unavailable", "not_applicable", "error", "timeout"), ``tokens`` (the token count per rank
+    it failed at; None: the whole shape) and ``reason`` (one line). ``str()`` is one line."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        at = f" at {self.tokens} tokens/rank" if self.tokens is not None else ""
+        return f"{self.kind}{at}: {self.reason}"
+
+
 class ProfileEntry(
-    namedtuple("ProfileEntry", "shape source tokens median_us p10_us p90_us timing failed knobs figures")
+    namedtuple(
+        "ProfileEntry", "shape source tokens median_us p10_us p90_us timing failed knobs figures provenance fabric"
+    )
 ):
     """One validated entry: a shape and each backend's curves over tokens per rank.
 
     ``shape``: :data:`Shape`; ``source``: "measured" or "predicted"; ``tokens``: ascending
     token counts per rank; ``median_us`` / ``p10_us`` / ``p90_us``: backend -> tuple of
     float or None aligned with ``tokens``; ``timing``: backend -> "eager" | "graph";
-    ``failed``: backend -> one-line reason (never selected); ``knobs``: backend -> tuple
+    ``failed``: backend -> :class:`Failed` (never selected); ``knobs``: backend -> tuple
     aligned with ``tokens`` of read-only mappings or None (backends with knobs only);
     ``figures``: backend -> {figure name -> tuple aligned with ``tokens``} for the schema-3
-    figures the table holds (backends with any). Mappings are read-only.
+    figures the table holds (backends with any); ``provenance``: tuple of read-only mappings
+    {run, date, facts_hash, status}, newest first (schema 4; empty before); ``fabric``: one
+    of :data:`FABRICS` or None (not recorded). Mappings are read-only.
     """
 
     __slots__ = ()
 
 
-class BackendNames(namedtuple("BackendNames", "vllm_name sglang_name trtllm_name engine_options")):
-    """What the engines call one backend: each engine's literal for it (None: the engine has
-    none) and ``engine_options``: engine -> tuple of the options it needs beside the literal."""
+class BackendNames(namedtuple("BackendNames", "literals closest engine_options")):
+    """What the engines call one backend: ``literals``, engine -> its literal (None: the engine
+    has none); ``closest``, engine -> the literal of the engine's backend doing the same job,
+    where it has none (informational: never answered in this one's place);
+    ``engine_options``: engine -> tuple of the options it needs beside the literal. Keyed by
+    :data:`a2a_tune.tuner.runtime.engines.ENGINES` (a table may name engines this version
+    does not know: kept, never answered)."""
 
     __slots__ = ()
 
     def literal(self, engine: str):
         """The literal of ``engine`` ("vllm", "sglang", "trtllm") for this backend, or None."""
-        return {"vllm": self.vllm_name, "sglang": self.sglang_name, "trtllm": self.trtllm_name}.get(engine)
+        return self.literals.get(engine)
+
+    @classmethod
+    def of(cls, literals=None, closest=None, engine_options=None) -> BackendNames:
+        """From plain mappings (engine -> literal / closest literal / options)."""
+        opts = {e: tuple(o) for e, o in (engine_options or {}).items()}
+        return cls(
+            MappingProxyType(dict(literals or {})), MappingProxyType(dict(closest or {})), MappingProxyType(opts)
+        )
 
 
 _NO_OPTIONS = MappingProxyType({})
 
 
-class Profile(namedtuple("Profile", "path schema fingerprint backends tie_preference entries by_shape capacity")):
+class Profile(namedtuple("Profile", "path schema fingerprint backends tie_preference entries by_shape capacity meta")):
     """A validated profile: what lookup needs, and the capacity the table was measured at.
 
     ``schema``: the file's version (1 is converted on load); ``backends``: backend ->
     :class:`BackendNames`; ``tie_preference``: backends, most preferred first;
     ``entries``: tuple of :class:`ProfileEntry`; ``by_shape``: Shape -> ProfileEntry;
     ``capacity``: ``run.capacity`` (tokens per rank the fixed-capacity backends were built
-    for) or None.
+    for) or None; ``meta``: what the file says beside the entries, written back as read
+    (``generated_by``, ``generated_at``, ``hardware`` without the fingerprint, ``run``).
     """
 
     __slots__ = ()
+
+    def partial_runs(self) -> tuple:
+        """Ids of the unfinished runs (running, interrupted, failed) some entry comes from:
+        such a table was selected with ``--partial`` and may lack what those runs had left."""
+        return tuple(
+            sorted(
+                {p.get("run") for e in self.entries for p in e.provenance if p.get("status") != "completed"},
+                key=str,
+            )
+        )
 
 
 # ----------------------------------------------------------------------- small checks
@@ -349,12 +416,14 @@ def _parse(data, path, notes) -> Profile:
     for name, spec in _obj(top.get("backends"), "backends").items():
         where = f"backends.{name}"
         spec = _obj(spec, where)
-        backends[name] = BackendNames(
-            _opt_str(spec.get("vllm_name"), f"{where}.vllm_name"),
-            _opt_str(spec.get("sglang_name"), f"{where}.sglang_name"),
-            _opt_str(spec.get("trtllm_name"), f"{where}.trtllm_name"),
-            _engine_options(spec.get("engine_options"), f"{where}.engine_options"),
-        )
+        if schema >= 4:
+            literals = _literals(spec.get("engines"), f"{where}.engines", nullable=True)
+            closest = _literals(spec.get("closest"), f"{where}.closest", nullable=False)
+        else:  # one field per engine
+            literals = {e: _opt_str(spec.get(f"{e}_name"), f"{where}.{e}_name") for e in engines.ENGINES}
+            closest = {"vllm": spec["vllm_closest"]} if isinstance(spec.get("vllm_closest"), str) else {}
+        options = _engine_options(spec.get("engine_options"), f"{where}.engine_options")
+        backends[name] = BackendNames(MappingProxyType(literals), MappingProxyType(closest), options)
 
     if schema == 1:
         timing = _v1_timing(top.get("run"))
@@ -369,10 +438,11 @@ def _parse(data, path, notes) -> Profile:
     if not raw_entries:
         raise ProfileError("empty table (no entries)", field="entries")
 
+    legacy = _legacy_source(run, hw) if schema < 4 else ()
     entries = []
     by_shape = {}
     for i, raw in enumerate(raw_entries):
-        entry = _parse_entry(raw, f"entries[{i}]", backends, timing, figures=schema >= 3)
+        entry = _parse_entry(raw, f"entries[{i}]", backends, timing, schema, legacy)
         if entry.shape in by_shape:
             j = entries.index(by_shape[entry.shape])
             raise ProfileError(f"same shape as entries[{j}]", field=f"entries[{i}]")
@@ -390,7 +460,44 @@ def _parse(data, path, notes) -> Profile:
         entries=tuple(entries),
         by_shape=MappingProxyType(by_shape),
         capacity=capacity,
+        meta=MappingProxyType(
+            {
+                "generated_by": top.get("generated_by"),
+                "generated_at": top.get("generated_at"),
+                "hardware": {k: v for k, v in hw.items() if k != "fingerprint"},
+                "run": dict(run) if isinstance(run, dict) else {},
+            }
+        ),
     )
+
+
+def _legacy_source(run, hw: dict) -> tuple:
+    """An older table's provenance: the one run it was selected from (select took completed
+    runs), as its ``run`` section names it; () if it names none."""
+    run = run if isinstance(run, dict) else {}
+    if type(run.get("id")) not in (int, str):
+        return ()
+    date, facts_hash = run.get("started_at"), hw.get("facts_hash")
+    source = {
+        "run": run["id"],
+        "date": date if isinstance(date, str) else None,
+        "facts_hash": facts_hash if isinstance(facts_hash, str) else None,
+        "status": "completed",
+    }
+    return (MappingProxyType(source),)
+
+
+def _literals(raw, where: str, *, nullable: bool) -> dict:
+    """Schema 4 ``engines`` / ``closest``: absent or an object engine -> literal (or null)."""
+    if raw is None:
+        return {}
+    out = {}
+    for engine, literal in _obj(raw, where).items():
+        if not (isinstance(literal, str) and literal) and not (nullable and literal is None):
+            wanted = "a non-empty string" + (" or null" if nullable else "")
+            raise ProfileError(f"expected {wanted}, got {_jtype(literal)}", field=f"{where}.{engine}")
+        out[engine] = literal
+    return out
 
 
 def _engine_options(raw, where: str):
@@ -431,7 +538,9 @@ def _preference(raw, backends: dict) -> tuple:
     return tuple(raw) + tuple(b for b in backends if b not in seen)
 
 
-def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None, *, figures: bool = False) -> ProfileEntry:
+def _parse_entry(
+    raw, where: str, backends: dict, v1_timing: str | None, schema: int, legacy_source: tuple = ()
+) -> ProfileEntry:
     e = _obj(raw, where)
     ints = []
     for key in SHAPE_KEYS[:4]:
@@ -486,17 +595,24 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None, *, figu
         medians[name], p10s[name], p90s[name] = med, lo, hi
         if "knobs" in curve:
             knobs[name] = _knobs(curve["knobs"], n, f"{bwhere}.knobs")
-        if figures:
+        if schema >= 3:
             found = {k: _curve(curve[k], n, bwhere, k)[0] for k in FIGURE_CURVES if k in curve}
             found.update({k: _counts(curve[k], n, bwhere, k) for k in FIGURE_COUNTS if k in curve})
             if found:
                 extra[name] = MappingProxyType(found)
 
     failed = {}
-    for name, reason in _obj(e.get("failed", {}), f"{where}.failed").items():
-        if not isinstance(reason, str):
-            raise ProfileError(f"expected a string reason, got {_jtype(reason)}", field=f"{where}.failed.{name}")
-        failed[name] = reason
+    for name, why in _obj(e.get("failed", {}), f"{where}.failed").items():
+        failed[name] = _failed(why, f"{where}.failed.{name}", schema)
+    provenance, fabric = legacy_source, None
+    if schema >= 4:
+        provenance = _provenance(e.get("provenance", []), f"{where}.provenance")
+        fabric = e.get("fabric")
+        if fabric is not None and fabric not in FABRICS:
+            raise ProfileError(
+                f"expected one of {', '.join(map(repr, FABRICS))} or null, got {one_line(repr(fabric), 80)}",
+                field=f"{where}.fabric",
+            )
 
     _check_winners(e.get("winners", []), where, set(tokens), medians, failed, v1=v1_timing is not None)
 
@@ -511,7 +627,49 @@ def _parse_entry(raw, where: str, backends: dict, v1_timing: str | None, *, figu
         failed=MappingProxyType(failed),
         knobs=MappingProxyType(knobs),
         figures=MappingProxyType(extra),
+        provenance=provenance,
+        fabric=fabric,
     )
+
+
+def _failed(raw, where: str, schema: int) -> Failed:
+    """Schema 4: an object {kind, tokens, reason}. Before: select's text
+    ``"kind[ at T tokens/rank]: reason"``, converted here once (other text: kind "error")."""
+    if schema < 4:
+        if not isinstance(raw, str):
+            raise ProfileError(f"expected a string reason, got {_jtype(raw)}", field=where)
+        import re
+
+        m = re.match(r"([a-z_]+)(?: at (\d+) tokens/rank)?: (.*)\Z", raw, re.S)
+        if m is None:
+            return Failed("error", None, raw)
+        return Failed(m[1], int(m[2]) if m[2] and int(m[2]) <= MAX_TOKENS_PER_RANK else None, m[3])
+    raw = _obj(raw, where)
+    kind, tokens, reason = raw.get("kind"), raw.get("tokens"), raw.get("reason")
+    if not isinstance(kind, str) or not kind:
+        raise ProfileError(f"expected a non-empty string, got {_jtype(kind)}", field=f"{where}.kind")
+    if tokens is not None:
+        _count(tokens, f"{where}.tokens")
+    if not isinstance(reason, str):
+        raise ProfileError(f"expected a string, got {_jtype(reason)}", field=f"{where}.reason")
+    return Failed(kind, tokens, reason)
+
+
+_PROVENANCE_TYPES = {"run": (int, str), "date": (str, type(None)), "facts_hash": (str, type(None)), "status": (str,)}
+
+
+def _provenance(raw, where: str) -> tuple:
+    """Schema 4 ``provenance``: an array of {run, date, facts_hash, status}, newest first."""
+    if type(raw) is not list:
+        raise ProfileError(f"expected an array, got {_jtype(raw)}", field=where)
+    out = []
+    for j, p in enumerate(raw):
+        p = _obj(p, f"{where}[{j}]")
+        for key, types in _PROVENANCE_TYPES.items():
+            if type(p.get(key)) not in types:
+                raise ProfileError(f"unexpected {_jtype(p.get(key))}", field=f"{where}[{j}].{key}")
+        out.append(MappingProxyType({k: p[k] for k in _PROVENANCE_TYPES}))
+    return tuple(out)
 
 
 _KNOB_VALUE_TYPES = (int, float, str, bool)
@@ -619,3 +777,99 @@ def _winner_notes(raw, entry: ProfileEntry, preference, where: str, *, v1: bool)
         f"{where}: the table's winners differ from its curves at {shown} tokens/rank; "
         "shown as its curves give them (what the lookup answers)"
     ]
+
+
+# ------------------------------------------------------------------------------ write
+
+
+def to_dict(profile: Profile) -> dict:
+    """``profile`` as the current schema's JSON object: what :func:`parse_profile` reads back
+    as the same Profile. Winners are written as the curves give them (the rule lookup
+    applies); a spread that does not hold the median (schema 1 only) is left out."""
+    meta = profile.meta
+    out: dict = {"schema": SCHEMA_VERSION}
+    for key in ("generated_by", "generated_at"):
+        if meta.get(key) is not None:
+            out[key] = meta[key]
+    out["hardware"] = {**meta.get("hardware", {}), "fingerprint": profile.fingerprint}
+    run = dict(meta.get("run") or {})
+    run.pop("timing", None)  # schema 1's one mode: per backend per entry since schema 2
+    if "versions" in run:
+        versions = run["versions"] if isinstance(run["versions"], dict) else {}
+        run["versions"] = {str(k): (None if v is None else str(v)) for k, v in versions.items()}
+    out["run"] = run
+    out["backends"] = {b: _names_out(n) for b, n in profile.backends.items()}
+    out["tie_preference"] = list(profile.tie_preference)
+    out["entries"] = [_entry_out(e, profile.tie_preference) for e in profile.entries]
+    return out
+
+
+def _names_out(names: BackendNames) -> dict:
+    out = {"engines": dict(names.literals)}
+    if names.closest:
+        out["closest"] = dict(names.closest)
+    if names.engine_options:
+        out["engine_options"] = {e: list(o) for e, o in names.engine_options.items()}
+    return out
+
+
+def _entry_out(e: ProfileEntry, preference) -> dict:
+    out = dict(zip(SHAPE_KEYS, e.shape))
+    curves = {}
+    for b, med in e.median_us.items():
+        lo = [v if v is not None and m is not None and v <= m else None for v, m in zip(e.p10_us[b], med)]
+        hi = [v if v is not None and m is not None and v >= m else None for v, m in zip(e.p90_us[b], med)]
+        curve = {"timing": e.timing[b], "median_us": list(med), "p10_us": lo, "p90_us": hi}
+        if b in e.knobs:
+            curve["knobs"] = [None if k is None else dict(k) for k in e.knobs[b]]
+        curve.update({k: list(v) for k, v in e.figures.get(b, {}).items()})
+        curves[b] = curve
+    out.update(source=e.source, tokens=list(e.tokens), backends=curves)
+    out["winners"] = [w._asdict() for w in entry_winners(e, preference)]
+    out["failed"] = {b: f._asdict() for b, f in e.failed.items()}
+    if e.provenance:
+        out["provenance"] = [dict(p) for p in e.provenance]
+    if e.fabric is not None:
+        out["fabric"] = e.fabric
+    return out
+
+
+def to_json(profile: Profile) -> str:
+    """The table file's text: :func:`to_dict`, keys sorted, one line per curve / winner / flat
+    object (so ``diff`` of two tables shows one changed line per changed curve), a final
+    newline. ``to_json(parse_profile(json.loads(text))) == text`` for a file it wrote."""
+    return _dumps(to_dict(profile)) + "\n"
+
+
+def upgrade(data) -> dict:
+    """A table of any readable schema as the current one: the conversion on load, written
+    back (:func:`to_dict`). Raises :class:`ProfileError` if ``data`` does not load."""
+    return to_dict(parse_profile(data))
+
+
+def _scalar(v) -> str:
+    import json
+
+    return json.dumps(v, allow_nan=False, ensure_ascii=False)
+
+
+def _dumps(v, level: int = 0) -> str:
+    """Pretty JSON with sorted keys: ``json.dumps(indent=2, sort_keys=True)`` but an object or
+    array of scalars stays on one line."""
+    pad, inner = "  " * level, "  " * (level + 1)
+    if isinstance(v, dict):
+        if not v:
+            return "{}"
+        keys = sorted(v, key=str)
+        if all(not isinstance(v[k], (dict, list, tuple)) for k in keys):
+            return "{" + ", ".join(f"{_scalar(str(k))}: {_scalar(v[k])}" for k in keys) + "}"
+        body = ",\n".join(f"{inner}{_scalar(str(k))}: {_dumps(v[k], level + 1)}" for k in keys)
+        return "{\n" + body + "\n" + pad + "}"
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "[]"
+        if all(not isinstance(x, (dict, list, tuple)) for x in v):
+            return "[" + ", ".join(_scalar(x) for x in v) + "]"
+        body = ",\n".join(f"{inner}{_dumps(x, level + 1)}" for x in v)
+        return "[\n" + body + "\n" + pad + "]"
+    return _scalar(v)

@@ -68,6 +68,7 @@ import os
 import sys
 from collections import namedtuple
 
+from a2a_tune.tuner.runtime import engines
 from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = ["DISABLE_ENV", "PHASE_ENV", "WORKLOAD_ENV", "Decision", "decide", "register"]
@@ -77,7 +78,7 @@ PHASE_ENV = "A2A_TUNE_PHASE"
 WORKLOAD_ENV = "A2A_TUNE_WORKLOAD"
 
 #: vLLM's default (``ParallelConfig.all2all_backend``), when the EngineArgs class does not say.
-VLLM_DEFAULT = "allgather_reducescatter"
+VLLM_DEFAULT = engines.DEFAULT["vllm"]
 # vLLM's option, and the shortest abbreviation its parser takes for it (argparse accepts any
 # unambiguous prefix; "--all" and shorter also match --allowed-* options).
 _OPTION = "all2all-backend"

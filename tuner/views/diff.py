@@ -165,10 +165,10 @@ def diff_views(a: TableView, b: TableView, *, tolerance: float = 0.0) -> DiffRes
         b_ok = set(sb.curves) - set(sb.failed)
         for backend, reason in sb.failed.items():
             if backend in a_ok:
-                res.new_failures.append(FailureChange(sa.key, backend, reason))
+                res.new_failures.append(FailureChange(sa.key, backend, str(reason)))
         for backend, reason in sa.failed.items():
             if backend in b_ok:
-                res.fixed_failures.append(FailureChange(sa.key, backend, reason))
+                res.fixed_failures.append(FailureChange(sa.key, backend, str(reason)))
         jb = {t: j for j, t in enumerate(sb.tokens)}
         for backend, ca in sa.curves.items():
             cb = sb.curves.get(backend)

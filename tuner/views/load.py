@@ -20,7 +20,6 @@ or a table the lookup refuses raises :class:`~.model.ViewError`.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -92,14 +91,19 @@ def load_profile_view(path) -> TableView:
     shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
     failures = []
     for s in shapes:
-        for b, text in s.failed.items():
-            kind, reason, t = _parse_failed(text)
-            failures.append(FailureView(b, kind, reason, shape=s.key, tokens=t))
+        for b, f in s.failed.items():
+            failures.append(FailureView(b, f.kind, f.reason, shape=s.key, tokens=f.tokens))
     hw = data["hardware"]
     run = dict(data.get("run")) if isinstance(data.get("run"), Mapping) else {}
     facts = hw.get("facts") if isinstance(hw.get("facts"), Mapping) else {}
     backends = data.get("backends")
     _rehearsal(run, notes)
+    unfinished = sorted(
+        {(p["run"], p["status"]) for e in prof.entries for p in e.provenance if p["status"] != "completed"}, key=str
+    )
+    if unfinished:
+        runs = ", ".join(f"run {clean(str(r))} {clean(s)}" for r, s in unfinished)
+        notes.append(f"PARTIAL table: selected with --partial from {runs}; it may lack what those runs did not measure")
     return TableView(
         kind="profile",
         label=clean(path),
@@ -163,21 +167,9 @@ def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
         tokens=list(entry.tokens),
         curves=curves,
         winners=winners,
-        failed={c(b): c(reason) for b, reason in entry.failed.items()},
+        failed={c(b): f._replace(kind=c(f.kind), reason=c(f.reason)) for b, f in entry.failed.items()},
+        fabric=entry.fabric,
     )
-
-
-_FAILED_TEXT = re.compile(r"^(?P<kind>[a-z_]+)(?: at (?P<tokens>\d+) tokens/rank)?: (?P<reason>.*)$", re.S)
-
-
-def _parse_failed(text: str) -> tuple:
-    """A table's ``failed[backend]`` text, as select writes it ("kind[ at T tokens/rank]:
-    reason") -> (kind, reason, tokens or None); other text is kind "failed"."""
-    m = _FAILED_TEXT.match(text)
-    if m is None:
-        return "failed", text, None
-    t = m.group("tokens")
-    return m.group("kind"), m.group("reason"), int(t) if t else None
 
 
 def _normalise_run(run: Mapping) -> dict:
@@ -290,7 +282,7 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
         table = {
             "schema": SCHEMA_VERSION,
             "hardware": {"fingerprint": _fingerprint_or_placeholder(g(hw, "fingerprint"))},
-            "backends": {b: {"vllm_name": None, "sglang_name": None} for b in preference},
+            "backends": {b: {} for b in preference},
             "tie_preference": preference,
             "entries": entries,
         }

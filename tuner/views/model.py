@@ -87,6 +87,14 @@ class FailureView:
     tokens: int | None
 
 
+#: How the views word an entry's fabric (:data:`~a2a_tune.tuner.runtime.table.FABRICS`).
+FABRIC_WORDS = {
+    "nvlink-island": "one NVLink island",
+    "nvlink-domain": "one multi-node NVLink domain",
+    "network": "nodes without NVLink between them",
+}
+
+
 @dataclass
 class ShapeView:
     ep_size: int
@@ -99,7 +107,8 @@ class ShapeView:
     tokens: list
     curves: dict  # backend -> Curve
     winners: list  # [Winner], ascending tokens
-    failed: dict  # backend -> one-line reason; never a winner
+    failed: dict  # backend -> runtime.table.Failed (kind, tokens, reason; str(): one line); never a winner
+    fabric: str | None = None  # what its EP groups span (runtime.table.FABRICS); None: not recorded
 
     @property
     def key(self) -> tuple:
@@ -119,7 +128,7 @@ class TableView:
     facts_hash: str | None
     facts: dict  # probe facts ({} when unknown)
     run: dict  # id, status, device_type, world_size, versions, timing, started_at, finished_at, git_sha
-    backends: dict  # backend -> {"vllm_name":..., "sglang_name":...}
+    backends: dict  # backend -> {"engines": {engine: literal}, ...} as the table writes it
     shapes: list  # [ShapeView]
     failures: list  # [FailureView]
     notes: list = field(default_factory=list)  # what the reader tolerated, one line each

@@ -225,7 +225,7 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
         if not failed:
             med_all += med
         name = label + (f" ({c.timing})" if mixed and c.timing else "")
-        name += f"  (failed: {shape.failed[c.backend].split(':')[0]}; never selected)" if failed else ""
+        name += f"  (failed: {shape.failed[c.backend].kind}; never selected)" if failed else ""
         (line,) = ax.plot(
             xs,
             med,

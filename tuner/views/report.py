@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .model import (
     EN_DASH,
+    FABRIC_WORDS,
     ShapeView,
     TableView,
     ViewError,
@@ -218,6 +219,8 @@ def _winners_section(view: TableView) -> str:
                 '<p><span class="fail">never selected here:</span> ' + _e(", ".join(s.failed)) + " (see failures)</p>"
             )
         src = "" if s.source == "measured" else f'<span class="pill">{_e(s.source)}</span>'
+        if s.fabric:
+            src += f'<span class="pill">EP groups span {_e(FABRIC_WORDS.get(s.fabric, s.fabric))}</span>'
         out.append(
             f'<h3 id="w-{_e(shape_slug(s))}">{_e(shape_label(s))}{src}</h3>'
             '<table class="winners"><colgroup><col style="width:13%"><col style="width:27%"><col style="width:20%">'

@@ -16,6 +16,7 @@ from ..figures import NO_LINK, is_cpu, link_text
 from ..runtime.table import SHAPE_KEYS
 from .model import (
     EN_DASH,
+    FABRIC_WORDS,
     ShapeView,
     TableView,
     clean,
@@ -271,7 +272,8 @@ def show_data(view: TableView) -> dict:
                     }
                     for r in winner_ranges(s)
                 ],
-                "failed": s.failed,
+                "failed": {b: str(f) for b, f in s.failed.items()},
+                "fabric": s.fabric,
                 "link": _link_data(view, s),
                 "figures": {b: point_figures(c, s.tokens, shape_link(view, s)) for b, c in s.curves.items()},
             }
@@ -331,6 +333,10 @@ def render_show(view: TableView, console) -> None:
         console.print()
         title = shape_label(s) + ("  (predicted)" if s.source != "measured" else "")
         console.print(Text(title, style="bold cyan"), soft_wrap=True)
+        if s.fabric:
+            console.print(
+                Text(f"  EP groups span: {FABRIC_WORDS.get(s.fabric, s.fabric)}", style="dim"), soft_wrap=True
+            )
         # The runners-up go under the winner, so one column holds the names: 80 columns take the
         # longest names whole (a name is wrapped only at the spaces between names, never cut).
         t = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), show_edge=False, pad_edge=False, collapse_padding=True)
