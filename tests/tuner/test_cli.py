@@ -51,7 +51,7 @@ def test_run_writes_a_table_the_lookup_finds_by_fingerprint(finished_run):
     if not table.exists():  # another architecture: find the one file written
         (table,) = (root / "xdg" / "a2a-tune" / "profiles").glob("cpu-*.json")
     profile = json.loads(table.read_text())
-    assert profile["schema"] == 3 and profile["entries"][0]["tokens"] == [1, 8, 32]
+    assert profile["schema"] == 4 and profile["entries"][0]["tokens"] == [1, 8, 32]
     assert {c["timing"] for c in profile["entries"][0]["backends"].values()} == {"eager"}
 
     look = a2a(
@@ -118,7 +118,9 @@ def test_select_again_from_the_database(finished_run, tmp_path):
     shape = dict(ep_size=2, hidden=4096, topk=2, num_experts=8, dtype="bf16", routing="uniform")
     assert {k: entry[k] for k in shape} == shape and entry["tokens"] == [1, 8, 32]
     assert set(entry["backends"]) == CPU_BACKENDS  # the GPU backends: unavailable, said in `failed`
-    assert all(why.startswith("unavailable: needs CUDA GPUs") for why in entry["failed"].values())
+    assert all(
+        f["kind"] == "unavailable" and f["reason"].startswith("needs CUDA GPUs") for f in entry["failed"].values()
+    )
     assert [w["backend"] in CPU_BACKENDS for w in entry["winners"]] == [True] * 3
     assert all(len(c["median_us"]) == 3 and None not in c["median_us"] for c in entry["backends"].values())
 

@@ -8,7 +8,7 @@ The one reader AND writer of tables: :func:`parse_profile` reads any readable sc
 reads a table (``show``, ``diff``, ``plot``, ``report``, ``evaluate``, ``tune-knobs``), so
 each judges a table as the lookup does. Standard library only; it checks by hand exactly
 what lookup relies on (jsonschema is too slow and heavy for an engine's start-up;
-``select.validate_profile`` runs the published JSON Schema ``profiles/schema-v3.json`` as
+``select.validate_profile`` runs the published JSON Schema ``profiles/schema-v<N>.json`` as
 well before writing).
 
 Two modes, one set of rules. **Strict** (the default; what lookup uses): the first problem
@@ -79,16 +79,20 @@ from types import MappingProxyType
 from a2a_tune.tuner.runtime import engines
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS, winners
 from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
-from a2a_tune.tuner.runtime.point import (
-    MAX_EP_SIZE,
-    MAX_EXPERTS,
-    MAX_HIDDEN,
-    MAX_TOKENS_PER_RANK,
-    MAX_TOPK,
-    SHAPE_FIELDS,
-    PointError,
-    Shape,
-    check_count,
+from a2a_tune.tuner.runtime.point import MAX_TOKENS_PER_RANK, SHAPE_FIELDS, Shape
+from a2a_tune.tuner.runtime.table_fields import (
+    MAX_US,
+    MIN_US,
+    ProfileError,
+    check_winners,
+    count_at,
+    counts_at,
+    curve_at,
+    jtype,
+    knobs_at,
+    lenient_curve,
+    obj_at,
+    opt_str,
 )
 from a2a_tune.tuner.runtime.text import one_line
 
@@ -143,37 +147,8 @@ TIMING_MODES = ("eager", "graph")
 #: The keys that identify a table entry: the point's one shape-field order (the store's
 #: records and the lookup's arguments carry the same names).
 SHAPE_KEYS = SHAPE_FIELDS
-#: The range of a time a table may hold, in µs: 1 ns (the stored resolution) to 1000 s.
-MIN_US = 10.0**-US_DECIMALS
-MAX_US = 1e9
-#: The largest value of each count a table holds: the point's bounds.
-_COUNT_BOUNDS = {
-    "ep_size": MAX_EP_SIZE,
-    "hidden": MAX_HIDDEN,
-    "topk": MAX_TOPK,
-    "num_experts": MAX_EXPERTS,
-    "tokens": MAX_TOKENS_PER_RANK,
-}
-
-_INF = float("inf")
-_NUMBER_TYPES = frozenset({float, int})
-_NUMBER_OR_NONE = frozenset({float, int, type(None)})
 #: Timing-mode spellings that mean CUDA-graph replay (schema-1 run.timing; select's input).
 GRAPH_WORDS = frozenset({"graph", "cuda_graph", "cudagraph", "cuda-graph"})
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be used. ``str()`` is one line: ``[file: ][field: ]problem``."""
-
-    def __init__(self, problem: str, *, field: str | None = None, path: str | None = None):
-        self.problem = one_line(problem)  # names and values from the file: one safe line
-        self.field = field
-        self.path = path
-        super().__init__(self.problem)
-
-    def __str__(self) -> str:
-        parts = [p for p in (self.path, self.field) if p]  # a field names the table's keys
-        return one_line(": ".join(parts + [self.problem]))
 
 
 def round_us(v: float) -> float:
@@ -272,105 +247,6 @@ class Profile(namedtuple("Profile", "path schema fingerprint backends tie_prefer
         )
 
 
-# ----------------------------------------------------------------------- small checks
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_us(v) -> bool:
-    """A time a table may hold (NaN fails both comparisons)."""
-    return (type(v) is float or type(v) is int) and MIN_US <= v <= MAX_US
-
-
-def _count(v, field: str, kind: str = "tokens") -> int:
-    """``v`` if it is a count of ``kind`` the point allows, else ProfileError at ``field``
-    with the point's own one-line message (the fast path raises nothing)."""
-    upper = _COUNT_BOUNDS[kind]
-    if type(v) is int and 1 <= v <= upper:
-        return v
-    try:
-        check_count(v, "tokens per rank" if kind == "tokens" else kind, upper)
-    except PointError as exc:
-        raise ProfileError(str(exc), field=field) from None
-    return v
-
-
-def _us_problem(v) -> str:
-    if (type(v) is float or type(v) is int) and 0 < v < _INF:
-        return f"{v!r} us is outside the range a table may hold ({MIN_US:g}..{MAX_US:g} us)"
-    return "not a positive finite number"
-
-
-def _jtype(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, str):
-        return "string"
-    if _is_num(v):
-        return "number"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, dict):
-        return "object"
-    return type(v).__name__
-
-
-def _obj(v, where: str) -> dict:
-    if not isinstance(v, dict):
-        raise ProfileError(f"expected a JSON object, got {_jtype(v)}", field=where)
-    return v
-
-
-def _opt_str(v, where: str):
-    if v is not None and not isinstance(v, str):
-        raise ProfileError(f"expected a string or null, got {_jtype(v)}", field=where)
-    return v
-
-
-def _curve(raw, n: int, where: str, key: str) -> tuple:
-    """A strict curve ``where.key``: an array of n values, each null or a time in range
-    -> (the values as a tuple, True if none of them is null)."""
-    if type(raw) is not list or len(raw) != n:
-        raise ProfileError(f"expected an array of {n} values (one per token count)", field=f"{where}.{key}")
-    # Fast path (a table has thousands of curves; this is most of a cold lookup): only
-    # numbers (type(), not isinstance: bools are ints), all in range, and a finite sum (so
-    # no NaN among them: min and max skip it).
-    types = set(map(type, raw))
-    if types <= _NUMBER_TYPES:
-        if min(raw) >= MIN_US and max(raw) <= MAX_US and sum(raw) < _INF:
-            return tuple(raw), True
-    elif types <= _NUMBER_OR_NONE:
-        values = [v for v in raw if v is not None]
-        if not values or (min(values) >= MIN_US and max(values) <= MAX_US and sum(values) < _INF):
-            return tuple(raw), False
-    for j, v in enumerate(raw):
-        if v is not None and not _is_us(v):
-            raise ProfileError(_us_problem(v), field=f"{where}.{key}[{j}]")
-    raise ProfileError("not a positive finite number", field=f"{where}.{key}")  # unreachable
-
-
-def _counts(raw, n: int, where: str, key: str) -> tuple:
-    """A schema-3 count figure ``where.key``: an array of n values, each null or a finite number >= 0."""
-    if type(raw) is not list or len(raw) != n:
-        raise ProfileError(f"expected an array of {n} values (one per token count)", field=f"{where}.{key}")
-    values = [v for v in raw if v is not None]
-    if set(map(type, values)) <= _NUMBER_TYPES and (not values or (min(values) >= 0 and sum(values) < _INF)):
-        return tuple(raw)
-    j = next(j for j, v in enumerate(raw) if v is not None and not (_is_num(v) and 0 <= v < _INF))
-    raise ProfileError(f"expected a finite number >= 0 or null, got {raw[j]!r}", field=f"{where}.{key}[{j}]")
-
-
-def _lenient_curve(raw, n: int) -> tuple:
-    """Schema 1 p10/p90 (never checked by schema-1 readers): valid values or None."""
-    if not isinstance(raw, list) or len(raw) != n:
-        return (None,) * n
-    return tuple(v if _is_us(v) else None for v in raw)
-
-
 # ------------------------------------------------------------------------------ parse
 
 
@@ -389,7 +265,7 @@ def parse_profile(data, path: str | None = None, *, notes: list | None = None) -
 
 
 def _parse(data, path, notes) -> Profile:
-    top = _obj(data, "top level")
+    top = obj_at(data, "top level")
     if "schema" not in top:
         raise ProfileError("missing", field="schema")
     schema = top["schema"]
@@ -399,10 +275,10 @@ def _parse(data, path, notes) -> Profile:
             f"{', '.join(map(str, READABLE_SCHEMAS))}; regenerate the table with `a2a-tune select`)",
             field="schema",
         )
-    hw = _obj(top.get("hardware"), "hardware")
+    hw = obj_at(top.get("hardware"), "hardware")
     fp = hw.get("fingerprint")
     if not isinstance(fp, str):
-        raise ProfileError(f"expected a string, got {_jtype(fp)}", field="hardware.fingerprint")
+        raise ProfileError(f"expected a string, got {jtype(fp)}", field="hardware.fingerprint")
     try:
         fp = normalize_fingerprint(fp)
     except ValueError as exc:
@@ -410,17 +286,17 @@ def _parse(data, path, notes) -> Profile:
     run = top.get("run")
     capacity = run.get("capacity") if isinstance(run, dict) else None
     if capacity is not None:
-        _count(capacity, "run.capacity")
+        count_at(capacity, "run.capacity")
 
     backends = {}
-    for name, spec in _obj(top.get("backends"), "backends").items():
+    for name, spec in obj_at(top.get("backends"), "backends").items():
         where = f"backends.{name}"
-        spec = _obj(spec, where)
+        spec = obj_at(spec, where)
         if schema >= 4:
             literals = _literals(spec.get("engines"), f"{where}.engines", nullable=True)
             closest = _literals(spec.get("closest"), f"{where}.closest", nullable=False)
         else:  # one field per engine
-            literals = {e: _opt_str(spec.get(f"{e}_name"), f"{where}.{e}_name") for e in engines.ENGINES}
+            literals = {e: opt_str(spec.get(f"{e}_name"), f"{where}.{e}_name") for e in engines.ENGINES}
             closest = {"vllm": spec["vllm_closest"]} if isinstance(spec.get("vllm_closest"), str) else {}
         options = _engine_options(spec.get("engine_options"), f"{where}.engine_options")
         backends[name] = BackendNames(MappingProxyType(literals), MappingProxyType(closest), options)
@@ -434,7 +310,7 @@ def _parse(data, path, notes) -> Profile:
 
     raw_entries = top.get("entries")
     if not isinstance(raw_entries, list):
-        raise ProfileError(f"expected an array, got {_jtype(raw_entries)}", field="entries")
+        raise ProfileError(f"expected an array, got {jtype(raw_entries)}", field="entries")
     if not raw_entries:
         raise ProfileError("empty table (no entries)", field="entries")
 
@@ -492,10 +368,10 @@ def _literals(raw, where: str, *, nullable: bool) -> dict:
     if raw is None:
         return {}
     out = {}
-    for engine, literal in _obj(raw, where).items():
+    for engine, literal in obj_at(raw, where).items():
         if not (isinstance(literal, str) and literal) and not (nullable and literal is None):
             wanted = "a non-empty string" + (" or null" if nullable else "")
-            raise ProfileError(f"expected {wanted}, got {_jtype(literal)}", field=f"{where}.{engine}")
+            raise ProfileError(f"expected {wanted}, got {jtype(literal)}", field=f"{where}.{engine}")
         out[engine] = literal
     return out
 
@@ -506,9 +382,9 @@ def _engine_options(raw, where: str):
     if raw is None:
         return _NO_OPTIONS
     out = {}
-    for engine, opts in _obj(raw, where).items():
+    for engine, opts in obj_at(raw, where).items():
         if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
-            raise ProfileError(f"expected an array of strings, got {_jtype(opts)}", field=f"{where}.{engine}")
+            raise ProfileError(f"expected an array of strings, got {jtype(opts)}", field=f"{where}.{engine}")
         out[engine] = tuple(opts)
     return MappingProxyType(out)
 
@@ -526,7 +402,7 @@ def _default_preference(backends: dict) -> tuple:
 
 def _preference(raw, backends: dict) -> tuple:
     if not isinstance(raw, list):
-        raise ProfileError(f"expected an array of backend names, got {_jtype(raw)}", field="tie_preference")
+        raise ProfileError(f"expected an array of backend names, got {jtype(raw)}", field="tie_preference")
     seen = set()
     for j, b in enumerate(raw):
         if not isinstance(b, str) or b not in backends:
@@ -541,10 +417,10 @@ def _preference(raw, backends: dict) -> tuple:
 def _parse_entry(
     raw, where: str, backends: dict, v1_timing: str | None, schema: int, legacy_source: tuple = ()
 ) -> ProfileEntry:
-    e = _obj(raw, where)
+    e = obj_at(raw, where)
     ints = []
     for key in SHAPE_KEYS[:4]:
-        ints.append(_count(e.get(key), f"{where}.{key}", key))
+        ints.append(count_at(e.get(key), f"{where}.{key}", key))
     strs = []
     for key in SHAPE_KEYS[4:]:
         v = e.get(key)
@@ -561,21 +437,21 @@ def _parse_entry(
     if not isinstance(tokens, list) or not tokens:
         raise ProfileError("expected a non-empty array of token counts", field=f"{where}.tokens")
     for j, t in enumerate(tokens):
-        _count(t, f"{where}.tokens[{j}]")
+        count_at(t, f"{where}.tokens[{j}]")
         if j and t <= tokens[j - 1]:
             raise ProfileError("token counts must be strictly ascending", field=f"{where}.tokens[{j}]")
     n = len(tokens)
 
     medians, p10s, p90s, timings, knobs, extra = {}, {}, {}, {}, {}, {}
-    for name, curve in _obj(e.get("backends"), f"{where}.backends").items():
+    for name, curve in obj_at(e.get("backends"), f"{where}.backends").items():
         bwhere = f"{where}.backends.{name}"
         if name not in backends:
             raise ProfileError("backend not declared in the top-level 'backends'", field=bwhere)
-        curve = _obj(curve, bwhere)
-        med, med_complete = _curve(curve.get("median_us"), n, bwhere, "median_us")
+        curve = obj_at(curve, bwhere)
+        med, med_complete = curve_at(curve.get("median_us"), n, bwhere, "median_us")
         if v1_timing is not None:
             timings[name] = v1_timing
-            lo, hi = _lenient_curve(curve.get("p10_us"), n), _lenient_curve(curve.get("p90_us"), n)
+            lo, hi = lenient_curve(curve.get("p10_us"), n), lenient_curve(curve.get("p90_us"), n)
         else:
             mode = curve.get("timing")
             if mode not in TIMING_MODES:
@@ -583,8 +459,8 @@ def _parse_entry(
                     f"expected one of {', '.join(map(repr, TIMING_MODES))}, got {mode!r}", field=f"{bwhere}.timing"
                 )
             timings[name] = mode
-            lo, lo_complete = _curve(curve.get("p10_us"), n, bwhere, "p10_us")
-            hi, hi_complete = _curve(curve.get("p90_us"), n, bwhere, "p90_us")
+            lo, lo_complete = curve_at(curve.get("p10_us"), n, bwhere, "p10_us")
+            hi, hi_complete = curve_at(curve.get("p90_us"), n, bwhere, "p90_us")
             # map(le) runs in C: this check is per point of every curve.
             if not (med_complete and lo_complete and hi_complete and all(map(_le, lo, med)) and all(map(_le, med, hi))):
                 for j, (a, m, b) in enumerate(zip(lo, med, hi)):
@@ -594,15 +470,15 @@ def _parse_entry(
                         )
         medians[name], p10s[name], p90s[name] = med, lo, hi
         if "knobs" in curve:
-            knobs[name] = _knobs(curve["knobs"], n, f"{bwhere}.knobs")
+            knobs[name] = knobs_at(curve["knobs"], n, f"{bwhere}.knobs")
         if schema >= 3:
-            found = {k: _curve(curve[k], n, bwhere, k)[0] for k in FIGURE_CURVES if k in curve}
-            found.update({k: _counts(curve[k], n, bwhere, k) for k in FIGURE_COUNTS if k in curve})
+            found = {k: curve_at(curve[k], n, bwhere, k)[0] for k in FIGURE_CURVES if k in curve}
+            found.update({k: counts_at(curve[k], n, bwhere, k) for k in FIGURE_COUNTS if k in curve})
             if found:
                 extra[name] = MappingProxyType(found)
 
     failed = {}
-    for name, why in _obj(e.get("failed", {}), f"{where}.failed").items():
+    for name, why in obj_at(e.get("failed", {}), f"{where}.failed").items():
         failed[name] = _failed(why, f"{where}.failed.{name}", schema)
     provenance, fabric = legacy_source, None
     if schema >= 4:
@@ -614,7 +490,7 @@ def _parse_entry(
                 field=f"{where}.fabric",
             )
 
-    _check_winners(e.get("winners", []), where, set(tokens), medians, failed, v1=v1_timing is not None)
+    check_winners(e.get("winners", []), where, set(tokens), medians, failed, v1=v1_timing is not None)
 
     return ProfileEntry(
         shape=shape,
@@ -637,21 +513,21 @@ def _failed(raw, where: str, schema: int) -> Failed:
     ``"kind[ at T tokens/rank]: reason"``, converted here once (other text: kind "error")."""
     if schema < 4:
         if not isinstance(raw, str):
-            raise ProfileError(f"expected a string reason, got {_jtype(raw)}", field=where)
+            raise ProfileError(f"expected a string reason, got {jtype(raw)}", field=where)
         import re
 
         m = re.match(r"([a-z_]+)(?: at (\d+) tokens/rank)?: (.*)\Z", raw, re.S)
         if m is None:
             return Failed("error", None, raw)
         return Failed(m[1], int(m[2]) if m[2] and int(m[2]) <= MAX_TOKENS_PER_RANK else None, m[3])
-    raw = _obj(raw, where)
+    raw = obj_at(raw, where)
     kind, tokens, reason = raw.get("kind"), raw.get("tokens"), raw.get("reason")
     if not isinstance(kind, str) or not kind:
-        raise ProfileError(f"expected a non-empty string, got {_jtype(kind)}", field=f"{where}.kind")
+        raise ProfileError(f"expected a non-empty string, got {jtype(kind)}", field=f"{where}.kind")
     if tokens is not None:
-        _count(tokens, f"{where}.tokens")
+        count_at(tokens, f"{where}.tokens")
     if not isinstance(reason, str):
-        raise ProfileError(f"expected a string, got {_jtype(reason)}", field=f"{where}.reason")
+        raise ProfileError(f"expected a string, got {jtype(reason)}", field=f"{where}.reason")
     return Failed(kind, tokens, reason)
 
 
@@ -661,89 +537,15 @@ _PROVENANCE_TYPES = {"run": (int, str), "date": (str, type(None)), "facts_hash":
 def _provenance(raw, where: str) -> tuple:
     """Schema 4 ``provenance``: an array of {run, date, facts_hash, status}, newest first."""
     if type(raw) is not list:
-        raise ProfileError(f"expected an array, got {_jtype(raw)}", field=where)
+        raise ProfileError(f"expected an array, got {jtype(raw)}", field=where)
     out = []
     for j, p in enumerate(raw):
-        p = _obj(p, f"{where}[{j}]")
+        p = obj_at(p, f"{where}[{j}]")
         for key, types in _PROVENANCE_TYPES.items():
             if type(p.get(key)) not in types:
-                raise ProfileError(f"unexpected {_jtype(p.get(key))}", field=f"{where}[{j}].{key}")
+                raise ProfileError(f"unexpected {jtype(p.get(key))}", field=f"{where}[{j}].{key}")
         out.append(MappingProxyType({k: p[k] for k in _PROVENANCE_TYPES}))
     return tuple(out)
-
-
-_KNOB_VALUE_TYPES = (int, float, str, bool)
-
-
-def _knobs(raw, n: int, where: str) -> tuple:
-    """``knobs``: an array of n values, each null or an object of knob name -> scalar."""
-    if type(raw) is not list or len(raw) != n:
-        raise ProfileError(f"expected an array of {n} values (one per token count)", field=where)
-    out = []
-    for j, setting in enumerate(raw):
-        if setting is None:
-            out.append(None)
-            continue
-        if type(setting) is not dict:
-            raise ProfileError(
-                f"expected an object of knob settings or null, got {_jtype(setting)}", field=f"{where}[{j}]"
-            )
-        for k, v in setting.items():
-            if not k or type(v) not in _KNOB_VALUE_TYPES or (type(v) is float and not -_INF < v < _INF):
-                raise ProfileError(
-                    f"knob {k!r}: expected a number, string or boolean, got {_jtype(v)}", field=f"{where}[{j}]"
-                )
-        out.append(MappingProxyType(dict(setting)))
-    return tuple(out)
-
-
-def _check_winners(winners, where: str, token_set: set, medians: dict, failed: dict, *, v1: bool) -> None:
-    """Winners are informational for lookup (it re-derives them from the curves with the
-    same rules), but a table whose winners name unknown backends or token counts is
-    corrupt: refuse it."""
-    if not isinstance(winners, list):
-        raise ProfileError(f"expected an array, got {_jtype(winners)}", field=f"{where}.winners")
-    live = medians.keys() - failed.keys()
-    for j, w in enumerate(winners):
-        # Fast path: one expression per winner; the detailed checks below only name the field.
-        if type(w) is dict:
-            t, b, mu, ru, m = w.get("tokens"), w.get("backend"), w.get("median_us"), w.get("runner_up"), w.get("margin")
-            if (
-                type(t) is int
-                and t in token_set
-                and type(b) is str
-                and b in live
-                and (type(mu) is float or type(mu) is int)
-                and MIN_US <= mu <= MAX_US
-                and (ru is None or (type(ru) is str and ru in medians))
-                and (m is None or ((type(m) is float or type(m) is int) and 0 <= m < _INF))
-                and (v1 or (type(w.get("fastest")) is str and w["fastest"] in live and type(w.get("tie")) is bool))
-            ):
-                continue
-        _winner_error(w, f"{where}.winners[{j}]", token_set, medians, failed, v1=v1)
-
-
-def _winner_error(w, wwhere: str, token_set: set, medians: dict, failed: dict, *, v1: bool) -> None:
-    w = _obj(w, wwhere)
-    if type(w.get("tokens")) is not int or w.get("tokens") not in token_set:
-        raise ProfileError(f"{w.get('tokens')!r} is not one of the entry's token counts", field=f"{wwhere}.tokens")
-    for key in ("backend",) if v1 else ("backend", "fastest"):
-        b = w.get(key)
-        if not isinstance(b, str) or b not in medians:
-            raise ProfileError(f"unknown backend {b!r}", field=f"{wwhere}.{key}")
-        if b in failed:
-            raise ProfileError(f"backend {b!r} is listed in 'failed'", field=f"{wwhere}.{key}")
-    if not _is_us(w.get("median_us")):
-        raise ProfileError(_us_problem(w.get("median_us")), field=f"{wwhere}.median_us")
-    ru = w.get("runner_up")
-    if ru is not None and (not isinstance(ru, str) or ru not in medians):
-        raise ProfileError(f"unknown backend {ru!r}", field=f"{wwhere}.runner_up")
-    margin = w.get("margin")
-    if margin is not None and not (_is_num(margin) and margin == margin and 0 <= margin < _INF):
-        raise ProfileError("not a finite number >= 0 or null", field=f"{wwhere}.margin")
-    if not v1 and not isinstance(w.get("tie"), bool):
-        raise ProfileError(f"expected true or false, got {_jtype(w.get('tie'))}", field=f"{wwhere}.tie")
-    raise ProfileError("invalid winner", field=wwhere)  # unreachable unless the fast path and these disagree
 
 
 # ------------------------------------------------------------------ winners (lenient)
@@ -760,7 +562,7 @@ def _winner_notes(raw, entry: ProfileEntry, preference, where: str, *, v1: bool)
     what its curves give (the table was edited, or written by an older rule)."""
     if raw is None:
         return [f"{where}: no winners in the table; derived from its curves"]
-    written = {w["tokens"]: w for w in raw}  # checked by _check_winners
+    written = {w["tokens"]: w for w in raw}  # checked by check_winners
     differ = []
     for w in entry_winners(entry, preference):
         got = written.get(w.tokens)
