@@ -158,3 +158,52 @@ def _facts(nodes: int, per_node: int, islands: list) -> dict:
 )
 def test_the_fabric_an_entrys_groups_span_comes_from_the_probe(facts, ep_size, world, fabric):
     assert fabric_of(facts, ep_size, world) == fabric
+
+
+def test_the_vllm_plugin_and_the_format_lines_follow_the_nearest_larger_ep_size(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from run_cli import a2a
+
+    from a2a_tune.tuner.runtime.vllm_plugin import decide
+
+    model = dict(hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
+    measured = rows(dict(model, ep_size=4), {B[0]: {64: 10.0, 512: 20.0}, B[1]: {64: 50.0, 512: 60.0}})
+    measured += rows(dict(model, ep_size=8), {B[0]: {64: 90.0, 512: 95.0}, B[1]: {64: 40.0, 512: 45.0}})
+    names = {B[0]: {"engines": {"vllm": B[0]}}, B[1]: {"engines": {"vllm": "flashinfer_nvlink_two_sided"}}}
+    profile = build_profile(
+        measured,
+        [],
+        hardware={"fingerprint": FP, "facts_hash": "0" * 16, "facts": {}},
+        run={"id": 1, "device_type": "cuda", "world_size": 8, "versions": {}, "started_at": "2026-12-01T10:00:00Z"},
+        backend_names=names,
+    )
+    write_table(profile, str(tmp_path))
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
+    monkeypatch.setenv("A2A_TUNE_FINGERPRINT", FP)
+    clear_cache()
+    config = SimpleNamespace(  # vLLM's config of a DeepSeek-V3-like model on DP 6 x EP
+        model_config=SimpleNamespace(
+            hf_config=SimpleNamespace(hidden_size=7168, num_experts_per_tok=8, n_routed_experts=256),
+            dtype="torch.bfloat16",
+            quantization=None,
+        ),
+        parallel_config=SimpleNamespace(
+            all2all_backend=B[0], enable_expert_parallel=True, data_parallel_size=6, tensor_parallel_size=1
+        ),
+        scheduler_config=SimpleNamespace(max_num_seqs=64, max_num_batched_tokens=512),
+        kv_transfer_config=None,
+    )
+    decision = decide(config)
+    assert decision.literal == "flashinfer_nvlink_two_sided"
+    assert "ep_size=6 not measured, answered from the nearest larger measured ep_size=8" in decision.message
+    args = ["--ep-size", "6", "--hidden", "7168", "--topk", "8", "--experts", "256", "--tokens", "64"]
+    r = a2a(
+        "lookup",
+        *args,
+        "--format",
+        "vllm",
+        env_extra={"A2A_TUNE_PROFILE_DIR": str(tmp_path), "A2A_TUNE_FINGERPRINT": FP},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "--all2all-backend flashinfer_nvlink_two_sided"

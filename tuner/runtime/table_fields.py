@@ -12,16 +12,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from a2a_tune.tuner.runtime import point
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS
-from a2a_tune.tuner.runtime.point import (
-    MAX_EP_SIZE,
-    MAX_EXPERTS,
-    MAX_HIDDEN,
-    MAX_TOKENS_PER_RANK,
-    MAX_TOPK,
-    PointError,
-    check_count,
-)
+from a2a_tune.tuner.runtime.point import PointError, check_count
 from a2a_tune.tuner.runtime.text import one_line
 
 #: The range of a time a table may hold, in µs: 1 ns (the stored resolution) to 1000 s.
@@ -29,11 +22,11 @@ MIN_US = 10.0**-US_DECIMALS
 MAX_US = 1e9
 #: The largest value of each count a table holds: the point's bounds.
 _COUNT_BOUNDS = {
-    "ep_size": MAX_EP_SIZE,
-    "hidden": MAX_HIDDEN,
-    "topk": MAX_TOPK,
-    "num_experts": MAX_EXPERTS,
-    "tokens": MAX_TOKENS_PER_RANK,
+    "ep_size": point.MAX_EP_SIZE,
+    "hidden": point.MAX_HIDDEN,
+    "topk": point.MAX_TOPK,
+    "num_experts": point.MAX_EXPERTS,
+    "tokens": point.MAX_TOKENS_PER_RANK,
 }
 
 INF = float("inf")
