@@ -207,3 +207,40 @@ def test_the_vllm_plugin_and_the_format_lines_follow_the_nearest_larger_ep_size(
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "--all2all-backend flashinfer_nvlink_two_sided"
+
+
+def test_select_refuses_an_unfinished_run_in_one_line_and_merges_the_runs_it_is_given(tmp_path):
+    from stored import measurement, new_run
+    from typer.testing import CliRunner
+
+    from a2a_tune.db import open_store
+    from a2a_tune.tuner.cli import app
+
+    def a2a(*args):  # in this process: a subprocess per call would cost seconds each
+        return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    with open_store(db) as s:
+        for run_no, (ep, status) in enumerate(((4, "completed"), (8, "interrupted")), 1):
+            _, run = new_run(s, config_hash=f"cfg{run_no}")
+            point = dict(backend=B[0], ep_size=ep, median_us=20.0, p10_us=19.0, p90_us=21.0, knobs={})
+            s.add_measurement(run, **measurement(**point))
+            s.finish_run(run, status)
+    out = tmp_path / "out"
+    r = a2a("select", "--db", db, "--run", "1", "--run", "2", "--out", str(out))
+    assert r.exit_code == 2 and not list(out.glob("*.json"))
+    (line,) = r.output.strip().splitlines()
+    assert "error: run 2 is interrupted, not completed" in line and "--partial" in line
+    r = a2a("select", "--db", db, "--run", "1", "--run", "2", "--partial", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert "(2 shape(s)) from run 1, 2" in r.output and "PARTIAL" in r.output
+    (path,) = out.glob("*.json")
+    written = json.loads(path.read_text())
+    assert [(e["ep_size"], [p["status"] for p in e["provenance"]]) for e in written["entries"]] == [
+        (4, ["completed"]),
+        (8, ["interrupted"]),
+    ]
+    # Selecting the first run again keeps the second's entry.
+    r = a2a("select", "--db", db, "--run", "1", "--out", str(out))
+    assert r.exit_code == 0 and "kept 1 shape(s) of the table there that it did not measure" in r.output
+    assert len(json.loads(path.read_text())["entries"]) == 2

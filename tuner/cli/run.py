@@ -252,7 +252,7 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
 
     from ..publish import write_table
     from ..runtime.lookup import ProfileError
-    from ..select import profile_for_run
+    from ..select import UnfinishedRunError, profile_for_run
     from ..tables import merge
 
     profile, kept_total = None, 0
@@ -265,6 +265,8 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
             if run_id is None:
                 raise _fail("no completed run in the database; run `a2a-tune sweep` first") from None
             raise _fail(f"no run {run_id} in the database") from None
+        except UnfinishedRunError as exc:
+            raise _fail(str(exc), 2) from None
         except (StoreError, ValueError) as exc:
             raise _fail(str(exc)) from None
         if note:
@@ -272,7 +274,8 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
         if profile is not None and table["hardware"]["fingerprint"] != profile["hardware"]["fingerprint"]:
             raise _fail(
                 f"run {run_id} is of {table['hardware']['fingerprint']}, run {profile['run']['id']} of "
-                f"{profile['hardware']['fingerprint']}: one table holds one fingerprint's runs"
+                f"{profile['hardware']['fingerprint']}: one table holds one fingerprint's runs",
+                2,
             )
         profile = table if profile is None else merge(profile, table)
         kept_total += kept
