@@ -45,8 +45,14 @@ Rules:
   One backend keeps ONE mode per entry, so its curve is never a patchwork: the mode that
   covers more of the entry's token counts, ``graph`` on a draw.
 
+* A failure is written as structure, ``{kind, tokens, reason}``
+  (:class:`~a2a_tune.tuner.runtime.table.Failed`); each entry records its ``provenance`` (this
+  run: id, start, facts hash, status) and the ``fabric`` its EP groups span (:func:`fabric_of`).
+
 The file is ``profile_filename(fingerprint)`` from :mod:`a2a_tune.tuner.runtime.profiles` -- the
-one key function shared with the reader -- and is written atomically.
+one key function shared with the reader -- written through the reader's model
+(:func:`~a2a_tune.tuner.runtime.table.to_json`), atomically. Merging it into the table already
+on disk is :func:`a2a_tune.tuner.publish.write_table`'s (:mod:`a2a_tune.tuner.tables`).
 """
 
 from __future__ import annotations

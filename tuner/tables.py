@@ -38,8 +38,10 @@ def _key(entry: Mapping) -> tuple:
 
 
 def _newest(entry: Mapping) -> tuple:
+    """(date, run id) of the newest run an entry holds measurements of: later sorts higher."""
     p = (entry.get("provenance") or [{}])[0]
-    return (str(p.get("date") or ""), str(p.get("run") or ""))
+    run = p.get("run")
+    return (str(p.get("date") or ""), run if isinstance(run, int) else -1, str(run))
 
 
 def merge(old: Mapping, new: Mapping) -> dict:
@@ -74,7 +76,8 @@ def _points(curve: Mapping, tokens: list) -> dict:
 
 def _merge_entry(older: Mapping, newer: Mapping, preference: list) -> dict:
     """One shape measured by two runs: the newest measurement per point (module docstring)."""
-    if [p.get("run") for p in older.get("provenance", [])[:1]] == [p.get("run") for p in newer["provenance"][:1]]:
+    first = [p.get("run") for p in newer.get("provenance", [])[:1]]
+    if first and first == [p.get("run") for p in older.get("provenance", [])[:1]]:
         return copy.deepcopy(dict(newer))  # the same run selected again: its entries as they are now
     tokens = sorted(set(older["tokens"]) | set(newer["tokens"]))
     backends = {}
@@ -104,7 +107,7 @@ def _merge_entry(older: Mapping, newer: Mapping, preference: list) -> dict:
     out = {k: newer[k] for k in SHAPE_KEYS}
     out.update(source=newer.get("source", "measured"), tokens=tokens, backends=backends, failed=failed)
     out["winners"] = table_winners(tokens, backends, failed, preference)
-    runs = {p.get("run") for p in newer.get("provenance", [])}
+    runs = {p.get("run") for p in newer.get("provenance", [])}  # each run once, newest first
     out["provenance"] = list(newer.get("provenance", [])) + [
         p for p in older.get("provenance", []) if p.get("run") not in runs
     ]

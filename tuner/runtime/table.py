@@ -44,15 +44,14 @@ numbers >= 0; what each counts: :mod:`a2a_tune.tuner.figures`): ``dispatch_us`` 
 and ``workspace_mib``, the device memory the backend holds per rank. Schema 1 and 2 tables
 have none: their entries carry the round trip alone.
 
-Schema 4 changes three things, and adds two:
+Schema 4 changes two things and adds two (and every table is written through this module,
+``to_json``, so a parsed table written again is byte-identical):
 
 * ``backends.<b>``: ``engines`` -- one map engine -> literal (null: the engine has none) keyed
   by :data:`a2a_tune.tuner.runtime.engines.ENGINES` -- replaces ``vllm_name`` / ``sglang_name`` /
   ``trtllm_name``; ``closest`` (engine -> literal) replaces ``vllm_closest``. A new engine is a
   new key, not a new schema.
 * ``failed.<b>`` is an object ``{kind, tokens, reason}`` (:class:`Failed`), never text to parse.
-* every time is written through this module (``to_json``), so a parsed table written again is
-  byte-identical.
 * per entry ``provenance``: the runs its measurements come from, newest first (run id, date,
   facts hash, status: a run not ``completed`` makes the entry, and the table, *partial*);
 * per entry ``fabric``: what its EP groups span (:data:`FABRICS`).
