@@ -26,7 +26,7 @@ import copy
 from collections.abc import Mapping
 
 from .runtime.table import SHAPE_KEYS
-from .select import shape_sort_key, table_winners
+from .select import fabric_of, shape_sort_key, table_winners
 
 __all__ = ["merge"]
 
@@ -56,7 +56,10 @@ def merge(old: Mapping, new: Mapping) -> dict:
     preference += [b for b in out["backends"] if b not in preference]
     out["tie_preference"] = preference
     entries = {_key(e): e for e in out["entries"]}
+    facts, world = old.get("hardware", {}).get("facts"), old.get("run", {}).get("world_size")
     for e in old.get("entries", []):
+        if "fabric" not in e and fabric_of(facts, e["ep_size"], world):  # a table from before schema 4
+            e = {**e, "fabric": fabric_of(facts, e["ep_size"], world)}
         mine = entries.get(_key(e))
         if mine is None:
             entries[_key(e)] = copy.deepcopy(e)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from pathlib import Path
 
 import pytest
 
@@ -244,3 +245,19 @@ def test_select_refuses_an_unfinished_run_in_one_line_and_merges_the_runs_it_is_
     r = a2a("select", "--db", db, "--run", "1", "--out", str(out))
     assert r.exit_code == 0 and "kept 1 shape(s) of the table there that it did not measure" in r.output
     assert len(json.loads(path.read_text())["entries"]) == 2
+
+
+def test_a_table_from_before_schema_4_merged_keeps_its_entries_and_gains_their_fabric(tmp_path):
+    from a2a_tune.tuner.runtime.table import upgrade
+
+    shipped = json.loads((Path(__file__).parents[2] / "profiles" / "h200.nvl18x2.node1.json").read_text())
+    for e in shipped["entries"]:
+        e.pop("fabric")
+    old = upgrade(shipped)
+    shape = dict(SHAPE, ep_size=2)
+    new = table(9, "2026-12-02T10:00:00Z", rows(shape, {B[0]: {1: 10.0}}), world=2)
+    new["hardware"] = old["hardware"]
+    merged = merge(old, new)
+    assert len(merged["entries"]) == len(old["entries"]) + 1
+    assert {e.get("fabric") for e in merged["entries"] if e["hidden"] != 64} == {"nvlink-island"}
+    parse_profile(merged)
