@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.point import Shape, check_tokens
+from a2a_tune.tuner.runtime.table import FABRICS
 
 from .errors import KnobError, ShapeError
 
@@ -164,7 +165,7 @@ def case_bytes(cls: type[All2AllBackend], shape: MoEShape, world_size: int, toke
 # Where a backend's transport works, narrowest first; and what joins an EP group's ranks,
 # in the same order ("network": anything beyond one NVLink domain, PCIe-only GPUs included).
 REACHES = ("island", "domain", "anywhere")
-SPANS = ("island", "domain", "network")
+SPANS = FABRICS  # what joins an EP group's ranks: the table's ``fabric`` vocabulary
 REACH_TEXT = {
     "island": "one NVLink island on one node",
     "domain": "one NVLink domain (also across nodes)",

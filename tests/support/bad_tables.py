@@ -95,7 +95,7 @@ BAD_TABLES = {
     ),
     "unknown_fabric": (
         _mutated(lambda d: d["entries"][0].__setitem__("fabric", "carrier-pigeon")),
-        "entries[0].fabric: expected one of 'nvlink-island', 'nvlink-domain', 'network' or null",
+        "entries[0].fabric: expected one of 'island', 'domain', 'network' or null",
     ),
     "negative_bytes": (
         _mutated(

@@ -147,11 +147,11 @@ def _facts(nodes: int, per_node: int, islands: list) -> dict:
 @pytest.mark.parametrize(
     "facts, ep_size, world, fabric",
     [
-        (_facts(1, 8, [list(range(8))]), 8, 8, "nvlink-island"),  # one HGX node
-        (_facts(2, 4, [list(range(8))]), 8, 8, "nvlink-domain"),  # an NVL72 slice over two trays
-        (_facts(2, 4, [list(range(8))]), 4, 8, "nvlink-island"),  # each group inside one tray
+        (_facts(1, 8, [list(range(8))]), 8, 8, "island"),  # one HGX node
+        (_facts(2, 4, [list(range(8))]), 8, 8, "domain"),  # an NVL72 slice over two trays
+        (_facts(2, 4, [list(range(8))]), 4, 8, "island"),  # each group inside one tray
         (_facts(2, 8, [list(range(8)), list(range(8, 16))]), 16, 16, "network"),  # two HGX nodes
-        (_facts(2, 8, [list(range(8)), list(range(8, 16))]), 8, 16, "nvlink-island"),
+        (_facts(2, 8, [list(range(8)), list(range(8, 16))]), 8, 16, "island"),
         (_facts(1, 4, []), 2, 4, "network"),  # PCIe only
         ({"gpus": []}, 2, 2, None),  # CPU ranks
         (_facts(1, 2, [[0, 1]]), 4, 4, None),  # virtual ranks: more ranks than GPUs
@@ -259,5 +259,5 @@ def test_a_table_from_before_schema_4_merged_keeps_its_entries_and_gains_their_f
     new["hardware"] = old["hardware"]
     merged = merge(old, new)
     assert len(merged["entries"]) == len(old["entries"]) + 1
-    assert {e.get("fabric") for e in merged["entries"] if e["hidden"] != 64} == {"nvlink-island"}
+    assert {e.get("fabric") for e in merged["entries"] if e["hidden"] != 64} == {"island"}
     parse_profile(merged)

@@ -131,8 +131,9 @@ SCHEMA_VERSION = 4
 READABLE_SCHEMAS = (1, 2, 3, 4)
 #: What an entry's EP groups span (schema 4 ``fabric``), from the probe's facts: one NVLink
 #: island (one node's NVLink), one multi-node NVLink domain (e.g. a GB200 NVL72 rack), or
-#: nodes with no NVLink between them (the network).
-FABRICS = ("nvlink-island", "nvlink-domain", "network")
+#: nodes with no NVLink between them (the network). The kernels' ``SPANS`` (what a backend's
+#: reach is compared with) are these.
+FABRICS = ("island", "domain", "network")
 #: Schema 3's optional figures per entry and backend: times (µs) and counts (>= 0).
 FIGURE_CURVES = ("dispatch_us", "combine_us")
 FIGURE_COUNTS = (

@@ -89,8 +89,8 @@ class FailureView:
 
 #: How the views word an entry's fabric (:data:`~a2a_tune.tuner.runtime.table.FABRICS`).
 FABRIC_WORDS = {
-    "nvlink-island": "one NVLink island",
-    "nvlink-domain": "one multi-node NVLink domain",
+    "island": "one NVLink island",
+    "domain": "one multi-node NVLink domain",
     "network": "nodes without NVLink between them",
 }
 
