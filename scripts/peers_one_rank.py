@@ -45,6 +45,11 @@ def _one(ctx, name: str, tokens: list[int], experts: int, topk: int, hidden: int
     return rows
 
 
+def _deadline(until: float, limit: int):
+    """run_ranks' `stalled`: a reason once `until` (perf_counter) has passed."""
+    return lambda: f"no answer in {limit} s (hung?)" if time.perf_counter() > until else None
+
+
 def verdict(rows: list[dict]) -> str:
     if all(r["kind"] == "measured" for r in rows):
         return "runs"
@@ -56,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     from a2a_tune.kernels import BackendEnv, get_backend
-    from a2a_tune.tuner.launch import RankFailed, run_ranks
+    from a2a_tune.tuner.launch import RanksLost, run_ranks
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", action="append", default=None, help=f"default: {', '.join(PEERS)}")
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--limit", type=int, default=90, help="seconds one backend may take before it counts as hung")
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")]
     env = BackendEnv.local(1, "cuda")
@@ -74,13 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     out = {}
     for name in args.backend or PEERS:
         ok, why = get_backend(name).availability(env)
-        start = time.perf_counter()
+        start, seen = time.perf_counter(), ""
+        if "not installed" in why or "not built" in why:  # nothing to ask the library
+            rows, seen = [{"tokens": None, "kind": "not staged", "reason": why}], "not staged"
         try:
-            rows = run_ranks(_one, 1, "cuda", name, tokens, args.experts, args.topk, args.hidden)[0]
-            seen = verdict(rows)
-        except RankFailed as exc:  # a crash or a hang ends this backend's rank only
+            if seen != "not staged":
+                stalled = _deadline(start + args.limit, args.limit)
+                rows = run_ranks(_one, 1, "cuda", name, tokens, args.experts, args.topk, args.hidden, stalled=stalled)[
+                    0
+                ]
+                seen = verdict(rows)
+        except RanksLost as exc:  # the rank died or hung: this backend's rank only
             rows, seen = [{"tokens": None, "kind": "crash", "reason": str(exc)}], "crashes"
-        except Exception as exc:  # noqa: BLE001 - a refusal raised before any rank started
+        except Exception as exc:  # noqa: BLE001 - raised in the rank or before it started: a refusal
             rows, seen = [{"tokens": None, "kind": "error", "reason": f"{type(exc).__name__}: {exc}"}], "refuses"
         out[name] = {"availability": why or "ok", "verdict": seen, "rows": rows, "wall_s": time.perf_counter() - start}
         for r in rows:
