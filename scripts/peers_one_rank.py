@@ -17,7 +17,14 @@ import argparse
 import json
 import time
 
-PEERS = ("flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided", "deepep_low_latency", "deepep_high_throughput")
+# backend -> experts: DeepSeek-V3's 256, but 128 for DeepEP's normal mode (its layout kernel takes at
+# most 128 experts per rank, and one rank holds them all): what the library answers, not our limit
+PEERS = {
+    "flashinfer_nvlink_one_sided": 256,
+    "flashinfer_nvlink_two_sided": 256,
+    "deepep_low_latency": 256,
+    "deepep_high_throughput": 128,
+}
 
 
 def _one(ctx, name: str, tokens: list[int], experts: int, topk: int, hidden: int) -> list[dict]:
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", action="append", default=None, help=f"default: {', '.join(PEERS)}")
     ap.add_argument("--tokens", default="1,128")
-    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--experts", type=int, default=None, help="default: 256 (128 for deepep_high_throughput)")
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--json", default=None)
@@ -74,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")]
     env = BackendEnv.local(1, "cuda")
-    table = Table(title=f"peers at one rank, E={args.experts} k={args.topk} H={args.hidden} bf16")
-    for col in ("backend", "availability", "verdict", "T", "round trip µs", "dispatch µs", "combine µs", "why"):
+    table = Table(title=f"peers at one rank, k={args.topk} H={args.hidden} bf16")
+    for col in ("backend", "E", "availability", "verdict", "T", "round trip µs", "dispatch µs", "combine µs", "why"):
         table.add_column(col, overflow="fold")
     out = {}
     for name in args.backend or PEERS:
+        experts = args.experts or PEERS.get(name, 256)
         ok, why = get_backend(name).availability(env)
         start, seen = time.perf_counter(), ""
         if "not installed" in why or "not built" in why:  # nothing to ask the library
@@ -86,19 +94,24 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if seen != "not staged":
                 stalled = _deadline(start + args.limit, args.limit)
-                rows = run_ranks(_one, 1, "cuda", name, tokens, args.experts, args.topk, args.hidden, stalled=stalled)[
-                    0
-                ]
+                rows = run_ranks(_one, 1, "cuda", name, tokens, experts, args.topk, args.hidden, stalled=stalled)[0]
                 seen = verdict(rows)
         except RanksLost as exc:  # the rank died or hung: this backend's rank only
             rows, seen = [{"tokens": None, "kind": "crash", "reason": str(exc)}], "crashes"
         except Exception as exc:  # noqa: BLE001 - raised in the rank or before it started: a refusal
             rows, seen = [{"tokens": None, "kind": "error", "reason": f"{type(exc).__name__}: {exc}"}], "refuses"
-        out[name] = {"availability": why or "ok", "verdict": seen, "rows": rows, "wall_s": time.perf_counter() - start}
+        out[name] = {
+            "experts": experts,
+            "availability": why or "ok",
+            "verdict": seen,
+            "rows": rows,
+            "wall_s": time.perf_counter() - start,
+        }
         for r in rows:
             fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
             table.add_row(
                 name,
+                str(experts),
                 why or "ok",
                 seen,
                 str(r.get("tokens")),

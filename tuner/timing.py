@@ -37,17 +37,18 @@ half is cut depends on the mode, because the two modes fail differently:
   sum stays the round trip, the split moves that tail).
 * eager: launched from Python, the host often runs *behind* the device (NCCL launches, host
   reads of counts): an event is then stamped when the host queues it, not when the device
-  finishes the work before it. Chained events across the round trip therefore measured the
-  host's progress: a half's host launches hid behind the other half's device work, and the
-  device's idle wait for the host landed in whichever half the host was in (on the H200 a
-  combine's planted 50 µs vanished and its dispatch gained 346 µs for 150 planted: BENCHMARKS.md).
+  finishes the work before it. Events chained across the round trip therefore timed the host's
+  progress: a half's host launches hid behind the other half's device work, and the device's
+  idle wait for the host landed in whichever half the host was in (a planted combine spin
+  vanished from combine and reappeared, larger, in dispatch: BENCHMARKS.md, "Eager halves").
   So each eager half runs alone: the device is drained and the ranks meet (one tiny all_reduce,
-  at W > 1) before it starts, and its interval runs from an event after that to an event after
-  its work (the host clock on CPU). A half is then its own host launches, host reads and device
-  work, never the other half's. What the cut adds: the round trip overlaps one half's host work
-  with the other's device work (and a backend's own overlap of combine with the tail of its
-  dispatch); the drained cut ends that, so dispatch + combine lies between the round trip and
-  the round trip + its host launch time per round trip (`host_us`), within the noise.
+  at W > 1) before it starts, and it ends at an event once the device drained its work again,
+  side streams included (the host clock on CPU). A half is then its own host launches, host
+  reads and device work, never the other half's. What the cut adds: the round trip overlaps one
+  half's host work with the other's device work (and a backend's own overlap of combine with
+  the tail of its dispatch); the drained cut ends that, so dispatch + combine lies between the
+  round trip and the round trip + its host time per round trip (`host_us`) + the backend's own
+  overlap, plus each half's drain (a few µs).
 
 In both modes the max over ranks is taken per half: the rank slowest in dispatch need not be the
 one slowest in combine (max(d) + max(c) >= max(d + c)). On CPU ranks (gloo) every cut is the host
@@ -273,9 +274,10 @@ def _max_over_ranks(
 class _Cuts:
     """One sample's cuts between its halves (module docstring): called before the first dispatch
     and after every half, 2R + 1 calls. Graph (`captured`): an external CUDA event a call, half i
-    from event i to event i + 1. Eager: a call stamps the end of the running half, then drains
-    the device and aligns the ranks (`_align`) and stamps the start of the next: half i from its
-    own start to its own end (CUDA events on a GPU, the host clock on CPU)."""
+    from event i to event i + 1. Eager: a call drains the device and stamps the end of the running
+    half (an event on the current stream alone would miss work a backend left on a side stream),
+    then aligns the ranks (`_align`) and stamps the start of the next: half i from its own start
+    to its own end (CUDA events on a GPU, the host clock on CPU)."""
 
     def __init__(self, backend: All2AllBackend, reps: int, *, captured: bool = False) -> None:
         self.backend = backend
@@ -302,8 +304,9 @@ class _Cuts:
         if self.captured:
             self._stamp(i)
         else:
-            if i > 0:
-                self._stamp(2 * (i - 1) + 1)  # the end of half i - 1
+            if i > 0:  # the end of half i - 1, once all its device work is done (side streams too)
+                _sync(self.backend)
+                self._stamp(2 * (i - 1) + 1)
             if i < self.calls - 1:
                 _align(self.backend, self._one)
                 self._stamp(2 * i)  # the start of half i

@@ -23,8 +23,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 SHAPE = MoEShape(64, 8, 4096, 256, "bf16")
 TOKENS = 256
-LONG, SHORT = 600.0, 200.0  # µs planted in one half and the other: ratio 3
-TAIL = 400.0  # µs of dispatch left running while combine spins SHORT
+# µs planted in one half and the other (ratio 3): long enough that the host's jitter in an eager
+# half (~10-30 µs on the H200's host, BENCHMARKS.md) stays inside the 5% asked
+LONG, SHORT = 2400.0, 800.0
+TAIL = 1600.0  # µs of dispatch left running while combine spins SHORT
 MIB = 2**20
 GRANULE = 2 * MIB  # torch's caching allocator rounds large blocks to 2 MiB; the driver maps 2 MiB pages
 
@@ -63,11 +65,11 @@ def _measure_all(ctx) -> dict:
                     r = measure(ctx, backend, inputs, warmup=5, iters=25, timing=mode)
                     out["timing"][f"{name}/{mode}/{label}"] = _medians(r)
         backend = built.get("planted_tail_overlap", TOKENS)
-        backend.tail_us, backend.combine_sleep_us = TAIL, SHORT
         for mode in ("eager", "graph"):
-            out["timing"][f"planted_tail_overlap/{mode}"] = _medians(
-                measure(ctx, backend, inputs, warmup=5, iters=25, timing=mode)
-            )
+            for label, (tail, c) in {"base": (0.0, 0.0), "tail": (TAIL, SHORT)}.items():
+                backend.tail_us, backend.combine_sleep_us = tail, c
+                r = measure(ctx, backend, inputs, warmup=5, iters=25, timing=mode)
+                out["timing"][f"planted_tail_overlap/{mode}/{label}"] = _medians(r)
         for name in ("allgather_reducescatter_padded", "planted_holds_torch", "planted_holds_cudamalloc"):
             out["memory"][name] = _held(ctx, built, name, inputs, measure_case, _figures_of)
         out["memory"]["planted_holds_symmetric"] = _held(
@@ -123,7 +125,7 @@ def test_halves_come_out_in_the_planted_ratio_and_swap_with_it(measured, name, m
     assert ls["dispatch"] == pytest.approx(sl["combine"], rel=0.05), added
     assert ls["combine"] == pytest.approx(sl["dispatch"], rel=0.05), added
     # and each half gained what was planted in it (the spin calibrated on this GPU)
-    assert ls["dispatch"] == pytest.approx(LONG, rel=0.05) and ls["combine"] == pytest.approx(SHORT, rel=0.1), added
+    assert ls["dispatch"] == pytest.approx(LONG, rel=0.05) and ls["combine"] == pytest.approx(SHORT, rel=0.05), added
 
 
 @pytest.mark.parametrize("name, mode", CASES)
@@ -135,25 +137,25 @@ def test_dispatch_plus_combine_is_the_round_trip_plus_what_the_cut_adds(measured
         total, rt = m["dispatch"] + m["combine"], m["round_trip"]
         if mode == "graph":
             assert rt * 0.97 <= total <= rt * 1.03 + 10.0, m
-        else:
-            assert rt * 0.97 <= total <= (rt + m["host"]) * 1.03 + 10.0, m
+        else:  # + each half's drain
+            assert rt * 0.97 <= total <= (rt + m["host"]) * 1.03 + 40.0, m
 
 
 def test_a_dispatch_tail_overlapping_combine_is_split_as_timing_says(measured):
     """Eager: the drained cut ends the overlap (dispatch carries the tail, combine its own spin,
-    the sum exceeds the round trip by the overlap, plus at most the host launches the round trip
+    the sum exceeds the round trip by the overlap, plus at most the host work the round trip
     overlapped); graph: the tail runs on past the event into combine (the sum stays the round trip)."""
     t = measured["timing"]
     for mode in ("eager", "graph"):
-        base, m = t[f"planted_sleeps_capturable/{mode}/base"], t[f"planted_tail_overlap/{mode}"]
+        base, m = t[f"planted_tail_overlap/{mode}/base"], t[f"planted_tail_overlap/{mode}/tail"]
         dispatch, combine = m["dispatch"] - base["dispatch"], m["combine"] - base["combine"]
         if mode == "eager":
-            assert dispatch == pytest.approx(TAIL, rel=0.05) and combine == pytest.approx(SHORT, rel=0.1), (m, base)
+            assert dispatch == pytest.approx(TAIL, rel=0.05) and combine == pytest.approx(SHORT, rel=0.05), (m, base)
             excess = m["dispatch"] + m["combine"] - m["round_trip"]
-            assert SHORT * 0.9 <= excess <= SHORT + m["host"] + 10.0, m  # the overlap the cut ended
+            assert SHORT * 0.95 <= excess <= SHORT + m["host"] * 1.05 + 40.0, m  # the overlap the cut ended
         else:
-            assert m["round_trip"] - base["round_trip"] == pytest.approx(TAIL, rel=0.1), (m, base)
-            assert dispatch < 0.05 * TAIL and combine == pytest.approx(TAIL, rel=0.1), (m, base)
+            assert m["round_trip"] - base["round_trip"] == pytest.approx(TAIL, rel=0.05), (m, base)
+            assert dispatch < 0.02 * TAIL and combine == pytest.approx(TAIL, rel=0.05), (m, base)
             assert m["dispatch"] + m["combine"] <= m["round_trip"] * 1.03 + 10.0, m
 
 
