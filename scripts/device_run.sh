@@ -18,7 +18,8 @@
 #            and why (scripts/device_summary.py). Returns log.txt, probe.json, figures.json, peers.json,
 #            junit*.xml. DEEPEP_SRC=path (a carried DeepEP V1 source tree): stage DeepEP there in the
 #            background when .deepep/site is not carried; KEEP_DEEPEP=1: return it as deepep.tar.xz (carry
-#            it back as .deepep.tar.xz). ALL_TESTS=0, CHECKS=0, FIXED_COSTS=0: leave those steps out.
+#            it back as .deepep.tar.xz). ALL_TESTS=0, CHECKS=0, FIXED_COSTS=0: leave those steps out;
+#            PEERS="b1 b2": only those peers at one rank.
 # Everything the call returns is under $OUT (at most 8 files): log.txt, probe.json,
 # nvml_record.json, a2a_tune.db, bench.json, profiles/*.json, evaluate.txt.
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
@@ -156,7 +157,7 @@ if [ "$MODE" = virtual ]; then
   step "the peers at one rank: runs, refuses or crashes, and the round trip (scripts/peers_one_rank.py)"
   { [ -f .flashinfer/STAGED ] && cat .flashinfer/STAGED; [ -f .deepep/STAGED ] && cat .deepep/STAGED; } 2>&1 | tee -a "$LOG"
   t0=$(date +%s)
-  run_for ${PEERS_TIMEOUT:-240} python3 scripts/peers_one_rank.py --json "$OUT/peers.json" 2>&1 | tail -40 | tee -a "$LOG"
+  run_for ${PEERS_TIMEOUT:-240} python3 scripts/peers_one_rank.py --json "$OUT/peers.json" $(for b in ${PEERS:-}; do echo --backend "$b"; done) 2>&1 | tail -40 | tee -a "$LOG"
   record "peers at one rank (FlashInfer, DeepEP)" "${PIPESTATUS[0]}" "$t0"
   t0=$(date +%s)
   run_for 180 $PYTEST tests/kernels/test_virtual_gpu.py -k "one_rank or ep_size_1" --junitxml=/tmp/a2a-junit-peers.xml 2>&1 \
