@@ -42,13 +42,13 @@ half is cut depends on the mode, because the two modes fail differently:
   idle wait for the host landed in whichever half the host was in (a planted combine spin
   vanished from combine and reappeared, larger, in dispatch: BENCHMARKS.md, "Eager halves").
   So each eager half runs alone: the device is drained and the ranks meet (one tiny all_reduce,
-  at W > 1) before it starts, and it ends at an event once the device drained its work again,
-  side streams included (the host clock on CPU). A half is then its own host launches, host
-  reads and device work, never the other half's. What the cut adds: the round trip overlaps one
-  half's host work with the other's device work (and a backend's own overlap of combine with
-  the tail of its dispatch); the drained cut ends that, so dispatch + combine lies between the
-  round trip and the round trip + its host time per round trip (`host_us`) + the backend's own
-  overlap, plus each half's drain (a few µs).
+  at W > 1) before it starts, and it ends at an event queued on the stream behind its work (the
+  host clock on CPU). A half is then its own host launches, host reads and device work, never
+  the other half's. What the cut adds: the round trip overlaps one half's host work with the
+  other's device work; the drained cut ends that, so dispatch + combine lies between the round
+  trip and the round trip + its host time per round trip (`host_us`), plus the max over ranks
+  per half. Work a dispatch leaves running on a side stream, not joined to the stream, runs out
+  during the drain and is in neither half (the round trip carries it).
 
 In both modes the max over ranks is taken per half: the rank slowest in dispatch need not be the
 one slowest in combine (max(d) + max(c) >= max(d + c)). On CPU ranks (gloo) every cut is the host
@@ -274,10 +274,11 @@ def _max_over_ranks(
 class _Cuts:
     """One sample's cuts between its halves (module docstring): called before the first dispatch
     and after every half, 2R + 1 calls. Graph (`captured`): an external CUDA event a call, half i
-    from event i to event i + 1. Eager: a call drains the device and stamps the end of the running
-    half (an event on the current stream alone would miss work a backend left on a side stream),
-    then aligns the ranks (`_align`) and stamps the start of the next: half i from its own start
-    to its own end (CUDA events on a GPU, the host clock on CPU)."""
+    from event i to event i + 1. Eager: a call stamps the end of the running half on the stream
+    (queued behind its work: the device's time, not the host's wake-up after a drain, which is
+    host noise: BENCHMARKS.md, "Eager halves"), drains the device, aligns the ranks
+    (`_align`) and stamps the start of the next: half i from its own start to its own end (CUDA
+    events on a GPU, the host clock on CPU)."""
 
     def __init__(self, backend: All2AllBackend, reps: int, *, captured: bool = False) -> None:
         self.backend = backend
@@ -304,9 +305,9 @@ class _Cuts:
         if self.captured:
             self._stamp(i)
         else:
-            if i > 0:  # the end of half i - 1, once all its device work is done (side streams too)
-                _sync(self.backend)
+            if i > 0:  # the end of half i - 1: queued behind its work, then the device drained
                 self._stamp(2 * (i - 1) + 1)
+                _sync(self.backend)
             if i < self.calls - 1:
                 _align(self.backend, self._one)
                 self._stamp(2 * i)  # the start of half i

@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 SHAPE = MoEShape(64, 8, 4096, 256, "bf16")
 TOKENS = 256
 # µs planted in one half and the other (ratio 3): long enough that the host's jitter in an eager
-# half (~10-30 µs on the H200's host, BENCHMARKS.md) stays inside the 5% asked
-LONG, SHORT = 2400.0, 800.0
-TAIL = 1600.0  # µs of dispatch left running while combine spins SHORT
+# half (its host launches: tens of µs on the H200's host, BENCHMARKS.md) stays inside the 5% asked
+LONG, SHORT = 4800.0, 1600.0
+TAIL = 3200.0  # µs of dispatch left running on a side stream while combine spins SHORT
 MIB = 2**20
 GRANULE = 2 * MIB  # torch's caching allocator rounds large blocks to 2 MiB; the driver maps 2 MiB pages
 
@@ -131,31 +131,31 @@ def test_halves_come_out_in_the_planted_ratio_and_swap_with_it(measured, name, m
 @pytest.mark.parametrize("name, mode", CASES)
 def test_dispatch_plus_combine_is_the_round_trip_plus_what_the_cut_adds(measured, name, mode):
     """timing.py: graph, the two event nodes a round trip (a few µs); eager, each half alone:
-    between the round trip and the round trip + its host launch time."""
+    between the round trip and the round trip + its host time per round trip."""
     for label in ("base", "long_short", "short_long"):
         m = measured["timing"][f"{name}/{mode}/{label}"]
         total, rt = m["dispatch"] + m["combine"], m["round_trip"]
         if mode == "graph":
             assert rt * 0.97 <= total <= rt * 1.03 + 10.0, m
-        else:  # + each half's drain
+        else:
             assert rt * 0.97 <= total <= (rt + m["host"]) * 1.03 + 40.0, m
 
 
 def test_a_dispatch_tail_overlapping_combine_is_split_as_timing_says(measured):
-    """Eager: the drained cut ends the overlap (dispatch carries the tail, combine its own spin,
-    the sum exceeds the round trip by the overlap, plus at most the host work the round trip
-    overlapped); graph: the tail runs on past the event into combine (the sum stays the round trip)."""
+    """timing.py: a dispatch's tail left running on a side stream is charged to combine under graph
+    replay (the event orders only its stream; the sum stays the round trip) and to neither half
+    eagerly (it runs out during the drain between the halves; the round trip carries it)."""
     t = measured["timing"]
     for mode in ("eager", "graph"):
         base, m = t[f"planted_tail_overlap/{mode}/base"], t[f"planted_tail_overlap/{mode}/tail"]
         dispatch, combine = m["dispatch"] - base["dispatch"], m["combine"] - base["combine"]
-        if mode == "eager":
-            assert dispatch == pytest.approx(TAIL, rel=0.05) and combine == pytest.approx(SHORT, rel=0.05), (m, base)
-            excess = m["dispatch"] + m["combine"] - m["round_trip"]
-            assert SHORT * 0.95 <= excess <= SHORT + m["host"] * 1.05 + 40.0, m  # the overlap the cut ended
+        assert abs(dispatch) < 0.05 * TAIL, (mode, m, base)
+        assert m["round_trip"] >= TAIL, (mode, m)
+        if mode == "eager":  # the tail in neither half: dispatch as without it, combine its own spin
+            assert combine == pytest.approx(SHORT, rel=0.05), (m, base)
         else:
             assert m["round_trip"] - base["round_trip"] == pytest.approx(TAIL, rel=0.05), (m, base)
-            assert dispatch < 0.02 * TAIL and combine == pytest.approx(TAIL, rel=0.05), (m, base)
+            assert combine == pytest.approx(TAIL, rel=0.05), (m, base)
             assert m["dispatch"] + m["combine"] <= m["round_trip"] * 1.03 + 10.0, m
 
 
