@@ -35,7 +35,7 @@ from ..runtime.table import (
     entry_winners,
     parse_profile,
 )
-from ..select import iso_timestamp, select_entries
+from ..select import fabric_of, iso_timestamp, select_entries
 from .model import Curve, FailureView, ShapeView, TableView, ViewError, clean, shape_label
 
 __all__ = [
@@ -288,6 +288,8 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
         }
         prof = _parse(table, label, notes)
         shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
+        for shape in shapes:  # what select records of each entry
+            shape.fabric = fabric_of(g(hw, "facts"), shape.ep_size, g(run, "world_size"))
     notes += _other_modes(measurements, shapes)
     fviews = [
         FailureView(
