@@ -56,7 +56,7 @@ def test_the_store_the_table_and_lookup_name_a_point_with_the_point_type():
     from a2a_tune.db import MeasurementKey
     from a2a_tune.db.models import KEY_FIELDS, Failure, Measurement
     from a2a_tune.tuner.runtime import point, table
-    from a2a_tune.tuner.runtime.lookup import lookup
+    from a2a_tune.tuner.runtime.lookup import request
 
     assert point.Shape._fields == point.SHAPE_FIELDS and point.Point._fields == point.POINT_FIELDS
     assert KEY_FIELDS == ("backend",) + point.POINT_FIELDS
@@ -64,4 +64,4 @@ def test_the_store_the_table_and_lookup_name_a_point_with_the_point_type():
     for model in (Measurement, Failure):
         assert set(KEY_FIELDS) <= set(model.__table__.columns.keys())
     assert table.Shape is point.Shape and table.SHAPE_KEYS == point.SHAPE_FIELDS
-    assert set(point.SHAPE_FIELDS) <= set(inspect.signature(lookup).parameters)
+    assert set(point.SHAPE_FIELDS) <= set(inspect.signature(request).parameters)  # lookup() takes these
