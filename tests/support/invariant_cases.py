@@ -1,5 +1,9 @@
 """The invariant over a list of cases, one backend instance a case: what the gloo tests, the GPU
-tests and the NVLink emulation run on every rank (`run_ranks(run_cases, W, device, cases)`)."""
+tests and the NVLink emulation run on every rank (`run_ranks(run_cases, W, device, cases)`).
+
+Which backends get the CPU conformance cases is the registry's answer, not a list kept here:
+every backend a2a_tune.kernels registers that can run on two CPU ranks (:func:`cpu_conformance`),
+so a new backend gets them by being registered."""
 
 from __future__ import annotations
 
@@ -7,10 +11,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a2a_tune.kernels import MoEShape, ShapeError, get_backend
+from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
-REAL_BACKENDS = ["allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"]
+#: Where the CPU conformance cases run: two gloo ranks.
+CPU_ENV = BackendEnv(world_size=2, device_type="cpu", dist_backend="gloo")
+
+
+def cpu_conformance() -> dict[str, str | None]:
+    """Every backend the package registers (a2a_tune.kernels.*, in registry order; not those
+    tests or plugins add) -> None where it runs on two CPU ranks, else why not (its
+    availability() reason)."""
+    shipped = [n for n in list_backends() if get_backend(n).__module__.startswith("a2a_tune.kernels.")]
+    return {n: None if (a := get_backend(n).availability(CPU_ENV)).ok else a.reason for n in shipped}
+
+
+#: The backends the CPU conformance cases run on: every registered one that runs on CPU ranks.
+REAL_BACKENDS = [n for n, why in cpu_conformance().items() if why is None]
 
 
 @dataclass(frozen=True)
