@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from invariant_cases import REAL_BACKENDS, Case, cases_w2, cpu_conformance, run_cases
+from invariant_cases import (
+    REAL_BACKENDS,
+    Case,
+    cases_w2,
+    conformance_cases,
+    cpu_conformance,
+    run_cases,
+    with_planted_backends,
+)
 
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels.reference import TOLERANCE, expert_scales, make_inputs
@@ -29,9 +37,7 @@ def _cases_w3() -> list[Case]:
 
 @pytest.fixture(scope="module")
 def results_w2():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")  # the ranks load them like a plugin
-        return run_ranks(run_cases, 2, "cpu", cases_w2())[0]
+    return with_planted_backends(run_cases, 2, "cpu", cases_w2())
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +47,7 @@ def results_w3():
 
 @pytest.mark.parametrize(
     "case",
-    [c for c in cases_w2() if not c.id.startswith("planted") and "than-the-step" not in c.id],
+    conformance_cases(cases_w2()),
     ids=lambda c: c.id,
 )
 def test_invariant_holds_on_two_ranks(results_w2, case):
@@ -88,7 +94,7 @@ def test_every_registered_backend_passes_the_cpu_conformance_cases_or_says_why_n
     why = cpu_conformance()[backend]
     if why is not None:
         pytest.skip(f"{backend} does not run on CPU ranks: {why}")
-    mine = {c.id for c in cases_w2() if c.backend == backend and "than-the-step" not in c.id}
+    mine = {c.id for c in conformance_cases(cases_w2()) if c.backend == backend}
     assert len(mine) >= 12
     failed = {i: results_w2[i][2] for i in sorted(mine) if not results_w2[i][0]}
     assert failed == {}

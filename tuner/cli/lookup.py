@@ -22,34 +22,44 @@ SIZE_OPTION = {"decode": "--max-batch", "prefill": "--max-tokens"}
 _OPTION = {"num_experts": "--experts"}
 
 
+#: RequestError's rules in this command's words; the rules not here (the shape's, the
+#: workload's, an environment variable's) read the same as the runtime's.
+_WORDS = {
+    "one_load": "give exactly one of --tokens, --phase or --workload (got {given})",
+    "needs_size": "--phase {value} needs {size} N",
+    "tokens": "{option}: {bound}",
+    "integer": "{option} must be >= {bound}, got {shown}",
+    "choice": "{option} must be {choices}, got {shown}",
+    "type": "{option} must be {bound}, got {shown}",
+    "budget": "{option} must be {bound}, got {shown}",
+}
+
+
 def request_words(exc, size_option: str | None = None) -> str:
     """The runtime's :class:`~a2a_tune.tuner.runtime.request.RequestError` in this command's
     option names (``size_option``: the one that gave ``max_tokens``, --max-batch or
     --max-tokens; None: the one that goes with the phase)."""
     from ..runtime.request import WORKSPACE_ENV, shown
 
-    rule, field, value, bound = exc.rule, exc.field, exc.value, exc.bound
-
     def option(arg: str) -> str:
         if arg == "max_tokens":
             return size_option or SIZE_OPTION.get(exc.phase, "--max-tokens")
         return _OPTION.get(arg) or "--" + arg.replace("_", "-")
 
-    if rule == "one_load":
-        return f"give exactly one of --tokens, --phase or --workload (got {', '.join(map(option, value)) or 'none'})"
-    if rule == "stray_size":
+    if exc.rule == "stray_size":
         return _stray_size(option("max_tokens"))
-    if rule == "needs_size":
-        return f"--phase {value} needs {SIZE_OPTION[value]} N"
-    if rule == "tokens":
-        return f"{option(field)}: {bound}"
-    if rule == "integer":
-        return f"{option(field)} must be >= {bound}, got {shown(value)}"
-    if rule == "choice":
-        return f"{option(field)} must be {' or '.join(bound)}, got {shown(value)}"
-    if rule in ("type", "budget") and field != WORKSPACE_ENV:
-        return f"{option(field)} must be {bound}, got {shown(value)}"
-    return str(exc)  # the shape's, the workload's and the environment's words are the same here
+    if exc.rule not in _WORDS or exc.field == WORKSPACE_ENV:
+        return str(exc)
+    value, bound = exc.value, exc.bound
+    return _WORDS[exc.rule].format(
+        option=option(exc.field) if exc.field else "",
+        value=value,
+        bound=bound,
+        shown=shown(value),
+        given=", ".join(map(option, value)) or "none" if exc.rule == "one_load" else "",
+        choices=" or ".join(bound) if exc.rule == "choice" else "",
+        size=SIZE_OPTION.get(value, "") if exc.rule == "needs_size" else "",
+    )
 
 
 def _stray_size(size_option: str) -> str:
