@@ -435,14 +435,18 @@ def test_views_read_what_select_writes(tmp_path):
         for b, values in per_backend.items():
             for t, v in zip(tokens, values):
                 ms.append(
-                    dict(
-                        shape,
-                        backend=b,
-                        tokens_per_rank=t,
-                        timing="graph" if b == "nccl_all2allv" else "eager",
-                        median_us=float(v),
-                        p10_us=v * 0.95,
-                        p90_us=v * 1.05,
+                    Measurement.from_columns(
+                        dict(
+                            shape,
+                            backend=b,
+                            tokens_per_rank=t,
+                            timing="graph" if b == "nccl_all2allv" else "eager",
+                            median_us=float(v),
+                            p10_us=v * 0.95,
+                            p90_us=v * 1.05,
+                            n=1,
+                            samples=[float(v)],
+                        )
                     )
                 )
     fails = [dict(S1, backend="flashinfer_nvlink_one_sided", kind="incorrect", reason=INCORRECT, tokens_per_rank=256)]

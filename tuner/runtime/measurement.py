@@ -162,15 +162,15 @@ class Measurement:
     @classmethod
     def from_columns(cls, columns: Mapping[str, Any]) -> Measurement:
         """A measurement from the store's columns (a row, or a mapping with those keys; a
-        figure's column absent or None: not measured)."""
+        statistic, the samples or a figure's column absent: not known / not measured)."""
         point = Point(*(columns[name] for name in POINT_FIELDS))
         stats = {name: columns.get(name) for name in STAT_FIELDS}
         figures = {f.name: columns.get(f.column) for f in FIGURES}
         return cls(
             backend=columns["backend"],
             point=point,
-            timing=columns["timing"],
-            samples=list(columns["samples"]),
+            timing=columns.get("timing"),
+            samples=list(columns.get("samples") or ()),
             knobs=dict(columns.get("knobs") or {}),
             figures=figures,
             **stats,
