@@ -26,7 +26,7 @@ Typical use::
         done = store.done_keys(run)
         with LeaseHeartbeat(store, run, me):
             ...
-            store.add_measurement(run, backend=..., writer=me)   # committed on return
+            store.add_measurement(run, m, writer=me)   # a Measurement, committed on return
         store.finish_run(run, "completed", summary, writer=me)
 """
 
@@ -59,7 +59,6 @@ from .store import (
     FailureRecord,
     HardwareRecord,
     MeasurementKey,
-    MeasurementRecord,
     RunRecord,
     Store,
     open_store,
@@ -77,7 +76,6 @@ __all__ = [
     "LeaseHeartbeat",
     "LeaseLostError",
     "MeasurementKey",
-    "MeasurementRecord",
     "NotFoundError",
     "RunBusyError",
     "RunRecord",

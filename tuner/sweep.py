@@ -64,7 +64,6 @@ from .measure import Backends, Result, input_sets, measure_case
 from .plans import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
 from .progress import progress_bar
 from .runtime.point import Point, Shape
-from .timing import summarize
 
 __all__ = [
     "DEFAULT_ITERS",
@@ -572,26 +571,10 @@ class _Recorder:
 
     def measurement(self, key: MeasurementKey, result: Result) -> None:
         self.outcome.measured += 1
-        stats = result.stats
-        self.medians[key] = stats.median_us
+        self.medians[key] = result.median_us
         if not self.is_writer:
             return
-        self.store.add_measurement(
-            self.run_id,
-            **key._asdict(),
-            timing=result.timing,
-            median_us=stats.median_us,
-            p10_us=stats.p10_us,
-            p90_us=stats.p90_us,
-            ci_low_us=stats.ci_low_us,
-            ci_high_us=stats.ci_high_us,
-            n=stats.n,
-            host_median_us=summarize(result.host_us).median_us,
-            samples=[round(s, 3) for s in result.device_us],
-            knobs=result.knobs,
-            writer=self.writer,
-            **result.figures(),
-        )
+        self.store.add_measurement(self.run_id, result.measurement(key), writer=self.writer)
 
     def beat(self, key: MeasurementKey | None) -> None:
         """Tell the watching parent which case this rank runs now (None: between cases)."""

@@ -12,6 +12,8 @@ import paths
 import pytest
 from run_cli import a2a
 
+from a2a_tune.tuner.runtime.measurement import Measurement
+
 CPU_BACKENDS = {"allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"}
 # `lookup` for the shape the finished run measured (Mixtral on 2 ranks)
 MIXTRAL_EP2 = "lookup --ep-size 2 --hidden 4096 --topk 2 --experts 8"
@@ -508,11 +510,7 @@ def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, to
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={}, config_hash="c"
         )
         with pytest.raises(ValueError, match=said.replace(".", r"\.")):
-            store.add_measurement(
-                run, backend="nccl_all2allv", ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16",
-                routing="uniform", tokens_per_rank=tokens, timing="eager", median_us=1.0, p10_us=1.0, p90_us=1.0,
-                n=1, samples=[1.0],
-            )  # fmt: skip
+            store.add_measurement(run, Measurement.from_columns(dict(backend="nccl_all2allv", ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform", tokens_per_rank=tokens, timing="eager", median_us=1.0, p10_us=1.0, p90_us=1.0, n=1, samples=[1.0])))  # fmt: skip
 
     table = fixture_data()
     table["entries"][0]["tokens"][0] = tokens

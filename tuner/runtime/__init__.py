@@ -5,7 +5,8 @@ request checked by ``request``, the answer chosen by ``choice``) from a selectio
 ``profiles`` finds (search path, file names, cluster pointers) and
 loads; ``table`` is the table model (parse, validate, tie rule), ``estimate`` interpolates
 the measured curves, ``fingerprint`` names the machine, ``point`` is the shape and point
-types with their bounds, ``engines`` holds each engine's literals, ``workload`` reads a
+types with their bounds, ``measurement`` the measurement type and the figures' one declaration
+(the store and select share it), ``engines`` holds each engine's literals, ``workload`` reads a
 tokens-per-step histogram, ``files`` reads a file under a size cap, ``text`` makes one
 safe line of an error or a name, and ``vllm_plugin`` applies the answer inside vLLM.
 
