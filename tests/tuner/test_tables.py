@@ -13,6 +13,7 @@ import pytest
 
 from a2a_tune.tuner.publish import write_table
 from a2a_tune.tuner.runtime.lookup import clear_cache, lookup
+from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.runtime.table import SHAPE_KEYS, parse_profile
 from a2a_tune.tuner.select import build_profile, fabric_of
 from a2a_tune.tuner.tables import merge
@@ -25,7 +26,9 @@ B = ("allgather_reducescatter", "nccl_all2allv")
 def rows(shape: dict, curves: dict) -> list:
     """Measurements: backend -> {tokens: median µs}."""
     return [
-        dict(shape, backend=b, tokens_per_rank=t, median_us=us, p10_us=us * 0.99, p90_us=us * 1.01)
+        Measurement.from_columns(
+            dict(shape, backend=b, tokens_per_rank=t, median_us=us, p10_us=us * 0.99, p90_us=us * 1.01)
+        )
         for b, points in curves.items()
         for t, us in points.items()
     ]
