@@ -228,7 +228,7 @@ def test_select_refuses_an_unfinished_run_in_one_line_and_merges_the_runs_it_is_
         for run_no, (ep, status) in enumerate(((4, "completed"), (8, "interrupted")), 1):
             _, run = new_run(s, config_hash=f"cfg{run_no}")
             point = dict(backend=B[0], ep_size=ep, median_us=20.0, p10_us=19.0, p90_us=21.0, knobs={})
-            s.add_measurement(run, **measurement(**point))
+            s.add_measurement(run, measurement(**point))
             s.finish_run(run, status)
     out = tmp_path / "out"
     r = a2a("select", "--db", db, "--run", "1", "--run", "2", "--out", str(out))
