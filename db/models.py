@@ -192,9 +192,11 @@ class Measurement(Base):
     combine_logical_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
     combine_link_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
     workspace_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # each EP group's median round trip (µs), in group order (revision 0004_ep)
+    group_us: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
 
 
-#: The figure columns of ``measurements`` (revision 0003), all nullable, in order.
+#: The figure columns of ``measurements`` (revisions 0003, 0004_ep), all nullable, in order.
 FIGURE_FIELDS = (
     "dispatch_median_us",
     "combine_median_us",
@@ -205,6 +207,7 @@ FIGURE_FIELDS = (
     "combine_logical_bytes",
     "combine_link_bytes",
     "workspace_bytes",
+    "group_us",
 )
 
 

@@ -163,6 +163,7 @@ class MeasurementRecord:
     combine_logical_bytes: float | None = None
     combine_link_bytes: float | None = None
     workspace_bytes: int | None = None
+    group_us: list[float] | None = None  # each EP group's median, in group order
 
     @property
     def key(self) -> MeasurementKey:
@@ -280,7 +281,7 @@ def _figures(values: dict[str, Any]) -> dict[str, Any]:
     for name, value in values.items():
         if value is None:
             out[name] = None
-        elif name.endswith("_samples"):
+        elif name.endswith("_samples") or name == "group_us":
             out[name] = [_finite(f"{name}[]", v) for v in value]
         elif name == "workspace_bytes":
             out[name] = _int(name, value)

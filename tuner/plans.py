@@ -66,6 +66,12 @@ class SweepPlan:
     # Refine crossovers and close races between neighbouring token counts (tuner.adaptive)
     # while they are more than this ratio apart; None: measure the grid only.
     refine_ratio: float | None = None
+    # EP sizes to measure, each on groups of consecutive ranks (tuner.groups); empty: the world.
+    ep_sizes: tuple[int, ...] = ()
+
+    def sizes(self, world: int) -> tuple[int, ...]:
+        """The EP sizes this plan measures on `world` ranks, smallest first."""
+        return tuple(sorted(self.ep_sizes)) or (world,)
 
     def backend_names(self) -> list[str]:
         if self.backends:
@@ -77,6 +83,8 @@ class SweepPlan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["backends"] = self.backend_names()
+        if not d["ep_sizes"]:
+            del d["ep_sizes"]  # the world alone: plans (and resumable runs) from before it hash alike
         for optional in ("capacity", "refine_ratio"):
             if d[optional] is None:
                 del d[optional]  # the default: plans (and resumable runs) from before it hash alike
@@ -91,16 +99,33 @@ class SweepPlan:
         blob = json.dumps({"plan": self.to_dict(), "device": device_type, "world": world_size}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def shapes_at(self, ep_size: int) -> Iterator[tuple[str, Shape]]:
-        """Each (model name, shape) the plan measures on `ep_size` ranks, shape-major: the
-        models in order, each with every dtype, each dtype with every routing."""
+    def all_shapes_at(self, ep_size: int) -> Iterator[tuple[str, Shape]]:
+        """Each (model name, shape) of the plan on `ep_size` ranks, shape-major: the models in
+        order, each with every dtype, each dtype with every routing; measurable or not."""
         for model in self.shapes:
             for dtype in self.dtypes:
                 for routing in self.routings:
                     yield model.name, model.at(ep_size, dtype, routing)
 
-    def total(self) -> int:
-        return len(self.shapes) * len(self.dtypes) * len(self.routings) * len(self.tokens) * len(self.backend_names())
+    def shapes_at(self, ep_size: int) -> Iterator[tuple[str, Shape]]:
+        """The shapes of `all_shapes_at` that can be measured at `ep_size` (see `skipped_at`)."""
+        for name, shape in self.all_shapes_at(ep_size):
+            if shape.problem(measuring=True) is None:
+                yield name, shape
+
+    def skipped_at(self, ep_size: int) -> list[str]:
+        """Why some shapes are not measured at `ep_size` (one line each): experts that do not
+        divide over the group, 'local' routing with top-k beyond one rank's experts."""
+        return [
+            f"{name} {shape.dtype} {shape.routing} at EP {ep_size}: {problem}"
+            for name, shape in self.all_shapes_at(ep_size)
+            if (problem := shape.problem(measuring=True))
+        ]
+
+    def total(self, world: int) -> int:
+        """Cases of the plan (every backend) over its EP sizes on `world` ranks."""
+        shapes = sum(1 for s in self.sizes(world) for _ in self.shapes_at(s))
+        return shapes * len(self.tokens) * len(self.backend_names())
 
 
 class PlanError(ValueError):
@@ -117,6 +142,7 @@ class SweepOptions:
     preset: Sequence[str] = ()
     model_config: Sequence[Path] = ()
     tokens: str | None = None
+    ep_sizes: str | None = None
     dtype: Sequence[str] = ()
     routing: Sequence[str] = ()
     backend: Sequence[str] = ()
@@ -147,6 +173,29 @@ def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
     except PointError as exc:
         raise PlanError(f"{option}: {exc}") from None
     return tuple(values)
+
+
+def parse_ep_sizes(text: str | None, world: int, shapes: Sequence[ModelShape]) -> tuple[int, ...]:
+    """--ep-sizes: comma-separated EP sizes, each dividing the world and every model's experts;
+    without it the default (tuner.groups.default_ep_sizes), where a size a model's experts do not
+    divide is skipped for that model (`SweepPlan.skipped_at`)."""
+    from .groups import default_ep_sizes
+
+    if text is None:
+        return default_ep_sizes(world)
+    try:
+        sizes = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
+    except ValueError:
+        raise PlanError(f"--ep-sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes:
+        raise PlanError(f"--ep-sizes must be comma-separated integers, got {text!r}")
+    for size in sizes:
+        if size < 2 or world % size:
+            raise PlanError(f"--ep-sizes {size}: an EP size must be at least 2 and divide the {world} ranks")
+        for model in shapes:
+            if model.num_experts % size:
+                raise PlanError(f"--ep-sizes {size}: {model.name}'s {model.num_experts} experts do not divide over it")
+    return tuple(sizes)
 
 
 def resolve_device(device: str, *, launched: bool = False, gpu_ranks: int = 2) -> tuple[str, int]:
@@ -299,6 +348,7 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
         capacity=options.capacity,
         # on by default where timings resolve few-% differences (GPUs); gloo noise would chase flips
         refine_ratio=REFINE_RATIO if (device == "cuda" if refine is None else refine) else None,
+        ep_sizes=parse_ep_sizes(options.ep_sizes, world, shapes),
     )
     check_plan(plan, device, world)
     return plan, device, world
@@ -308,10 +358,12 @@ def check_plan(plan, device: str, world: int, *, budget: tuple[int | None, str] 
     """PlanError (one line) unless every shape of `plan` can be measured on `world` ranks and
     every case fits in what a rank has here (`budget`: (bytes, why); default
     :func:`memory_per_rank`)."""
-    for name, shape in plan.shapes_at(world):
-        problem = shape.problem(measuring=True)
-        if problem:
-            raise PlanError(f"{name} ({shape.describe()}): {problem}")
+    sizes = plan.sizes(world)
+    for named in zip(*(list(plan.all_shapes_at(s)) for s in sizes)):  # one shape at each EP size
+        problems = [(shape, problem) for _, shape in named if (problem := shape.problem(measuring=True))]
+        if len(problems) == len(sizes):  # measurable at no EP size: refused (at some: skipped there)
+            shape, problem = problems[0]
+            raise PlanError(f"{named[0][0]} ({shape.describe()}): {problem}")
     largest, at = largest_case(plan, device, world)
     if not largest:
         return
@@ -348,15 +400,16 @@ def largest_case(plan, device: str, world: int) -> tuple[int, tuple | None]:
         classes = [cls for cls in classes if cls.availability(env).ok]
     top = max(plan.tokens)
     largest, at = 0, None
-    for named in plan.shapes_at(world):
-        for t in plan.tokens:
-            for cls in classes:
-                moe = MoEShape.of(named[1], capacity_of(cls, t, capacity=plan.capacity, largest=top))
-                if not cls.feasibility(moe, world).ok:
-                    continue
-                need = case_bytes(cls, moe, world, t, input_sets=plan.input_sets)
-                if need > largest:
-                    largest, at = need, (named, t, cls.name)
+    for size in plan.sizes(world):
+        for named in plan.shapes_at(size):
+            for t in plan.tokens:
+                for cls in classes:
+                    moe = MoEShape.of(named[1], capacity_of(cls, t, capacity=plan.capacity, largest=top))
+                    if not cls.feasibility(moe, size).ok:
+                        continue
+                    need = case_bytes(cls, moe, size, t, input_sets=plan.input_sets)
+                    if need > largest:
+                        largest, at = need, (named, t, cls.name)
     return largest, at
 
 

@@ -16,6 +16,7 @@ from .common import (
     _db_opt,
     _device_opt,
     _dtype_opt,
+    _ep_sizes_opt,
     _fail,
     _iters_opt,
     _mixed_opt,
@@ -149,7 +150,7 @@ def _do_sweep(options, *, publish: bool = False):
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
-            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(world), run_id)}",
             143 if by == "SIGTERM" else 130,
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
@@ -191,6 +192,7 @@ _SWEEP_OPTIONS = (
     ("preset", list[str], _preset_opt),
     ("model_config", list[Path], _config_opt),
     ("tokens", str | None, _tokens_opt),
+    ("ep_sizes", str | None, _ep_sizes_opt),
     ("dtype", list[str], _dtype_opt),
     ("routing", list[str], _routing_opt),
     ("backend", list[str], _backend_opt),
