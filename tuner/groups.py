@@ -7,7 +7,10 @@ and NVLink domains. Each group is its own process group (`torch.distributed.new_
 the world itself when s = W), its backends are built on it and gated on it. The groups then
 agree over the world (`EPGroups.agree`): the case's samples are the maximum over the ranks of
 every group, per sample (the slowest group's figure, as the maximum over ranks is taken within
-a group), and each group's own median is kept (`Result.group_us`, in group order).
+a group), and each group's own median is kept (`Result.group_us`, in group order); views flag
+a group far slower than the median group (`slow_groups`).
+
+Standard library at import (the plan and the views use the arithmetic); torch where groups run.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
-from .figures import Traffic
-from .launch import RankContext
-from .measure import Result
+    from .launch import RankContext
+    from .measure import Result
 
 #: A group this much slower than the median group (its median round trip) is flagged.
 SLOW_GROUP_RATIO = 1.10
@@ -64,6 +68,10 @@ class EPGroups:
     @classmethod
     def of(cls, world: RankContext, ep_size: int) -> EPGroups:
         """Collective over the world: the groups of `ep_size` (which divides the world size)."""
+        import torch.distributed as dist
+
+        from .launch import RankContext
+
         if world.world_size % ep_size:
             raise ValueError(f"EP size {ep_size} does not divide the {world.world_size} ranks")
         index = world.rank // ep_size
@@ -84,6 +92,8 @@ class EPGroups:
     def start_together(self) -> None:
         """Collective over the world: every group starts the next case at the same time."""
         if self.count > 1:
+            import torch.distributed as dist
+
             dist.barrier(group=self.world.group)
 
     def agree(self, result: Result) -> Result:
@@ -95,6 +105,8 @@ class EPGroups:
             if result.kind == "measured":
                 return dataclasses.replace(result, group_us=[result.stats.median_us])
             return result
+        import torch.distributed as dist
+
         gathered: list[Result | None] = [None] * self.world.world_size
         dist.all_gather_object(gathered, result, group=self.world.group)
         per_group: list[Result] = [r for r in gathered[:: self.ep_size] if r is not None]
@@ -107,12 +119,15 @@ class EPGroups:
 
     def close(self) -> None:
         if self._group is not None:
+            import torch.distributed as dist
+
             dist.destroy_process_group(self._group)
             self._group = None
 
 
 def _slowest(results: list[Result]) -> Result:
     """Every group's measured Result as one: per sample the maximum over the groups."""
+    from .figures import Traffic
 
     def worst(samples: list[list[float]]) -> list[float]:
         if not all(samples):

@@ -297,6 +297,7 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
         prof = _parse(table, label, notes)
         shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
     notes += _other_modes(measurements, shapes)
+    _attach_group_us(measurements, shapes)
     fviews = [
         FailureView(
             backend=clean(g(f, "backend")),
@@ -343,6 +344,22 @@ def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, la
         failures=fviews,
         notes=notes,
     )
+
+
+def _attach_group_us(measurements: list, shapes: list) -> None:
+    """Each curve's per-group medians (tuner.groups), from the measurements of its timing."""
+    by_key = {s.key: s for s in shapes}
+    for m in measurements:
+        per_group = _getter(m, "group_us")
+        shape = by_key.get(tuple(_getter(m, k) for k in SHAPE_KEYS))
+        curve = shape.curves.get(_getter(m, "backend")) if shape is not None else None
+        if not per_group or curve is None or curve.timing != _getter(m, "timing"):
+            continue
+        tokens = _getter(m, "tokens_per_rank")
+        if tokens in shape.tokens:
+            if not curve.group_us:
+                curve.group_us = [None] * len(shape.tokens)
+            curve.group_us[shape.tokens.index(tokens)] = list(per_group)
 
 
 def _fingerprint_or_placeholder(fp) -> str:

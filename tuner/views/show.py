@@ -28,6 +28,8 @@ from .model import (
     point_figures,
     shape_label,
     shape_link,
+    suspect_groups,
+    suspect_line,
     token_range,
     when,
 )
@@ -274,9 +276,12 @@ def show_data(view: TableView) -> dict:
                 "failed": s.failed,
                 "link": _link_data(view, s),
                 "figures": {b: point_figures(c, s.tokens, shape_link(view, s)) for b, c in s.curves.items()},
+                # each EP group's median per token count, in group order (null: not stored)
+                "group_us": {b: c.group_us for b, c in s.curves.items() if c.group_us},
             }
             for s in view.shapes
         ],
+        "suspect_groups": suspect_groups(view),
         "failures": [{"backend": b, "kind": k, "where": w, "reason": r} for b, k, w, r in group_failures(view)],
         "notes": view.notes,
     }
@@ -325,6 +330,8 @@ def render_show(view: TableView, console) -> None:
         console.print(Text.assemble((f"  {k:<14}", "dim"), v), soft_wrap=True)
     for note in view.notes:
         console.print(Text(f"  note: {note}", style="yellow"), soft_wrap=True)
+    for found in suspect_groups(view):
+        console.print(Text(f"  suspect: {suspect_line(found)}", style="bold yellow"), soft_wrap=True)
     if not view.shapes:
         console.print("no shapes in this table", style="yellow")
     for s in view.shapes:
