@@ -43,6 +43,12 @@ DEFAULT_TOKENS = {
     "cpu": (1, 4, 16, 64, 256),  # gloo on CPU: enough to see a crossover in minutes
 }
 DEFAULT_ITERS = {"cuda": (10, 50), "cpu": (3, 15)}  # (warm-up, timed) round trips per case
+# What a plan is estimated to cost before it runs (`estimate_seconds`): the ranks' start-up,
+# then seconds per case (gate, warm-up, timing, the halves) at the default iterations. cuda:
+# the 2xH200 full run (BENCHMARKS.md: 1140 measurements in 308 s); cpu: the gloo rehearsal
+# (BENCHMARKS.md, "EP sizes"). Every group of an EP size runs a case at once: groups cost nothing.
+START_SECONDS = {"cuda": 30.0, "cpu": 15.0}
+SECONDS_PER_CASE = {"cuda": 0.27, "cpu": 1.0}
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,56 @@ class SweepPlan:
         """Cases of the plan (every backend) over its EP sizes on `world` ranks."""
         shapes = sum(1 for s in self.sizes(world) for _ in self.shapes_at(s))
         return shapes * len(self.tokens) * len(self.backend_names())
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    """What a plan measures at one EP size, before any rank starts (`plan_sizes`)."""
+
+    ep_size: int
+    groups: int
+    shapes: int  # measurable at this size
+    skipped: list[str]  # why the others are not (SweepPlan.skipped_at)
+    tokens: int
+    backends: int  # available here at this size
+    unavailable: int
+
+    @property
+    def cases(self) -> int:
+        return self.shapes * self.tokens * self.backends
+
+
+def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
+    """Per EP size: its groups, shapes, token counts and the backends that can run here (as far
+    as this process can tell: a group's reach is known once the ranks gathered the cluster)."""
+    from a2a_tune.kernels import BackendEnv, UnknownBackendError, get_backend
+
+    rows = []
+    for size in plan.sizes(world):
+        env = BackendEnv.local(size, device)
+        usable = 0
+        for name in plan.backend_names():
+            try:
+                cls = get_backend(name)
+            except UnknownBackendError:  # registered in the ranks only: counted as able to run
+                usable += 1
+                continue
+            sub_group = world > size and cls.sub_group_reason
+            usable += bool(cls.availability(env).ok and not sub_group)
+        shapes = sum(1 for _ in plan.shapes_at(size))
+        names = len(plan.backend_names())
+        rows.append(
+            SizePlan(size, world // size, shapes, plan.skipped_at(size), len(plan.tokens), usable, names - usable)
+        )
+    return rows
+
+
+def estimate_seconds(rows: Sequence[SizePlan], device: str, iters: int | None = None) -> float:
+    """A rough cost of the cases `rows` count (see SECONDS_PER_CASE), scaled by the timed
+    round trips per case against the default."""
+    default = sum(DEFAULT_ITERS[device])
+    scale = 1.0 if iters is None else max(iters, 1) / default
+    return START_SECONDS[device] + sum(r.cases for r in rows) * SECONDS_PER_CASE[device] * max(scale, 0.2)
 
 
 class PlanError(ValueError):
@@ -336,6 +392,7 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
     check_capacity(options.capacity, token_counts)
     default_warmup, default_iters = DEFAULT_ITERS[device]
     refine = options.refine
+    ep_sizes = parse_ep_sizes(options.ep_sizes, world, shapes)
     plan = SweepPlan(
         shapes=tuple(shapes),
         tokens=token_counts,
@@ -348,7 +405,7 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
         capacity=options.capacity,
         # on by default where timings resolve few-% differences (GPUs); gloo noise would chase flips
         refine_ratio=REFINE_RATIO if (device == "cuda" if refine is None else refine) else None,
-        ep_sizes=parse_ep_sizes(options.ep_sizes, world, shapes),
+        ep_sizes=ep_sizes if ep_sizes != (world,) else (),  # the world alone: as plans from before sizes
     )
     check_plan(plan, device, world)
     return plan, device, world

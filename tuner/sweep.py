@@ -487,6 +487,7 @@ class _Recorder:
         self.lease: LeaseHeartbeat | None = None
         self.world_size = ctx.world_size
         self.sizes = len(plan.sizes(ctx.world_size))
+        self._reasons: dict[tuple[str, str], dict[str, list[int]]] = {}  # (kind, backend) -> reason -> EP sizes
         self.view = gather_cluster(ctx)
         self.topology = self.view.topology
         mixed = cluster.check_mixed(self.view, allow_mixed)  # the same answer on every rank, before any timing
@@ -616,9 +617,12 @@ class _Recorder:
         recorded once per run and size, with the EP size it is about (none for an unavailable
         backend of a one-size run: the machine, not the size, is why)."""
         said = self.outcome.unavailable if kind == "unavailable" else self.outcome.not_applicable
-        if self.sizes > 1:
-            reason = f"at EP {ep_size}: {reason}"
-        said[backend] = f"{said[backend]}; {reason}" if backend in said else reason
+        sizes = self._reasons.setdefault((kind, backend), {}).setdefault(reason, [])
+        sizes.append(ep_size)
+        said[backend] = "; ".join(  # one reason at every size is said once
+            why if len(at) == self.sizes else f"at EP {','.join(map(str, at))}: {why}"
+            for why, at in self._reasons[(kind, backend)].items()
+        )
         if kind == "unavailable" and self.sizes == 1:
             ep_size = None
         if (backend, kind, ep_size) in self.recorded:  # a resumed run said so already

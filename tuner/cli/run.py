@@ -79,12 +79,40 @@ def probe(
 # ---------------------------------------------------------------------------------- sweep
 
 
-def _unavailable_here(names: list[str], device: str, world: int) -> int:
-    """How many of the backends `names` cannot run on `world` `device` ranks here."""
-    from a2a_tune.kernels import BackendEnv, get_backend
+def _print_plan(plan, device: str, world: int, launcher: str) -> None:
+    """The plan before any rank starts: per EP size its groups, shapes, token counts, backends
+    and cases (only those that can run here), the sizes skipped for a model, an estimate."""
+    from rich import box
+    from rich.table import Table
 
-    env = BackendEnv.local(world, device)
-    return sum(not get_backend(name).availability(env)[0] for name in names)
+    plans = _plans()
+    rows = plans.plan_sizes(plan, device, world)
+    t = Table(box=box.SIMPLE_HEAD, title=f"plan: {world} {device} rank(s){launcher}", title_justify="left")
+    for name in ("EP size", "groups", "shapes", "tokens", "backends", "cases"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for r in rows:
+        backends = f"{r.backends}" + (f" (+{r.unavailable} unavailable)" if r.unavailable else "")
+        t.add_row(str(r.ep_size), str(r.groups), str(r.shapes), str(r.tokens), backends, str(r.cases))
+    out.print(t)
+    for r in rows:
+        for line in r.skipped:
+            out.print(f"  skipped: {line}", highlight=False, markup=False, soft_wrap=True)
+    if any(r.unavailable for r in rows):
+        out.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
+    cases = sum(r.cases for r in rows)
+    seconds = plans.estimate_seconds(rows, device, None if plan.iters is None else plan.warmup + plan.iters)
+    refine = " before refinements" if plan.refine_ratio is not None else ""
+    out.print(
+        f"  {cases} cases; estimated {_duration(seconds)}{refine} (a rough guide: {plans.SECONDS_PER_CASE[device]} s "
+        f"per case on {device}; every group of a size runs at once)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _print_outcome(outcome, seconds: float) -> None:
@@ -117,16 +145,7 @@ def _do_sweep(options, *, publish: bool = False):
     db = options.db
     job = job_rank()
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
-        launcher = f" ({job.launcher} job)" if job else ""
-        names = plan.backend_names()
-        unavailable = _unavailable_here(names, device, world)
-        out.print(
-            f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(names) - unavailable} "
-            f"backend(s) on {world} {device} rank(s){launcher}"
-            + (f" ({unavailable} more unavailable here: `a2a-tune backends` says why)" if unavailable else ""),
-            highlight=False,
-            soft_wrap=True,
-        )
+        _print_plan(plan, device, world, f" ({job.launcher} job)" if job else "")
     start = time.perf_counter()
     try:
         outcome = run_sweep(
