@@ -211,7 +211,7 @@ class TakesTheStoreAway(NcclAll2Allv):
 
 @register_backend
 class SlowOnOneRank(NcclAll2Allv):
-    """Correct, but the job's rank $A2A_TUNE_TEST_SLOW_RANK spends 20 ms more in each dispatch:
+    """Correct, but the job's rank $A2A_TUNE_TEST_SLOW_RANK spends 100 ms more in each dispatch:
     a slow GPU, link or NIC. Its EP group, and only its, must come out the slowest."""
 
     name = "planted_slow_rank"
@@ -223,7 +223,7 @@ class SlowOnOneRank(NcclAll2Allv):
         import torch.distributed as dist
 
         if str(dist.get_rank()) == os.environ.get("A2A_TUNE_TEST_SLOW_RANK"):
-            time.sleep(0.02)
+            time.sleep(0.1)
         return super().dispatch(x, topk_ids, topk_weights)
 
 
@@ -244,3 +244,19 @@ class WaitsAtAGateAtOneSize(NcclAll2Allv):
         while wait and gate and os.path.exists(gate) and time.monotonic() < deadline:
             time.sleep(0.1)
         return super().dispatch(x, topk_ids, topk_weights)
+
+
+@register_backend
+class WrongOnTheLastTwoRanks(NcclAll2Allv):
+    """planted_off_by_one on the job's last two ranks only: at every EP size, only the last
+    group is wrong, so only a gate run in every group catches it."""
+
+    name = "planted_wrong_last_ranks"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        import torch.distributed as dist
+
+        d = super().dispatch(x, topk_ids, topk_weights)
+        if dist.get_rank() >= dist.get_world_size() - 2 and d.x.shape[0] > 1:
+            d.x = torch.roll(d.x, shifts=1, dims=0)
+        return d
