@@ -215,14 +215,20 @@ class SweepOptions:
     out_dir: Path | None = field(default=None)
 
 
-def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
-    """Comma-separated tokens per rank, sorted and deduplicated, each within the point's bound."""
+def _integers(text: str, option: str) -> list[int]:
+    """Comma-separated integers, sorted and deduplicated; PlanError naming `option` otherwise."""
     try:
         values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
     except ValueError:
-        raise PlanError(f"{option} must be comma-separated integers, got {text!r}") from None
+        values = []
     if not values:
         raise PlanError(f"{option} must be comma-separated integers, got {text!r}")
+    return values
+
+
+def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
+    """Comma-separated tokens per rank, sorted and deduplicated, each within the point's bound."""
+    values = _integers(text, option)
     try:
         for v in (values[0], values[-1]):
             check_tokens(v)
@@ -239,12 +245,7 @@ def parse_ep_sizes(text: str | None, world: int, shapes: Sequence[ModelShape]) -
 
     if text is None:
         return default_ep_sizes(world)
-    try:
-        sizes = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
-    except ValueError:
-        raise PlanError(f"--ep-sizes must be comma-separated integers, got {text!r}") from None
-    if not sizes:
-        raise PlanError(f"--ep-sizes must be comma-separated integers, got {text!r}")
+    sizes = _integers(text, "--ep-sizes")
     for size in sizes:
         if size < 2 or world % size:
             raise PlanError(f"--ep-sizes {size}: an EP size must be at least 2 and divide the {world} ranks")
