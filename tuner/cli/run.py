@@ -100,11 +100,12 @@ def _print_plan(plan, device: str, world: int, launcher: str) -> None:
     if any(r.unavailable for r in rows):
         out.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
     cases = sum(r.cases for r in rows)
-    seconds = plans.estimate_seconds(rows, device, None if plan.iters is None else plan.warmup + plan.iters)
+    seconds = plans.estimate_seconds(rows, device, world, plan.warmup + plan.iters)
     refine = " before refinements" if plan.refine_ratio is not None else ""
+    per = "per case" if device == "cuda" else "per case and rank of its group"
     out.print(
         f"  {cases} cases; estimated {_duration(seconds)}{refine} (a rough guide: {plans.SECONDS_PER_CASE[device]} s "
-        f"per case on {device}; every group of a size runs at once)",
+        f"{per} on {device}; every group of a size runs at once)",
         highlight=False,
         markup=False,
         soft_wrap=True,
