@@ -347,20 +347,19 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
     )
 
 
-def _attach_group_us(measurements: list, shapes: list) -> None:
+def _attach_group_us(measurements: list[Measurement], shapes: list) -> None:
     """Each curve's per-group medians (tuner.groups), from the measurements of its timing."""
     by_key = {s.key: s for s in shapes}
     for m in measurements:
-        per_group = _getter(m, "group_us")
-        shape = by_key.get(tuple(_getter(m, k) for k in SHAPE_KEYS))
-        curve = shape.curves.get(_getter(m, "backend")) if shape is not None else None
-        if not per_group or curve is None or curve.timing != _getter(m, "timing"):
+        per_group = m.figure("group_us")
+        shape = by_key.get(tuple(m.point.shape))
+        curve = shape.curves.get(m.backend) if shape is not None else None
+        tokens = m.point.tokens_per_rank
+        if not per_group or curve is None or curve.timing != m.timing or tokens not in shape.tokens:
             continue
-        tokens = _getter(m, "tokens_per_rank")
-        if tokens in shape.tokens:
-            if not curve.group_us:
-                curve.group_us = [None] * len(shape.tokens)
-            curve.group_us[shape.tokens.index(tokens)] = list(per_group)
+        if not curve.group_us:
+            curve.group_us = [None] * len(shape.tokens)
+        curve.group_us[shape.tokens.index(tokens)] = list(per_group)
 
 
 def _fingerprint_or_placeholder(fp) -> str:
