@@ -147,5 +147,5 @@ def lookup(
         print(one_line(choice.backend))
     if choice.match != "fallback":  # a fallback already warned once with the reason
         err.print(f"{choice.match}: {choice.reason}", style="dim", highlight=False, markup=False, soft_wrap=True)
-        if saving := savings.sentence(vs_default, choice.phase):
+        if moe_layers and (saving := savings.sentence(vs_default, choice.phase)):  # the step: when it is known
             err.print(saving, highlight=False, markup=False, soft_wrap=True)
