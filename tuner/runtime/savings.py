@@ -82,5 +82,9 @@ def sentence(vs: dict | None, phase: str = "tokens") -> str:
 
 
 def _change(saving: float, digits: int) -> str:
-    """A saving as the change it makes to the time: "\u22121.33" (faster), "+0.20" (slower)."""
-    return f"{-saving:+.{digits}f}".replace("-", "\u2212")
+    """A saving as the change it makes to the time: "\u22121.33" (faster), "+0.20" (slower),
+    "0.00" (none at that precision)."""
+    text = f"{-saving:+.{digits}f}"
+    if float(text) == 0:
+        return f"{0:.{digits}f}"
+    return text.replace("-", "\u2212")
