@@ -262,3 +262,29 @@ def test_a_failing_triton_kernel_falls_back_to_the_torch_path_once(monkeypatch, 
     assert torch.equal(q2.view(torch.uint8), q0.view(torch.uint8))
     (record,) = [r for r in caplog.records if "Triton FP8 quantizer failed" in r.getMessage()]
     assert "RuntimeError: ptxas fatal: unsupported arch" in record.getMessage() and "more" not in record.getMessage()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("payload", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("hw_cvt", [True, False], ids=["gpu-casts", "integer-rounding"])
+def test_cuda_mxfp8_and_nvfp4_kernels_are_bit_exact_with_the_torch_path(payload, hw_cvt):
+    """Every bf16 value (blocks beside amaxes of 1, 3, 2^-100, 2^100) and random rows, into the
+    engines' separate tensors and into packed rows; the CPU reference agrees with the GPU's."""
+    from emulate_quant import every_bf16_value
+
+    from a2a_tune.kernels import _quant_kernels, quant
+
+    if hw_cvt and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no fp8 conversion before sm_89")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    randn = (torch.randn(4096, 7168, device="cuda", generator=g) * 10 ** torch.randn(4096, 1, device="cuda")).bfloat16()
+    for x in (every_bf16_value().cuda().nan_to_num(0.0, 1e30, -1e30).bfloat16(), randn):
+        want = [w.view(torch.uint8) for w in quant.QUANTIZE_TORCH[payload](x)]
+        q, s = quant.empty_wire(payload, *x.shape, x.device)
+        _quant_kernels.QUANTIZE[payload](x, q, s, hw_cvt=hw_cvt)
+        assert torch.equal(q.view(torch.uint8), want[0]) and torch.equal(s.view(torch.uint8), want[1])
+        rows = quant.quantize_rows(payload, x)
+        q2, s2 = quant.wire_rows(payload, rows, x.shape[1])
+        assert torch.equal(q2.view(torch.uint8), want[0]) and torch.equal(s2.view(torch.uint8), want[1])
+        cpu = [w.view(torch.uint8) for w in quant.QUANTIZE_TORCH[payload](x.cpu())]
+        assert torch.equal(cpu[0], want[0].cpu()) and torch.equal(cpu[1], want[1].cpu())
