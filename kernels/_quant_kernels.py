@@ -182,19 +182,26 @@ def quantize_fp8_blocks(
 
 @triton.jit
 def _load_bits(x_ptr, offs, mask, BF16: tl.constexpr):
-    """float32 bits of x at offs (bf16 loaded as int16: its bits are a float32's upper half)."""
+    """float32 bits of x at offs (bf16 loaded as int16: its bits are a float32's upper half).
+
+    One return at the end: the compiler, unlike the interpreter, takes no early return from a
+    constexpr branch (a second return after it is an error)."""
     if BF16:
-        return tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32) << 16
-    return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.int32, bitcast=True)
+        bits = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32) << 16
+    else:
+        bits = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.int32, bitcast=True)
+    return bits
 
 
 @triton.jit
 def _to_e4m3(y, HW_CVT: tl.constexpr):
-    """fp32 y (|y| <= 448) -> e4m3 code with its sign, uint8."""
+    """fp32 y (|y| <= 448) -> e4m3 code with its sign, uint8 (one return: see _load_bits)."""
     if HW_CVT:
-        return y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-    p = y.to(tl.uint32, bitcast=True)
-    return (_e4m3_code(tl.minimum(p & 0x7FFFFFFF, 0x7F800000)) | ((p >> 24) & 0x80)).to(tl.uint8)
+        code = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        p = y.to(tl.uint32, bitcast=True)
+        code = (_e4m3_code(tl.minimum(p & 0x7FFFFFFF, 0x7F800000)) | ((p >> 24) & 0x80)).to(tl.uint8)
+    return code
 
 
 @triton.jit(do_not_specialize=["n_blocks", "n_scales", "q_stride", "s_stride"])
@@ -224,7 +231,7 @@ def _quantize_mxfp8_kernel(
     normal = tl.minimum(tl.maximum(field + (mant != 0).to(tl.int32), 0), 254)
     s = tl.where(field == 0, (mant > (1 << 22)).to(tl.int32), normal)  # ceil(log2(r)) + 127
     descale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)  # 2^(s-127)
-    code = _to_e4m3(tl.math.div_rn(x, descale[:, None]), HW_CVT)
+    code = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(descale[:, None], [BLOCK_N, 32])), HW_CVT)
     t = rows // n_scales
     j = rows % n_scales
     tl.store(q_ptr + (t * q_stride + j * 32)[:, None] + cols[None, :], code, mask=rmask[:, None])

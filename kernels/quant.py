@@ -171,10 +171,11 @@ def quantize_into(dtype: str, x: torch.Tensor, q: torch.Tensor, scales: torch.Te
                 raise
             _TRITON_FAILED.add(x.device)
             logging.getLogger(__name__).warning(
-                "a2a-tune: the Triton %s quantizer failed on %s (%s); using the torch path there",
+                "a2a-tune: the Triton %s quantizer failed on %s (%s: %s); using the torch path there",
                 dtype,
                 x.device,
                 type(exc).__name__,
+                (str(exc).strip().splitlines() or [""])[0],
             )
     rq, rs = QUANTIZE_TORCH[dtype](x)
     q.copy_(rq)

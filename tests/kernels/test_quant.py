@@ -288,3 +288,31 @@ def test_cuda_mxfp8_and_nvfp4_kernels_are_bit_exact_with_the_torch_path(payload,
         assert torch.equal(q2.view(torch.uint8), want[0]) and torch.equal(s2.view(torch.uint8), want[1])
         cpu = [w.view(torch.uint8) for w in quant.QUANTIZE_TORCH[payload](x.cpu())]
         assert torch.equal(cpu[0], want[0].cpu()) and torch.equal(cpu[1], want[1].cpu())
+
+
+@pytest.mark.parametrize("payload", ["mxfp8", "nvfp4"])
+def test_the_mxfp8_and_nvfp4_kernels_compile_for_hopper_without_a_gpu(payload):
+    """The interpreter runs what the compiler refuses (an early return from a constexpr branch,
+    then a second return): compile each kernel to a cubin for sm_90 here, as a GPU would."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from a2a_tune.kernels import _quant_kernels as k
+
+    fn = {"mxfp8": k._quantize_mxfp8_kernel, "nvfp4": k._quantize_nvfp4_kernel}[payload]
+    sig = {"x_ptr": "*i16", "q_ptr": "*u8", "s_ptr": "*u8"} | dict.fromkeys(("n_blocks", "n_scales"), "i32")
+    sig |= dict.fromkeys(("q_stride", "s_stride"), "i32") | (
+        {"g": "fp32", "inv_g": "fp32"} if payload == "nvfp4" else {}
+    )
+    consts = {"TINY": torch.finfo(torch.float32).tiny} if payload == "mxfp8" else {"INV_FP4_MAX": 1 / 6}
+    consts |= {"BF16": True, "HW_CVT": True, "BLOCK_N": 32}
+    sig |= dict.fromkeys(consts, "constexpr")
+    source = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    except RuntimeError as exc:  # no NVIDIA backend tools in this Triton build
+        if "ptxas" in str(exc):
+            pytest.skip(f"no ptxas here: {exc}")
+        raise
+    assert "cubin" in compiled.asm and b"quantize" in compiled.asm["cubin"]
