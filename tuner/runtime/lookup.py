@@ -743,7 +743,9 @@ def _vs_default(entry: ProfileEntry, prof: Profile, want: Shape, dist, engine, c
     eng = engine or savings.DEFAULT_ENGINE
     measured = [b for b in entry.median_us if b not in entry.failed]
     label, pool = savings.default_backends(eng, prof.backends, measured, want.num_experts, want.ep_size)
-    times = expected(entry.tokens, {b: entry.median_us[b] for b in pool}, dist)
+    # a count the default was not measured at (a refinement count) is bridged, as for "compared"
+    pool_curves = {b: bridge_gaps(entry.tokens, entry.median_us[b]) or entry.median_us[b] for b in pool}
+    times = expected(entry.tokens, pool_curves, dist)
     if not times:
         return {}
     default_us = round(min(times.values()), US_DECIMALS)
