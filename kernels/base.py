@@ -65,14 +65,8 @@ if TYPE_CHECKING:  # torch is imported lazily so `availability` stays cheap to c
 PAYLOADS = _point.PAYLOADS
 #: name -> (activation dtype, wire dtype): a quantized payload travels as the wire dtype (NVFP4:
 #: bytes of two e2m1 values) with its block scales beside it, quantized before dispatch.
-PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {
-    "bf16": ("bfloat16", None),
-    "fp16": ("float16", None),
-    "fp32": ("float32", None),
-    "fp8_e4m3": ("bfloat16", "float8_e4m3fn"),
-    "mxfp8": ("bfloat16", "float8_e4m3fn"),
-    "nvfp4": ("bfloat16", "uint8"),
-}
+_WIRE = {"fp8_e4m3": "float8_e4m3fn", "mxfp8": "float8_e4m3fn", "nvfp4": "uint8"}
+PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {n: (p.activation, _WIRE.get(n)) for n, p in PAYLOADS.items()}
 #: Unquantized payloads: every backend carries these.
 PLAIN_PAYLOADS = frozenset(name for name, p in PAYLOADS.items() if not p.quantized)
 #: Bytes per element of the dtypes PAYLOAD_DTYPES names, known without importing torch.
@@ -157,7 +151,7 @@ def case_bytes(cls: type[All2AllBackend], shape: MoEShape, world_size: int, toke
     with their 2k words of routing twice. Plus the check's reference and result, [T, H] each.
     """
     payload = PAYLOADS[shape.dtype]
-    a = ITEM_BYTES[payload.activation]
+    a = payload.combine_row_bytes(1)
     t, h, k = tokens, shape.hidden, shape.topk
     inputs = input_sets * t * (h * a + 8 * k) + t * max(3 * 4 * shape.num_experts, 4 * h)
     rows = cls.received_rows(shape, world_size)

@@ -71,11 +71,11 @@ class LinkBandwidth(NamedTuple):
 
 
 def row_bytes(dtype: str, hidden: int) -> tuple[int, int]:
-    """(dispatch row, combine row) in bytes for payload `dtype` (kernels.base.PAYLOAD_DTYPES)."""
-    from a2a_tune.kernels.base import ITEM_BYTES, PAYLOADS
+    """(dispatch row, combine row) in bytes for payload `dtype` (runtime.point.PAYLOADS)."""
+    from .runtime.point import PAYLOADS
 
     payload = PAYLOADS[dtype]
-    return payload.row_bytes(hidden), hidden * ITEM_BYTES[payload.activation]
+    return payload.row_bytes(hidden), payload.combine_row_bytes(hidden)
 
 
 def destination_pairs(topk_ids: Any, num_experts: int, world_size: int, rank: int) -> tuple[int, int]:

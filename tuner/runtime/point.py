@@ -88,6 +88,10 @@ class Payload(NamedTuple):
     def value_bytes(self, hidden: int) -> int:
         return hidden * self.value_bits // 8
 
+    def combine_row_bytes(self, hidden: int) -> int:
+        """Bytes one combined row moves: H activations (the model dtype)."""
+        return hidden * _ACTIVATION_BYTES[self.activation]
+
     def row_bytes(self, hidden: int) -> int:
         """Bytes one dispatched row moves: the packed values and their scales (NVFP4: H/2 + H/16;
         MXFP8: H + H/32; block-FP8: H + 4 x ceil(H/128))."""
@@ -99,6 +103,8 @@ class Payload(NamedTuple):
             return f"--dtype {self.name} needs hidden divisible by its {self.block}-element block, got hidden={hidden}"
         return None
 
+
+_ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 #: The payload dtypes (``--dtype``, the store, tables, lookup), by name.
 PAYLOADS = {
