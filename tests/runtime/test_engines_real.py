@@ -121,12 +121,23 @@ PAYLOAD_CURVES = {"bf16": CURVES, "fp8_e4m3": CURVES, "nvfp4": QUANTIZED_CURVES,
 
 def _phase_table(directory: Path) -> None:
     from a2a_tune.kernels.registry import engine_names
+    from a2a_tune.tuner.runtime.measurement import Measurement
     from a2a_tune.tuner.select import build_profile, write_profile
 
     shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, routing="uniform")
     ms = [
-        dict(shape, dtype=d, backend=b, tokens_per_rank=t, timing="eager", median_us=float(v))
-        | dict(p10_us=v * 0.99, p90_us=v * 1.01)
+        Measurement.from_columns(
+            dict(
+                shape,
+                dtype=d,
+                backend=b,
+                tokens_per_rank=t,
+                timing="eager",
+                median_us=float(v),
+                p10_us=v * 0.99,
+                p90_us=v * 1.01,
+            )
+        )
         for d, curves in PAYLOAD_CURVES.items()
         for b, values in curves.items()
         for t, v in zip(TOKENS, values)
