@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from .common import (
     _config_opt,
@@ -31,39 +29,66 @@ from .common import (
 def backends(
     device: str = typer.Option("auto", help="Judge availability for cuda or cpu ranks."),
     world: int | None = typer.Option(None, help="Ranks [default: every GPU; 2 on cpu]."),
+    as_json: bool = typer.Option(False, "--json", help="Print the list as JSON."),
 ) -> None:
     """List the registered backends, their engine names, and whether they can run here."""
-    from rich.measure import Measurement
-    from rich.table import Column, Table
+    from rich.table import Column
+    from rich.text import Text
 
     from a2a_tune.kernels import BackendEnv, get_backend, list_backends
+
+    from ..views.layout import print_fitted
 
     device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
-    rows = []
+    listed = []
     for name in list_backends():
         cls = get_backend(name)
         ok, reason = cls.availability(env)
-        vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
-        here = "[green]available[/]" if ok else f"[yellow]{escape(reason)}[/]"
-        rows.append((escape(name), escape(vllm), escape(cls.sglang_name or "-"), cls.reach, here))
-
-    def table(title: str, columns: list[int]) -> Table:
-        # Names are never cut: their columns do not wrap; only the notes in "here" do.
-        heads = [Column("backend", no_wrap=True), "vLLM", Column("SGLang", no_wrap=True), "reach", "here"]
-        t = Table(*[heads[c] for c in columns], title=title)
-        for row in rows:
-            t.add_row(*[row[c] for c in columns])
-        return t
-
-    title = f"backends for {world} {device} rank(s)"
-    whole = table(title, [0, 1, 2, 3, 4])
-    if Measurement.get(out, out.options.update_width(10_000), whole).maximum <= out.width:  # unwrapped
-        out.print(whole)
-    else:  # a narrow terminal: what runs here, then what the engines call each one
-        out.print(table(title, [0, 3, 4]))
-        out.print(table("the engines' names for them", [0, 1, 2]))
+        listed.append(
+            {
+                "backend": name,
+                "vllm": cls.vllm_name,
+                "vllm_closest": cls.vllm_closest,
+                "sglang": cls.sglang_name,
+                "trtllm": cls.trtllm_name,
+                "reach": cls.reach,
+                "available": ok,
+                "reason": None if ok else reason,
+            }
+        )
+    if as_json:
+        print(json.dumps({"device": device, "world_size": world, "backends": listed}, indent=2))
+        return
+    rows = [
+        (
+            Text(b["backend"]),  # Text: a name is never markup
+            Text(b["reach"]),
+            Text("available", style="green") if b["available"] else Text(b["reason"], style="yellow"),
+            Text(b["vllm"] or (f"- (closest: {b['vllm_closest']})" if b["vllm_closest"] else "-")),
+            Text(b["sglang"] or "-"),
+            Text(b["trtllm"] or "-"),
+        )
+        for b in listed
+    ]
+    columns = [
+        Column("backend", no_wrap=True),
+        Column("reach", no_wrap=True),
+        Column("here"),  # the reason wraps at spaces
+        Column("vLLM"),
+        Column("SGLang", no_wrap=True),
+        Column("TensorRT-LLM", no_wrap=True),
+    ]
+    # Narrow: what runs here, then what the engines call each one.
+    print_fitted(
+        out,
+        columns,
+        rows,
+        stack=(5, 4, 3),
+        title=f"backends for {world} {device} rank(s)",
+        stacked_title="the engines' names for them",
+    )
 
 
 @app.command(
@@ -148,7 +173,7 @@ def check(
         raise typer.Exit(0)
     where = f"{world} virtual ranks of one {device} device" if virtual else f"{world} {device} rank(s)"
     title = f"each case ran on {where} (one process)" if virtual else None
-    (out if out.is_terminal else Console(width=160)).print(render(rows, title))  # a log keeps its lines whole
+    render(rows, out, title)  # fits the terminal, or COLUMNS (80 in a log)
     counts = {s: sum(r.status == s for r in rows) for s in ("ok", "FAIL", "skip")}
     scaled = f", token counts x {token_scale:g}" if token_scale != 1 else ""
     out.print(

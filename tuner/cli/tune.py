@@ -132,38 +132,58 @@ def evaluate(
 
 
 def _print_evaluation(ev, title: str) -> None:
-    from rich.table import Table
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    from ..views.layout import indented, print_fitted
 
     if not ev.points:
         raise _fail(f"{title}: no measured point of a shape the table has ({ev.outside} of other shapes)", 1)
-    t = Table("policy", "mean regret", "worst regret", "points", title=f"{title}: regret vs the best backend")
+    t = Table(
+        Column("policy", no_wrap=True),
+        Column("mean regret", justify="right", no_wrap=True),
+        Column("worst regret", justify="right", no_wrap=True),
+        Column("points", justify="right", no_wrap=True),
+        title=f"{title}: regret vs the best backend",
+    )
     for policy, r in sorted(ev.policies.items(), key=lambda kv: kv[1]["mean"]):
-        t.add_row(policy, f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
+        t.add_row(Text(policy), f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
     out.print(t)
     for policy, n in sorted(ev.failed.items()):
         out.print(
-            f"{policy}: its backend FAILED at {n} of {len(ev.points)} point(s) (error, timeout or wrong result)",
-            highlight=False,
+            indented(
+                f"{policy}: its backend FAILED at {n} of {len(ev.points)} point(s) (error, timeout or wrong result)", 0
+            )
         )
     for policy, n in sorted(ev.unscored.items()):
         out.print(
-            f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)",
-            highlight=False,
+            indented(f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)", 0)
         )
     if ev.outside:
-        out.print(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", highlight=False)
+        out.print(indented(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", 0))
     if ev.engines:
         from ..policies import render_scores
 
         render_scores(ev.engines, out, title)
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
-        w = Table("shape", "tokens", "table's pick", "fastest", "regret", title="worst points")
+        columns = [
+            Column("shape", no_wrap=True),
+            Column("tokens", justify="right", no_wrap=True),
+            Column("regret", justify="right", no_wrap=True),
+            Column("table's pick", no_wrap=True),
+            Column("fastest", no_wrap=True),
+        ]
+        rows = []
         for pt in worst:
             ep, hidden, topk, experts, dtype, routing = pt["shape"]
             shape = f"E{experts}-k{topk}-H{hidden} {dtype} ep{ep}" + ("" if routing == "uniform" else f" {routing}")
-            w.add_row(shape, str(pt["tokens"]), pt["table_backend"], pt["best"], f"{100 * pt['table']:.1f}%")
-        out.print(w)
+            rows.append(
+                (shape, str(pt["tokens"]), f"{100 * pt['table']:.1f}%", Text(pt["table_backend"]), Text(pt["best"]))
+            )
+        print_fitted(
+            out, columns, rows, key=2, stack=(4, 0), title="worst points", stacked_title="worst points: the fastest"
+        )
 
 
 # ----------------------------------------------------------------------------- tune-knobs

@@ -98,13 +98,21 @@ def _engine_scores_of(profile: Path | None):
     return score_table(str(profile))
 
 
+def _min_effect() -> float:
+    from ..views.diff import MIN_EFFECT
+
+    return MIN_EFFECT
+
+
 @app.command(
     help=_help(
         "Compare A (baseline) with B (candidate): where the winner changed and which backends got slower beyond noise.",
         "Inputs: two profiles (diff old.json new.json), two SQLite databases (their latest completed runs), "
         "two runs of one database (diff --db URL --run 3 --run 5), or a run and a profile "
         "(diff --db URL --run 3 new.json).",
-        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90; the ratio of the "
+        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90, B's median is above "
+        "A's by more than either run's p10–p90 spread, and by more than --tolerance (10% by default: two "
+        "back-to-back runs of one plan on one machine do not trip it, a 20% slowdown does); the ratio of the "
         "medians is reported. A backend that ran cleanly in A and fails in B counts as a regression. A winner "
         "change is 'within noise' when B's spreads of the old and the new winner overlap; those never fail "
         "the command.",
@@ -128,10 +136,10 @@ def diff(
         ["regressions"], "--fail-on", help="What makes the exit code 1, repeatable: regressions | winner-change | none."
     ),
     tolerance: float = typer.Option(
-        0.0,
+        _min_effect(),
         "--tolerance",
         min=0.0,
-        help="A slowdown must also exceed this fraction of A's median (0.05 = 5%) to count.",
+        help="The minimum effect: a slowdown must also exceed this fraction of A's median (0.10 = 10%) to count.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
 ) -> None:
