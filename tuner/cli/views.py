@@ -42,6 +42,13 @@ def _view_fail(exc: Exception) -> typer.Exit:
     return _fail(str(exc), 2)
 
 
+def _views_dir(name: str) -> Path:
+    """Where plot and report write unless told: `name`/ in the directory tables are written to."""
+    from ..runtime.profiles import table_dir
+
+    return table_dir() / name
+
+
 def _load_view(profile: Path | None, db: str | None, run_id: int | None):
     from ..views.load import load_view
     from ..views.model import ViewError
@@ -188,7 +195,9 @@ def diff(
         "physical limit as a dashed line when the link bandwidth is known: the bytes each rank sends in "
         "dispatch + combine over --link-gbs or the NVLink bandwidth in the probe facts. Each figure states "
         "what the line assumes.",
-        "Files: OUT/<fingerprint>.<shape>.png, one path printed per line. Needs matplotlib "
+        "Files: OUT/<fingerprint>.<shape>.png, one path printed per line; OUT defaults to plots/ in the "
+        "directory tables are written to ($A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles), never "
+        "the current directory unasked. A CPU rehearsal's figures say so. Needs matplotlib "
         "(pip install 'a2a-tune[plot]').",
     )
 )
@@ -196,7 +205,9 @@ def plot(
     profile: Path | None = _profile_in_opt,
     db: str | None = _db_in_opt,
     run: int | None = _run_in_opt,
-    out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="Directory for the PNG files (created if needed) [default: plots/ beside the tables]."
+    ),
     link_gbs: float | None = _link_opt,
 ) -> None:
     from ..views.model import ViewError
@@ -204,7 +215,7 @@ def plot(
 
     view = _load_view(profile, db, run)
     try:
-        paths = plot_view(view, out_dir, link_gbs=link_gbs)
+        paths = plot_view(view, out_dir or _views_dir("plots"), link_gbs=link_gbs)
     except ViewError as exc:
         raise _view_fail(exc) from None
     for p in paths:
@@ -223,7 +234,10 @@ def report(
     db: str | None = _db_in_opt,
     run: int | None = _run_in_opt,
     out_file: Path | None = typer.Option(
-        None, "--out", help="HTML file to write (default: a2a-tune-report.<fingerprint>.html in the current directory)."
+        None,
+        "--out",
+        help="HTML file to write (default: reports/a2a-tune-report.<fingerprint>.html beside the tables: "
+        "$A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles).",
     ),
     link_gbs: float | None = _link_opt,
 ) -> None:
@@ -231,7 +245,7 @@ def report(
     from ..views.report import write_report
 
     view = _load_view(profile, db, run)
-    path = out_file or Path(f"a2a-tune-report.{view.fingerprint or 'unknown'}.html")
+    path = out_file or _views_dir("reports") / f"a2a-tune-report.{view.fingerprint or 'unknown'}.html"
     try:
         write_report(view, path, link_gbs=link_gbs)
     except ViewError as exc:
