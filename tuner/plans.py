@@ -99,10 +99,8 @@ class SweepPlan:
                 for routing in self.routings:
                     yield model.name, model.at(ep_size, dtype, routing)
 
-    def total(self, backends: int | None = None) -> int:
-        """The grid's cases: every point times `backends` [default: every backend of the plan]."""
-        n = len(self.backend_names()) if backends is None else backends
-        return len(self.shapes) * len(self.dtypes) * len(self.routings) * len(self.tokens) * n
+    def total(self) -> int:
+        return len(self.shapes) * len(self.dtypes) * len(self.routings) * len(self.tokens) * len(self.backend_names())
 
 
 class PlanError(ValueError):

@@ -269,7 +269,7 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[s
     usable = _usable_backends(ctx, plan, rec, skip)
     try:
         with progress_bar(show_progress, "sweep") as bar:
-            progress = _Progress(bar, plan.total(len(usable)))  # the cases that can run here
+            progress = _Progress(bar, plan.total())
             backends: Backends | None = None
             for name, shape in plan.shapes_at(ctx.world_size):
                 built_for = MoEShape.of(shape, max(plan.tokens))
@@ -338,6 +338,7 @@ def _sweep_group(
         # the whole grid is the coarse pass; the search then only refines crossovers and races
         search = AdaptiveSearch(plan.tokens, tuple(usable), coarse_step=1, refine_ratio=plan.refine_ratio)
         for tokens in plan.tokens:
+            progress.advance(len(plan.backend_names()) - len(usable), f"{label} T={tokens}")
             for b, median in point(tokens, usable).items():
                 search.observe(tokens, b, median)
         if plan.refine_ratio is not None:
@@ -347,7 +348,7 @@ def _sweep_group(
     _observe_stored(search, rec, shape, usable, plan.tokens)  # a resumed run: what is stored counts
     points = _follow(search, plan, usable, point, progress)
     rec.outcome.adaptive_saved += len(plan.tokens) * len(usable) - points
-    progress.advance(len(plan.tokens) * len(usable) - points, label)
+    progress.advance(len(plan.tokens) * len(plan.backend_names()) - points, label)
 
 
 def _follow(search: AdaptiveSearch, plan: SweepPlan, usable: list[str], point, progress: _Progress) -> int:

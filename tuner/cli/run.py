@@ -115,12 +115,10 @@ def _do_sweep(options, *, publish: bool = False):
     plan, device, world = _planned(_plans().build_plan, options, note=_note)
     db = options.db
     job = job_rank()
-    runnable = plan.total()
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
         launcher = f" ({job.launcher} job)" if job else ""
         names = plan.backend_names()
         unavailable = _unavailable_here(names, device, world)
-        runnable = plan.total(len(names) - unavailable)  # what the progress bar and Ctrl-C count
         out.print(
             f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(names) - unavailable} "
             f"backend(s) on {world} {device} rank(s){launcher}"
@@ -151,7 +149,7 @@ def _do_sweep(options, *, publish: bool = False):
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
-            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, runnable, run_id)}",
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
             143 if by == "SIGTERM" else 130,
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
@@ -182,8 +180,7 @@ def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
 
         return f"the store could not be read ({one_line(exc)})"
     return (
-        f"run {run_id} holds {measured} of {planned} planned measurements (of backends that run here) and "
-        f"{failed} failure record(s); "
+        f"run {run_id} holds {measured} of {planned} planned measurements and {failed} failure record(s); "
         "rerun the same command with --resume to continue"
     )
 
