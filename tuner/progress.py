@@ -9,9 +9,11 @@ def progress_bar(enabled: bool, label: str):
     """A rich Progress (context manager) labelled `label`, or a null context when disabled.
 
     The count, elapsed time and ETA keep their width at 80 columns; the description (a shape
-    and a backend name) takes what is left and wraps at its spaces, never cutting a name."""
+    and a backend name) takes what is left and wraps at its spaces, never cutting a name. It
+    draws on stderr."""
     if not enabled:
         return nullcontext(None)
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -29,4 +31,5 @@ def progress_bar(enabled: bool, label: str):
         TimeElapsedColumn(table_column=Column(no_wrap=True)),
         TimeRemainingColumn(table_column=Column(no_wrap=True)),
         expand=True,
+        console=Console(stderr=True),  # standard output carries results (--json) alone
     )

@@ -17,6 +17,7 @@ from paths import FIXTURES, REPO
 from planted_slowdown import slowed
 from rich.cells import cell_len
 from rich.console import Console
+from run_cli import a2a
 from typer.testing import CliRunner
 
 from a2a_tune.tuner.check import Row, render
@@ -114,3 +115,14 @@ def test_backends_fits_and_names_every_engine(width, terminal):
     for name in names:
         assert name in plain, name
     assert "TensorRT-LLM" in plain and "NVLINK_ONE_SIDED" in plain
+
+
+def test_a_healthy_table_gives_no_lookup_warning_per_point():
+    """show --profile / evaluate --table-points: the lookup's fallback warning is for an engine
+    starting up; here one line per engine says where the table leaves it its default (issue 30,
+    issue 31 item 14)."""
+    for args in (("show", "--profile", str(SCHEMA3)), ("evaluate", "--profile", str(SCHEMA3), "--table-points")):
+        r = a2a(*args)  # a process of its own: the lookup warns once per process, on a logger
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        said = [line for line in r.stdout.splitlines() if "keeps its default" in line]
+        assert len(said) == 1 and said[0].strip().startswith("SGLang: at 9 of 9 point(s)"), said

@@ -19,6 +19,7 @@ from .common import (
     _progress_opt,
     _world_opt,
     app,
+    err,
     out,
 )
 
@@ -126,7 +127,9 @@ def check(
     timeout: float = typer.Option(
         300.0, min=1, help="Seconds one case may make no progress before its ranks are stopped and it FAILs."
     ),
-    json_out: Path | None = typer.Option(None, "--json", help="Also write the rows to FILE (JSON)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the rows and the counts as JSON on standard output (the table goes to stderr)."
+    ),
     progress: bool = _progress_opt,
     virtual: bool = typer.Option(
         False, "--virtual", help="Run the --world ranks as virtual ranks of one device, in one process (see above)."
@@ -173,25 +176,34 @@ def check(
         raise typer.Exit(0)
     where = f"{world} virtual ranks of one {device} device" if virtual else f"{world} {device} rank(s)"
     title = f"each case ran on {where} (one process)" if virtual else None
-    render(rows, out, title)  # fits the terminal, or COLUMNS (80 in a log)
+    human = err if as_json else out  # --json: standard output carries the JSON alone
+    render(rows, human, title)  # fits the terminal, or COLUMNS (80 in a log)
     counts = {s: sum(r.status == s for r in rows) for s in ("ok", "FAIL", "skip")}
     scaled = f", token counts x {token_scale:g}" if token_scale != 1 else ""
-    out.print(
+    human.print(
         f"{counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped: {len(names)} backend(s) on {where}, "
         f"{len(shapes)} shape(s){scaled}",
         highlight=False,
     )
-    if json_out is not None:
+    if as_json:
         from dataclasses import asdict
 
-        json_out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        data = {"device": device, "world_size": world, "virtual": virtual, "token_scale": token_scale}
+        print(json.dumps({**data, **counts, "rows": [asdict(r) for r in rows]}, indent=1))
     raise typer.Exit(1 if counts["FAIL"] else 0)
 
 
 @app.command()
-def presets() -> None:
+def presets(as_json: bool = typer.Option(False, "--json", help="Print the presets as JSON.")) -> None:
     """List the model shape presets."""
     from ..shapes import presets as all_presets
 
+    if as_json:
+        shapes = [
+            {"name": p.name, "num_experts": p.num_experts, "topk": p.topk, "hidden": p.hidden}
+            for p in all_presets().values()
+        ]
+        print(json.dumps({"presets": shapes}, indent=2))
+        return
     for p in all_presets().values():
         out.print(f"{p.name:<18} experts {p.num_experts:>4}  top-k {p.topk}  hidden {p.hidden}", highlight=False)

@@ -22,6 +22,7 @@ from .common import (
     _warmup_opt,
     _world_opt,
     app,
+    err,
     out,
 )
 
@@ -57,6 +58,7 @@ def evaluate(
         help="Measure nothing: score on the table's own points (every backend's median at each of its token "
         "counts; in-sample for the table, not for the engines' own rules). No GPU needed.",
     ),
+    as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON on standard output."),
 ) -> None:
     """Measure held-out token counts for the table's shapes and report its regret vs the best backend.
 
@@ -79,7 +81,7 @@ def evaluate(
         raise _fail("give --run or --table-points, not both", 2)
     if table_points:
         _print_evaluation(
-            run_evaluation(table_measurements(str(profile)), str(profile)), f"{profile.name}: its own points"
+            run_evaluation(table_measurements(str(profile)), str(profile)), f"{profile.name}: its own points", as_json
         )
         return
     if scored_run is not None:
@@ -89,7 +91,7 @@ def evaluate(
                 measured, failed = store.measurements(scored_run), store.failures(scored_run)
         except StoreError as exc:
             raise _fail(f"run {scored_run} could not be read: {exc}", 2) from None
-        _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)")
+        _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)", as_json)
         return
     _store_url(db)
     plans = _plans()
@@ -111,7 +113,7 @@ def evaluate(
     except EvaluationError as exc:
         raise _fail(str(exc), 2) from None
     _planned(plans.check_plan, plan, device, world)
-    out.print(
+    (err if as_json else out).print(
         f"evaluating {profile.name} at {len(plan.tokens)} held-out token counts x {len(plan.shapes)} shape(s)",
         highlight=False,
     )
@@ -128,10 +130,10 @@ def evaluate(
         raise _fail(f"evaluation interrupted ({by}); its run is kept", 143 if by == "SIGTERM" else 130) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
-    _print_evaluation(ev, f"run {outcome.run_id}")
+    _print_evaluation(ev, f"run {outcome.run_id}", as_json)
 
 
-def _print_evaluation(ev, title: str) -> None:
+def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
     from rich.table import Column, Table
     from rich.text import Text
 
@@ -139,6 +141,23 @@ def _print_evaluation(ev, title: str) -> None:
 
     if not ev.points:
         raise _fail(f"{title}: no measured point of a shape the table has ({ev.outside} of other shapes)", 1)
+    if as_json:
+        import json
+
+        from ..policies import scores_data
+
+        data = {
+            "scored": title,
+            "points": len(ev.points),
+            "policies": ev.policies,
+            "failed": ev.failed,
+            "unscored": ev.unscored,
+            "outside": ev.outside,
+            "engines": scores_data(ev.engines),
+            "worst": ev.worst(5),
+        }
+        print(json.dumps(data, indent=2, default=str))
+        return
     t = Table(
         Column("policy", no_wrap=True),
         Column("mean regret", justify="right", no_wrap=True),
