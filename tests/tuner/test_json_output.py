@@ -71,3 +71,13 @@ def test_run_json_is_the_outcome_and_its_table(tmp_path):
     [path] = data["tables"].values()
     assert path.startswith(str(out)) and json.loads(open(path).read())["entries"]
     assert "wrote" in r.stderr and "look it up" in r.stderr
+
+
+def test_the_package_says_its_version():
+    from importlib.metadata import version
+
+    import a2a_tune
+
+    assert a2a_tune.__version__ == version("a2a-tune")
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.stdout.split() == ["a2a-tune", a2a_tune.__version__]
