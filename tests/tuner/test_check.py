@@ -135,5 +135,6 @@ def test_virtual_ranks_skip_backends_that_need_ranks_of_their_own_and_refuse_bad
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "COLUMNS": "200"},  # the reason on one line of the table
     )
     assert r.returncode == 1 and "needs a process per rank (collectives), so not on virtual ranks" in r.stdout

@@ -126,3 +126,18 @@ def test_a_healthy_table_gives_no_lookup_warning_per_point():
         assert r.returncode == 0 and r.stderr == "", r.stderr
         said = [line for line in r.stdout.splitlines() if "keeps its default" in line]
         assert len(said) == 1 and said[0].strip().startswith("SGLang: at 9 of 9 point(s)"), said
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_progress_bar_keeps_its_count_and_eta(width):
+    from io import StringIO
+
+    from a2a_tune.tuner.progress import progress_bar
+
+    bar = progress_bar(True, "sweep")
+    task = bar.add_task("", total=60)
+    bar.update(task, advance=8, description="qwen3-235b-a22b bf16 uniform T=64 allgather_reducescatter_padded")
+    console = Console(file=StringIO(), width=width, force_terminal=True)
+    console.print(bar.make_tasks_table(bar.tasks))
+    plain = check_lines(console.file.getvalue(), width, {"allgather_reducescatter_padded"})
+    assert "8/60" in plain and "-:--:--" in plain and "allgather_reducescatter_padded" in plain

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from .common import (
     _backend_opt,
@@ -330,37 +329,49 @@ def tune_knobs(
         raise _fail("knob search interrupted; the finished trials are stored in the studies", 130) from None
     if results is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
         raise typer.Exit(0)
-    from rich.table import Table
+    from rich.table import Column
+    from rich.text import Text
 
-    t = Table(
-        "tokens/rank",
-        "default us",
-        "best us",
-        "gain",
-        "best knobs",
-        "trials",
-        "pruned",
-        "failed",
-        title=f"{backend} knobs, {shape.name} {dtype} ep{world}",
-    )
+    from ..views.layout import print_fitted
+
+    columns = [
+        Column("tokens/rank", justify="right", no_wrap=True),
+        Column("default us", justify="right", no_wrap=True),
+        Column("best us", justify="right", no_wrap=True),
+        Column("gain", justify="right", no_wrap=True),
+        Column("best knobs"),  # wraps at its spaces
+        Column("trials", justify="right", no_wrap=True),
+        Column("pruned", justify="right", no_wrap=True),
+        Column("failed", justify="right", no_wrap=True),
+    ]
+    rows = []
     for r in results:
         if r.skipped:
-            t.add_row(str(r.tokens), "-", "-", "-", escape(r.skipped), "0", "0", "0")
+            rows.append((str(r.tokens), "-", "-", "-", Text(r.skipped), "0", "0", "0"))
             continue
         gain = f"{100 * r.gain:+.1f}%" if r.gain is not None else "-"
         fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
         knobs = ", ".join(f"{k}={v}" for k, v in r.best_knobs.items() if r.default_knobs.get(k) != v) or "defaults"
-        t.add_row(
-            str(r.tokens),
-            fmt(r.default_us),
-            fmt(r.best_us),
-            gain,
-            escape(knobs),
-            str(r.trials - r.repeats),
-            str(r.pruned),
-            str(r.failed),
+        rows.append(
+            (
+                str(r.tokens),
+                fmt(r.default_us),
+                fmt(r.best_us),
+                gain,
+                Text(knobs),
+                str(r.trials - r.repeats),
+                str(r.pruned),
+                str(r.failed),
+            )
         )
-    out.print(t)
+    print_fitted(
+        out,
+        columns,
+        rows,
+        stack=(7, 6, 5),
+        title=f"{backend} knobs, {shape.name} {dtype} ep{world}",
+        stacked_title="trials per token count",
+    )
     if profile is None:
         return
     values = shape.at(world, dtype, routing)._asdict()
