@@ -141,3 +141,16 @@ def test_the_progress_bar_keeps_its_count_and_eta(width):
     console.print(bar.make_tasks_table(bar.tasks))
     plain = check_lines(console.file.getvalue(), width, {"allgather_reducescatter_padded"})
     assert "8/60" in plain and "-:--:--" in plain and "allgather_reducescatter_padded" in plain
+
+
+def test_a_table_too_wide_for_any_layout_is_squeezed_not_looped():
+    from io import StringIO
+
+    from rich.table import Column
+
+    from a2a_tune.tuner.views.layout import fit
+
+    console = Console(file=StringIO(), width=30)
+    columns = [Column("a", no_wrap=True), Column("b", no_wrap=True), Column("c", no_wrap=True)]
+    tables = fit(console, columns, [("x" * 20, "y" * 20, "z" * 20)], stack=(2, 1))
+    assert [len(t.columns) for t in tables] == [2, 2]  # each keeps the key and one column of its own

@@ -71,7 +71,7 @@ def fit(
             t = title if not tables else stacked_title
             table = _table(console, columns, rows, indices, t, True, ends, **table_kw)
             movable = [i for i in stack if i in indices and i >= key]
-            if fits(console, table) or not movable:
+            if fits(console, table) or not movable or len(indices) <= key + 1:  # a table keeps one of its own
                 break
             moved.append(movable[0])
         if not fits(console, table):  # nothing left to move: let rich squeeze what is left
