@@ -180,6 +180,7 @@ def diff(
     res = diff_views(a, b, tolerance=tolerance)
     if as_json:
         data = res.to_dict()
+        data["min_effect"] = tolerance  # the rule's minimum effect (--tolerance)
         data["failing"] = res.failing(modes)
         print(json.dumps(data, indent=2, default=str))
     else:
