@@ -100,7 +100,7 @@ def gpu_results():
     if torch.cuda.device_count() < 2:
         pytest.skip(
             "needs 2 CUDA GPUs; on one GPU: test_virtual_gpu.py checks our NVLink kernels on 2-8 virtual ranks, "
-            "and FlashInfer's backends at ep_size=1 (not run yet, BENCHMARKS.md)"
+            "and FlashInfer's backends at ep_size=1 (they run there: scripts/peers_one_rank.py, BENCHMARKS.md)"
         )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
