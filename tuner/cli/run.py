@@ -86,11 +86,6 @@ def _unavailable_names(names: list[str], device: str, world: int) -> list[str]:
     return [name for name in names if not get_backend(name).availability(env)[0]]
 
 
-def _unavailable_here(names: list[str], device: str, world: int) -> int:
-    """How many of the backends `names` cannot run on `world` `device` ranks here."""
-    return len(_unavailable_names(names, device, world))
-
-
 def _outcome_data(outcome, seconds: float) -> dict:
     """What `sweep --json` prints (`run --json` adds the tables written)."""
     return {
@@ -142,7 +137,8 @@ def _do_sweep(options, *, publish: bool = False):
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
         launcher = f" ({job.launcher} job)" if job else ""
         names = plan.backend_names()
-        unavailable = _unavailable_here(names, device, world)
+        gone = _unavailable_names(names, device, world)
+        unavailable = len(gone)
         human.print(
             f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(names) - unavailable} "
             f"backend(s) on {world} {device} rank(s){launcher}"
@@ -152,7 +148,7 @@ def _do_sweep(options, *, publish: bool = False):
         )
         if options.dry_run:  # the plan, and nothing started or stored
             if options.as_json:
-                runs_here = [n for n in names if n not in set(_unavailable_names(names, device, world))]
+                runs_here = [n for n in names if n not in gone]
                 data = {"dry_run": True, "device": device, "world_size": world, "plan": plan.to_dict()}
                 data["cases"] = plan.total() // max(len(names), 1) * len(runs_here)
                 data["backends_here"] = runs_here
