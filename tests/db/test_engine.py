@@ -595,22 +595,3 @@ def test_upgrade_refuses_a_file_that_does_not_exist(tmp_path):
     assert_one_clean_line(str(info.value))
     assert f"no database at {missing}: nothing to upgrade" in str(info.value)
     assert list(tmp_path.iterdir()) == []  # nothing created
-
-
-# ----------------------------------------------------------------------------- layering
-
-
-def test_db_package_never_imports_tuner_or_torch():
-    # The runtime's stdlib leaf modules (the point and measurement types, the one-line text helper) are shared.
-    leaves = (
-        "('a2a_tune.tuner', 'a2a_tune.tuner.runtime', 'a2a_tune.tuner.runtime.point', "
-        "'a2a_tune.tuner.runtime.measurement', 'a2a_tune.tuner.runtime.text')"
-    )
-    code = (
-        "import sys, a2a_tune.db, a2a_tune.db.store, a2a_tune.db.engine, a2a_tune.db.lease, a2a_tune.db.models;"
-        "a2a_tune.db.open_store('sqlite://').close();"
-        f"bad = [m for m in sys.modules if m == 'torch' or m.startswith('a2a_tune.tuner') and m not in {leaves}];"
-        "print(bad); sys.exit(1 if bad else 0)"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
