@@ -210,6 +210,15 @@ class TakesTheStoreAway(NcclAll2Allv):
 
 
 @register_backend
+class CarriesBf16Only(NcclAll2Allv):
+    """Correct, but carries bf16 only (as DeepEP carries no NVFP4): other payloads are "does not
+    carry", skipped, never failed."""
+
+    name = "planted_bf16_only"
+    payloads = frozenset({"bf16"})
+
+
+@register_backend
 class SlowOnOneRank(NcclAll2Allv):
     """Correct, but the job's rank $A2A_TUNE_TEST_SLOW_RANK spends 100 ms more in each dispatch:
     a slow GPU, link or NIC. Its EP group, and only its, must come out the slowest."""

@@ -79,7 +79,7 @@ def probe(
 # ---------------------------------------------------------------------------------- sweep
 
 
-def _print_plan(plan, device: str, world: int, launcher: str) -> None:
+def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> list:
     """The plan before any rank starts: per EP size its groups, shapes, token counts, backends
     and cases (only those that can run here), the sizes skipped for a model, an estimate."""
     from rich import box
@@ -93,30 +93,57 @@ def _print_plan(plan, device: str, world: int, launcher: str) -> None:
     for r in rows:
         backends = f"{r.backends}" + (f" (+{r.unavailable} unavailable)" if r.unavailable else "")
         t.add_row(str(r.ep_size), str(r.groups), str(r.shapes), str(r.tokens), backends, str(r.cases))
-    out.print(t)
+    console.print(t)
     for r in rows:
         for line in r.skipped:
-            out.print(f"  skipped: {line}", highlight=False, markup=False, soft_wrap=True)
+            console.print(f"  skipped: {line}", highlight=False, markup=False, soft_wrap=True)
     if any(r.unavailable for r in rows):
-        out.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
+        console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
     cases = sum(r.cases for r in rows)
     seconds = plans.estimate_seconds(rows, device, world, plan.warmup + plan.iters)
     refine = " before refinements" if plan.refine_ratio is not None else ""
     per = "per case" if device == "cuda" else "per case and rank of its group"
-    out.print(
+    console.print(
         f"  {cases} cases; estimated {_duration(seconds)}{refine} (a rough guide: {plans.SECONDS_PER_CASE[device]} s "
         f"{per} on {device}; every group of a size runs at once)",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
+    return rows
 
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def _print_outcome(outcome, seconds: float) -> None:
+def _unavailable_names(names: list[str], device: str, world: int) -> list[str]:
+    """The backends of `names` that cannot run on `world` `device` ranks here."""
+    from a2a_tune.kernels import BackendEnv, get_backend
+
+    env = BackendEnv.local(world, device)
+    return [name for name in names if not get_backend(name).availability(env)[0]]
+
+
+def _outcome_data(outcome, seconds: float) -> dict:
+    """What `sweep --json` prints (`run --json` adds the tables written)."""
+    return {
+        "run": outcome.run_id,
+        "status": outcome.status,
+        "fingerprint": outcome.fingerprint,
+        "world_size": outcome.world_size,
+        "measured": outcome.measured,
+        "already_stored": outcome.skipped,
+        "failed": outcome.failed,
+        "unavailable": outcome.unavailable,
+        "not_applicable": outcome.not_applicable,
+        "infeasible": outcome.infeasible,
+        "adaptive_saved": outcome.adaptive_saved,
+        "seconds": round(seconds, 1),
+    }
+
+
+def _print_outcome(outcome, seconds: float, out=out) -> None:
     failed = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()) if kind != "unavailable")
     out.print(
         f"run {outcome.run_id} ({outcome.status}) on {outcome.fingerprint}: {outcome.measured} measured, "
@@ -145,8 +172,23 @@ def _do_sweep(options, *, after=None):
     from ..sweep import sweep as run_sweep
 
     job = job_rank()
+    human = err if options.as_json else out  # --json: standard output carries the JSON alone
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
-        _print_plan(plan, device, world, f" ({job.launcher} job)" if job else "")
+        rows = _print_plan(plan, device, world, f" ({job.launcher} job)" if job else "", human)
+        if options.dry_run:  # the plan, and nothing started or stored
+            if options.as_json:
+                names = plan.backend_names()
+                gone = _unavailable_names(names, device, world)
+                data = {"dry_run": True, "device": device, "world_size": world, "plan": plan.to_dict()}
+                data["cases"] = sum(r.cases for r in rows)
+                data["backends_here"] = [n for n in names if n not in gone]
+                data["ep_sizes"] = [
+                    {"ep_size": r.ep_size, "groups": r.groups, "cases": r.cases, "skipped": r.skipped} for r in rows
+                ]
+                print(json.dumps(data, indent=2, default=str))
+            raise typer.Exit(0)
+    elif options.dry_run:
+        raise typer.Exit(0)
     start = time.perf_counter()
     try:
         outcome = run_sweep(
@@ -172,9 +214,10 @@ def _do_sweep(options, *, after=None):
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
-    _print_outcome(outcome, time.perf_counter() - start)
+    outcome.seconds = time.perf_counter() - start
+    _print_outcome(outcome, outcome.seconds, human)
     if outcome.adaptive_saved:
-        out.print(
+        human.print(
             f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed",
             highlight=False,
             markup=False,
@@ -223,6 +266,25 @@ _SWEEP_OPTIONS = (
     ("capacity", int | None, _capacity_opt),
     ("refine", bool | None, _refine_opt),
     ("allow_mixed", bool, _mixed_opt),
+    (
+        "dry_run",
+        bool,
+        typer.Option(
+            False,
+            "--dry-run",
+            help="Print the plan (shapes, token counts, the backends that can run here) and stop: no rank starts, "
+            "nothing is stored.",
+        ),
+    ),
+    (
+        "as_json",
+        bool,
+        typer.Option(
+            False,
+            "--json",
+            help="Print the outcome (with --dry-run: the plan) as JSON on standard output; other lines go to stderr.",
+        ),
+    ),
 )
 
 
@@ -260,7 +322,9 @@ def sweep(options) -> None:
 
     Several nodes: launch it under torchrun or srun, one process per GPU (see `a2a-tune run`,
     which also writes the table on every node)."""
-    _do_sweep(options)
+    outcome = _do_sweep(options)
+    if options.as_json:
+        print(json.dumps(_outcome_data(outcome, outcome.seconds), indent=2))
 
 
 # --------------------------------------------------------------------------------- select
@@ -333,12 +397,19 @@ def run(options) -> None:
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     published = outcome.after
+    human = err if options.as_json else out
     if published.get("note"):
         err.print(f"note: {published['note']}; the table is written without them", highlight=False, markup=False)
     knobs_note = f", with the knobs of {published['kept_knobs']} tuned point(s)" if published["kept_knobs"] else ""
     several = len(outcome.cluster.get("nodes", [])) > 1
+    if options.as_json:
+        data = _outcome_data(outcome, outcome.seconds)
+        data["tables"] = {host: str(path) for host, path in published["tables"].items()}
+        data["table_errors"] = published["errors"]
+        data["entries"] = published["entries"]
+        print(json.dumps(data, indent=2))
     for host, path in published["tables"].items():
-        out.print(
+        human.print(
             f"wrote {path}{f' on {host}' if several else ''} ({published['entries']} shape(s)) "
             f"from run {outcome.run_id}{knobs_note}",
             highlight=False,
@@ -347,7 +418,7 @@ def run(options) -> None:
         )
     if published["errors"]:
         raise _fail("no table written on " + "; ".join(f"{h}: {why}" for h, why in published["errors"].items()))
-    out.print(
+    human.print(
         f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
         highlight=False,
         markup=False,
