@@ -23,7 +23,13 @@ def invoke_json(*args) -> dict:
 
 def test_presets_backends_and_evaluate_print_json():
     presets = {p["name"]: p for p in invoke_json("presets")["presets"]}
-    assert presets["mixtral-8x7b"] == {"name": "mixtral-8x7b", "num_experts": 8, "topk": 2, "hidden": 4096}
+    assert presets["mixtral-8x7b"] == {
+        "name": "mixtral-8x7b",
+        "num_experts": 8,
+        "topk": 2,
+        "hidden": 4096,
+        "moe_layers": None,
+    }
     listed = invoke_json("backends", "--device", "cpu")
     assert listed["device"] == "cpu" and listed["world_size"] == 2
     ag = next(b for b in listed["backends"] if b["backend"] == "allgather_reducescatter")
