@@ -11,7 +11,11 @@ Cases, per backend and model shape (rank r holds the r-th count of `tokens`, cyc
     skewed-zero    0, 300            a rank with no tokens; Zipf-skewed expert popularity
     local          64                every token's experts on its own rank: nothing leaves it
     repeated       1024, 3 calls     one instance, repeated round trips (workspace reuse)
-    fp8            256, 100; 2 calls block-FP8 payloads (backends that carry quantized ones)
+    fp8            256, 100; 2 calls block-FP8 payloads (backends that carry them)
+    nvfp4          256, 100; 2 calls NVFP4 payloads: e2m1 pairs + e4m3 scales per 16 (as vLLM
+                                     dispatches ModelOpt NVFP4 checkpoints)
+    mxfp8          128, 77           MXFP8 payloads: e4m3 + E8M0 scales per 32
+                                     (a backend that does not carry one: "skip", "does not carry")
     steps          200, 64; 3 calls  built for an engine's capacity (512), told steps of
                                      256, 64 and 200 tokens (a rank holds at most the step)
     graph-replays  64, 5 replays     one CUDA-graph capture replayed with fresh inputs
@@ -102,6 +106,8 @@ CASES = (
     Case("local", (64,), routing="local"),
     Case("repeated", (1024,), calls=3),
     Case("fp8", (256, 100), dtype="fp8_e4m3", calls=2),
+    Case("nvfp4", (256, 100), dtype="nvfp4", calls=2),
+    Case("mxfp8", (128, 77), dtype="mxfp8"),
     Case("steps", (200, 64), capacity=512, steps=(256, 64, 200)),
     Case("graph-replays", (64,), calls=5, graph=True),
 )

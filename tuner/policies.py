@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .runtime import engines
+from .runtime.savings import default_backends
 from .runtime.table import BackendNames
 
 ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
@@ -67,15 +68,8 @@ def _with_literal(engine: str, literal: str) -> Callable:
 
 
 def _trtllm_priority(point: Point, names: Mapping) -> set:
-    ep_size, experts = point.shape[0], point.shape[3]
-    order = engines.TRTLLM_PRIORITY
-    if experts % ep_size:
-        order = tuple(m for m in order if m in engines.TRTLLM_NONDIVISIBLE)
-    for method in order:
-        found = {b for b in point.times if names.get(b, _NO_NAMES).trtllm_name == method}
-        if found:
-            return found
-    return set()
+    """TensorRT-LLM's rule, as the lookup's vs_default applies it (runtime.savings)."""
+    return default_backends("trtllm", names, point.times, point.shape[3], point.shape[0])[1]
 
 
 def default_policies(fingerprint: str) -> list:

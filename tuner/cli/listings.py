@@ -36,7 +36,7 @@ def backends(
     from rich.measure import Measurement
     from rich.table import Column, Table
 
-    from a2a_tune.kernels import BackendEnv, get_backend, list_backends
+    from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, get_backend, list_backends
 
     device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
@@ -47,23 +47,25 @@ def backends(
         ok, reason = cls.availability(env)
         vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
         here = "[green]available[/]" if ok else f"[yellow]{escape(reason)}[/]"
-        rows.append((escape(name), escape(vllm), escape(cls.sglang_name or "-"), cls.reach, here))
+        missing = [d for d in PAYLOAD_DTYPES if d not in cls.payloads]
+        payloads = "all" if not missing else "does not carry " + ", ".join(missing)
+        rows.append((escape(name), escape(vllm), escape(cls.sglang_name or "-"), cls.reach, payloads, here))
 
     def table(title: str, columns: list[int]) -> Table:
         # Names are never cut: their columns do not wrap; only the notes in "here" do.
-        heads = [Column("backend", no_wrap=True), "vLLM", Column("SGLang", no_wrap=True), "reach", "here"]
+        heads = [Column("backend", no_wrap=True), "vLLM", Column("SGLang", no_wrap=True), "reach", "payloads", "here"]
         t = Table(*[heads[c] for c in columns], title=title)
         for row in rows:
             t.add_row(*[row[c] for c in columns])
         return t
 
     title = f"backends for {world} {device} rank(s)"
-    whole = table(title, [0, 1, 2, 3, 4])
+    whole = table(title, [0, 1, 2, 3, 4, 5])
     if Measurement.get(out, out.options.update_width(10_000), whole).maximum <= out.width:  # unwrapped
         out.print(whole)
-    else:  # a narrow terminal: what runs here, then what the engines call each one
-        out.print(table(title, [0, 3, 4]))
-        out.print(table("the engines' names for them", [0, 1, 2]))
+    else:  # a narrow terminal: what runs here, then what the engines call each one and what it carries
+        out.print(table(title, [0, 3, 5]))
+        out.print(table("the engines' names for them, and the payloads they carry", [0, 1, 2, 4]))
 
 
 @app.command(
@@ -169,4 +171,8 @@ def presets() -> None:
     from ..shapes import presets as all_presets
 
     for p in all_presets().values():
-        out.print(f"{p.name:<18} experts {p.num_experts:>4}  top-k {p.topk}  hidden {p.hidden}", highlight=False)
+        layers = f"{p.moe_layers:>3}" if p.moe_layers is not None else "  -"
+        out.print(
+            f"{p.name:<18} experts {p.num_experts:>4}  top-k {p.topk:>2}  hidden {p.hidden:>4}  MoE layers {layers}",
+            highlight=False,
+        )

@@ -278,6 +278,7 @@ def show_data(view: TableView) -> dict:
                     for r in winner_ranges(s)
                 ],
                 "failed": s.failed,
+                "not_carried": not_carried(s.dtype),
                 "link": _link_data(view, s),
                 "figures": {b: point_figures(c, s.tokens, shape_link(view, s)) for b, c in s.curves.items()},
             }
@@ -377,6 +378,11 @@ def render_show(view: TableView, console) -> None:
                 Text.assemble(("  never selected here: ", "red"), ", ".join(s.failed), " (see failures)"),
                 soft_wrap=True,
             )
+        if missing := not_carried(s.dtype):
+            console.print(
+                Text.assemble(("  not measured: ", "dim"), ", ".join(missing), f" (does not carry {s.dtype})"),
+                soft_wrap=True,
+            )
     console.print()
     rows = group_failures(view)
     if rows:
@@ -387,3 +393,15 @@ def render_show(view: TableView, console) -> None:
             console.print(Text(f"      {reason}"), soft_wrap=True)
     else:
         console.print("no failures recorded", style="green")
+
+
+def not_carried(dtype: str) -> list[str]:
+    """The registered backends that do not carry payload `dtype` (never timed with it: not a
+    failure). Plain payloads: none asked (every backend carries them, registry not imported)."""
+    from a2a_tune.tuner.runtime.point import PAYLOADS
+
+    if dtype not in PAYLOADS or not PAYLOADS[dtype].quantized:
+        return []
+    from a2a_tune.kernels import get_backend, list_backends
+
+    return [name for name in list_backends() if dtype not in get_backend(name).payloads]
