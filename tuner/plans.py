@@ -131,6 +131,8 @@ class SweepOptions:
     refine: bool | None = None
     allow_mixed: bool = False
     out_dir: Path | None = field(default=None)
+    dry_run: bool = False  # print the plan and stop: no rank starts
+    as_json: bool = False  # the outcome (or the plan) as JSON on standard output
 
 
 def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:

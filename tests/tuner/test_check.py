@@ -21,16 +21,17 @@ def a2a_check(
     config = tmp_path / "tiny" / "config.json"  # a small MoE layer: the cases stay quick on CPU
     config.parent.mkdir(exist_ok=True)
     config.write_text(json.dumps({"num_local_experts": experts, "num_experts_per_tok": 2, "hidden_size": 96}))
-    rows = tmp_path / "rows.json"
     r = subprocess.run(
         [sys.executable, "-m", "a2a_tune.tuner.cli", "check", "--device", "cpu", "--world", str(world)]
-        + ["--model-config", str(config), "--no-progress", "--json", str(rows), *args],
+        + ["--model-config", str(config), "--no-progress", "--json", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "COLUMNS": "200", **(env_extra or {})},
         timeout=600,
     )
-    return r, json.loads(rows.read_text()) if rows.exists() else []
+    # --json: the rows on standard output, the table and the counts on stderr
+    rows = json.loads(r.stdout)["rows"] if r.stdout.strip() else []
+    return subprocess.CompletedProcess(r.args, r.returncode, r.stderr, r.stderr), rows
 
 
 def by_backend(rows: list[dict]) -> dict[str, dict[str, dict]]:
@@ -145,5 +146,6 @@ def test_virtual_ranks_skip_backends_that_need_ranks_of_their_own_and_refuse_bad
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "COLUMNS": "200"},  # the reason on one line of the table
     )
     assert r.returncode == 1 and "needs a process per rank (collectives), so not on virtual ranks" in r.stdout

@@ -192,6 +192,13 @@ def _edges(tokens: list) -> list:
     return [first, *mids, last]
 
 
+def rehearsal_label(view: TableView) -> str | None:
+    """The label a CPU rehearsal's figures carry (None for a machine's measurements)."""
+    from .load import REHEARSAL_NOTE
+
+    return "CPU rehearsal: not a machine's figures" if REHEARSAL_NOTE in view.notes else None
+
+
 def render_png(
     view: TableView, shape: ShapeView, *, link_gbs: float | None = None, colors: dict | None = None, dpi: int = 110
 ) -> bytes:
@@ -363,6 +370,9 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
     sub += [f"{k} {versions[k]}" for k in ("torch", "nccl") if versions.get(k)]
     sub.append("lines: median, bands: p10-p90")
     fig.text(0.085, 1 - 0.58 / height, "  ·  ".join(sub), fontsize=9, color="#444444", ha="left")
+    rehearsal = rehearsal_label(view)
+    if rehearsal:  # a CPU rehearsal's picture must not pass for a machine's figures
+        fig.text(0.985, 1 - 0.22 / height, rehearsal, fontsize=10, color="#b00020", ha="right", fontweight="bold")
 
     fig.legend(
         handles=handles + strip,
@@ -379,7 +389,7 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
     fig.text(0.085, 0.06 / height, note, fontsize=7.5, color="#555555", ha="left", va="bottom", wrap=True)
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Description": rehearsal or shape_label(shape)})
     plt.close(fig)
     return buf.getvalue()
 
