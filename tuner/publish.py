@@ -24,7 +24,7 @@ from .launch import RankContext, one_line
 from .probe import Topology
 from .runtime.files import MAX_TABLE_BYTES, read_capped
 from .runtime.fingerprint import normalize_fingerprint
-from .runtime.profiles import add_cluster_pointer, profile_filename, table_lock, write_dir
+from .runtime.profiles import add_cluster_pointer, profile_filename, table_dir, table_lock
 from .runtime.table import upgrade
 from .select import profile_for_run, write_profile_to
 from .tables import merge
@@ -36,14 +36,14 @@ if TYPE_CHECKING:
 
 
 def write_table(profile: dict, out_dir: str | None, node_fingerprint: str | None = None) -> Path:
-    """Validate `profile` and write it into :func:`~a2a_tune.tuner.runtime.profiles.write_dir`,
+    """Validate `profile` and write it into :func:`~a2a_tune.tuner.runtime.profiles.table_dir`,
     merged with the table already there (:func:`a2a_tune.tuner.tables.merge`: a new run never
     drops the shapes and EP sizes it did not measure), under the directory's lock for that
     fingerprint, so two writers at once merge one after the other. Given this node's
     fingerprint, also point it at the table when the table is a cluster's. Raises ProfileError
     or OSError. A table on disk that does not load is never overwritten unread: it is moved to
     ``<name>.unreadable`` with a warning, and the new table written alone."""
-    directory = write_dir(out_dir)
+    directory = table_dir(out_dir)
     cluster = profile["hardware"]["fingerprint"]
     target = Path(directory) / profile_filename(cluster)
     with table_lock(directory, cluster):

@@ -16,12 +16,10 @@ import time
 
 import pytest
 import sqlalchemy as sa
+from stored import measurement
 
 from a2a_tune.db import LeaseHeartbeat, LeaseLostError, RunBusyError, StoreError, Writer, open_store
 from a2a_tune.db.models import Run
-from a2a_tune.tuner.runtime.measurement import Measurement
-
-SHAPE = dict(num_experts=8, topk=2, hidden=16, dtype="bf16", ep_size=2, routing="uniform")
 
 
 def _start(store, writer=None) -> int:
@@ -39,23 +37,7 @@ def _start(store, writer=None) -> int:
 
 
 def _measure(store, run, writer, tokens=1, backend="allgather_reducescatter"):
-    return store.add_measurement(
-        run,
-        Measurement.from_columns(
-            dict(
-                backend=backend,
-                tokens_per_rank=tokens,
-                timing="eager",
-                median_us=10.0,
-                p10_us=9.0,
-                p90_us=11.0,
-                n=3,
-                samples=[9.0, 10.0, 11.0],
-                **SHAPE,
-            )
-        ),
-        writer=writer,
-    )
+    return store.add_measurement(run, measurement(backend=backend, tokens_per_rank=tokens), writer=writer)
 
 
 def _age_heartbeat(store, run, seconds):

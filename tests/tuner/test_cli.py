@@ -202,6 +202,39 @@ def test_lookup_trtllm_format_leaves_tensorrt_llm_its_own_choice_without_a_metho
     assert sh.stdout == b"[]\n"  # `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` still starts
 
 
+def test_lookup_preset_fills_the_shape_and_vs_default_is_in_the_engines_units():
+    """--preset deepseek-v3: hidden 7168, top-k 8, 256 experts, 58 MoE layers. The fixture's decode
+    answer (nvlink_one_sided 26.502 us) against vLLM's default (allgather_reducescatter 41.791 us)."""
+    r = a2a(
+        "lookup", "--ep-size", "2", "--preset", "deepseek-v3", "--phase", "decode", "--max-batch", "64",
+        "--tpot-ms", "29.2", "--format", "json", env_extra=FIXTURE_ENV,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["entry_shape"]["hidden"] == 7168 and out["backend"] == "nvlink_one_sided"
+    vs = out["vs_default"]
+    assert (vs["engine"], vs["engine_default"], vs["moe_layers"]) == ("vllm", "allgather_reducescatter", 58)
+    assert vs["saving_us_per_layer"] == pytest.approx(41.791 - 26.502, abs=1e-3)
+    assert vs["saving_ms_per_step"] == pytest.approx(vs["saving_us_per_layer"] * 58 / 1000, abs=1e-4)
+    assert vs["share_of_tpot"] == pytest.approx(vs["saving_ms_per_step"] / 29.2, abs=1e-4)
+    # --moe-layers wins over the preset's; the other formats say it on stderr
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--moe-layers", "10", env_extra=FIXTURE_ENV)
+    assert r.returncode == 0 and "ms per step vs vLLM's default (allgather_reducescatter) (10 MoE layers)" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--preset", "no-such-model"), "unknown model preset 'no-such-model'; known: deepseek-v3"),
+        (("--hidden", "7168"), "give --topk, --experts, or --preset NAME"),
+        (("--preset", "deepseek-v3", "--hidden", "7000", "--dtype", "nvfp4"), "nvfp4 needs hidden divisible"),
+    ],
+)
+def test_lookup_bad_shape_options_are_one_line(args, message):
+    r = a2a("lookup", "--ep-size", "2", "--tokens", "64", *args, env_extra=FIXTURE_ENV)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 # The shipped 2xH200 table, DeepSeek-V3's block-FP8 shape, a decode engine of max batch 64:
 # ours (nvlink_one_sided) is fastest; each engine gets the fastest it can be told.
 SHIPPED = {"A2A_TUNE_FINGERPRINT": "h200.nvl18x2.node1"}
@@ -435,10 +468,10 @@ def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_pa
     r = small_sweep(tmp_path / "s.db", *backends, iters=1, env_extra={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == (
-        "sweeping 1 shape(s) x 1 token counts x 1 backend(s) on 2 cpu rank(s) "
-        "(2 more unavailable here: `a2a-tune backends` says why)"
-    )
+    assert lines[0].strip() == "plan: 2 cpu rank(s)"
+    (row,) = [line.split() for line in lines if line.split()[:1] == ["2"]]  # EP size 2, the world
+    assert row == ["2", "1", "1", "1", "1", "(+2", "unavailable)", "1"]  # groups shapes tokens backends cases
+    assert "  unavailable backends: `a2a-tune backends` says why" in lines
     from a2a_tune.kernels import BackendEnv, get_backend
 
     _, why = get_backend("flashinfer_nvlink_one_sided").availability(BackendEnv.local(2, "cpu"))
@@ -488,7 +521,7 @@ def test_impossible_shapes_are_refused_in_one_line_before_any_rank_starts(tmp_pa
     )  # fmt: skip
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert "sweeping" not in r.stdout and not db.exists()  # no rank started, no run opened
+    assert "plan:" not in r.stdout and not db.exists()  # no rank started, no run opened
 
 
 @pytest.mark.parametrize("tokens", [0, 2**20 + 1])

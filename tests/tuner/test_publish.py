@@ -8,7 +8,7 @@ from pathlib import Path
 
 from a2a_tune.tuner.publish import write_table
 from a2a_tune.tuner.runtime.measurement import Measurement
-from a2a_tune.tuner.runtime.profiles import locate, write_dir
+from a2a_tune.tuner.runtime.profiles import locate, table_dir
 from a2a_tune.tuner.select import build_profile
 
 SHAPE = dict(ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform")
@@ -25,12 +25,12 @@ def table(fingerprint: str) -> dict:
 
 
 def test_a_table_goes_to_the_out_dir_else_the_first_profile_dir_else_the_users(tmp_path, monkeypatch):
-    assert Path(write_dir(str(tmp_path / "out"))) == tmp_path / "out"
+    assert Path(table_dir(str(tmp_path / "out"))) == tmp_path / "out"
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", os.pathsep.join([str(tmp_path / "first"), str(tmp_path / "second")]))
-    assert Path(write_dir(None)) == tmp_path / "first"
+    assert Path(table_dir(None)) == tmp_path / "first"
     monkeypatch.delenv("A2A_TUNE_PROFILE_DIR")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    assert Path(write_dir(None)) == tmp_path / "xdg" / "a2a-tune" / "profiles"
+    assert Path(table_dir(None)) == tmp_path / "xdg" / "a2a-tune" / "profiles"
     path = write_table(table("h200.nvl18x2.node1"), None)
     # Where it is written is where the lookup finds it first.
     assert locate("h200.nvl18x2.node1", 2, "bf16")[0] == str(path)

@@ -109,7 +109,9 @@ _tokens_opt = typer.Option(
 _dtype_opt = typer.Option(
     [],
     "--dtype",
-    help="Payload dtype, repeatable: bf16, fp16, fp32, fp8_e4m3 (block-FP8, quantized before dispatch) [default: bf16].",
+    help="Payload dtype, repeatable: bf16, fp16, fp32; quantized in dispatch, as engines send them: fp8_e4m3 "
+    "(block-FP8, fp32 scale per 128), mxfp8 (e4m3, E8M0 scale per 32), nvfp4 (e2m1 pairs, e4m3 scale per 16) "
+    "[default: bf16].",
 )
 _routing_opt = typer.Option([], "--routing", help="Routing, repeatable: uniform, skewed, local [default: uniform].")
 _backend_opt = typer.Option([], "--backend", help="Backend to sweep, repeatable [default: every registered one].")
@@ -136,6 +138,13 @@ _refine_opt = typer.Option(
     "are within 3% at both, also measure between them (bisecting until <= 20% apart): a backend whose cost steps "
     "between grid counts is caught, at a few measurements per crossover or close race [default: on for cuda, off "
     "for cpu, where gloo noise makes every pair a race].",
+)
+_ep_sizes_opt = typer.Option(
+    None,
+    "--ep-sizes",
+    help="EP sizes to measure, comma-separated, each dividing the world: each on groups of consecutive ranks, "
+    "every group at once, as a deployment's replicas run [default: powers of two from 2 up to the world, and "
+    "the world].",
 )
 _mixed_opt = typer.Option(
     False,

@@ -16,6 +16,7 @@ from .common import (
     _db_opt,
     _device_opt,
     _dtype_opt,
+    _ep_sizes_opt,
     _fail,
     _iters_opt,
     _mixed_opt,
@@ -78,15 +79,71 @@ def probe(
 # ---------------------------------------------------------------------------------- sweep
 
 
-def _unavailable_here(names: list[str], device: str, world: int) -> int:
-    """How many of the backends `names` cannot run on `world` `device` ranks here."""
+def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> list:
+    """The plan before any rank starts: per EP size its groups, shapes, token counts, backends
+    and cases (only those that can run here), the sizes skipped for a model, an estimate."""
+    from rich import box
+    from rich.table import Table
+
+    plans = _plans()
+    rows = plans.plan_sizes(plan, device, world)
+    t = Table(box=box.SIMPLE_HEAD, title=f"plan: {world} {device} rank(s){launcher}", title_justify="left")
+    for name in ("EP size", "groups", "shapes", "tokens", "backends", "cases"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for r in rows:
+        backends = f"{r.backends}" + (f" (+{r.unavailable} unavailable)" if r.unavailable else "")
+        t.add_row(str(r.ep_size), str(r.groups), str(r.shapes), str(r.tokens), backends, str(r.cases))
+    console.print(t)
+    for r in rows:
+        for line in r.skipped:
+            console.print(f"  skipped: {line}", highlight=False, markup=False, soft_wrap=True)
+    if any(r.unavailable for r in rows):
+        console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
+    cases = sum(r.cases for r in rows)
+    seconds = plans.estimate_seconds(rows, device, world, plan.warmup + plan.iters)
+    refine = " before refinements" if plan.refine_ratio is not None else ""
+    per = "per case" if device == "cuda" else "per case and rank of its group"
+    console.print(
+        f"  {cases} cases; estimated {_duration(seconds)}{refine} (a rough guide: {plans.SECONDS_PER_CASE[device]} s "
+        f"{per} on {device}; every group of a size runs at once)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    return rows
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _unavailable_names(names: list[str], device: str, world: int) -> list[str]:
+    """The backends of `names` that cannot run on `world` `device` ranks here."""
     from a2a_tune.kernels import BackendEnv, get_backend
 
     env = BackendEnv.local(world, device)
-    return sum(not get_backend(name).availability(env)[0] for name in names)
+    return [name for name in names if not get_backend(name).availability(env)[0]]
 
 
-def _print_outcome(outcome, seconds: float) -> None:
+def _outcome_data(outcome, seconds: float) -> dict:
+    """What `sweep --json` prints (`run --json` adds the tables written)."""
+    return {
+        "run": outcome.run_id,
+        "status": outcome.status,
+        "fingerprint": outcome.fingerprint,
+        "world_size": outcome.world_size,
+        "measured": outcome.measured,
+        "already_stored": outcome.skipped,
+        "failed": outcome.failed,
+        "unavailable": outcome.unavailable,
+        "not_applicable": outcome.not_applicable,
+        "infeasible": outcome.infeasible,
+        "adaptive_saved": outcome.adaptive_saved,
+        "seconds": round(seconds, 1),
+    }
+
+
+def _print_outcome(outcome, seconds: float, out=out) -> None:
     failed = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()) if kind != "unavailable")
     out.print(
         f"run {outcome.run_id} ({outcome.status}) on {outcome.fingerprint}: {outcome.measured} measured, "
@@ -115,17 +172,23 @@ def _do_sweep(options, *, after=None):
     from ..sweep import sweep as run_sweep
 
     job = job_rank()
+    human = err if options.as_json else out  # --json: standard output carries the JSON alone
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
-        launcher = f" ({job.launcher} job)" if job else ""
-        names = plan.backend_names()
-        unavailable = _unavailable_here(names, device, world)
-        out.print(
-            f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(names) - unavailable} "
-            f"backend(s) on {world} {device} rank(s){launcher}"
-            + (f" ({unavailable} more unavailable here: `a2a-tune backends` says why)" if unavailable else ""),
-            highlight=False,
-            soft_wrap=True,
-        )
+        rows = _print_plan(plan, device, world, f" ({job.launcher} job)" if job else "", human)
+        if options.dry_run:  # the plan, and nothing started or stored
+            if options.as_json:
+                names = plan.backend_names()
+                gone = _unavailable_names(names, device, world)
+                data = {"dry_run": True, "device": device, "world_size": world, "plan": plan.to_dict()}
+                data["cases"] = sum(r.cases for r in rows)
+                data["backends_here"] = [n for n in names if n not in gone]
+                data["ep_sizes"] = [
+                    {"ep_size": r.ep_size, "groups": r.groups, "cases": r.cases, "skipped": r.skipped} for r in rows
+                ]
+                print(json.dumps(data, indent=2, default=str))
+            raise typer.Exit(0)
+    elif options.dry_run:
+        raise typer.Exit(0)
     start = time.perf_counter()
     try:
         outcome = run_sweep(
@@ -146,14 +209,15 @@ def _do_sweep(options, *, after=None):
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
-            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(world), run_id)}",
             143 if by == "SIGTERM" else 130,
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
-    _print_outcome(outcome, time.perf_counter() - start)
+    outcome.seconds = time.perf_counter() - start
+    _print_outcome(outcome, outcome.seconds, human)
     if outcome.adaptive_saved:
-        out.print(
+        human.print(
             f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed",
             highlight=False,
             markup=False,
@@ -188,6 +252,7 @@ _SWEEP_OPTIONS = (
     ("preset", list[str], _preset_opt),
     ("model_config", list[Path], _config_opt),
     ("tokens", str | None, _tokens_opt),
+    ("ep_sizes", str | None, _ep_sizes_opt),
     ("dtype", list[str], _dtype_opt),
     ("routing", list[str], _routing_opt),
     ("backend", list[str], _backend_opt),
@@ -201,6 +266,25 @@ _SWEEP_OPTIONS = (
     ("capacity", int | None, _capacity_opt),
     ("refine", bool | None, _refine_opt),
     ("allow_mixed", bool, _mixed_opt),
+    (
+        "dry_run",
+        bool,
+        typer.Option(
+            False,
+            "--dry-run",
+            help="Print the plan (shapes, token counts, the backends that can run here) and stop: no rank starts, "
+            "nothing is stored.",
+        ),
+    ),
+    (
+        "as_json",
+        bool,
+        typer.Option(
+            False,
+            "--json",
+            help="Print the outcome (with --dry-run: the plan) as JSON on standard output; other lines go to stderr.",
+        ),
+    ),
 )
 
 
@@ -238,7 +322,9 @@ def sweep(options) -> None:
 
     Several nodes: launch it under torchrun or srun, one process per GPU (see `a2a-tune run`,
     which also writes the table on every node)."""
-    _do_sweep(options)
+    outcome = _do_sweep(options)
+    if options.as_json:
+        print(json.dumps(_outcome_data(outcome, outcome.seconds), indent=2))
 
 
 # --------------------------------------------------------------------------------- select
@@ -336,12 +422,19 @@ def run(options) -> None:
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     published = outcome.after
+    human = err if options.as_json else out
     if published.get("note"):
         err.print(f"note: {published['note']}; the table is written without them", highlight=False, markup=False)
     knobs_note = f", with the knobs of {published['kept_knobs']} tuned point(s)" if published["kept_knobs"] else ""
     several = len(outcome.cluster.get("nodes", [])) > 1
+    if options.as_json:
+        data = _outcome_data(outcome, outcome.seconds)
+        data["tables"] = {host: str(path) for host, path in published["tables"].items()}
+        data["table_errors"] = published["errors"]
+        data["entries"] = published["entries"]
+        print(json.dumps(data, indent=2))
     for host, path in published["tables"].items():
-        out.print(
+        human.print(
             f"wrote {path}{f' on {host}' if several else ''} ({published['entries']} shape(s)) "
             f"from run {outcome.run_id}{knobs_note}",
             highlight=False,
@@ -350,7 +443,7 @@ def run(options) -> None:
         )
     if published["errors"]:
         raise _fail("no table written on " + "; ".join(f"{h}: {why}" for h, why in published["errors"].items()))
-    out.print(
+    human.print(
         f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
         highlight=False,
         markup=False,

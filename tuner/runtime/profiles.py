@@ -1,7 +1,7 @@
 """Which table: the file a fingerprint's table has, where tables are written and searched, and loading.
 
 The one place for both sides of a table's location. The writers (``select``, ``run``, the
-cluster path) name a table with :func:`profile_filename`, write into :func:`write_dir` (the
+cluster path) name a table with :func:`profile_filename`, write into :func:`table_dir` (the
 first directory the search looks in, so an engine finds what was just written), under
 :func:`table_lock`, with :func:`replace_file`; :mod:`a2a_tune.tuner.runtime.lookup` asks
 :func:`locate` which table answers for this machine and loads it with :func:`load_cached`.
@@ -35,6 +35,7 @@ __all__ = [
     "FINGERPRINT_ENV",
     "HW_UNCHECKED",
     "PROFILE_DIR_ENV",
+    "table_dir",
     "add_cluster_pointer",
     "clear_cache",
     "fallback_message",
@@ -50,7 +51,6 @@ __all__ = [
     "table_lock",
     "user_profile_dir",
     "warn_once",
-    "write_dir",
 ]
 
 PROFILE_DIR_ENV = "A2A_TUNE_PROFILE_DIR"
@@ -96,11 +96,14 @@ def user_profile_dir() -> str:
     return os.path.join(base, "a2a-tune", "profiles")
 
 
-def write_dir(out_dir=None) -> str:
-    """Where a table is written: ``out_dir``, else the first ``$A2A_TUNE_PROFILE_DIR`` entry,
-    else :func:`user_profile_dir` -- the first directory :func:`locate` searches either way."""
+def table_dir(out_dir=None):
+    """Where this node writes tables (a ``pathlib.Path``): `out_dir`, else the first
+    $A2A_TUNE_PROFILE_DIR entry, else the user's profile directory (both searched by lookup on
+    this node). The views write their files under it by default (``plots/``, ``reports/``)."""
+    from pathlib import Path
+
     first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
-    return os.path.expanduser(os.fspath(out_dir or first or user_profile_dir()))
+    return Path(out_dir or first or user_profile_dir()).expanduser()
 
 
 class table_lock:  # noqa: N801 - used as a context manager, like open()
