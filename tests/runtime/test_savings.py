@@ -10,11 +10,19 @@ from a2a_tune.tuner.runtime.savings import default_backends, in_engine_units, se
 from a2a_tune.tuner.runtime.table import BackendNames
 
 NAMES = {
-    "allgather_reducescatter": BackendNames("allgather_reducescatter", None, "ALLGATHER", {}),
-    "allgather_reducescatter_padded": BackendNames("allgather_reducescatter", None, "ALLGATHER", {}),
-    "flashinfer_nvlink_one_sided": BackendNames("flashinfer_nvlink_one_sided", "flashinfer", "NVLINK_ONE_SIDED", {}),
-    "deepep_low_latency": BackendNames("deepep_low_latency", "deepep", "DEEPEPLOWLATENCY", {}),
-    "nvlink_one_sided": BackendNames(None, None, None, {}),
+    "allgather_reducescatter": BackendNames.of(
+        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
+    ),
+    "allgather_reducescatter_padded": BackendNames.of(
+        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
+    ),
+    "flashinfer_nvlink_one_sided": BackendNames.of(
+        {"vllm": "flashinfer_nvlink_one_sided", "sglang": "flashinfer", "trtllm": "NVLINK_ONE_SIDED"}
+    ),
+    "deepep_low_latency": BackendNames.of(
+        {"vllm": "deepep_low_latency", "sglang": "deepep", "trtllm": "DEEPEPLOWLATENCY"}
+    ),
+    "nvlink_one_sided": BackendNames.of({"vllm": None, "sglang": None, "trtllm": None}),
 }
 
 

@@ -97,7 +97,6 @@ def load_profile_view(path) -> TableView:
     hw = data["hardware"]
     run = dict(data.get("run")) if isinstance(data.get("run"), Mapping) else {}
     facts = hw.get("facts") if isinstance(hw.get("facts"), Mapping) else {}
-    backends = data.get("backends")
     _rehearsal(run, notes)
     unfinished = sorted(
         {(p["run"], p["status"]) for e in prof.entries for p in e.provenance if p["status"] != "completed"}, key=str
@@ -115,7 +114,9 @@ def load_profile_view(path) -> TableView:
         facts_hash=_str(hw.get("facts_hash")) or _str(facts.get("facts_hash")),
         facts=dict(facts),
         run=_normalise_run(run),
-        backends={clean(k): dict(v) for k, v in backends.items()},
+        backends={
+            clean(k): {"engines": dict(n.literals), "closest": dict(n.closest)} for k, n in prof.backends.items()
+        },
         shapes=shapes,
         failures=failures,
         notes=notes,

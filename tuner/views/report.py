@@ -248,16 +248,13 @@ def _vs_default(view: TableView, s: ShapeView) -> str:
     from ..runtime.table import BackendNames
     from ..shapes import presets
 
-    names = {
-        b: BackendNames(n.get("vllm_name"), n.get("sglang_name"), n.get("trtllm_name"), {})
-        for b, n in view.backends.items()
-    }
+    names = {b: BackendNames.of(n.get("engines")) for b, n in view.backends.items()}
     grid = tuple(s.tokens)
     # a refinement count's gaps bridged (bridge_gaps: None when there is none)
     curves = {b: bridge_gaps(grid, tuple(c.median_us)) or tuple(c.median_us) for b, c in s.curves.items()}
     curves = {b: c for b, c in curves.items() if b not in s.failed and b in names}
     dist = ("log-uniform", 1, max(1, min(DECODE_MAX_BATCH, max(s.tokens, default=1))))
-    told = {b: c for b, c in curves.items() if names[b].vllm_name}  # what vLLM can be told
+    told = {b: c for b, c in curves.items() if names[b].literal("vllm")}  # what vLLM can be told
     label, pool = default_backends("vllm", names, list(curves), s.num_experts, s.ep_size)
     ours, default = expected(grid, told, dist), expected(grid, {b: curves[b] for b in pool}, dist)
     if not ours or not default:
