@@ -42,9 +42,11 @@ from .reference import (
     expected_output,
     expert_outputs,
     expert_scales,
+    input_writes,
     make_inputs,
     refill,
     relative_error,
+    snapshot,
 )
 
 MAX_VIRTUAL_RANKS = 64  # MAX_EP_SIZE's order; memory is the real limit (W workspaces on one device)
@@ -222,6 +224,17 @@ class VirtualRanks:
         first rank that failed; ShapeError (the caller's inputs) is raised as there."""
         scales = expert_scales(self.shape.num_experts, self.device) if scales is None else scales.to(self.device)
         tol = TOLERANCE[self.shape.dtype] if tolerance is None else tolerance
+        originals = [snapshot(i) for i in inputs]
+        verdict = self._check(inputs, originals, scales, tol)
+        for r, (i, o) in enumerate(zip(inputs, originals)):
+            if wrote := input_writes(i, o):
+                return CheckResult(False, verdict.max_rel_error, f"rank {r}: {wrote}")
+        return verdict
+
+    def _check(
+        self, inputs: Sequence[RankInputs], originals: Sequence[RankInputs], scales: torch.Tensor, tol: float
+    ) -> CheckResult:
+        """`check`'s verdict on what the ranks returned, judged against `originals`."""
         try:
             ds = self.dispatch(inputs)
             for r, (b, d) in enumerate(zip(self.backends, ds)):
@@ -236,7 +249,7 @@ class VirtualRanks:
         except Exception as exc:  # a crashing backend is a failed check, reported in one line
             return CheckResult(False, float("inf"), one_line(exc), crashed=True)
         worst, first = 0.0, ""
-        for r, (y, i) in enumerate(zip(ys, inputs)):
+        for r, (y, i) in enumerate(zip(ys, originals)):
             err, reason = combine_error(y, i, scales, tol)
             worst = max(worst, err)
             first = first or (f"rank {r}: {reason}" if reason else "")

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from a2a_tune.kernels import All2AllBackend, MoEShape, get_backend
-from a2a_tune.kernels.reference import RankInputs, check_invariant, make_inputs
+from a2a_tune.kernels.reference import RankInputs, check_invariant, input_writes, make_inputs, snapshot
 
 from .figures import Traffic, destination_pairs, traffic_from_pairs
 from .launch import RankContext, all_ranks_ok, one_line
@@ -330,11 +330,18 @@ def measure(
     timing: str | None = None,
     split: bool = True,
 ) -> Result:
-    """Gate on the first input set, then time: never a timing of a backend that just failed."""
+    """Gate on the first input set, then time: never a timing of a backend that just failed,
+    nor of one that wrote into any input set while it was timed (checked against copies taken
+    before the gate; "incorrect" on every rank)."""
+    originals = [snapshot(i) for i in inputs]
     checked = gate(backend, inputs[0])
     if not checked.ok:
         return checked
-    return time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing=timing, split=split)
+    timed = time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing=timing, split=split)
+    wrote = next((w for w in map(input_writes, inputs, originals) if w), "")
+    if not all_ranks_ok(not wrote, ctx):
+        return Result("incorrect", f"{wrote} while timed" if wrote else "failed on another rank")
+    return timed
 
 
 def measure_case(
