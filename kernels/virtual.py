@@ -48,6 +48,7 @@ from .reference import (
     relative_error,
     snapshot,
 )
+from .registry import feasibility_of
 
 MAX_VIRTUAL_RANKS = 64  # MAX_EP_SIZE's order; memory is the real limit (W workspaces on one device)
 VIRTUAL_TIMING = "virtual"  # the timing label of virtual-rank samples; db refuses to store it
@@ -100,7 +101,7 @@ class VirtualWorld:
         if not cls.virtual_ranks:
             raise VirtualRanksError(f"{cls.name} cannot run on virtual ranks: its transport needs one process per rank")
         shape.validate(self.size)
-        ok, why = cls.feasibility(shape, self.size)
+        ok, why = feasibility_of(cls, shape, self.size)
         if not ok:
             raise ShapeError(why)
         backends: list[All2AllBackend] = []

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from a2a_tune.kernels import All2AllBackend, MoEShape, get_backend
+from a2a_tune.kernels import All2AllBackend, MoEShape, feasibility_of, get_backend
 from a2a_tune.kernels.reference import RankInputs, check_invariant, input_writes, make_inputs, snapshot
+from a2a_tune.kernels.registry import CallFailed
 
 from .figures import Traffic, destination_pairs, traffic_from_pairs
 from .launch import RankContext, all_ranks_ok, one_line
@@ -158,7 +160,10 @@ class Backends:
         slot = (name, cap)
         for old in [s for s in self._built if s[0] == name and s != slot]:
             self._close(old)
-        feasible, why = cls.feasibility(shape, self.ctx.world_size)
+        verdict = feasibility_of(cls, shape, self.ctx.world_size)
+        feasible, why = verdict
+        if isinstance(verdict, CallFailed):  # the backend's own method failed: its error, reported
+            return Result("error", why)
         if not feasible:  # e.g. beyond a fixed-capacity backend's slots: not measured, not a failure
             return Result("infeasible", why)
         if slot not in self._built:
@@ -216,7 +221,10 @@ class Backends:
         self._held.pop(slot, None)
         backend = self._built.pop(slot, None)
         if backend is not None:
-            backend.close()
+            try:
+                backend.close()
+            except Exception as exc:  # a workspace not freed is no reason to lose the sweep: say so, go on
+                print(f"warning: {slot[0]}: close() raised {one_line(exc, 200)}", file=sys.stderr)
 
     def close(self) -> None:
         for slot in list(self._built):

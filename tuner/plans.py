@@ -332,7 +332,7 @@ def largest_case(plan, device: str, world: int) -> tuple[int, tuple | None]:
     The backends counted: on CPU those available there; on CUDA every feasible one (asking
     availability there would set up CUDA in this process, which the ranks need alone); not
     those this process cannot load (a module only the ranks are told to import)."""
-    from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, get_backend
+    from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, availability_of, feasibility_of, get_backend
     from a2a_tune.kernels.base import case_bytes
 
     from .measure import capacity_of
@@ -345,14 +345,14 @@ def largest_case(plan, device: str, world: int) -> tuple[int, tuple | None]:
             continue
     if device != "cuda":
         env = BackendEnv.local(world, device)
-        classes = [cls for cls in classes if cls.availability(env).ok]
+        classes = [cls for cls in classes if availability_of(cls, env).ok]
     top = max(plan.tokens)
     largest, at = 0, None
     for named in plan.shapes_at(world):
         for t in plan.tokens:
             for cls in classes:
                 moe = MoEShape.of(named[1], capacity_of(cls, t, capacity=plan.capacity, largest=top))
-                if not cls.feasibility(moe, world).ok:
+                if not feasibility_of(cls, moe, world).ok:
                     continue
                 need = case_bytes(cls, moe, world, t, input_sets=plan.input_sets)
                 if need > largest:

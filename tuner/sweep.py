@@ -41,7 +41,7 @@ from a2a_tune.db import (
     open_store,
     resolve_url,
 )
-from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, engine_names, get_backend
+from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, availability_of, engine_names, get_backend
 from a2a_tune.kernels.base import REACH_TEXT, reaches
 
 from . import cluster
@@ -306,7 +306,7 @@ def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: di
     usable: list[str] = []
     for name in plan.backend_names():
         cls = get_backend(name)
-        ok, reason = cls.availability(env)
+        ok, reason = availability_of(cls, env)
         if name in skip:  # hung or crashed earlier in this run
             rec.infeasible(name, skip[name])
         elif not ok:

@@ -36,7 +36,7 @@ def backends(
     from rich.measure import Measurement
     from rich.table import Column, Table
 
-    from a2a_tune.kernels import BackendEnv, get_backend, list_backends
+    from a2a_tune.kernels import BackendEnv, availability_of, get_backend, list_backends
 
     device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
@@ -44,7 +44,7 @@ def backends(
     rows = []
     for name in list_backends():
         cls = get_backend(name)
-        ok, reason = cls.availability(env)
+        ok, reason = availability_of(cls, env)
         vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
         here = "[green]available[/]" if ok else f"[yellow]{escape(reason)}[/]"
         rows.append((escape(name), escape(vllm), escape(cls.sglang_name or "-"), cls.reach, here))

@@ -80,10 +80,10 @@ def probe(
 
 def _unavailable_here(names: list[str], device: str, world: int) -> int:
     """How many of the backends `names` cannot run on `world` `device` ranks here."""
-    from a2a_tune.kernels import BackendEnv, get_backend
+    from a2a_tune.kernels import BackendEnv, availability_of, get_backend
 
     env = BackendEnv.local(world, device)
-    return sum(not get_backend(name).availability(env)[0] for name in names)
+    return sum(not availability_of(get_backend(name), env).ok for name in names)
 
 
 def _print_outcome(outcome, seconds: float) -> None:
