@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import stat
 
-__all__ = ["MAX_TABLE_BYTES", "MAX_WORKLOAD_BYTES", "MAX_CACHE_BYTES", "FileRefused", "read_capped"]
+__all__ = ["MAX_TABLE_BYTES", "MAX_WORKLOAD_BYTES", "MAX_CACHE_BYTES", "FileRefused", "read_capped", "read_head"]
 
 #: A selection table, with room over the shipped one (sizes and parse time: BENCHMARKS.md,
 #: "Figures moved from the code").
@@ -50,14 +50,8 @@ def read_capped(path: str | os.PathLike, cap: int) -> bytes:
     Raises :class:`FileRefused` for anything else (a FIFO, a device, a directory, a larger
     file) and ``OSError`` when it cannot be opened or read.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    flags |= getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
+    fd, st = _open_regular(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise FileRefused(f"not a regular file ({kind}): not read")
         if st.st_size > cap:
             raise FileRefused(f"{_mib(st.st_size)}, over the {_mib(cap)} cap: not read")
         chunks, size = [], 0
@@ -72,3 +66,26 @@ def read_capped(path: str | os.PathLike, cap: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_head(path: str | os.PathLike, n: int) -> bytes:
+    """The first ``n`` bytes of ``path`` (fewer if it is shorter), opened as :func:`read_capped`
+    opens: FileRefused at once for a FIFO, a device, a directory (e.g. an SQLite file's magic)."""
+    fd, _ = _open_regular(path)
+    try:
+        return os.read(fd, n)
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
+    """An open descriptor of ``path`` and its stat, if it is a regular file; FileRefused else."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags |= getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+        raise FileRefused(f"not a regular file ({kind}): not read")
+    return fd, st
