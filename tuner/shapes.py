@@ -77,23 +77,20 @@ def _first(config: dict, keys: tuple[str, ...]) -> int | None:
 
 def from_model_config(path: str | Path) -> ModelShape:
     """Read (experts, top-k, hidden) from a Hugging Face config.json (text_config too)."""
-    from .runtime.files import FileRefused, read_capped
+    from .runtime.files import FileRefused, read_json
 
     path = Path(path)
     try:
-        config = json.loads(read_capped(path, MAX_CONFIG_BYTES).decode("utf-8-sig"))
+        config = read_json(path, MAX_CONFIG_BYTES, bom=True)
     except OSError as exc:
         raise ShapeSpecError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except FileRefused as exc:
         raise ShapeSpecError(f"{path}: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ShapeSpecError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise ShapeSpecError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    except RecursionError:
-        raise ShapeSpecError(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(config, dict):
         raise ShapeSpecError(f"{path}: expected a JSON object")
+    for key in ("text_config", "llm_config"):  # a multimodal model's language half
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise ShapeSpecError(f"{path}: {key}: expected a JSON object, got {type(config[key]).__name__}")
     for candidate in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
         experts, topk, hidden = (
             _first(candidate, _EXPERT_KEYS),

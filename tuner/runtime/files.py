@@ -17,7 +17,17 @@ from __future__ import annotations
 import os
 import stat
 
-__all__ = ["MAX_TABLE_BYTES", "MAX_WORKLOAD_BYTES", "MAX_CACHE_BYTES", "FileRefused", "read_capped", "read_head"]
+__all__ = [
+    "MAX_TABLE_BYTES",
+    "MAX_WORKLOAD_BYTES",
+    "MAX_CACHE_BYTES",
+    "MAX_JSON_BYTES",
+    "FileRefused",
+    "parse_json",
+    "read_capped",
+    "read_head",
+    "read_json",
+]
 
 #: A selection table, with room over the shipped one (sizes and parse time: BENCHMARKS.md,
 #: "Figures moved from the code").
@@ -26,6 +36,9 @@ MAX_TABLE_BYTES = 16 * 1024 * 1024
 MAX_WORKLOAD_BYTES = 4 * 1024 * 1024
 #: The fingerprint cache (a few hundred bytes).
 MAX_CACHE_BYTES = 64 * 1024
+#: A JSON file a user points at that is not a table (a model's config.json, an NVML recording,
+#: a vLLM --config file): a model config is a few KiB, a recording of 72 GPUs well under 1 MiB.
+MAX_JSON_BYTES = 16 * 1024 * 1024
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -89,3 +102,29 @@ def _open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
         kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
         raise FileRefused(f"not a regular file ({kind}): not read")
     return fd, st
+
+
+def parse_json(raw: bytes, *, bom: bool = False) -> object:
+    """``raw`` as JSON, or :class:`FileRefused` (one line, no path): not UTF-8, invalid JSON,
+    nested too deeply, an integer beyond Python's digit limit. ``bom``: a UTF-8 byte-order
+    mark is allowed (files written by editors on Windows)."""
+    import json
+
+    try:
+        text = raw.decode("utf-8-sig" if bom else "utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileRefused(f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FileRefused(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise FileRefused("invalid JSON: nested too deeply") from None
+    except ValueError:  # int("9" * 5000): beyond sys.get_int_max_str_digits
+        raise FileRefused("invalid JSON: an integer with too many digits") from None
+
+
+def read_json(path: str | os.PathLike, cap: int = MAX_JSON_BYTES, *, bom: bool = False) -> object:
+    """The JSON in ``path`` (:func:`read_capped`, then :func:`parse_json`): FileRefused or
+    OSError (one line, no path: callers add it)."""
+    return parse_json(read_capped(path, cap), bom=bom)

@@ -460,23 +460,14 @@ def read_table_bytes(path) -> bytes:
 
 
 def parse_table_json(raw: bytes, path) -> object:
-    """``raw`` (a table's bytes) as JSON data, or ProfileError (one line naming the file): not
-    UTF-8, invalid JSON, nested too deeply, an integer beyond Python's digit limit."""
-    import json
+    """``raw`` (a table's bytes) as JSON data, or ProfileError (one line naming the file):
+    `files.parse_json`'s problems."""
+    from a2a_tune.tuner.runtime.files import FileRefused, parse_json
 
-    path = os.fspath(path)
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"not UTF-8 text (bad byte at offset {exc.start})", path=path) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=path) from None
-    except RecursionError:
-        raise ProfileError("invalid JSON: nested too deeply", path=path) from None
-    except ValueError:  # int("9" * 5000): beyond sys.get_int_max_str_digits
-        raise ProfileError("invalid JSON: an integer with too many digits", path=path) from None
+        return parse_json(raw)
+    except FileRefused as exc:
+        raise ProfileError(str(exc), path=os.fspath(path)) from None
 
 
 def _read_and_parse(path: str) -> Profile:
