@@ -569,7 +569,9 @@ def with_knobs_from_file(
     judged as lookup judges it. Write the copy back with :func:`write_profile_to`. Raises
     ProfileError for a table lookup would refuse, OSError or ValueError for a file that is
     not JSON."""
-    table = json.loads(Path(path).read_text())
+    from .runtime.profiles import parse_table_json, read_table_bytes
+
+    table = parse_table_json(read_table_bytes(path), path)  # read as the lookup reads it
     parse_profile(table, str(path))
     return with_knobs(table, shape, backend, knobs_by_tokens)
 

@@ -252,11 +252,11 @@ def tune_knobs(
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
     table_capacity = None
-    if profile is not None:  # tune as the table's points were measured
+    if profile is not None:  # checked before the search (hours on GPUs), read as the lookup reads it
         try:
             table_capacity = load_profile(profile).capacity
-        except ProfileError:
-            pass  # an unusable table is reported where the knobs are written
+        except ProfileError as exc:
+            raise _fail(f"--profile {exc}", 2) from None
     capacity = _planned(plans.check_capacity, capacity, plan.tokens, table_capacity)
     if capacity is not None:  # the cases at that capacity must fit too
         from dataclasses import replace
@@ -282,6 +282,7 @@ def tune_knobs(
         f"{trials} trials on {world} {device} rank(s); studies in {display_url(url)}",
         highlight=False,
         markup=False,
+        soft_wrap=True,  # one line in a captured log, whatever the width
     )
     try:
         results = run_search(knob_plan, device_type=device, world_size=world, db_url=db, progress=progress)
