@@ -3,8 +3,6 @@ columns, options checked for meaning, variables checked where read."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from run_cli import a2a
 

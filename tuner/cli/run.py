@@ -249,6 +249,7 @@ def sweep(options) -> None:
 
 def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path:
     from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError
+    from a2a_tune.db.damage import DamagedRowError
 
     from ..publish import write_table
     from ..runtime.lookup import ProfileError
@@ -263,7 +264,7 @@ def _do_select(db: str | None, run_id: int | None, out_dir: Path | None) -> Path
             raise _fail("no completed run in the database; run `a2a-tune sweep` first") from None
         raise _fail(f"no run {run_id} in the database") from None
     except (StoreError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+        raise _fail(str(exc), 2 if isinstance(exc, DamagedRowError) else 1) from None
     if note:
         err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
     try:
