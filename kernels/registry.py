@@ -22,6 +22,8 @@ import os
 import threading
 from typing import Any, TypeVar
 
+from a2a_tune.tuner.runtime.environ import EnvError
+from a2a_tune.tuner.runtime.environ import env_seconds as _env_seconds
 from a2a_tune.tuner.runtime.text import one_line
 
 from .base import REACHES, All2AllBackend, Availability
@@ -65,16 +67,12 @@ def call_timeout() -> float:
 
 
 def env_seconds(name: str, default: float) -> float:
-    """$name as a finite number of seconds > 0 (unset or blank: `default`); KernelsError (one
-    line naming the variable and the range) otherwise."""
-    value = os.environ.get(name, "")
+    """$name as seconds (`runtime.environ.env_seconds`); KernelsError (one line naming the
+    variable and the range) otherwise."""
     try:
-        seconds = float(value) if value.strip() else default
-    except ValueError:
-        raise KernelsError(f"{name}={value[:40]!r} is not a number of seconds") from None
-    if not 0 < seconds < float("inf"):
-        raise KernelsError(f"{name}={value[:40]!r} must be a finite number of seconds more than 0")
-    return seconds
+        return _env_seconds(name, default)
+    except EnvError as exc:
+        raise KernelsError(str(exc)) from None
 
 
 def _bounded(call: Any, seconds: float, what: str) -> list[Any]:

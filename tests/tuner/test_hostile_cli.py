@@ -41,3 +41,52 @@ def test_db_upgrade_says_what_it_did_in_one_line_at_80_columns(tmp_path):
     assert r.returncode == 0, r.stderr
     (line,) = [x for x in r.stdout.splitlines() if x.strip()]
     assert "is at the current schema" in line and str(db) in line
+
+
+SWEEP = ["sweep", "--device", "cpu", "--world", "2", "--preset", "mixtral-8x7b", "--tokens", "1", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "name", ["A2A_TUNE_COLLECTIVE_TIMEOUT_S", "A2A_TUNE_RENDEZVOUS_TIMEOUT_S", "A2A_TUNE_BACKEND_CALL_TIMEOUT_S"]
+)
+@pytest.mark.parametrize("value", ["abc", "nan", "-5", "1e300"])
+def test_a_timeout_variable_out_of_range_is_one_line_before_any_rank_starts(tmp_path, name, value):
+    from a2a_tune.tuner.runtime.environ import EnvError, env_seconds
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(name, value)
+        with pytest.raises(EnvError, match=f"^{name}=.*more than 0 and at most"):
+            env_seconds(name, 1.0)
+    if value != "nan":
+        return  # one spawned command per variable (CI time)
+    db = tmp_path / "s.db"
+    r = a2a(*SWEEP, "--db", str(db), env_extra={name: value})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert name in _one_line(r)
+    assert not db.exists()  # nothing started
+
+
+def test_launch_reads_the_timeouts_where_they_are_used(monkeypatch):
+    from a2a_tune.tuner import launch
+    from a2a_tune.tuner.runtime.environ import EnvError
+
+    monkeypatch.setenv("A2A_TUNE_COLLECTIVE_TIMEOUT_S", "")
+    assert launch.collective_timeout().total_seconds() == 300
+    monkeypatch.setenv("A2A_TUNE_COLLECTIVE_TIMEOUT_S", "-5")
+    with pytest.raises(EnvError, match="A2A_TUNE_COLLECTIVE_TIMEOUT_S='-5'"):
+        launch.run_ranks(print, 2, "cpu")  # before any rank starts
+
+
+LOOKUP = ["lookup", "--ep-size", "2", "--hidden", "4096", "--topk", "6", "--experts", "64", "--tokens", "64"]
+
+
+def test_an_invalid_workspace_budget_never_makes_lookup_env_print_nothing():
+    from bad_tables import FIXTURE
+
+    env = {"A2A_TUNE_MAX_WORKSPACE_MIB": "lots"}
+    r = a2a(*LOOKUP, "--profile", str(FIXTURE), "--format", "env", env_extra=env)
+    assert r.returncode == 0, r.stderr
+    assert "export" in r.stdout or "=" in r.stdout
+    assert "A2A_TUNE_MAX_WORKSPACE_MIB" in r.stderr and "no workspace budget applied" in r.stderr
+    r = a2a(*LOOKUP, "--profile", str(FIXTURE), "--format", "name", env_extra=env)
+    assert r.returncode == 2 and "A2A_TUNE_MAX_WORKSPACE_MIB" in _one_line(r)

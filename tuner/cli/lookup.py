@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -82,8 +83,9 @@ def lookup(
     # phase asked is the one refused.
     sizes = [(opt, v) for opt, v in (("--max-batch", max_batch), ("--max-tokens", max_tokens)) if v is not None]
     size_opt, size = min(sizes, key=lambda s: s[0] == lk.SIZE_OPTION.get(phase), default=(None, None))
-    try:
-        req = lk.request(
+
+    def build():
+        return lk.request(
             ep_size=ep_size,
             hidden=hidden,
             topk=topk,
@@ -100,8 +102,20 @@ def lookup(
             max_workspace_mib=max_workspace_mib,
             options={"max_tokens": size_opt},
         )
+
+    try:
+        req = build()
     except lk.RequestError as exc:
-        raise _fail(str(exc), 2) from None
+        # An engine's launch line must always start: a broken $A2A_TUNE_MAX_WORKSPACE_MIB there
+        # is one warning and no budget (eval "$(... --format env)" never silently exports nothing).
+        if fmt == "name" or fmt == "json" or max_workspace_mib is not None or lk.WORKSPACE_ENV not in str(exc):
+            raise _fail(str(exc), 2) from None
+        err.print(f"warning: {exc}; no workspace budget applied", highlight=False, markup=False, soft_wrap=True)
+        os.environ.pop(lk.WORKSPACE_ENV, None)
+        try:
+            req = build()
+        except lk.RequestError as again:
+            raise _fail(str(again), 2) from None
 
     def ask(for_engine, quiet=False):
         return lk.answer(req._replace(engine=for_engine), quiet=quiet)
