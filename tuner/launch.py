@@ -121,7 +121,16 @@ class PeerLost(RankFailed):
 
 
 class Terminated(KeyboardInterrupt):
-    """The supervising process got SIGTERM: handled like Ctrl-C (ranks stopped, run recorded)."""
+    """The supervising process got SIGTERM or SIGHUP (its terminal or SSH session closed):
+    handled like Ctrl-C (ranks stopped, run recorded). `signal_name` says which."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"terminated ({signal_name})")
+        self.signal_name = signal_name
+
+
+# The exit code of a command a signal stopped: 128 + the signal's number, as a shell reports it.
+SIGNAL_EXIT = {"SIGINT": 130, "SIGHUP": 129, "SIGTERM": 143}
 
 
 # How long the supervisor keeps listening, after a first failure, for a better cause.
@@ -390,6 +399,7 @@ def _rank_main(
 ) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C for every rank
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a closed terminal: the ranks die with it
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     try:
@@ -463,6 +473,7 @@ def run_ranks(
                 pass
         return out
 
+    _start_resource_tracker()
     mpctx = mp.get_context("spawn")
     results = mpctx.Queue()
     port = _free_port()
@@ -550,22 +561,39 @@ def _find_dead(procs: list, pending: set, results, take: Callable, dead: dict, *
         time.sleep(0.05)
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (it unlinks the ranks' semaphores) with SIGHUP
+    ignored: it ignores SIGINT and SIGTERM itself, but a closed terminal's SIGHUP to the whole
+    process group would kill it and leak them (tracebacks from its relaunch)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from multiprocessing import resource_tracker
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 @contextmanager
 def _sigterm_as_interrupt():
-    """SIGTERM to the supervisor raises `Terminated` (a KeyboardInterrupt) while ranks run, so
-    they are stopped and the caller records the interruption; outside the main thread, as is."""
+    """SIGTERM or SIGHUP to the supervisor raises `Terminated` (a KeyboardInterrupt) while
+    ranks run, so they are stopped and the caller records the interruption; outside the main
+    thread, as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        raise Terminated("terminated (SIGTERM)")
+        raise Terminated(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
 
 
 class Heartbeat:

@@ -92,7 +92,7 @@ LOST = {"timeout": "timed out", "crashed": "crashed"}
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped the sweep; its run (``run_id``, None if none was opened yet)
+    """Ctrl-C, SIGTERM or SIGHUP stopped the sweep; its run (``run_id``, None if none was opened yet)
     is marked "interrupted" and can be resumed."""
 
     def __init__(self, run_id: int | None, signal_name: str = "SIGINT") -> None:
@@ -179,8 +179,7 @@ def sweep(
             except KeyboardInterrupt as exc:
                 run_id = run_id or heartbeat.fact("run_id")
                 _mark_stopped(db_url, run_id, writer, "interrupted")
-                signal_name = "SIGTERM" if type(exc).__name__ == "Terminated" else "SIGINT"
-                raise SweepInterrupted(run_id, signal_name) from None
+                raise SweepInterrupted(run_id, getattr(exc, "signal_name", "SIGINT")) from None
             outcome = next((r for r in results if r is not None), None)
             if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
                 return None

@@ -436,3 +436,35 @@ def test_a_postgres_server_lost_mid_sweep_says_so_and_resume_continues(tmp_path)
             (run,) = store.runs()
             keys = [m.key for m in store.measurements(run.id)]
         assert run.status == "completed" and len(keys) == len(set(keys)) == 4
+
+
+def test_sighup_is_handled_like_sigterm(tmp_path):
+    """A closed terminal or SSH session (SIGHUP to the whole process group): the run is marked
+    interrupted, the ranks are reaped, nothing is left in the temporary directory, exit 129, and
+    --resume completes (issue 31.6)."""
+    db = tmp_path / "hup.db"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    os.environ["TMPDIR"] = str(tmp)  # inherited by the sweep (and only it: restored below)
+    try:
+        first, ranks, gate, cmd, env = _gated_sweep(tmp_path, db)
+    finally:
+        del os.environ["TMPDIR"]
+    try:
+        os.killpg(first.pid, signal.SIGHUP)  # the terminal's whole foreground group
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 129, err
+        assert _wait_gone(ranks) == []
+        assert "interrupted (SIGHUP)" in " ".join(err.split()) and "Traceback" not in err
+        with open_store(f"sqlite:///{db}") as store:
+            (run,) = store.runs()
+            assert run.status == "interrupted" and run.writer_pid is None
+        assert list(tmp.iterdir()) == []
+        gate.unlink()
+        again = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr
+        assert "1 already stored" in again.stdout and "3 measured" in again.stdout
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.communicate()

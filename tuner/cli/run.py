@@ -108,7 +108,7 @@ def _do_sweep(options, *, publish: bool = False):
     _store_url(options.db)  # before the imports below: they cost torch
     from a2a_tune.db import StoreError
 
-    from ..launch import PeerLost, RankFailed, job_rank
+    from ..launch import SIGNAL_EXIT, PeerLost, RankFailed, job_rank
     from ..plans import PlanError
     from ..sweep import sweep as run_sweep
 
@@ -150,7 +150,7 @@ def _do_sweep(options, *, publish: bool = False):
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
             f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
-            143 if by == "SIGTERM" else 130,
+            SIGNAL_EXIT.get(by, 130),
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)

@@ -66,7 +66,7 @@ def evaluate(
 
     from ..evaluate import EvaluationError, held_out_plan, table_measurements
     from ..evaluate import evaluate as run_evaluation
-    from ..launch import RankFailed
+    from ..launch import SIGNAL_EXIT, RankFailed
     from ..plans import PlanError
     from ..runtime.lookup import ProfileError, load_profile
     from ..sweep import sweep as run_sweep
@@ -125,7 +125,7 @@ def evaluate(
         raise _fail(f"evaluation stopped: {exc}") from None
     except KeyboardInterrupt as exc:
         by = getattr(exc, "signal_name", "SIGINT")
-        raise _fail(f"evaluation interrupted ({by}); its run is kept", 143 if by == "SIGTERM" else 130) from None
+        raise _fail(f"evaluation interrupted ({by}); its run is kept", SIGNAL_EXIT.get(by, 130)) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
     _print_evaluation(ev, f"run {outcome.run_id}")
@@ -222,7 +222,7 @@ def tune_knobs(
 
     from ..knobs import DEFAULT_ITERS, KnobPlan
     from ..knobs import tune_knobs as run_search
-    from ..launch import RankFailed
+    from ..launch import SIGNAL_EXIT, RankFailed
     from ..runtime.lookup import ProfileError, load_profile
     from ..select import with_knobs_from_file, write_profile_to
 
@@ -288,8 +288,11 @@ def tune_knobs(
         results = run_search(knob_plan, device_type=device, world_size=world, db_url=db, progress=progress)
     except (RankFailed, StoreError) as exc:
         raise _fail(f"knob search stopped: {exc}") from None
-    except KeyboardInterrupt:  # the trials finished so far are in the studies
-        raise _fail("knob search interrupted; the finished trials are stored in the studies", 130) from None
+    except KeyboardInterrupt as exc:  # the trials finished so far are in the studies
+        by = getattr(exc, "signal_name", "SIGINT")
+        raise _fail(
+            f"knob search interrupted ({by}); the finished trials are stored in the studies", SIGNAL_EXIT.get(by, 130)
+        ) from None
     if results is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
         raise typer.Exit(0)
     from rich.table import Table
