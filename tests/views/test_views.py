@@ -613,7 +613,7 @@ def test_curves_timed_in_another_mode_are_not_compared(tmp_path, profile_a):
     [
         (("diff", "only-one.json"), "exactly two inputs"),
         (("diff", "a.json", "b.json", "c.json"), "exactly two inputs"),
-        (("diff", "missing.json", "missing2.json"), "missing.json: no such file"),
+        (("diff", "missing.json", "missing2.json"), "missing.json: cannot read: No such file"),
         (("diff", "--run", "1", "--run", "2"), "--run needs --db"),
         (("diff", "x.json", "y.json", "--fail-on", "sometimes"), "--fail-on must be"),
     ],

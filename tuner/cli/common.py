@@ -69,7 +69,7 @@ DB_HELP = "SQLAlchemy URL or SQLite file path [env: A2A_TUNE_DB; default: sqlite
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
     # messages quote user input and file names: never rich markup; URLs never show a password
-    if "://" in message:
+    if "://" in message or "=" in message:  # a URL, or a connection string's password=...
         from a2a_tune.db import mask_secrets
 
         message = mask_secrets(message)
