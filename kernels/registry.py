@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from a2a_tune.tuner.runtime.environ import EnvError
 from a2a_tune.tuner.runtime.environ import env_seconds as _env_seconds
-from a2a_tune.tuner.runtime.text import one_line
+from a2a_tune.tuner.runtime.text import one_line, quoted
 
 from .base import REACHES, All2AllBackend, Availability
 from .errors import KernelsError, UnknownBackendError
@@ -141,7 +141,7 @@ def get_backend(name: str, *, extra: bool = True) -> type[All2AllBackend]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise UnknownBackendError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY) or 'none'}") from None
+        raise UnknownBackendError(f"unknown backend {quoted(name)}; known: {', '.join(_REGISTRY) or 'none'}") from None
 
 
 def engine_names(*, extra: bool = True) -> dict[str, dict[str, Any]]:

@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .runtime.environ import MAX_SECONDS
 from .runtime.point import PointError, Shape, check_tokens
+from .runtime.text import quoted
 from .shapes import ModelShape
 
 #: GPU memory a rank holds beside its case: its CUDA context, NCCL's buffers, the allocator's slack.
@@ -138,9 +140,9 @@ def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
     try:
         values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
     except ValueError:
-        raise PlanError(f"{option} must be comma-separated integers, got {text!r}") from None
+        raise PlanError(f"{option} must be comma-separated integers, got {quoted(text)}") from None
     if not values:
-        raise PlanError(f"{option} must be comma-separated integers, got {text!r}")
+        raise PlanError(f"{option} must be comma-separated integers, got {quoted(text)}")
     try:
         for v in (values[0], values[-1]):
             check_tokens(v)
@@ -160,7 +162,7 @@ def resolve_device(device: str, *, launched: bool = False, gpu_ranks: int = 2) -
     if device == "cuda" and gpus == 0:
         raise PlanError("--device cuda: no CUDA GPU is visible (use --device cpu to sweep CPU ranks over gloo)")
     if device not in ("cuda", "cpu"):
-        raise PlanError(f"--device must be auto, cuda or cpu, got {device!r}")
+        raise PlanError(f"--device must be auto, cuda or cpu, got {quoted(device)}")
     return device, gpus
 
 
@@ -265,6 +267,21 @@ def check_capacity(capacity: int | None, token_counts, table_capacity: int | Non
     return capacity
 
 
+def check_seconds(value: float, option: str) -> float:
+    """`value` if it is a duration an option may set: finite, more than 0, at most a week
+    (NaN would disable a watchdog, 0 or less time every case out); else PlanError."""
+    if not (isinstance(value, (int, float)) and 0 < value <= MAX_SECONDS):
+        raise PlanError(f"{option} must be a number of seconds more than 0 and at most {MAX_SECONDS:g}, got {value}")
+    return float(value)
+
+
+def check_fraction(value: float, option: str) -> float:
+    """`value` if it is a finite number in (0, 1]; else PlanError."""
+    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise PlanError(f"{option} must be a number more than 0 and at most 1, got {value}")
+    return float(value)
+
+
 def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = None):
     """(plan, device, world) for `options`, checked whole (:func:`check_plan`): PlanError
     when there is none, before any rank starts. `note`: where a note on the way goes
@@ -274,14 +291,15 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
 
     from .adaptive import REFINE_RATIO
 
+    check_seconds(options.case_timeout, "--case-timeout")
     device, world = resolve_ranks(options.device, options.world, note=note)
     shapes = model_shapes(options.preset, options.model_config)
     for d in options.dtype:
         if d not in PAYLOAD_DTYPES:
-            raise PlanError(f"unknown --dtype {d!r}; choose from {', '.join(PAYLOAD_DTYPES)}")
+            raise PlanError(f"unknown --dtype {quoted(d)}; choose from {', '.join(PAYLOAD_DTYPES)}")
     for r in options.routing:
         if r not in ROUTINGS:
-            raise PlanError(f"unknown --routing {r!r}; choose from {', '.join(ROUTINGS)}")
+            raise PlanError(f"unknown --routing {quoted(r)}; choose from {', '.join(ROUTINGS)}")
     check_backends(options.backend)
     token_counts = parse_tokens(options.tokens) if options.tokens else DEFAULT_TOKENS[device]
     check_capacity(options.capacity, token_counts)

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from .runtime.point import MAX_EXPERTS, MAX_HIDDEN, MAX_TOPK, PointError, Shape, check_count
+from .runtime.text import quoted
 
 # Hugging Face configs name the same three numbers differently per model family.
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
@@ -64,7 +65,7 @@ def preset(name: str) -> ModelShape:
     try:
         return table[name.lower()]
     except KeyError:
-        raise ShapeSpecError(f"unknown model preset {name!r}; known: {', '.join(table)}") from None
+        raise ShapeSpecError(f"unknown model preset {quoted(name)}; known: {', '.join(table)}") from None
 
 
 def _first(config: dict, keys: tuple[str, ...]) -> int | None:

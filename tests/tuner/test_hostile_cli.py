@@ -90,3 +90,29 @@ def test_an_invalid_workspace_budget_never_makes_lookup_env_print_nothing():
     assert "A2A_TUNE_MAX_WORKSPACE_MIB" in r.stderr and "no workspace budget applied" in r.stderr
     r = a2a(*LOOKUP, "--profile", str(FIXTURE), "--format", "name", env_extra=env)
     assert r.returncode == 2 and "A2A_TUNE_MAX_WORKSPACE_MIB" in _one_line(r)
+
+
+@pytest.mark.parametrize("value", ["nan", "0", "-1", "inf"])
+def test_case_timeout_must_be_finite_and_positive(tmp_path, value):
+    from a2a_tune.tuner.plans import PlanError, check_seconds
+
+    with pytest.raises(PlanError, match="--case-timeout must be a number of seconds more than 0"):
+        check_seconds(float(value), "--case-timeout")
+    if value != "nan":
+        return  # one spawned command (CI time)
+    db = tmp_path / "s.db"
+    r = a2a(*SWEEP, "--db", str(db), "--case-timeout", value)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--case-timeout must be" in _one_line(r) and not db.exists()
+
+
+def test_check_timeout_inf_is_refused():
+    r = a2a("check", "--device", "cpu", "--timeout", "inf", "--backend", "nccl_all2allv")
+    assert r.returncode == 2 and "--timeout must be" in _one_line(r)
+
+
+def test_an_option_value_is_echoed_bounded(tmp_path):
+    r = a2a(*SWEEP[:-5], "--preset", "x" * 100_000, "--tokens", "1", "--db", str(tmp_path / "s.db"))
+    assert r.returncode == 2
+    line = _one_line(r)
+    assert "unknown model preset" in line and len(line) < 2000

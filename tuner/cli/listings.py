@@ -121,6 +121,9 @@ def check(
     from ..progress import progress_bar
 
     plans = _plans()
+    _planned(plans.check_seconds, timeout, "--timeout")
+    if token_scale is not None:
+        _planned(plans.check_fraction, token_scale, "--token-scale")
     _planned(plans.check_backends, backend)
     if virtual:
         device, world = _planned(plans.resolve_virtual, device, world)

@@ -71,6 +71,7 @@ def evaluate(
     from ..runtime.lookup import ProfileError, load_profile
     from ..sweep import sweep as run_sweep
 
+    _planned(_plans().check_seconds, case_timeout, "--case-timeout")
     try:
         table = load_profile(profile)
     except ProfileError as exc:
