@@ -116,3 +116,18 @@ def test_an_option_value_is_echoed_bounded(tmp_path):
     assert r.returncode == 2
     line = _one_line(r)
     assert "unknown model preset" in line and len(line) < 2000
+
+
+def test_probe_prints_a_host_name_through_the_one_escaping_function():
+    import io
+
+    from rich.console import Console
+
+    from a2a_tune.tuner.probe import cpu_topology, render_summary
+
+    topo = cpu_topology(hostname="evil\x1b]0;owned\x07\x1b[2Jhost", machine="x86_64")
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, force_terminal=False).print(render_summary(topo))
+    text = buffer.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "evil\\x1b]0;owned\\x07\\x1b[2Jhost" in text
