@@ -131,3 +131,18 @@ def test_probe_prints_a_host_name_through_the_one_escaping_function():
     text = buffer.getvalue()
     assert "\x1b" not in text and "\x07" not in text
     assert "evil\\x1b]0;owned\\x07\\x1b[2Jhost" in text
+
+
+def test_run_out_to_a_read_only_directory_is_refused_before_the_sweep(tmp_path):
+    import sys
+
+    from read_only import run_in_read_only
+
+    out = tmp_path / "tables"
+    out.mkdir()
+    db = tmp_path / "s.db"
+    argv = [sys.executable, "-m", "a2a_tune.tuner.cli", "run", *SWEEP[1:], "--db", str(db), "--out", str(out / "sub")]
+    r = run_in_read_only(out, argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no table could be written" in _one_line(r) and str(out) in r.stderr
+    assert not db.exists()  # refused before the sweep

@@ -307,6 +307,11 @@ def run(options) -> None:
 
     Several nodes: launch it under torchrun or srun, one process per GPU; every node probes
     itself, rank 0 writes the store, and every node gets the table where lookup looks there."""
+    from ..publish import table_dir, unwritable
+
+    directory = table_dir(str(options.out_dir) if options.out_dir else None)
+    if problem := unwritable(directory):  # before the sweep, not after it
+        raise _fail(f"no table could be written to {directory}: {problem}", 2)
     outcome = _do_sweep(options, publish=True)
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
