@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from bad_tables import FIXTURE
 from run_cli import a2a
+from stored import measurement
 
 from a2a_tune.db import StoreError, open_store
 from a2a_tune.tuner.evaluate import evaluate
@@ -27,20 +28,16 @@ def base(tmp_path_factory):
         rid = s.start_run(hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={}, config_hash="h")
         for b, v in (("allgather_reducescatter", 10.0), ("nccl_all2allv", 20.0)):
             for t in (1, 64):
-                s.add_measurement(
-                    rid,
-                    backend=b,
-                    tokens_per_rank=t,
-                    timing="eager",
-                    median_us=v * t,
-                    p10_us=v * t * 0.9,
-                    p90_us=v * t * 1.1,
-                    n=3,
-                    samples=[v * t] * 3,
-                    **SHAPE,
-                )
+                us = v * t
+                s.add_measurement(rid, **_measured(b, t, us))
         s.finish_run(rid, "completed")
     return path
+
+
+def _measured(backend: str, tokens: int, us: float) -> dict:
+    return measurement(
+        backend=backend, tokens_per_rank=tokens, median_us=us, p10_us=0.9 * us, p90_us=1.1 * us, samples=[us] * 3, n=3
+    )
 
 
 def _damaged(base, tmp_path, sql: str) -> str:
@@ -108,18 +105,7 @@ def test_the_store_refuses_non_positive_times(base, tmp_path):
         rid = s.start_run(1, device_type="cpu", world_size=2, versions={}, git_sha=None, config={}, config_hash="x")
         for bad in (0.0, -1.0):
             with pytest.raises(ValueError, match="median_us must be more than 0"):
-                s.add_measurement(
-                    rid,
-                    backend="nccl_all2allv",
-                    tokens_per_rank=8,
-                    timing="eager",
-                    median_us=bad,
-                    p10_us=bad,
-                    p90_us=1.0,
-                    n=3,
-                    samples=[1.0] * 3,
-                    **SHAPE,
-                )
+                s.add_measurement(rid, **{**_measured("nccl_all2allv", 8, 1.0), "median_us": bad, "p10_us": bad})
 
 
 def test_evaluate_never_divides_by_a_stored_zero():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from run_cli import a2a
+from stored import measurement
 
 from a2a_tune.db import display_url, mask_secrets, open_store
 
@@ -45,23 +46,7 @@ def test_show_masks_a_stored_command_that_holds_a_secret(tmp_path):
         rid = s.start_run(
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={"argv": argv}, config_hash="h"
         )
-        s.add_measurement(
-            rid,
-            backend="nccl_all2allv",
-            tokens_per_rank=1,
-            timing="eager",
-            median_us=5.0,
-            p10_us=4.0,
-            p90_us=6.0,
-            n=3,
-            samples=[5.0] * 3,
-            num_experts=8,
-            topk=2,
-            hidden=16,
-            dtype="bf16",
-            ep_size=2,
-            routing="uniform",
-        )
+        s.add_measurement(rid, **measurement())
         s.finish_run(rid, "completed")
     r = a2a("show", "--db", str(db))
     assert r.returncode == 0, r.stderr
