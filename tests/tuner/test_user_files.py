@@ -71,3 +71,13 @@ def test_dev_zero_as_an_nvml_recording_is_refused_at_once(monkeypatch):
 
     monkeypatch.setenv(RECORDING_ENV, "/dev/zero")
     assert _bounded(recorded_source, 10) is None
+
+
+def test_a_workload_with_an_integer_of_5000_digits_is_one_line(tmp_path):
+    from a2a_tune.tuner.runtime.workload import WorkloadError, load_workload
+
+    path = tmp_path / "w.json"
+    path.write_text('{"1": ' + "9" * 5000 + "}")
+    with pytest.raises(WorkloadError) as info:
+        load_workload(path)
+    assert str(info.value) == f"{path}: invalid JSON: an integer with too many digits"

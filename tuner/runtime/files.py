@@ -104,14 +104,14 @@ def _open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def parse_json(raw: bytes, *, bom: bool = False) -> object:
-    """``raw`` as JSON, or :class:`FileRefused` (one line, no path): not UTF-8, invalid JSON,
-    nested too deeply, an integer beyond Python's digit limit. ``bom``: a UTF-8 byte-order
-    mark is allowed (files written by editors on Windows)."""
+def parse_json(raw: bytes | str, *, bom: bool = False) -> object:
+    """``raw`` (bytes, or text already decoded) as JSON, or :class:`FileRefused` (one line, no
+    path): not UTF-8, invalid JSON, nested too deeply, an integer beyond Python's digit limit.
+    ``bom``: a UTF-8 byte-order mark is allowed (files written by editors on Windows)."""
     import json
 
     try:
-        text = raw.decode("utf-8-sig" if bom else "utf-8")
+        text = raw.decode("utf-8-sig" if bom else "utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
         raise FileRefused(f"not UTF-8 text (bad byte at offset {exc.start})") from None
     try:
