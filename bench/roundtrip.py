@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{name}: not run here: {reason}")
 
-    bw = copy_bandwidth_gbs() if args.device == "cuda" else None
+    bw = copy_bandwidth_gbs() if args.device == "cuda" and torch.cuda.device_count() >= 2 else None  # GPU0->GPU1
     facts = _probe_facts(args.device)
     start = time.perf_counter()
     rows = run_ranks(

@@ -95,6 +95,7 @@ print(json.dumps({"import_s": import_s, "heavy": heavy, "first_s": first_s,
 
 def make_table(directory: Path) -> Path:
     """50 shapes x 20 token buckets x 6 backends, through select (validated, schema 2)."""
+    from a2a_tune.tuner.runtime.measurement import Measurement
     from a2a_tune.tuner.select import build_profile, write_profile
 
     shapes = []
@@ -122,7 +123,7 @@ def make_table(directory: Path) -> Path:
                     )
                 )
     profile = build_profile(
-        measurements,
+        [Measurement.from_columns(m) for m in measurements],
         [],
         hardware={"fingerprint": FP, "facts_hash": "0" * 16, "facts": {"generated": "bench/startup.py"}},
         run={"id": 1, "device_type": "cuda", "world_size": 8, "versions": {}},

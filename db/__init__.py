@@ -1,6 +1,9 @@
 """a2a-tune measurement store: SQLAlchemy models, the Store API, packaged migrations.
 
-Layering (never back up the list; this package never imports a2a_tune.tuner or torch)::
+Layering (never back up the list; tests/test_layout.py checks it): this package may import
+a2a_tune.tuner.runtime, the standard-library foundation (the point type and its bounds,
+one_line), and nothing else of a2a_tune.tuner, nor a2a_tune.kernels or torch
+(docs/architecture.md, "Layering")::
 
     store.py       open_store / Store: the API the tuner uses
       lease.py     a run's one writer (Writer, LeaseHeartbeat) and the fence on its writes
@@ -23,7 +26,7 @@ Typical use::
         done = store.done_keys(run)
         with LeaseHeartbeat(store, run, me):
             ...
-            store.add_measurement(run, backend=..., writer=me)   # committed on return
+            store.add_measurement(run, m, writer=me)   # a Measurement, committed on return
         store.finish_run(run, "completed", summary, writer=me)
 """
 
@@ -56,7 +59,6 @@ from .store import (
     FailureRecord,
     HardwareRecord,
     MeasurementKey,
-    MeasurementRecord,
     RunRecord,
     Store,
     open_store,
@@ -74,7 +76,6 @@ __all__ = [
     "LeaseHeartbeat",
     "LeaseLostError",
     "MeasurementKey",
-    "MeasurementRecord",
     "NotFoundError",
     "RunBusyError",
     "RunRecord",

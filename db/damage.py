@@ -35,18 +35,18 @@ class DamagedRowError(StoreError):
     """A row the store cannot hand out (one line naming the run, the table, the row, the field)."""
 
 
-def read_rows(session: Any, model: Any, *where: Any, run_id: int) -> list:
-    """The rows of `model` matching `where`, in id order; rows that cannot be decoded are left
-    out with one warning each (`where_damaged` names the field)."""
-    query = select(model).where(*where).order_by(model.id)
+def read_rows(session: Any, model: Any, columns: list, *where: Any, run_id: int) -> list:
+    """The rows of `columns` (of `model`'s table) matching `where`, in id order; rows that
+    cannot be decoded are left out with one warning each (`where_damaged` names the field)."""
+    query = select(*columns).where(*where).order_by(model.id)
     try:
-        return list(session.scalars(query))
+        return session.execute(query).all()
     except _READ_ERRORS:
         pass
     rows = []
     for row_id in session.scalars(select(model.id).where(*where).order_by(model.id)):
         try:
-            rows.append(session.scalars(select(model).where(model.id == row_id)).one())
+            rows += session.execute(query.where(model.id == row_id)).all()
         except _READ_ERRORS as exc:
             warn(run_id, model.__tablename__, row_id, where_damaged(session, model, row_id), exc)
     return rows
@@ -83,16 +83,17 @@ def warn(run_id: int, table: str, row_id: int, field: str, problem: Any, done: s
     log.warning("a2a-tune: %s; %s", damaged(run_id, table, row_id, field, problem), done)
 
 
-def measurement_problem(record: Any) -> tuple[str, str]:
-    """(field, problem) of a measurement record whose values no view or select can use, or ("", "")."""
+def measurement_problem(values: Any) -> tuple[str, str]:
+    """(field, problem) of a measurement's columns (a mapping) that no view or select can
+    use, or ("", "")."""
     for name in _TIMES:
-        value = getattr(record, name)
+        value = values[name]
         if not _number(value) or not (0 < value < math.inf):
             return name, f"{one_line(repr(value), 40)} is not a positive finite time"
-    samples = record.samples
+    samples = values["samples"]
     if not isinstance(samples, list) or not all(_number(v) and math.isfinite(v) for v in samples):
         return "samples", "not a list of finite numbers"
-    if not isinstance(record.knobs, dict):
+    if values["knobs"] is not None and not isinstance(values["knobs"], dict):
         return "knobs", "not a JSON object"
     return "", ""
 

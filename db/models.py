@@ -39,7 +39,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from a2a_tune.tuner.runtime.point import POINT_FIELDS
+from a2a_tune.tuner.runtime.measurement import FIGURES, KEY_FIELDS, Figure
 
 # Alembic's version table, under our own name: Optuna studies share the store's URL and
 # Optuna keeps its own revision in the default ``alembic_version`` table.
@@ -60,10 +60,9 @@ DEVICE_TYPES = ("cuda", "cpu")
 # "not_applicable": the run's EP group is beyond the backend's reach (not a failure of it).
 FAILURE_KINDS = ("unavailable", "incorrect", "error", "timeout", "crashed", "not_applicable")
 
-# The columns that identify one case, what a sweep has done (see Store.done_keys): the
-# backend and the point, in the point's one field order; a measurement adds ``timing`` to
+# KEY_FIELDS: the columns that identify one case, what a sweep has done (see Store.done_keys):
+# the backend and the point, in the point's one field order; a measurement adds ``timing`` to
 # make its unique key.
-KEY_FIELDS = ("backend",) + POINT_FIELDS
 
 
 def utcnow() -> dt.datetime:
@@ -149,15 +148,14 @@ class Run(Base):
 
 
 class Measurement(Base):
-    """One timed case. Times are microseconds per dispatch+combine round trip measured
-    on the device; ``host_median_us`` is host wall time per round trip; ``samples`` the
-    raw per-iteration device times; ``knobs`` backend-specific settings used.
+    """One timed case (``a2a_tune.tuner.runtime.measurement.Measurement``, column for column).
+    Times are microseconds per dispatch+combine round trip measured on the device;
+    ``host_median_us`` is host wall time per round trip; ``samples`` the raw per-iteration
+    device times; ``knobs`` backend-specific settings used.
 
-    The figures beside the round trip (NULL in measurements from before them, or where not
-    measured; see ``a2a_tune.tuner.figures``): dispatch and combine timed apart (medians and
-    samples, µs per half); the bytes per rank per direction the timed inputs move, logical
-    (every token-rank pair) and over the link (other ranks only), for each half; the device
-    memory the backend holds per rank at its capacity (CUDA only)."""
+    The figures beside the round trip get one nullable column each, derived from their
+    declaration (``runtime.measurement.FIGURES``; NULL in measurements from before them, or
+    where not measured): see :func:`_figure_column`."""
 
     __tablename__ = "measurements"
     __table_args__ = (UniqueConstraint("run_id", *KEY_FIELDS, "timing", name="uq_measurements_key"),)
@@ -183,29 +181,20 @@ class Measurement(Base):
     samples: Mapped[list[float]] = mapped_column(JSON)
     knobs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
-    dispatch_median_us: Mapped[float | None] = mapped_column(Double, nullable=True)
-    combine_median_us: Mapped[float | None] = mapped_column(Double, nullable=True)
-    dispatch_samples: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
-    combine_samples: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
-    dispatch_logical_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
-    dispatch_link_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
-    combine_logical_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
-    combine_link_bytes: Mapped[float | None] = mapped_column(Double, nullable=True)
-    workspace_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
-#: The figure columns of ``measurements`` (revision 0003), all nullable, in order.
-FIGURE_FIELDS = (
-    "dispatch_median_us",
-    "combine_median_us",
-    "dispatch_samples",
-    "combine_samples",
-    "dispatch_logical_bytes",
-    "dispatch_link_bytes",
-    "combine_logical_bytes",
-    "combine_link_bytes",
-    "workspace_bytes",
-)
+def _figure_column(figure: Figure):
+    """A figure's column: JSON for a list per point, BigInteger for whole numbers, else Double."""
+    kind = JSON if figure.many else BigInteger if figure.integer else Double
+    return mapped_column(figure.column, kind, nullable=True)
+
+
+for _figure in FIGURES:
+    setattr(Measurement, _figure.column, _figure_column(_figure))
+del _figure
+
+#: The figure columns of ``measurements``, all nullable, in declaration order.
+FIGURE_FIELDS = tuple(f.column for f in FIGURES)
 
 
 class Failure(Base):

@@ -8,8 +8,9 @@ Guarantees
 - **Every write commits before it returns.** A sweep killed at any point keeps every
   measurement and failure whose ``add_*`` call returned.
 - **Plain values out.** Writes return integer ids; reads return frozen dataclasses
-  (:class:`HardwareRecord`, :class:`RunRecord`, :class:`MeasurementRecord`,
-  :class:`FailureRecord`), snapshots detached from any session. Unknown ids raise
+  (:class:`HardwareRecord`, :class:`RunRecord`, :class:`FailureRecord`), snapshots detached
+  from any session; a measurement is written and read back as one
+  :class:`~a2a_tune.tuner.runtime.measurement.Measurement`. Unknown ids raise
   :class:`NotFoundError`; "nothing yet" answers are ``None`` or an empty list.
 - **Errors are one line.** Driver and SQLAlchemy errors become :class:`StoreError` with a
   one-line message; the original is chained (``__cause__``). A server that went away
@@ -35,7 +36,6 @@ import dataclasses
 import datetime as dt
 import math
 import os
-from collections import namedtuple
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -44,7 +44,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from a2a_tune.tuner.runtime.point import Point, check_tokens
+from a2a_tune.tuner.runtime.measurement import FIGURES, MEASUREMENT_COLUMNS, Measurement, MeasurementKey
+from a2a_tune.tuner.runtime.point import check_tokens
 from a2a_tune.tuner.runtime.text import one_line
 
 from .damage import DamagedRowError, damaged, measurement_problem, read_one, read_rows, run_problem, warn, where_damaged
@@ -54,15 +55,14 @@ from .lease import LEASE_STALE_S, Writer, claim, fence, lease_values
 from .models import (
     DEVICE_TYPES,
     FAILURE_KINDS,
-    FIGURE_FIELDS,
     KEY_FIELDS,
     RUN_STATUSES,
     Failure,
     Hardware,
-    Measurement,
     Run,
     utcnow,
 )
+from .models import Measurement as MeasurementRow
 
 MAX_REASON_CHARS = 2000
 # The timing label of samples taken on virtual ranks (a2a_tune.kernels.virtual.VIRTUAL_TIMING).
@@ -82,22 +82,6 @@ def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
 
 
 # --------------------------------------------------------------------------- records
-
-
-class MeasurementKey(namedtuple("MeasurementKey", KEY_FIELDS)):
-    """What a sweep has done for one case: ``(backend, *point)`` in :data:`KEY_FIELDS` order
-    (the backend, then :class:`~a2a_tune.tuner.runtime.point.Point`'s fields); equal (and
-    hashing equal) to the plain tuple."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, backend: str, point: Point) -> MeasurementKey:
-        return cls(backend, *point)
-
-    @property
-    def point(self) -> Point:
-        return Point(*self[1:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,45 +113,6 @@ class RunRecord:
     writer_pid: int | None = None
     writer_since: dt.datetime | None = None
     heartbeat_at: dt.datetime | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class MeasurementRecord:
-    id: int
-    run_id: int
-    backend: str
-    num_experts: int
-    topk: int
-    hidden: int
-    dtype: str
-    ep_size: int
-    tokens_per_rank: int
-    routing: str
-    timing: str
-    median_us: float
-    p10_us: float
-    p90_us: float
-    ci_low_us: float | None
-    ci_high_us: float | None
-    n: int
-    host_median_us: float | None
-    samples: list[float]
-    knobs: dict[str, Any]
-    created_at: dt.datetime
-    # The figures beside the round trip (models.FIGURE_FIELDS); None: not measured.
-    dispatch_median_us: float | None = None
-    combine_median_us: float | None = None
-    dispatch_samples: list[float] | None = None
-    combine_samples: list[float] | None = None
-    dispatch_logical_bytes: float | None = None
-    dispatch_link_bytes: float | None = None
-    combine_logical_bytes: float | None = None
-    combine_link_bytes: float | None = None
-    workspace_bytes: int | None = None
-
-    @property
-    def key(self) -> MeasurementKey:
-        return MeasurementKey(*(getattr(self, f) for f in KEY_FIELDS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,22 +225,41 @@ def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
     return value
 
 
-def _figures(values: dict[str, Any]) -> dict[str, Any]:
-    """Checked figure columns of a measurement (``models.FIGURE_FIELDS``; None: not measured)."""
-    unknown = set(values) - set(FIGURE_FIELDS)
-    if unknown:
-        raise TypeError(f"add_measurement() got unexpected arguments: {', '.join(sorted(unknown))}")
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        if value is None:
-            out[name] = None
-        elif name.endswith("_samples"):
-            out[name] = [_finite(f"{name}[]", v) for v in value]
-        elif name == "workspace_bytes":
-            out[name] = _int(name, value)
-        else:
-            out[name] = _finite(name, value)
-    return out
+def _figure(name: str, value: Any, *, integer: bool, many: bool) -> Any:
+    """A figure's checked column value (``runtime.measurement.Figure``; None: not measured)."""
+    if value is None:
+        return None
+    if many:
+        return [_figure(f"{name}[]", v, integer=integer, many=False) for v in value]
+    return _int(name, value) if integer else _finite(name, value)
+
+
+def _columns(m: Measurement) -> dict[str, Any]:
+    """The checked columns of measurement ``m`` (numpy/torch scalars converted)."""
+    c = m.columns()
+    checked = {
+        "backend": _str("backend", c["backend"]),
+        "num_experts": _int("num_experts", c["num_experts"], minimum=1),
+        "topk": _int("topk", c["topk"], minimum=1),
+        "hidden": _int("hidden", c["hidden"], minimum=1),
+        "dtype": _str("dtype", c["dtype"]),
+        "ep_size": _int("ep_size", c["ep_size"], minimum=1),
+        "tokens_per_rank": _tokens(c["tokens_per_rank"]),
+        "routing": _str("routing", c["routing"]),
+        "timing": _str("timing", c["timing"]),
+        "median_us": _positive("median_us", c["median_us"]),
+        "p10_us": _positive("p10_us", c["p10_us"]),
+        "p90_us": _positive("p90_us", c["p90_us"]),
+        "ci_low_us": _finite("ci_low_us", c["ci_low_us"], optional=True),
+        "ci_high_us": _finite("ci_high_us", c["ci_high_us"], optional=True),
+        "n": _int("n", c["n"]),
+        "host_median_us": _finite("host_median_us", c["host_median_us"], optional=True),
+        "samples": [_finite("samples[]", v) for v in c["samples"]],
+        "knobs": _json("knobs", c["knobs"]),
+    }
+    for f in FIGURES:
+        checked[f.column] = _figure(f.column, c[f.column], integer=f.integer, many=f.many)
+    return checked
 
 
 def _one_line_reason(reason: str) -> str:
@@ -582,68 +546,22 @@ class Store:
 
     # -- measurements and failures
 
-    def add_measurement(
-        self,
-        run_id: int,
-        *,
-        backend: str,
-        num_experts: int,
-        topk: int,
-        hidden: int,
-        dtype: str,
-        ep_size: int,
-        tokens_per_rank: int,
-        routing: str,
-        timing: str,
-        median_us: float,
-        p10_us: float,
-        p90_us: float,
-        n: int,
-        samples: list[float],
-        ci_low_us: float | None = None,
-        ci_high_us: float | None = None,
-        host_median_us: float | None = None,
-        knobs: dict[str, Any] | None = None,
-        writer: Writer | None = None,
-        **figures: Any,
-    ) -> int:
-        """Store one timed case, committed before returning; returns its id.
+    def add_measurement(self, run_id: int, m: Measurement, *, writer: Writer | None = None) -> int:
+        """Store the timed case ``m``, committed before returning; returns its id.
 
-        ``figures``: any of ``models.FIGURE_FIELDS`` (dispatch/combine medians and samples in
-        µs, bytes per rank per direction, ``workspace_bytes``); left out: NULL (not measured).
-        Numbers may be numpy/torch scalars (converted); ``samples`` in µs. Raises
+        Its numbers may be numpy/torch scalars (converted); a figure it does not carry is NULL
+        (not measured). Raises ValueError naming the field for a value no column takes,
         :class:`DuplicateMeasurementError` when (run, key, timing) is already stored, and
         :class:`LeaseLostError` / :class:`RunBusyError` when ``writer`` does not hold the run
         (see :meth:`finish_run`). Virtual-rank timings (``timing`` "virtual...": one device standing
         for every rank, ``a2a_tune.kernels.virtual``) are refused: they are no machine's figures.
         """
-        if str(timing).startswith(VIRTUAL_TIMING):
+        if str(m.timing).startswith(VIRTUAL_TIMING):
             raise StoreError(
-                f"{backend}: virtual-rank timings move bytes through one device's memory, not the link: "
+                f"{m.backend}: virtual-rank timings move bytes through one device's memory, not the link: "
                 "never stored as a machine's measurements"
             )
-        row = Measurement(
-            run_id=run_id,
-            backend=_str("backend", backend),
-            num_experts=_int("num_experts", num_experts, minimum=1),
-            topk=_int("topk", topk, minimum=1),
-            hidden=_int("hidden", hidden, minimum=1),
-            dtype=_str("dtype", dtype),
-            ep_size=_int("ep_size", ep_size, minimum=1),
-            tokens_per_rank=_tokens(tokens_per_rank),
-            routing=_str("routing", routing),
-            timing=_str("timing", timing),
-            median_us=_positive("median_us", median_us),
-            p10_us=_positive("p10_us", p10_us),
-            p90_us=_positive("p90_us", p90_us),
-            ci_low_us=_finite("ci_low_us", ci_low_us, optional=True),
-            ci_high_us=_finite("ci_high_us", ci_high_us, optional=True),
-            n=_int("n", n),
-            host_median_us=_finite("host_median_us", host_median_us, optional=True),
-            samples=[_finite("samples[]", v) for v in samples],
-            knobs=_json("knobs", dict(knobs or {})),
-            **_figures(figures),
-        )
+        row = MeasurementRow(run_id=run_id, **_columns(m))
         key = (run_id, *(getattr(row, f) for f in KEY_FIELDS), row.timing)
         try:
             with self._session("adding a measurement", conflicts=True) as s:
@@ -654,10 +572,10 @@ class Store:
         except IntegrityError as exc:
             with self._session("adding a measurement") as s:
                 clash = s.scalar(
-                    select(Measurement.id).where(
-                        Measurement.run_id == run_id,
-                        Measurement.timing == row.timing,
-                        *(getattr(Measurement, f) == getattr(row, f) for f in KEY_FIELDS),
+                    select(MeasurementRow.id).where(
+                        MeasurementRow.run_id == run_id,
+                        MeasurementRow.timing == row.timing,
+                        *(getattr(MeasurementRow, f) == getattr(row, f) for f in KEY_FIELDS),
                     )
                 )
             if clash is not None:
@@ -710,33 +628,38 @@ class Store:
         """Keys a resumed sweep can skip: those of the run's measurements (any timing) and
         of its failures that carry a full shape. Shapeless failures ("unavailable") are
         not points, so they add nothing."""
-        m_cols = [getattr(Measurement, f) for f in KEY_FIELDS]
+        m_cols = [getattr(MeasurementRow, f) for f in KEY_FIELDS]
         f_cols = [getattr(Failure, f) for f in KEY_FIELDS]
         with self._session("reading done keys") as s:
             self._run_or_raise(s, run_id)
-            keys = {MeasurementKey(*r) for r in s.execute(select(*m_cols).where(Measurement.run_id == run_id))}
+            keys = {MeasurementKey(*r) for r in s.execute(select(*m_cols).where(MeasurementRow.run_id == run_id))}
             shaped = [getattr(Failure, f).is_not(None) for f in KEY_FIELDS[1:]]
             keys.update(MeasurementKey(*r) for r in s.execute(select(*f_cols).where(Failure.run_id == run_id, *shaped)))
         return keys
 
-    def measurements(self, run_id: int) -> list[MeasurementRecord]:
-        """The run's measurements in insertion order; a damaged row is left out with a warning
-        naming it (db.damage)."""
+    def measurements(self, run_id: int) -> list[Measurement]:
+        """The run's measurements in insertion order, each read back as the one it was written;
+        a damaged row is left out with a warning naming it (db.damage)."""
+        columns = [MeasurementRow.id] + [getattr(MeasurementRow, c) for c in MEASUREMENT_COLUMNS]
+        kept = []
         with self._session("reading measurements") as s:
             self._run_exists(s, run_id)
-            records = []
-            for row in read_rows(s, Measurement, Measurement.run_id == run_id, run_id=run_id):
-                record = _record(MeasurementRecord, row)
-                field, problem = measurement_problem(record)
-                if field:
-                    warn(run_id, "measurements", record.id, field, problem)
-                else:
-                    records.append(record)
-            return records
+            for row in read_rows(s, MeasurementRow, columns, MeasurementRow.run_id == run_id, run_id=run_id):
+                values = dict(row._mapping)
+                row_id = values.pop("id")
+                field, problem = measurement_problem(values)
+                if not field:
+                    try:
+                        kept.append(Measurement.from_columns(values))
+                        continue
+                    except (ValueError, TypeError) as exc:
+                        field, problem = "?", exc
+                warn(run_id, "measurements", row_id, field, problem)
+        return kept
 
     def failures(self, run_id: int) -> list[FailureRecord]:
         """The run's failures in insertion order."""
         with self._session("reading failures") as s:
             self._run_exists(s, run_id)
-            rows = read_rows(s, Failure, Failure.run_id == run_id, run_id=run_id)
-            return [_record(FailureRecord, r) for r in rows]
+            rows = read_rows(s, Failure, [Failure], Failure.run_id == run_id, run_id=run_id)
+            return [_record(FailureRecord, r[0]) for r in rows]

@@ -1,6 +1,8 @@
 """a2a_tune.kernels: the all2all backends, their contract, and the reference semantics.
 
-Layering (imports point down, never up; nothing here imports a2a_tune.tuner or a2a_tune.db):
+Layering (imports point down, never up; tests/test_layout.py checks it): this package may
+import a2a_tune.tuner.runtime, the standard-library foundation (shape and point types,
+one_line), and nothing else of a2a_tune.tuner, nor a2a_tune.db (docs/architecture.md):
 
     __init__            public API: MoEShape, list_backends, get_backend, ...
       registry              @register_backend, list_backends, get_backend, engine_names

@@ -99,8 +99,9 @@ def deepep_availability(env: BackendEnv, *, low_latency: bool) -> Availability:
     if cc is not None and tuple(cc) < MIN_CAPABILITY:
         return Availability(False, f"DeepEP needs compute capability >= 9.0 (its SM90 build), found {cc[0]}.{cc[1]}")
     w = env.world_size
-    if w < 2:
-        return Availability(False, "needs at least 2 ranks")
+    if w < 2:  # what one rank does, seen on an H200 (BENCHMARKS.md, "The peers at one rank")
+        seen = "low-latency kernels run at one rank, exchanging nothing" if low_latency else "refuses one rank"
+        return Availability(False, f"needs at least 2 ranks (DeepEP's {seen})")
     if not low_latency and w not in INTRANODE_RANKS:
         more = " (more ranks need its internode RDMA kernels, not wrapped here)" if w > max(INTRANODE_RANKS) else ""
         return Availability(False, f"DeepEP's intranode kernels run 2, 4 or 8 ranks, not {w}{more}")

@@ -8,10 +8,18 @@
 #            the GPU tests (the refactored NVLink kernels, DeepEP's and torch NVSHMEM's invariants),
 #            `a2a-tune run` re-measuring the table with DeepEP and NVSHMEM timed beside the others,
 #            `evaluate` on it, and the side-by-side `bench/roundtrip.py`.
-#   virtual  (1 GPU, `nvidia-h200`): our kernels on 2..8 virtual ranks of the one GPU (GPU tests
-#            of tests/kernels/test_virtual_gpu.py, `a2a-tune check --virtual` at W = 2, 3, 4, 8 and
-#            its planted bugs), DeepEP low-latency at 1 rank, what a 1-GPU host says to
-#            `a2a-tune run`, and the virtual ranks' fixed costs at T = 1 (never a table).
+#   virtual  (1 GPU, `nvidia-h200`, ~5 min): every GPU test one GPU runs (`pytest -m gpu tests`: virtual
+#            ranks at W = 2..8, the quantizers, tests/tuner/test_figures_gpu.py's timing and memory figures
+#            checked against planted durations and bytes; tests needing 2 GPUs skip), `a2a-tune check
+#            --virtual` at W = 2, 3, 4, 8 and its planted bugs, what a 1-GPU host says to `a2a-tune run`,
+#            the peers at one rank (scripts/peers_one_rank.py: FlashInfer one- and two-sided, DeepEP
+#            low-latency and high-throughput: runs, refuses or crashes, round trip), the virtual ranks'
+#            fixed costs at T = 1 (never a table); it ends with a table of what passed, failed, skipped
+#            and why (scripts/device_summary.py). Returns log.txt, probe.json, figures.json, peers.json,
+#            junit*.xml. DEEPEP_SRC=path (a carried DeepEP V1 source tree): stage DeepEP there in the
+#            background when .deepep/site is not carried; KEEP_DEEPEP=1: return it as deepep.tar.xz (carry
+#            it back as .deepep.tar.xz). ALL_TESTS=0, CHECKS=0, PEER_TESTS=0, FIXED_COSTS=0: leave those out;
+#            PEERS="b1 b2": only those peers at one rank.
 # Everything the call returns is under $OUT (at most 8 files): log.txt, probe.json,
 # nvml_record.json, a2a_tune.db, bench.json, profiles/*.json, evaluate.txt.
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
@@ -38,7 +46,7 @@ step() { echo; echo "=== $* ($(date -u +%T), $(( DEADLINE - $(date +%s) )) s lef
 # tmo S: a step's timeout, S seconds or what the budget leaves (minus 30 s to write up); 0: none left
 tmo() { local left=$(( DEADLINE - $(date +%s) - 30 )); (( left < 60 )) && { echo 0; return; }; (( left < $1 )) && echo "$left" || echo "$1"; }
 # run_for S STEP...: run STEP under `timeout $(tmo S)`, or say it was not run
-run_for() { local t; t=$(tmo "$1"); shift; if [ "$t" = 0 ]; then echo "not run: out of time ($*)" | tee -a "$LOG"; return 124; fi; timeout "$t" "$@"; }
+run_for() { local t; t=$(tmo "$1"); shift; if [ "$t" = 0 ]; then echo "not run: out of time ($*)" | tee -a "$LOG"; return 125; fi; timeout "$t" "$@"; }
 counts() {  # measurements per run, and cases measured twice in a run (a resumed sweep must repeat nothing)
   python3 - "$1" <<'PY'
 import sys
@@ -86,39 +94,83 @@ fi
 step "probe"
 $A2A probe 2>&1 | tee -a "$LOG"
 $A2A probe --json >"$OUT/probe.json" 2>>"$LOG"
-$A2A probe --record "$OUT/nvml_record.json" >/dev/null 2>>"$LOG"
+[ "$MODE" = virtual ] || $A2A probe --record "$OUT/nvml_record.json" >/dev/null 2>>"$LOG"  # virtual: $OUT holds 8 files at most
 
 if [ "$MODE" = virtual ]; then
   SUPPORT=$PWD/tests/support  # planted_kernels.py: bugs planted in copies of the kernel modules
+  STEPS=/tmp/a2a-steps.tsv; : >"$STEPS"
+  # record NAME RC START: one line of the closing table (rc 124/137: cut by its timeout)
+  record() { local r="ok"; [ "$2" = 0 ] || r="FAIL (exit $2)"; { [ "$2" = 124 ] || [ "$2" = 137 ]; } && r="FAIL (timed out)"; [ "$2" = 125 ] && r="not run: out of time"
+    printf '%s\t%s\t%s\n' "$1" "${4:-$r}" "$(( $(date +%s) - $3 ))" >>"$STEPS"; }
   mkdir -p /tmp/a2a-e96 && echo '{"num_local_experts": 96, "num_experts_per_tok": 8, "hidden_size": 7168}' >/tmp/a2a-e96/config.json
+  PYTEST="python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --tb=short --timeout ${TEST_CASE_TIMEOUT:-240}"
 
-  step "virtual ranks on one GPU: pytest -m gpu (W = 2, 3, 4, 8; bf16, fp8; eager, graph replay; planted bugs; DeepEP LL and FlashInfer at 1 rank)"
-  run_for ${TEST_TIMEOUT:-540} python3 -m pytest -q -m gpu tests/kernels/test_virtual_gpu.py tests/kernels/test_quant.py \
-    -p no:cacheprovider -rfs --tb=line 2>&1 | tail -80 | tee -a "$LOG"
+  # DeepEP: carried staged (.deepep/site, or .deepep.tar.xz: an earlier call's KEEP_DEEPEP=1, a third of
+  # the size to carry), or built here from a carried V1 source tree while the GPU tests run
+  [ ! -d .deepep/site ] && [ -f .deepep.tar.xz ] && mkdir -p .deepep && tar -C .deepep -xJf .deepep.tar.xz
+  if [ ! -d .deepep/site ] && [ -n "${DEEPEP_SRC:-}" ]; then
+    step "DeepEP: staging from $DEEPEP_SRC in the background (scripts/stage_deepep.py, ${DEEPEP_JOBS:-12} jobs)"
+    ( t0=$(date +%s); run_for 420 python3 scripts/stage_deepep.py --source "$DEEPEP_SRC" --arch 9.0 --jobs "${DEEPEP_JOBS:-12}" \
+        --out .deepep >/tmp/a2a-deepep.txt 2>&1; record "DeepEP staged from source (background)" $? "$t0" ) &
+    BUILD=$!
+  fi
 
+  step "the figures checked against planted durations and bytes (tests/tuner/test_figures_gpu.py, world 1)"
+  t0=$(date +%s)
+  A2A_TUNE_FIGURES_OUT=$OUT/figures.json run_for 180 $PYTEST tests/tuner/test_figures_gpu.py \
+    --junitxml=/tmp/a2a-junit-figures.xml 2>&1 | tail -40 | tee -a "$LOG"; record "pytest: timing and memory figures" "${PIPESTATUS[0]}" "$t0"
+
+  if [ "${ALL_TESTS:-1}" = 1 ]; then
+    step "every other GPU test that one GPU runs: pytest -m gpu tests (virtual ranks, quantizers, ...; 2-GPU tests skip)"
+    t0=$(date +%s)
+    run_for ${TEST_TIMEOUT:-300} $PYTEST tests --ignore=tests/tuner/test_figures_gpu.py --junitxml=$OUT/junit.xml 2>&1 \
+      | tail -60 | tee -a "$LOG"; record "pytest -m gpu tests" "${PIPESTATUS[0]}" "$t0"
+  fi
+
+  [ "${CHECKS:-1}" = 1 ] || VIRTUAL_WORLDS=" "
   for w in ${VIRTUAL_WORLDS:-2 3 4 8}; do
     step "a2a-tune check --device cuda --virtual --world $w (the shipped NVLink kernels)"
     shape="--preset deepseek-v3"; [ $(( 256 % w )) = 0 ] || shape="--model-config /tmp/a2a-e96/config.json"
-    run_for 240 $A2A check --device cuda --virtual --world "$w" $shape --no-progress \
-      --backend nvlink_one_sided --backend nvlink_low_latency 2>&1 | tee -a "$LOG"
+    t0=$(date +%s)
+    run_for ${CHECK_TIMEOUT:-90} $A2A check --device cuda --virtual --world "$w" $shape --no-progress \
+      --backend nvlink_one_sided --backend nvlink_low_latency 2>&1 | tee -a "$LOG"; record "check --virtual --world $w" "${PIPESTATUS[0]}" "$t0"
   done
-  step "a2a-tune check --virtual --world 4: planted kernel bugs (each must FAIL; exit 1)"
-  A2A_TUNE_BACKEND_MODULES=planted_kernels PYTHONPATH=$SUPPORT:$PYTHONPATH run_for 240 $A2A check --device cuda --virtual \
-    --world 4 --preset deepseek-v3 --no-progress --backend planted_kernel_drops_row --backend planted_kernel_wrong_slot \
-    --backend planted_kernel_skips_flag 2>&1 | tee -a "$LOG"; echo "exit ${PIPESTATUS[0]}" | tee -a "$LOG"
-
-  if [ -d .deepep/site ]; then
-    step "DeepEP at 1 rank (scripts/deepep_smoke.py --world 1)"
-    run_for 300 python3 scripts/deepep_smoke.py --world 1 2>&1 | tail -40 | tee -a "$LOG"
+  if [ "${CHECKS:-1}" = 1 ]; then
+    step "a2a-tune check --virtual --world 4: planted kernel bugs (each must FAIL; exit 1)"
+    t0=$(date +%s)
+    A2A_TUNE_BACKEND_MODULES=planted_kernels PYTHONPATH=$SUPPORT:$PYTHONPATH run_for ${CHECK_TIMEOUT:-90} $A2A check --device cuda \
+      --virtual --world 4 --preset deepseek-v3 --no-progress --backend planted_kernel_drops_row --backend planted_kernel_wrong_slot \
+      --backend planted_kernel_skips_flag 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
+    record "check --virtual: 3 planted bugs FAIL" "$rc" "$t0" "$([ "$rc" = 1 ] && echo ok || echo "FAIL (exit $rc, 1 expected)")"
   fi
 
-  step "what a one-GPU host says: a2a-tune run (must refuse in one line, exit 2), a2a-tune backends"
-  run_for 120 $A2A run --no-progress --db "sqlite:///$OUT/refused.db" 2>&1 | tee -a "$LOG"; echo "exit ${PIPESTATUS[0]}" | tee -a "$LOG"
-  run_for 60 $A2A backends 2>&1 | tee -a "$LOG"
-  rm -f "$OUT/refused.db"
+  if [ "${CHECKS:-1}" = 1 ]; then
+    step "what a one-GPU host says: a2a-tune run (must refuse in one line, exit 2)"
+    t0=$(date +%s)
+    run_for 60 $A2A run --no-progress --db "sqlite:////tmp/a2a-refused.db" 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
+    record "run on one GPU refused" "$rc" "$t0" "$([ "$rc" = 2 ] && echo ok || echo "FAIL (exit $rc, 2 expected)")"
+  fi
 
-  step "virtual ranks' fixed costs at T = 1: one GPU's HBM stands in for the link, never a table"
-  run_for 180 python3 - <<'PY' 2>&1 | tee -a "$LOG"
+  if [ -n "${BUILD:-}" ]; then
+    step "waiting for DeepEP's staging"
+    wait "$BUILD"; tail -3 /tmp/a2a-deepep.txt | tee -a "$LOG"
+  fi
+  [ -d .deepep/site ] && export PYTHONPATH=$PWD/.deepep/site:$PYTHONPATH
+  step "the peers at one rank: runs, refuses or crashes, and the round trip (scripts/peers_one_rank.py)"
+  { [ -f .flashinfer/STAGED ] && cat .flashinfer/STAGED; [ -f .deepep/STAGED ] && cat .deepep/STAGED; } 2>&1 | tee -a "$LOG"
+  t0=$(date +%s)
+  run_for ${PEERS_TIMEOUT:-240} python3 scripts/peers_one_rank.py --json "$OUT/peers.json" $(for b in ${PEERS:-}; do echo --backend "$b"; done) 2>&1 | tail -40 | tee -a "$LOG"
+  record "peers at one rank (FlashInfer, DeepEP)" "${PIPESTATUS[0]}" "$t0"
+  if [ "${PEER_TESTS:-1}" = 1 ]; then
+    t0=$(date +%s)
+    run_for 180 $PYTEST tests/kernels/test_virtual_gpu.py -k "one_rank or ep_size_1" --junitxml=/tmp/a2a-junit-peers.xml 2>&1 \
+      | tail -20 | tee -a "$LOG"; record "pytest: the peers' one-rank tests" "${PIPESTATUS[0]}" "$t0"
+  fi
+
+  if [ "${FIXED_COSTS:-1}" = 1 ]; then
+    step "virtual ranks' fixed costs at T = 1: one GPU's HBM stands in for the link, never a table"
+    t0=$(date +%s)
+    run_for 90 python3 - <<'PY' 2>&1 | tee -a "$LOG"
 from a2a_tune.kernels import MoEShape, get_backend
 from a2a_tune.kernels.virtual import VirtualWorld
 for name in ("nvlink_one_sided", "nvlink_low_latency"):
@@ -128,7 +180,12 @@ for name in ("nvlink_one_sided", "nvlink_low_latency"):
             us = sorted(t.us)[len(t.us) // 2]
             print(f"{name} W={w} T=1 timing={t.timing}: {us:.1f} us per round trip of all {w} ranks, {us / w:.1f} per rank")
 PY
-  step "done"
+    record "virtual ranks' fixed costs at T = 1" "${PIPESTATUS[0]}" "$t0"
+  fi
+  [ "${KEEP_DEEPEP:-0}" = 1 ] && [ -d .deepep/site ] && tar -C .deepep -cJf "$OUT/deepep.tar.xz" . 2>>"$LOG"
+  cp /tmp/a2a-junit-figures.xml /tmp/a2a-junit-peers.xml "$OUT"/ 2>/dev/null
+  step "done: $(( $(date +%s) - DEADLINE + ${BUDGET_S:-1440} )) s in all"
+  python3 scripts/device_summary.py --steps "$STEPS" "$OUT/junit.xml" "$OUT/a2a-junit-figures.xml" "$OUT/a2a-junit-peers.xml" 2>&1 | tee -a "$LOG"
   exit 0
 fi
 

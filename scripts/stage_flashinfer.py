@@ -126,6 +126,7 @@ def cublas_include(explicit: str | None) -> Path:
             return c
     wheel = pip_download("nvidia-cublas==13.1.2.11", CACHE, python_version="3.12", binary_platforms=True)
     dest = CACHE / "cublas-include"
+    dest.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as zf:
         for name in zf.namelist():
             if "/include/" in name and name.endswith(".h"):

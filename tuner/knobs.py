@@ -104,15 +104,15 @@ def tune_knobs(
 ) -> list[KnobResult] | None:
     """Search `plan.backend`'s knobs at each token count on `world_size` ranks (spawned here,
     or this process's torchrun job). Returns one KnobResult per token count; None on the
-    non-zero ranks of a torchrun/srun job; [] when the backend declares no knobs."""
-    from a2a_tune.db import check_url, open_store
+    non-zero ranks of a torchrun/srun job; [] when the backend declares no knobs. `db_url`: a
+    URL the caller checked (a2a_tune.db.check_url)."""
+    from a2a_tune.db import open_store
 
     if not get_backend(plan.backend).knob_space:
         return []
-    url = check_url(db_url, persistent=True)
     if int(os.environ.get("RANK", "0")) == 0:
-        open_store(url).close()  # our schema first: a wrong or outdated database fails here, in one line
-    results = run_ranks(_tune_rank, world_size, device_type, plan, url, progress)
+        open_store(db_url).close()  # our schema first: a wrong or outdated database fails here, in one line
+    results = run_ranks(_tune_rank, world_size, device_type, plan, db_url, progress)
     return next((r for r in results if r is not None), None)
 
 

@@ -20,7 +20,8 @@ Every step is collective (every rank of the group calls it) and returns a `Resul
 kind on every rank, so all ranks take the same branch: measured (the samples, already the max
 over ranks, and the mode they were timed in), passed (gated, not timed), or why not, in the
 store's failure vocabulary ("infeasible" is not stored); the reason is the failing rank's own
-("failed on another rank" elsewhere).
+("failed on another rank" elsewhere). A measured result at its case is one
+`runtime.measurement.Measurement` (`Result.measurement`): what the store keeps.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from a2a_tune.kernels.registry import CallFailed
 
 from .figures import Traffic, destination_pairs, traffic_from_pairs
 from .launch import RankContext, all_ranks_ok, one_line
+from .runtime.measurement import Measurement, MeasurementKey
 from .timing import Stats, round_trip, summarize, time_graph_round_trips, time_halves, time_round_trips
 
 GAVE_UP = "a flag wait timed out (a peer never signalled); timings discarded"
@@ -72,11 +74,11 @@ class Result:
         return statistics.median(self.combine_us) if self.combine_us else None
 
     def figures(self) -> dict[str, Any]:
-        """The store's figure columns of this result (db.models.FIGURE_FIELDS; None: not measured)."""
+        """The figures of this result by name (runtime.measurement.FIGURES; None: not measured)."""
         t = self.traffic
         return {
-            "dispatch_median_us": self.dispatch_median_us,
-            "combine_median_us": self.combine_median_us,
+            "dispatch_us": self.dispatch_median_us,
+            "combine_us": self.combine_median_us,
             "dispatch_samples": [round(v, 3) for v in self.dispatch_us] or None,
             "combine_samples": [round(v, 3) for v in self.combine_us] or None,
             "dispatch_logical_bytes": t and t.dispatch_logical,
@@ -85,6 +87,26 @@ class Result:
             "combine_link_bytes": t and t.combine_link,
             "workspace_bytes": self.workspace_bytes,
         }
+
+    def measurement(self, key: MeasurementKey) -> Measurement:
+        """This measured result as the case `key`'s Measurement: the round trip's statistics,
+        its samples to the nanosecond, the knobs and the figures."""
+        stats = self.stats
+        return Measurement(
+            backend=key.backend,
+            point=key.point,
+            timing=self.timing,
+            median_us=stats.median_us,
+            p10_us=stats.p10_us,
+            p90_us=stats.p90_us,
+            ci_low_us=stats.ci_low_us,
+            ci_high_us=stats.ci_high_us,
+            n=stats.n,
+            host_median_us=summarize(self.host_us).median_us,
+            samples=[round(s, 3) for s in self.device_us],
+            knobs=self.knobs,
+            figures=self.figures(),
+        )
 
     @property
     def ok(self) -> bool:

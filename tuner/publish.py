@@ -1,8 +1,8 @@
 """Write a run's table everywhere it belongs: where `lookup` looks on this node, and after a
 multi-node job on every node.
 
-`a2a-tune select` writes on this node (:func:`write_table`). `a2a-tune run`, through the sweep,
-calls :func:`publish_run` on every rank once the run completes: rank 0 builds the table from
+`a2a-tune select` writes on this node (:func:`write_table`). `a2a-tune run` gives the sweep
+:func:`publish_run` as the step after a completed run, on every rank: rank 0 builds the table from
 the store (:func:`a2a_tune.tuner.select.profile_for_run`), and each node's local rank 0 writes
 it. When the table is a cluster's (another fingerprint than the node's own), the node also gets
 a pointer from its own fingerprint to the cluster's
@@ -15,15 +15,17 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from .cluster import ClusterView
 from .launch import RankContext, one_line
 from .probe import Topology
 from .runtime.profiles import PROFILE_DIR_ENV, add_cluster_pointer, user_profile_dir
 from .select import profile_for_run, write_profile
+
+if TYPE_CHECKING:
+    from .sweep import CompletedRun
 
 
 def table_dir(out_dir: str | None) -> Path:
@@ -63,14 +65,15 @@ def write_table(profile: dict, out_dir: str | None, node_fingerprint: str | None
     return path
 
 
-def publish_run(ctx: RankContext, db_url: str | None, run_id: int, out_dir: str | None, view: ClusterView) -> dict:
-    """Collective, after a completed run: rank 0 builds the table from the store, every node
-    (its local rank 0) writes it. Returns, on every rank: {"tables": host -> path written,
+def publish_run(ctx: RankContext, run: CompletedRun, out_dir: str | None = None) -> dict:
+    """Collective, after a completed run (the sweep's `after` step, with `out_dir` bound by
+    the caller): rank 0 builds the table from the store, every node (its local rank 0) writes
+    it, into `out_dir` else where lookup looks there. Returns, on every rank: {"tables": host -> path written,
     "errors": host -> why not, "entries": shapes in the table, "kept_knobs", "note"}."""
     payload: list[Any] = [None]
     if ctx.rank == 0:
         try:
-            profile, kept, note = profile_for_run(db_url, run_id)
+            profile, kept, note = profile_for_run(run.db_url, run.run_id)
             payload[0] = {"profile": profile, "kept": kept, "note": note}
         except Exception as exc:  # every rank must learn of it, or they wait forever
             payload[0] = {"error": one_line(exc)}
@@ -80,14 +83,14 @@ def publish_run(ctx: RankContext, db_url: str | None, run_id: int, out_dir: str 
     if "error" in built:
         answer = (False, built["error"])
     elif ctx.local_rank == 0:
-        node = Topology.from_dict(view.reports[ctx.rank].topology).fingerprint
+        node = Topology.from_dict(run.view.reports[ctx.rank].topology).fingerprint
         try:
             answer = (True, str(write_table(built["profile"], out_dir, node)))
         except Exception as exc:
             answer = (False, one_line(exc))
     answers: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(answers, answer, group=ctx.group)
-    mine = [(view.reports[r].host, a) for r, a in enumerate(answers) if a is not None]
+    mine = [(run.view.reports[r].host, a) for r, a in enumerate(answers) if a is not None]
     return {
         "tables": {host: text for host, (ok, text) in mine if ok},
         "errors": {host: text for host, (ok, text) in mine if not ok},

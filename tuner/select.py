@@ -1,9 +1,9 @@
 """Selection: turn one sweep run's measurements into a profile (the default-selection table).
 
 Flow position: probe -> sweep -> store -> **select** -> lookup. This module works on
-plain data (mappings, or objects with the same attribute names) so it is testable
-without a database; :func:`profile_from_store` at the bottom is the thin adapter to
-``a2a_tune.db``.
+:class:`~a2a_tune.tuner.runtime.measurement.Measurement` values and plain failure records
+(mappings, or objects with the same attribute names) so it is testable without a database;
+:func:`profile_from_store` at the bottom is the thin adapter to ``a2a_tune.db``.
 
 Rules:
 
@@ -35,11 +35,11 @@ Rules:
   table may hold (:data:`~a2a_tune.tuner.runtime.table.MIN_US` ..
   :data:`~a2a_tune.tuner.runtime.table.MAX_US`) is left out with a warning.
 * A point measured twice in one timing mode (e.g. a resumed sweep) keeps the lower median.
-* Schema 3's figures (:data:`~a2a_tune.tuner.runtime.table.FIGURE_CURVES` and
-  ``FIGURE_COUNTS``) come from the same measurement as the median kept: its dispatch and
-  combine medians, its byte counts and its workspace (bytes -> MiB); a backend gets only the
-  figure arrays that hold a value somewhere, so tables of runs from before them carry the
-  round trip alone.
+* Schema 3's figures (every :data:`~a2a_tune.tuner.runtime.measurement.FIGURES` with a table
+  key, under that key) come from the same measurement as the median kept: its dispatch and
+  combine medians, its byte counts and its workspace (bytes -> MiB), as each figure declares;
+  a backend gets only the figure arrays that hold a value somewhere, so tables of runs from
+  before them carry the round trip alone.
 * Timing modes may differ between backends (schema 2: ``timing`` per backend per entry;
   capturable backends are timed under CUDA-graph replay, as engines run them in decode).
   One backend keeps ONE mode per entry, so its curve is never a patchwork: the mode that
@@ -61,11 +61,10 @@ from functools import cache
 from pathlib import Path
 
 from a2a_tune.tuner.runtime.estimate import winners
+from a2a_tune.tuner.runtime.measurement import FIGURES, Figure, Measurement
 from a2a_tune.tuner.runtime.profiles import profile_filename
 from a2a_tune.tuner.runtime.table import (
     FALLBACK_BACKEND,
-    FIGURE_COUNTS,
-    FIGURE_CURVES,
     GRAPH_WORDS,
     MAX_US,
     MIN_US,
@@ -129,12 +128,8 @@ def iso_timestamp(v):
     return str(v)
 
 
-def _shape_of(m) -> tuple:
-    return tuple(_get(m, k) for k in SHAPE_KEYS)
-
-
 def build_profile(
-    measurements: Iterable,
+    measurements: Iterable[Measurement],
     failures: Iterable,
     *,
     hardware: Mapping,
@@ -144,10 +139,8 @@ def build_profile(
 ) -> dict:
     """Build a schema-3 profile dict from one run's measurements and failures.
 
-    ``measurements``: mappings (or objects) with backend, num_experts, topk, hidden,
-    dtype, ep_size, tokens_per_rank, routing, timing ("eager" | "graph"; "cuda_graph" is read as
-    "graph", None as "eager"), median_us, p10_us, p90_us, and optionally the store's figure
-    columns (``db.models.FIGURE_FIELDS``; extra keys ignored). ``failures``: backend, kind
+    ``measurements``: the run's :class:`Measurement` values (timing "eager" | "graph";
+    "cuda_graph" is read as "graph", None as "eager"). ``failures``: backend, kind
     ("incorrect" | "crashed" | "unavailable" | "not_applicable" | "error" | "timeout"), reason, and shape keys /
     tokens_per_rank, any of which may be None. ``hardware``: fingerprint, facts_hash,
     facts. ``run``: id, device_type, world_size, versions, started_at, finished_at (extra
@@ -202,7 +195,9 @@ def build_profile(
     }
 
 
-def select_entries(measurements: Iterable, failures: Iterable, *, order: Iterable = ()) -> tuple[list, list]:
+def select_entries(
+    measurements: Iterable[Measurement], failures: Iterable, *, order: Iterable = ()
+) -> tuple[list, list]:
     """(entries, tie preference) of one run's measurements and failures, by the rules of the
     module docstring: what :func:`build_profile` writes, and what the views show of a run.
 
@@ -213,21 +208,18 @@ def select_entries(measurements: Iterable, failures: Iterable, *, order: Iterabl
     points: dict = {}
     seen_backends = set()
     for m in measurements:
-        backend = _get(m, "backend")
-        shape = _shape_of(m)
-        t = _get(m, "tokens_per_rank")
-        med = _get(m, "median_us")
+        backend, shape, t, med = m.backend, tuple(m.point.shape), m.point.tokens_per_rank, m.median_us
         if not isinstance(t, int) or isinstance(t, bool) or t < 1:
             raise ValueError(f"measurement of {backend} at {shape}: tokens_per_rank={t!r} is not a positive integer")
         if not _in_range(med):
             log.warning("a2a-tune select: ignoring %s %s at %s tokens/rank: median_us=%r", backend, shape, t, med)
             continue
-        timing = _get(m, "timing") or "eager"
+        timing = m.timing or "eager"
         timing = "graph" if str(timing).lower() in GRAPH_WORDS else timing
         if timing not in TIMING_MODES:
             raise ValueError(f"measurement of {backend} at {shape}: timing={timing!r} is not one of {TIMING_MODES}")
         seen_backends.add(backend)
-        stats = _stats(float(med), _opt_us(_get(m, "p10_us")), _opt_us(_get(m, "p90_us"))) + (_figures_of(m),)
+        stats = _stats(float(med), _opt_us(m.p10_us), _opt_us(m.p90_us)) + (_table_figures(m),)
         per_t = points.setdefault(shape, {}).setdefault(backend, {}).setdefault(timing, {})
         if t not in per_t or stats[0] < per_t[t][0]:
             per_t[t] = stats
@@ -241,21 +233,30 @@ def select_entries(measurements: Iterable, failures: Iterable, *, order: Iterabl
     return entries, preference
 
 
-def _figures_of(m) -> dict:
-    """A measurement's schema-3 figures as a table holds them (absent / out of range: left out)."""
+def _table_figures(m: Measurement) -> dict:
+    """A measurement's figures as a table holds them, under their table keys (a figure without
+    one, absent or out of range: left out)."""
     out = {}
-    for key, stored in (("dispatch_us", "dispatch_median_us"), ("combine_us", "combine_median_us")):
-        v = _opt_us(_get(m, stored))
-        if v is not None:
-            out[key] = round_us(v)
-    for key in FIGURE_COUNTS[:-1]:
-        v = _get(m, key)
-        if isinstance(v, (int, float)) and 0 <= v < float("inf"):
-            out[key] = round(float(v), 1)
-    held = _get(m, "workspace_bytes")
-    if isinstance(held, int) and held >= 0:
-        out["workspace_mib"] = round(held / 2**20, 3)
+    for f in FIGURES:
+        value = m.figure(f.name)
+        if f.table is None or value is None:
+            continue
+        value = [_table_value(f, v) for v in value] if f.many else _table_value(f, value)
+        if value is not None:
+            out[f.table] = value
     return out
+
+
+def _table_value(f: Figure, v):
+    """One value of figure `f` as a table holds it: a time to the nanosecond within the range a
+    table holds, a count >= 0 (whole where declared so) in the table's unit; else None."""
+    if f.is_time:
+        v = _opt_us(v)
+        return None if v is None else round_us(v)
+    number = int if f.integer else (int, float)
+    if isinstance(v, number) and not isinstance(v, bool) and 0 <= v < float("inf"):
+        return round(float(v) / f.table_scale, f.table_digits)
+    return None
 
 
 def _in_range(v) -> bool:
@@ -351,7 +352,7 @@ def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: li
             "p10_us": [None if c is None or c[1] is None else round_us(c[1]) for c in cols],
             "p90_us": [None if c is None or c[2] is None else round_us(c[2]) for c in cols],
         }
-        for key in FIGURE_CURVES + FIGURE_COUNTS:
+        for key in (f.table for f in FIGURES if f.table):
             row = [None if c is None else c[3].get(key) for c in cols]
             if any(v is not None for v in row):
                 backends[b][key] = row

@@ -6,8 +6,10 @@ rank together by `tuner.measure` (built at its capacity, gated on the invariant,
 backend that fails the gate is recorded as "incorrect" and is not timed) -> rank 0 commits
 the measurement to the store at once, so an interrupted sweep loses nothing and `--resume`
 skips what is already there.
-Before any rank starts, the plan is checked whole (tuner.plans: impossible shapes and cases
-that cannot fit in a rank's memory are refused in one line). Unavailable backends
+The caller checks the plan whole and the store's URL before calling (tuner.plans.build_plan /
+check_plan: impossible shapes and cases that cannot fit in a rank's memory are refused in one
+line; a2a_tune.db.check_url), and says what runs on the ranks after a completed run (`after`:
+`a2a-tune run` publishes the table on every node). Unavailable backends
 (availability() says why), backends whose reach the EP group leaves (not applicable:
 tuner.cluster) and backends that raise are recorded with their one-line reason and the sweep
 goes on; a backend that hangs a case or kills a rank's process is recorded ("timeout",
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,6 @@ from a2a_tune.db import (
     StoreError,
     StoreFileLostError,
     Writer,
-    check_url,
     mask_secrets,
     open_store,
     resolve_url,
@@ -59,13 +61,18 @@ from .launch import (
     run_ranks,
 )
 from .measure import Backends, Result, input_sets, measure_case
-from .plans import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan, check_plan
+from .plans import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
 from .progress import progress_bar
-from .publish import publish_run
 from .runtime.point import Point, Shape
-from .timing import summarize
 
-__all__ = ["DEFAULT_ITERS", "DEFAULT_TOKENS", "SweepOutcome", "SweepPlan", "sweep"]  # the plan's names: tuner.plans
+__all__ = [
+    "DEFAULT_ITERS",
+    "DEFAULT_TOKENS",
+    "CompletedRun",
+    "SweepOutcome",
+    "SweepPlan",
+    "sweep",
+]  # the plan's names: tuner.plans
 
 
 @dataclass
@@ -82,7 +89,17 @@ class SweepOutcome:
     adaptive_saved: int = 0  # grid points the adaptive search did not need to measure
     status: str = "completed"
     cluster: dict[str, Any] = field(default_factory=dict)  # tuner.cluster.ClusterView.summary()
-    published: dict[str, Any] = field(default_factory=dict)  # tuner.publish.publish_run(): the table on each node
+    after: Any = None  # what the caller's `after` step returned on rank 0 (None: no step)
+
+
+@dataclass(frozen=True)
+class CompletedRun:
+    """What the caller's `after` step gets on every rank once the run completed: the store,
+    the run in it, and the cluster the ranks formed."""
+
+    db_url: str | None
+    run_id: int
+    view: cluster.ClusterView
 
 
 DEFAULT_CASE_TIMEOUT_S = 600.0  # one case: gate + warm-up + timing (first cases also compile kernels)
@@ -111,8 +128,7 @@ def sweep(
     progress: bool = True,
     case_timeout: float = DEFAULT_CASE_TIMEOUT_S,
     allow_mixed: bool = False,
-    publish: bool = False,
-    out_dir: str | None = None,
+    after: Callable[[RankContext, CompletedRun], Any] | None = None,
 ) -> SweepOutcome | None:
     """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job).
     Returns the outcome; None on the non-zero ranks of a torchrun/srun job.
@@ -123,9 +139,12 @@ def sweep(
     the plan's latest run completed it changes nothing and reports that run. A sweep that lost
     its run stops without changing it.
 
+    `plan` must be checked whole for `device_type` x `world_size` and `db_url` be a checked
+    URL (see the module docstring): ranks start at once.
     `allow_mixed`: sweep even when the nodes differ (tuner.cluster); the run records the mix.
-    `publish`: after a completed run, write its table on every node (into `out_dir`, else
-    where lookup looks there); `outcome.published` says where.
+    `after`: the caller's step after a completed run, called on every rank together (it may
+    use their process group) as `after(ctx, CompletedRun)`; picklable, for spawned ranks.
+    Rank 0's answer is `outcome.after`.
 
     Spawned ranks are watched: a case that makes no progress for `case_timeout` seconds (a
     hung collective or kernel) gets every rank killed — the only way to free a wedged NCCL
@@ -137,8 +156,6 @@ def sweep(
     error marks it "failed" (rank 0 does) and raises `RankFailed`. Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
     `SweepInterrupted`; after `kill -9` the run stays "running" and `resume` takes it over.
     """
-    check_url(db_url, persistent=True)  # before any rank starts
-    check_plan(plan, device_type, world_size)  # impossible shapes, cases that cannot fit: PlanError
     writer = Writer.this_process()
     skip: dict[str, str] = {}  # backend -> why the rest of this sweep goes on without it
     lost: dict[str, str] = {}  # backend -> the failure kind it was left out for
@@ -157,7 +174,7 @@ def sweep(
                     progress,
                     heartbeat,
                     dict(skip),
-                    {"allow_mixed": allow_mixed, "publish": publish, "out_dir": out_dir},
+                    {"allow_mixed": allow_mixed, "after": after},
                     stalled=stalled,
                 )
             except RanksLost as exc:
@@ -257,8 +274,8 @@ def _sweep_rank(
     rec = _Recorder(ctx, plan, target, heartbeat, job["allow_mixed"])
     if not rec.completed:  # --resume of a completed run has nothing to measure
         _sweep_cases(ctx, plan, rec, {**rec.lost, **skip}, show_progress and rec.is_writer)
-    if job["publish"]:
-        rec.outcome.published = publish_run(ctx, target.db_url, rec.run_id, job["out_dir"], rec.view)
+    if job["after"] is not None:
+        rec.outcome.after = job["after"](ctx, CompletedRun(target.db_url, rec.run_id, rec.view))
     return rec.outcome if rec.is_writer else None
 
 
@@ -553,26 +570,10 @@ class _Recorder:
 
     def measurement(self, key: MeasurementKey, result: Result) -> None:
         self.outcome.measured += 1
-        stats = result.stats
-        self.medians[key] = stats.median_us
+        self.medians[key] = result.median_us
         if not self.is_writer:
             return
-        self.store.add_measurement(
-            self.run_id,
-            **key._asdict(),
-            timing=result.timing,
-            median_us=stats.median_us,
-            p10_us=stats.p10_us,
-            p90_us=stats.p90_us,
-            ci_low_us=stats.ci_low_us,
-            ci_high_us=stats.ci_high_us,
-            n=stats.n,
-            host_median_us=summarize(result.host_us).median_us,
-            samples=[round(s, 3) for s in result.device_us],
-            knobs=result.knobs,
-            writer=self.writer,
-            **result.figures(),
-        )
+        self.store.add_measurement(self.run_id, result.measurement(key), writer=self.writer)
 
     def beat(self, key: MeasurementKey | None) -> None:
         """Tell the watching parent which case this rank runs now (None: between cases)."""

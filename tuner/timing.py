@@ -23,20 +23,36 @@ as its slowest rank). Several input sets rotate so repeated round trips do not r
 warm L2.
 
 **Dispatch and combine apart** (`time_halves`, after the round trips, in the same mode): the
-same samples again -- barrier, lead-in, R round trips, rotating inputs, max over ranks per
-sample -- with the chain cut by timestamps between the halves: one before the first dispatch,
-one after each dispatch and one after each combine (2R + 1 a sample). On a GPU they are CUDA
-events on the stream; under graph replay *external* events captured into the graph (recorded
-at every replay, read once it completed); on CPU the host clock. A sample's dispatch is the sum
-of its R dispatch intervals / R, its combine likewise. The round trip itself stays timed
-without the cuts, so stored round trips compare with those from before.
+same samples again -- barrier, R round trips, rotating inputs, max over ranks per sample and per
+half -- with each half timed on its own. A sample's dispatch is the sum of its R dispatch
+intervals / R, its combine likewise. The round trip itself stays timed without the cuts. How a
+half is cut depends on the mode, because the two modes fail differently:
 
-Why dispatch + combine can exceed the round trip (they agree within the noise otherwise):
-the max over ranks is taken per half, and the rank slowest in dispatch need not be the one
-slowest in combine (max(d) + max(c) >= max(d + c)); and a cut is a separation point: an event
-between two kernels on a GPU is a node of its own (about a microsecond), and it ends any
-overlap a backend's combine would have with the tail of its dispatch. Where the halves differ
-from the round trip by more than that, the backend's halves interact (BENCHMARKS.md).
+* graph: one *external* CUDA event captured between the halves (recorded at every replay, read
+  once it completed), 2R + 1 a sample, lead-in as for the round trip. Replayed work runs back
+  to back, so an event's timestamp is where the device is: the interval is the half's device
+  time. What the cut adds: each event is a graph node of its own (a few µs a round trip in all,
+  BENCHMARKS.md); an event orders only its own stream, so work a backend's dispatch leaves
+  running on a side stream overlaps the combine across the cut and is charged to combine (the
+  sum stays the round trip, the split moves that tail).
+* eager: launched from Python, the host often runs *behind* the device (NCCL launches, host
+  reads of counts): an event is then stamped when the host queues it, not when the device
+  finishes the work before it. Events chained across the round trip therefore timed the host's
+  progress: a half's host launches hid behind the other half's device work, and the device's
+  idle wait for the host landed in whichever half the host was in (a planted combine spin
+  vanished from combine and reappeared, larger, in dispatch: BENCHMARKS.md, "Eager halves").
+  So each eager half runs alone: the device is drained and the ranks meet (one tiny all_reduce,
+  at W > 1) before it starts, and it ends at an event queued on the stream behind its work (the
+  host clock on CPU). A half is then its own host launches, host reads and device work, never
+  the other half's. What the cut adds: the round trip overlaps one half's host work with the
+  other's device work; the drained cut ends that, so dispatch + combine lies between the round
+  trip and the round trip + its host time per round trip (`host_us`), plus the max over ranks
+  per half. Work a dispatch leaves running on a side stream, not joined to the stream, runs out
+  during the drain and is in neither half (the round trip carries it).
+
+In both modes the max over ranks is taken per half: the rank slowest in dispatch need not be the
+one slowest in combine (max(d) + max(c) >= max(d + c)). On CPU ranks (gloo) every cut is the host
+clock, eager as above.
 """
 
 from __future__ import annotations
@@ -256,35 +272,66 @@ def _max_over_ranks(
 
 
 class _Cuts:
-    """The 2R + 1 timestamps of one sample cut between its halves (see the module docstring):
-    CUDA events (external ones when captured into a graph) on a GPU, the host clock on CPU."""
+    """One sample's cuts between its halves (module docstring): called before the first dispatch
+    and after every half, 2R + 1 calls. Graph (`captured`): an external CUDA event a call, half i
+    from event i to event i + 1. Eager: a call stamps the end of the running half on the stream
+    (queued behind its work: the device's time, not the host's wake-up after a drain, which is
+    host noise: BENCHMARKS.md, "Eager halves"), drains the device, aligns the ranks
+    (`_align`) and stamps the start of the next: half i from its own start to its own end (CUDA
+    events on a GPU, the host clock on CPU)."""
 
     def __init__(self, backend: All2AllBackend, reps: int, *, captured: bool = False) -> None:
+        self.backend = backend
         self.reps = reps
+        self.captured = captured
         self.cuda = backend.device.type == "cuda"
-        count = 2 * reps + 1
+        self.calls = 2 * reps + 1
+        stamps = self.calls if captured else 4 * reps  # eager: a start and an end per half
         self.events = (
-            [torch.cuda.Event(enable_timing=True, external=captured) for _ in range(count)] if self.cuda else []
+            [torch.cuda.Event(enable_timing=True, external=captured) for _ in range(stamps)] if self.cuda else []
         )
-        self.host = [0.0] * count
+        self.host = [0.0] * stamps
         self.next = 0
+        self._one = torch.zeros(1, device=backend.device) if not captured else None
+
+    def _stamp(self, k: int) -> None:
+        if self.cuda:
+            self.events[k].record()
+        else:
+            self.host[k] = time.perf_counter()
 
     def __call__(self) -> None:
-        if self.cuda:
-            self.events[self.next].record()
+        i = self.next
+        if self.captured:
+            self._stamp(i)
         else:
-            self.host[self.next] = time.perf_counter()
-        self.next = (self.next + 1) % len(self.host)  # a replayed graph records them again
+            if i > 0:  # the end of half i - 1: queued behind its work, then the device drained
+                self._stamp(2 * (i - 1) + 1)
+                _sync(self.backend)
+            if i < self.calls - 1:
+                _align(self.backend, self._one)
+                self._stamp(2 * i)  # the start of half i
+        self.next = (i + 1) % self.calls  # a replayed graph records them again
+
+    def _us(self, a: int, b: int) -> float:
+        if self.cuda:
+            return self.events[a].elapsed_time(self.events[b]) * 1e3
+        return (self.host[b] - self.host[a]) * 1e6
 
     def halves(self) -> tuple[float, float]:
         """(dispatch, combine) µs per round trip of the completed sample."""
-        if self.cuda:
-            t = [0.0] + [self.events[0].elapsed_time(e) * 1e3 for e in self.events[1:]]
-        else:
-            t = [(h - self.host[0]) * 1e6 for h in self.host]
-        dispatch = sum(t[2 * j + 1] - t[2 * j] for j in range(self.reps))
-        combine = sum(t[2 * j + 2] - t[2 * j + 1] for j in range(self.reps))
-        return dispatch / self.reps, combine / self.reps
+        spans = [self._us(i, i + 1) if self.captured else self._us(2 * i, 2 * i + 1) for i in range(2 * self.reps)]
+        return sum(spans[0::2]) / self.reps, sum(spans[1::2]) / self.reps
+
+
+def _align(backend: All2AllBackend, one: torch.Tensor) -> None:
+    """Before an eager half: the device drained (nothing of the other half left running or
+    queued) and, at W > 1, the ranks met on the device (a 1-element all_reduce queued on the
+    stream, so the half's first event runs once every rank arrived, as the round trip's lead-in
+    does)."""
+    _sync(backend)
+    if dist.get_world_size(backend.group) > 1:
+        dist.all_reduce(one, group=backend.group)
 
 
 def _cut_samples(backend: All2AllBackend, iters: int, launch, lead_in) -> tuple[list[float], list[float]]:
@@ -309,7 +356,7 @@ def time_halves(
 ) -> tuple[list[float], list[float]]:
     """Dispatch and combine apart, in the round trip's sample scheme (module docstring):
     (dispatch_us, combine_us) per sample, per round trip, each the max over ranks.
-    `graph`: under CUDA-graph replay (capturable backends), else eager launches."""
+    `graph`: under CUDA-graph replay (capturable backends), else eager launches, each half alone."""
     if not graph:
         _round_trips(backend, input_sets, 0, warmup)
         reps = _round_trips_per_sample(backend, input_sets)
@@ -320,7 +367,7 @@ def time_halves(
             _round_trips(backend, input_sets, i * reps, reps, cuts)
             return cuts
 
-        return _cut_samples(backend, iters, eager, lambda i: _eager_lead_in(backend, input_sets, i * reps))
+        return _cut_samples(backend, iters, eager, lambda i: None)  # each half starts aligned: no lead-in
     assert backend.device.type == "cuda" and backend.graph_capturable
     reps = _graph_round_trips_per_sample(backend, input_sets)
     cuts = _Cuts(backend, reps, captured=True)

@@ -34,7 +34,7 @@ from a2a_tune.db import (
     upgrade,
 )
 from a2a_tune.db.engine import connection_lost
-from a2a_tune.db.models import FIGURE_FIELDS, VERSION_TABLE, Base
+from a2a_tune.db.models import VERSION_TABLE, Base
 
 FIXTURES = paths.FIXTURES / "db"
 SECRET_URL = "postgresql+psycopg2://u:secret@[::1:5432/x"
@@ -244,7 +244,7 @@ def test_older_schema_is_refused_until_upgraded_with_data_intact(db_url, tmp_pat
     url = db_url
     with open_store(url) as s:  # a database written by "the previous release"
         _, run = new_run(s)
-        s.add_measurement(run, **measurement())
+        s.add_measurement(run, measurement())
         s.add_failure(run, backend="deepep", kind="unavailable", reason="package not installed")
         old_head = head_revision()
 
@@ -338,7 +338,7 @@ def test_committed_schema1_database_still_opens(tmp_path):
         }
         assert {f.kind for f in s.failures(run.id)} == {"incorrect", "unavailable"}
         # measured before the figures: they read as not measured, the round trip stands alone
-        assert all(getattr(m, f) is None for m in s.measurements(run.id) for f in FIGURE_FIELDS)
+        assert all(m.figures == {} for m in s.measurements(run.id))
 
 
 def test_committed_schema2_database_upgrades_and_reads_without_figures(tmp_path):
@@ -367,10 +367,10 @@ def test_committed_schema2_database_upgrades_and_reads_without_figures(tmp_path)
             ("nccl_all2allv", "eager", 39.5),
             ("nvlink_one_sided", "graph", 21.25),
         ]
-        assert all(getattr(m, f) is None for m in rows for f in FIGURE_FIELDS)
+        assert all(m.figures == {} for m in rows)
         # the upgraded store takes the figures of a new measurement beside the old ones
-        s.add_measurement(run.id, **measurement(tokens_per_rank=256, dispatch_median_us=20.0, workspace_bytes=1))
-        assert s.measurements(run.id)[-1].dispatch_median_us == 20.0
+        s.add_measurement(run.id, measurement(tokens_per_rank=256, dispatch_median_us=20.0, workspace_bytes=1))
+        assert s.measurements(run.id)[-1].figures == {"dispatch_us": 20.0, "workspace_bytes": 1}
 
 
 def _sha(path) -> str:
@@ -397,7 +397,7 @@ def test_a_refused_store_is_left_byte_for_byte_as_it_was(tmp_path, journal, sche
     db = tmp_path / "store.db"
     with open_store(sqlite_url(db)) as s:
         _, run = new_run(s)
-        s.add_measurement(run, **measurement())
+        s.add_measurement(run, measurement())
     change = {
         "newer": f"UPDATE {VERSION_TABLE} SET version_num = '0099_from_the_future'",
         "older": f"DELETE FROM {VERSION_TABLE}",  # stamped at the base: an upgrade is needed
@@ -433,7 +433,7 @@ def test_second_reader_while_a_writer_holds_the_database(db_path, monkeypatch):
     url = sqlite_url(db_path)
     writer = open_store(url)
     _, run = new_run(writer)
-    writer.add_measurement(run, **measurement())
+    writer.add_measurement(run, measurement())
 
     # 1. A writer in the middle of a transaction (uncommitted row): a second process-like
     #    reader opens the store and reads committed data at once.
@@ -457,7 +457,7 @@ def test_second_reader_while_a_writer_holds_the_database(db_path, monkeypatch):
     assert raw_reader.execute("SELECT count(*) FROM measurements").fetchone() == (1,)
     try:
         started = time.monotonic()
-        writer.add_measurement(run, **measurement(timing="graph"))
+        writer.add_measurement(run, measurement(timing="graph"))
         assert time.monotonic() - started < 5
         assert raw_reader.execute("SELECT count(*) FROM measurements").fetchone() == (1,)
     finally:
@@ -496,7 +496,7 @@ def test_read_only_database_can_be_read(tmp_path):
     db = tmp_path / "shipped.db"
     with open_store(sqlite_url(db)) as s:
         _, run = new_run(s)
-        s.add_measurement(run, **measurement())
+        s.add_measurement(run, measurement())
     con = sqlite3.connect(db)
     con.execute("PRAGMA journal_mode = DELETE")  # as a file copied off a cluster might be
     con.close()
@@ -526,7 +526,7 @@ def test_a_reader_leaves_no_file_behind_and_sees_a_live_writers_commits(tmp_path
     db = tmp_path / "store.db"
     with open_store(sqlite_url(db)) as s:
         _, run = new_run(s)
-        s.add_measurement(run, **measurement())
+        s.add_measurement(run, measurement())
     before = _files(tmp_path)
     assert [name for name, _ in before] == ["store.db"]  # the writer closed: its -wal and -shm went with it
     with open_store(sqlite_url(db), readonly=True) as reader:
@@ -537,7 +537,7 @@ def test_a_reader_leaves_no_file_behind_and_sees_a_live_writers_commits(tmp_path
     # file as immutable) and adds no file of its own.
     writer = open_store(sqlite_url(db))
     try:
-        writer.add_measurement(run, **measurement(tokens_per_rank=256))
+        writer.add_measurement(run, measurement(tokens_per_rank=256))
         assert (tmp_path / "store.db-wal").exists()
         live = sorted(p.name for p in tmp_path.iterdir())
         with open_store(sqlite_url(db), readonly=True) as reader:
@@ -595,21 +595,3 @@ def test_upgrade_refuses_a_file_that_does_not_exist(tmp_path):
     assert_one_clean_line(str(info.value))
     assert f"no database at {missing}: nothing to upgrade" in str(info.value)
     assert list(tmp_path.iterdir()) == []  # nothing created
-
-
-# ----------------------------------------------------------------------------- layering
-
-
-def test_db_package_never_imports_tuner_or_torch():
-    # The runtime's stdlib leaf modules (the point type, the one-line text helper) are shared.
-    leaves = (
-        "('a2a_tune.tuner', 'a2a_tune.tuner.runtime', 'a2a_tune.tuner.runtime.point', 'a2a_tune.tuner.runtime.text')"
-    )
-    code = (
-        "import sys, a2a_tune.db, a2a_tune.db.store, a2a_tune.db.engine, a2a_tune.db.lease, a2a_tune.db.models;"
-        "a2a_tune.db.open_store('sqlite://').close();"
-        f"bad = [m for m in sys.modules if m == 'torch' or m.startswith('a2a_tune.tuner') and m not in {leaves}];"
-        "print(bad); sys.exit(1 if bad else 0)"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from a2a_tune.db import LeaseHeartbeat, LeaseLostError, RunBusyError, StoreError, Writer, open_store
 from a2a_tune.db.models import Run
+from a2a_tune.tuner.runtime.measurement import Measurement
 
 SHAPE = dict(num_experts=8, topk=2, hidden=16, dtype="bf16", ep_size=2, routing="uniform")
 
@@ -40,16 +41,20 @@ def _start(store, writer=None) -> int:
 def _measure(store, run, writer, tokens=1, backend="allgather_reducescatter"):
     return store.add_measurement(
         run,
-        backend=backend,
-        tokens_per_rank=tokens,
-        timing="eager",
-        median_us=10.0,
-        p10_us=9.0,
-        p90_us=11.0,
-        n=3,
-        samples=[9.0, 10.0, 11.0],
+        Measurement.from_columns(
+            dict(
+                backend=backend,
+                tokens_per_rank=tokens,
+                timing="eager",
+                median_us=10.0,
+                p10_us=9.0,
+                p90_us=11.0,
+                n=3,
+                samples=[9.0, 10.0, 11.0],
+                **SHAPE,
+            )
+        ),
         writer=writer,
-        **SHAPE,
     )
 
 

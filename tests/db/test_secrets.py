@@ -46,7 +46,7 @@ def test_show_masks_a_stored_command_that_holds_a_secret(tmp_path):
         rid = s.start_run(
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={"argv": argv}, config_hash="h"
         )
-        s.add_measurement(rid, **measurement())
+        s.add_measurement(rid, measurement())
         s.finish_run(rid, "completed")
     r = a2a("show", "--db", str(db))
     assert r.returncode == 0, r.stderr

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from invariant_cases import REAL_BACKENDS, Case, cases_w2, run_cases
+from invariant_cases import (
+    REAL_BACKENDS,
+    Case,
+    cases_w2,
+    conformance_cases,
+    cpu_conformance,
+    run_cases,
+    with_planted_backends,
+)
 
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels.reference import TOLERANCE, expert_scales, make_inputs
@@ -29,9 +37,7 @@ def _cases_w3() -> list[Case]:
 
 @pytest.fixture(scope="module")
 def results_w2():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")  # the ranks load them like a plugin
-        return run_ranks(run_cases, 2, "cpu", cases_w2())[0]
+    return with_planted_backends(run_cases, 2, "cpu", cases_w2())
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +47,7 @@ def results_w3():
 
 @pytest.mark.parametrize(
     "case",
-    [c for c in cases_w2() if not c.id.startswith("planted") and "than-the-step" not in c.id],
+    conformance_cases(cases_w2()),
     ids=lambda c: c.id,
 )
 def test_invariant_holds_on_two_ranks(results_w2, case):
@@ -82,8 +88,34 @@ def test_crashing_backend_is_a_failed_check_with_its_message(results_w2):
     assert "RuntimeError: planted failure: kernel image not found" in reason
 
 
+@pytest.mark.parametrize("backend", list(cpu_conformance()))
+def test_every_registered_backend_passes_the_cpu_conformance_cases_or_says_why_not(results_w2, backend):
+    """Registration is enough: no list of backends to add a new one to."""
+    why = cpu_conformance()[backend]
+    if why is not None:
+        pytest.skip(f"{backend} does not run on CPU ranks: {why}")
+    mine = {c.id for c in conformance_cases(cases_w2()) if c.backend == backend}
+    assert len(mine) >= 12
+    failed = {i: results_w2[i][2] for i in sorted(mine) if not results_w2[i][0]}
+    assert failed == {}
+
+
+def test_a_newly_registered_backend_gets_the_cpu_conformance_cases(monkeypatch):
+    from a2a_tune.kernels import register_backend, registry
+    from a2a_tune.kernels.nccl_all2allv import NcclAll2Allv
+    from a2a_tune.kernels.nvlink_one_sided import NvlinkOneSided
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # undone after the test
+    for name, base in (("test_new_cpu", NcclAll2Allv), ("test_new_gpu", NvlinkOneSided)):
+        register_backend(type(name, (base,), {"name": name, "__module__": f"a2a_tune.kernels.{name}"}))
+    conformance = cpu_conformance()
+    assert conformance["test_new_cpu"] is None  # gets the cases: it runs on two CPU ranks
+    assert "needs CUDA GPUs" in conformance["test_new_gpu"]  # skipped, with its reason
+    assert len(cases_w2(["test_new_cpu"])) == len(cases_w2([REAL_BACKENDS[0]]))
+
+
 def test_registry_lists_the_real_backends_first():
-    assert list_backends()[:3] == REAL_BACKENDS
+    assert list_backends()[:3] == ["allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"]
 
 
 def test_unknown_backend_error_names_the_known_ones():

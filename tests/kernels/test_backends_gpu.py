@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from invariant_cases import REAL_BACKENDS, Case, cases_w2, run_cases
+from invariant_cases import REAL_BACKENDS, Case, cases_w2, conformance_cases, run_cases, with_planted_backends
 
 from a2a_tune.kernels import MoEShape, get_backend
 from a2a_tune.kernels._flashinfer import flashinfer_version
 from a2a_tune.kernels.reference import graph_replay_error
-from a2a_tune.tuner.launch import run_ranks
 from a2a_tune.tuner.shapes import presets
 
 pytestmark = pytest.mark.gpu
@@ -100,16 +99,14 @@ def gpu_results():
     if torch.cuda.device_count() < 2:
         pytest.skip(
             "needs 2 CUDA GPUs; on one GPU: test_virtual_gpu.py checks our NVLink kernels on 2-8 virtual ranks, "
-            "and FlashInfer's backends at ep_size=1 (not run yet, BENCHMARKS.md)"
+            "and FlashInfer's backends at ep_size=1 (they run there: scripts/peers_one_rank.py, BENCHMARKS.md)"
         )
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
-        return run_ranks(_all_gpu_work, 2, "cuda", _gpu_cases())[0]
+    return with_planted_backends(_all_gpu_work, 2, "cuda", _gpu_cases())
 
 
 @pytest.mark.parametrize(
     "case",
-    [c for c in _gpu_cases() if not c.id.startswith("planted") and "than-the-step" not in c.id],
+    conformance_cases(_gpu_cases()),
     ids=lambda c: c.id,
 )
 def test_invariant_holds_on_gpus(gpu_results, case):

@@ -78,7 +78,7 @@ def _results_for(name: str):
     if torch.cuda.device_count() < 2:
         pytest.skip(
             "needs 2 CUDA GPUs; on one GPU only deepep_low_latency runs (1 rank: test_virtual_gpu.py, "
-            "scripts/deepep_smoke.py --world 1); high-throughput and torch's NVSHMEM refuse one rank (BENCHMARKS.md)"
+            "scripts/peers_one_rank.py); high-throughput ('Unsupported ranks') and torch's NVSHMEM refuse one rank"
         )
     ok, reason = get_backend(name).availability(BackendEnv.local(2, "cuda"))
     if not ok:

@@ -144,7 +144,8 @@ def test_a_step_change_between_dispatch_and_combine_is_refused(one_gpu):
 
 
 def test_deepep_low_latency_at_one_rank():
-    """Passed at 1 rank on an H200 (BENCHMARKS.md 2026-12-01, scripts/deepep_smoke.py --world 1)."""
+    """Passed at 1 rank on an H200 (2026-12-01, scripts/deepep_smoke.py --world 1); timed there at
+    1 rank on 2026-12-02 (scripts/peers_one_rank.py; BENCHMARKS.md, "The peers at one rank")."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     if find_deepep() is None:
@@ -162,11 +163,12 @@ def test_deepep_low_latency_at_one_rank():
 
 @pytest.mark.parametrize("name", ["flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided"])
 def test_flashinfer_at_ep_size_1_runs_correctly_or_refuses_in_one_line(name):
-    """Unknown until run: BENCHMARKS.md records it as not run. A crash (the process dies) fails."""
+    """Both ran at ep_size=1 on an H200, the invariant holding (2026-12-02, scripts/peers_one_rank.py;
+    BENCHMARKS.md, "The peers at one rank"). A one-line refusal passes; a crash (the process dies) fails."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     if flashinfer_version() is None:
-        pytest.skip("FlashInfer not installed (scripts/stage_flashinfer.py): its backends at ep_size=1 not run")
+        pytest.skip("FlashInfer not staged (scripts/stage_flashinfer.py): its backends at ep_size=1 not run here")
     case = Case(f"{name}-ep1", name, (77,), 256, 8, 7168, "bf16", capacity=128)
     ok, _, reason, _ = run_ranks(run_cases, 1, "cuda", [case])[0][case.id]
     assert ok or reason.startswith("construction: "), reason

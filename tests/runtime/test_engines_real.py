@@ -89,11 +89,22 @@ CURVES = {
 
 def _phase_table(directory: Path) -> None:
     from a2a_tune.kernels.registry import engine_names
+    from a2a_tune.tuner.runtime.measurement import Measurement
     from a2a_tune.tuner.select import build_profile, write_profile
 
     shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
     ms = [
-        dict(shape, backend=b, tokens_per_rank=t, timing="eager", median_us=float(v), p10_us=v * 0.99, p90_us=v * 1.01)
+        Measurement.from_columns(
+            dict(
+                shape,
+                backend=b,
+                tokens_per_rank=t,
+                timing="eager",
+                median_us=float(v),
+                p10_us=v * 0.99,
+                p90_us=v * 1.01,
+            )
+        )
         for b, values in CURVES.items()
         for t, v in zip(TOKENS, values)
     ]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from lookups import FIXTURE, FIXTURES, FP, A, B, fixture_data, variant, warnings_of, write
 
+from a2a_tune.tuner.cli.lookup import request_words
 from a2a_tune.tuner.runtime import lookup as lk
 from a2a_tune.tuner.runtime.lookup import (
     FALLBACK_BACKEND,
@@ -666,26 +667,39 @@ def test_one_set_of_request_rules_in_lookups_words_and_the_command_lines(kwargs,
     with pytest.raises(RequestError) as keywords:
         request(**args)
     assert words in str(keywords.value)
-    with pytest.raises(RequestError) as cli:
-        request(**args, options={"max_tokens": None})
-    assert str(cli.value) == options or options.startswith("(") and options in str(cli.value)
+    cli = request_words(keywords.value)  # the same structured error, in the command line's option names
+    assert cli == options or options.startswith("(") and options in cli
     c = lookup(**args)  # what lookup() refuses, it answers with the fallback and the same words
     assert c.match == "fallback" and c.reason.startswith(str(keywords.value))
     (rec,) = warnings_of(caplog)
     assert words in rec.getMessage()
 
 
-def test_the_command_lines_size_option_must_go_with_its_phase():
-    for phase, wrong in (("decode", "--max-tokens"), ("prefill", "--max-batch")):
-        with pytest.raises(RequestError, match=f"^{wrong} goes with --phase"):
-            request(phase=phase, max_tokens=8, options={"max_tokens": wrong}, **A)
-    with pytest.raises(RequestError, match="^--max-batch goes with --phase decode$"):
-        request(tokens=8, max_tokens=8, options={"max_tokens": "--max-batch"}, **A)
-    assert request(phase="decode", max_tokens=8, options={"max_tokens": "--max-batch"}, **A).load == (
-        "log-uniform",
-        1,
-        8,
-    )
+def test_lookup_takes_requests_keywords_and_a_wrong_call_is_a_type_error():
+    """A bad value is a request refused (the fallback); a keyword lookup does not take is a
+    programming error, raised as Python would."""
+    with pytest.raises(TypeError, match="toknes"):
+        lookup(toknes=8, **A)
+    with pytest.raises(TypeError, match=r"\(missing\) hidden"):
+        lookup(tokens=8, **{k: v for k, v in A.items() if k != "hidden"})
+
+
+def test_a_request_error_carries_the_rule_the_argument_and_the_bound():
+    """Structured, so that a caller words it in its own names (the CLI in its options)."""
+    with pytest.raises(RequestError) as info:
+        request(tokens=8, **{**A, "num_experts": -2})
+    e = info.value
+    assert (e.rule, e.field, e.value, e.bound, e.phase) == ("integer", "num_experts", -2, 1, "tokens")
+    assert request_words(e) == "--experts must be >= 1, got -2"
+    with pytest.raises(RequestError) as info:
+        request(phase="decode", max_tokens=0, **A)
+    e = info.value
+    assert (e.rule, e.field, e.value, e.phase) == ("tokens", "max_tokens", 0, "decode")
+    assert request_words(e) == f"--max-batch: {e.bound}"
+    assert request_words(e, "--max-tokens").startswith("--max-tokens: tokens per rank must be in 1..")
+    with pytest.raises(RequestError) as info:
+        request(tokens=8, max_tokens=8, **A)
+    assert request_words(info.value, "--max-batch") == "--max-batch goes with --phase decode"
 
 
 # ------------------------------------------------------------------- what a lookup says
@@ -917,5 +931,7 @@ def test_a_request_needs_the_memory_of_its_largest_step(tmp_path):
 def test_the_budget_is_part_of_the_checked_request():
     assert request(tokens=8, max_workspace_mib=512, **A).max_workspace_mib == 512.0
     assert request(tokens=8, **A).max_workspace_mib is None
-    with pytest.raises(RequestError, match=r"^--max-workspace-mib must be a number of MiB >= 0, got -1$"):
-        request(tokens=8, max_workspace_mib=-1, options={}, **A)
+    with pytest.raises(RequestError) as info:
+        request(tokens=8, max_workspace_mib=-1, **A)
+    assert str(info.value) == "invalid max_workspace_mib=-1 (expected a number of MiB >= 0)"
+    assert request_words(info.value) == "--max-workspace-mib must be a number of MiB >= 0, got -1"

@@ -21,6 +21,7 @@ from a2a_tune.tuner.runtime import fingerprint as fingerprint_module
 from a2a_tune.tuner.runtime import profiles
 from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES
 from a2a_tune.tuner.runtime.lookup import FALLBACK_BACKEND, lookup
+from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.runtime.profiles import (
     add_cluster_pointer,
     clear_cache,
@@ -256,7 +257,7 @@ def _table(fingerprint: str, ep_size: int, fastest: str, tmp_path) -> dict:
             )
     names = {b: {"vllm_name": None, "sglang_name": None} for b in (fastest, "allgather_reducescatter")}
     return build_profile(
-        rows,
+        [Measurement.from_columns(r) for r in rows],
         [],
         hardware={"fingerprint": fingerprint, "facts_hash": "x", "facts": {}},
         run={"id": 1, "device_type": "cuda", "world_size": ep_size, "versions": {}},

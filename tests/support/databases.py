@@ -48,6 +48,7 @@ def store_with_a_completed_run(path: Path) -> None:
     """An SQLite store at `path` with one completed run on h200.nvl18x2.node1: two backends
     at 1 and 64 tokens per rank, E=64, k=8, H=7168, bf16, EP 2, uniform."""
     from a2a_tune.db import open_store
+    from a2a_tune.tuner.runtime.measurement import Measurement
 
     shape = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, routing="uniform")
     with open_store(str(path)) as s:
@@ -57,15 +58,19 @@ def store_with_a_completed_run(path: Path) -> None:
             for tokens in (1, 64):
                 s.add_measurement(
                     run,
-                    backend=backend,
-                    tokens_per_rank=tokens,
-                    timing="eager",
-                    median_us=us * tokens**0.5,
-                    p10_us=us * tokens**0.5 * 0.95,
-                    p90_us=us * tokens**0.5 * 1.05,
-                    n=3,
-                    samples=[us] * 3,
-                    **shape,
+                    Measurement.from_columns(
+                        dict(
+                            backend=backend,
+                            tokens_per_rank=tokens,
+                            timing="eager",
+                            median_us=us * tokens**0.5,
+                            p10_us=us * tokens**0.5 * 0.95,
+                            p90_us=us * tokens**0.5 * 1.05,
+                            n=3,
+                            samples=[us] * 3,
+                            **shape,
+                        )
+                    ),
                 )
         s.finish_run(run, "completed")
 

@@ -1,5 +1,9 @@
 """The invariant over a list of cases, one backend instance a case: what the gloo tests, the GPU
-tests and the NVLink emulation run on every rank (`run_ranks(run_cases, W, device, cases)`)."""
+tests and the NVLink emulation run on every rank (`run_ranks(run_cases, W, device, cases)`).
+
+Which backends get the CPU conformance cases is the registry's answer, not a list kept here:
+every backend a2a_tune.kernels registers that can run on two CPU ranks (:func:`cpu_conformance`),
+so a new backend gets them by being registered."""
 
 from __future__ import annotations
 
@@ -7,10 +11,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a2a_tune.kernels import MoEShape, ShapeError, get_backend
+from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, get_backend, list_backends
 from a2a_tune.kernels.reference import check_invariant, make_inputs
 
-REAL_BACKENDS = ["allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"]
+#: Where the CPU conformance cases run: two gloo ranks.
+CPU_ENV = BackendEnv(world_size=2, device_type="cpu", dist_backend="gloo")
+
+
+def cpu_conformance() -> dict[str, str | None]:
+    """Every backend the package registers (a2a_tune.kernels.*, in registry order; not those
+    tests or plugins add) -> None where it runs on two CPU ranks, else why not (its
+    availability() reason)."""
+    shipped = [n for n in list_backends() if get_backend(n).__module__.startswith("a2a_tune.kernels.")]
+    return {n: None if (a := get_backend(n).availability(CPU_ENV)).ok else a.reason for n in shipped}
+
+
+#: The backends the CPU conformance cases run on: every registered one that runs on CPU ranks.
+REAL_BACKENDS = [n for n, why in cpu_conformance().items() if why is None]
 
 
 @dataclass(frozen=True)
@@ -79,15 +96,16 @@ def _summary(verdicts) -> tuple[bool, float, str, bool]:
     return all(v.ok for v in verdicts), worst.max_rel_error, worst.reason, worst.crashed
 
 
-def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
+def _run(cases: list[Case], build, one_round, *, stop_at_failure: bool = False) -> dict:
+    """The loop every runner shares: each case's backend built (a backend that cannot even be
+    built fails its case, not the whole launch), `repeats` rounds on fresh inputs, closed."""
     results = {}
     for i, case in enumerate(cases):
         shape = _shape(case)
-        try:  # a backend that cannot even be built fails its case, not the whole launch
-            backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
-            backend.set_step_tokens(case.step)
+        try:
+            built = build(case, shape)
             if case.knobs:
-                backend.set_knobs(case.knobs)
+                built.set_knobs(case.knobs)
         except Exception as exc:  # noqa: BLE001
             results[case.id] = _not_built(exc)
             continue
@@ -95,23 +113,39 @@ def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str]]:
         verdicts = []
         try:
             for rep in range(case.repeats):
-                inputs = make_inputs(
-                    shape,
-                    case.tokens[ctx.rank],
-                    rank=ctx.rank,
-                    world_size=ctx.world_size,
-                    routing=case.routing,
-                    seed=1000 * i + rep,
-                    device=ctx.device,
-                )
-                verdicts.append(check_invariant(backend, inputs, scales=scales))
+                verdicts.append(one_round(built, case, shape, 1000 * i + rep, scales))
+                if stop_at_failure and not verdicts[-1].ok:
+                    break
         except ShapeError as exc:  # the caller's mistake, raised before any collective (every rank)
             results[case.id] = (False, float("inf"), str(exc), True)
-            backend.close()
             continue
-        backend.close()
+        finally:
+            built.close()
         results[case.id] = _summary(verdicts)
     return results
+
+
+def run_cases(ctx, cases: list[Case]) -> dict[str, tuple[bool, float, str, bool]]:
+    """Each case on this rank of `ctx`'s process group (every rank runs it)."""
+
+    def build(case: Case, shape: MoEShape):
+        backend = get_backend(case.backend)(ctx.group, shape, ctx.device)
+        backend.set_step_tokens(case.step)
+        return backend
+
+    def one_round(backend, case: Case, shape: MoEShape, seed: int, scales):
+        inputs = make_inputs(
+            shape,
+            case.tokens[ctx.rank],
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            routing=case.routing,
+            seed=seed,
+            device=ctx.device,
+        )
+        return check_invariant(backend, inputs, scales=scales)
+
+    return _run(cases, build, one_round)
 
 
 def run_cases_virtual(device, cases: list[Case]) -> dict[str, tuple[bool, float, str, bool]]:
@@ -119,28 +153,28 @@ def run_cases_virtual(device, cases: list[Case]) -> dict[str, tuple[bool, float,
     in this process on `device`, one VirtualRanks a case, the same inputs as W real ranks get."""
     from a2a_tune.kernels.virtual import VirtualWorld
 
-    results = {}
-    for i, case in enumerate(cases):
-        world = len(case.tokens)
-        shape = _shape(case)
-        try:
-            ranks = VirtualWorld(world, device).build(get_backend(case.backend), shape, step=case.step)
-            if case.knobs:
-                ranks.set_knobs(case.knobs)
-        except Exception as exc:  # noqa: BLE001
-            results[case.id] = _not_built(exc)
-            continue
-        scales = _scales(case)
-        verdicts = []
-        with ranks:
-            try:
-                for rep in range(case.repeats):
-                    inputs = ranks.inputs(case.tokens, routing=case.routing, seed=1000 * i + rep)
-                    verdicts.append(ranks.check(inputs, scales=scales))
-                    if not verdicts[-1].ok:
-                        break  # the instances' state is garbage after a failed round
-            except ShapeError as exc:
-                results[case.id] = (False, float("inf"), str(exc), True)
-                continue
-        results[case.id] = _summary(verdicts)
-    return results
+    def build(case: Case, shape: MoEShape):
+        return VirtualWorld(len(case.tokens), device).build(get_backend(case.backend), shape, step=case.step)
+
+    def one_round(ranks, case: Case, shape: MoEShape, seed: int, scales):
+        return ranks.check(ranks.inputs(case.tokens, routing=case.routing, seed=seed), scales=scales)
+
+    # the instances' state is garbage after a failed round: stop there
+    return _run(cases, build, one_round, stop_at_failure=True)
+
+
+def with_planted_backends(fn, world: int, device: str, cases: list[Case]):
+    """Rank 0's result of `fn(ctx, cases)` on `world` ranks, each rank loading the planted
+    bugs (tests/support/planted_backends.py) as a plugin, the way out-of-tree backends load."""
+    import pytest
+
+    from a2a_tune.tuner.launch import run_ranks
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
+        return run_ranks(fn, world, device, cases)[0]
+
+
+def conformance_cases(cases: list[Case]) -> list[Case]:
+    """The cases the invariant must hold on: not the planted bugs, not the refused step."""
+    return [c for c in cases if not c.id.startswith("planted") and "than-the-step" not in c.id]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from a2a_tune.tuner.runtime.measurement import Measurement
+
 # One point, in the point's field order (the store's key: the backend, then these).
 SHAPE = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform", tokens_per_rank=128)
 
@@ -24,7 +26,9 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def measurement(**over):
+def measurement(**over) -> Measurement:
+    """A measurement from the store's columns (``MEASUREMENT_COLUMNS``: a figure by its column,
+    e.g. ``dispatch_median_us``), these defaults overridden by `over`."""
     fields = dict(
         backend="nccl_all2allv",
         **SHAPE,
@@ -40,7 +44,7 @@ def measurement(**over):
         knobs={"num_sms": 24},
     )
     fields.update(over)
-    return fields
+    return Measurement.from_columns(fields)
 
 
 def new_run(store, *, fingerprint="h200-sxm.nvl18x1.node1", facts_hash="f" * 64, config_hash="cfg1"):

@@ -12,7 +12,11 @@ import paths
 import pytest
 from run_cli import a2a
 
+from a2a_tune.tuner.runtime.measurement import Measurement
+
 CPU_BACKENDS = {"allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv"}
+# `lookup` for the shape the finished run measured (Mixtral on 2 ranks)
+MIXTRAL_EP2 = "lookup --ep-size 2 --hidden 4096 --topk 2 --experts 8"
 
 
 @pytest.fixture(scope="module")
@@ -20,26 +24,8 @@ def finished_run(tmp_path_factory):
     """`a2a-tune run` on 2 CPU ranks, small: the README's main job in miniature."""
     root = tmp_path_factory.mktemp("cli")
     env = {"XDG_DATA_HOME": str(root / "xdg")}
-    r = a2a(
-        "run",
-        "--device",
-        "cpu",
-        "--world",
-        "2",
-        "--preset",
-        "mixtral-8x7b",
-        "--tokens",
-        "1,8,32",
-        "--warmup",
-        "1",
-        "--iters",
-        "3",
-        "--db",
-        str(root / "t.db"),
-        "--no-progress",
-        env_extra=env,
-        cwd=root,
-    )
+    args = "run --device cpu --world 2 --preset mixtral-8x7b --tokens 1,8,32 --warmup 1 --iters 3 --no-progress"
+    r = a2a(*args.split(), "--db", str(root / "t.db"), env_extra=env, cwd=root)
     return root, env, r
 
 
@@ -54,52 +40,18 @@ def test_run_writes_a_table_the_lookup_finds_by_fingerprint(finished_run):
     assert profile["schema"] == 3 and profile["entries"][0]["tokens"] == [1, 8, 32]
     assert {c["timing"] for c in profile["entries"][0]["backends"].values()} == {"eager"}
 
-    look = a2a(
-        "lookup", "--ep-size", "2", "--hidden", "4096", "--topk", "2", "--experts", "8", "--tokens", "16", env_extra=env
-    )
+    look = a2a(*f"{MIXTRAL_EP2} --tokens 16".split(), env_extra=env)
     assert look.returncode == 0, look.stderr
     assert look.stdout.strip() in CPU_BACKENDS
     assert look.stderr.startswith("exact:")
 
-    as_json = json.loads(
-        a2a(
-            "lookup",
-            "--ep-size",
-            "2",
-            "--hidden",
-            "4096",
-            "--topk",
-            "2",
-            "--experts",
-            "8",
-            "--tokens",
-            "16",
-            "--format",
-            "json",
-            env_extra=env,
-        ).stdout
-    )
+    as_json = json.loads(a2a(*f"{MIXTRAL_EP2} --tokens 16 --format json".split(), env_extra=env).stdout)
     assert as_json["match"] == "exact" and set(as_json["expected_us"]) == CPU_BACKENDS
 
 
 def test_vllm_format_only_prints_a_literal_vllm_accepts(finished_run):
     root, env, _ = finished_run
-    r = a2a(
-        "lookup",
-        "--ep-size",
-        "2",
-        "--hidden",
-        "4096",
-        "--topk",
-        "2",
-        "--experts",
-        "8",
-        "--tokens",
-        "8",
-        "--format",
-        "vllm",
-        env_extra=env,
-    )
+    r = a2a(*f"{MIXTRAL_EP2} --tokens 8 --format vllm".split(), env_extra=env)
     assert r.returncode == 0
     assert r.stdout.strip() == "--all2all-backend allgather_reducescatter"  # nccl_all2allv has no vLLM literal
 
@@ -138,106 +90,34 @@ def test_resume_of_a_completed_plan_measures_again_into_a_new_run(finished_run):
     assert "run 2 (completed)" in r.stdout and "1 measured" in r.stdout
 
 
+# A tiny lookup shape, then what each case adds.
+_LOOKUP = "lookup --ep-size 2 --hidden 1 --topk 1 --experts 2"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("sweep", "--device", "cpu", "--preset", "llama"), "unknown model preset 'llama'"),
-        (("sweep", "--device", "cpu", "--backend", "deepep"), "unknown backend 'deepep'"),
-        (("sweep", "--device", "cpu", "--tokens", "1,x"), "--tokens must be comma-separated integers"),
-        (("sweep", "--device", "cpu", "--world", "1"), "--world must be at least 2"),
-        (("sweep", "--device", "cpu", "--dtype", "int3"), "unknown --dtype 'int3'"),
+        ("sweep --device cpu --preset llama", "unknown model preset 'llama'"),
+        ("sweep --device cpu --backend deepep", "unknown backend 'deepep'"),
+        ("sweep --device cpu --tokens 1,x", "--tokens must be comma-separated integers"),
+        ("sweep --device cpu --world 1", "--world must be at least 2"),
+        ("sweep --device cpu --dtype int3", "unknown --dtype 'int3'"),
+        (f"{_LOOKUP} --tokens 1 --format x", "--format must be"),
+        (_LOOKUP, "give exactly one of --tokens, --phase or --workload (got none)"),
         (
-            (
-                "lookup",
-                "--ep-size",
-                "2",
-                "--hidden",
-                "1",
-                "--topk",
-                "1",
-                "--experts",
-                "2",
-                "--tokens",
-                "1",
-                "--format",
-                "x",
-            ),
-            "--format must be",
-        ),
-        (
-            ("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2"),
-            "give exactly one of --tokens, --phase or --workload (got none)",
-        ),
-        (
-            (
-                "lookup",
-                "--ep-size",
-                "2",
-                "--hidden",
-                "1",
-                "--topk",
-                "1",
-                "--experts",
-                "2",
-                "--tokens",
-                "1",
-                "--phase",
-                "decode",
-            ),
+            f"{_LOOKUP} --tokens 1 --phase decode",
             "give exactly one of --tokens, --phase or --workload (got --tokens, --phase)",
         ),
-        (
-            ("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "decode"),
-            "--phase decode needs --max-batch N",
-        ),
-        (
-            (
-                "lookup",
-                "--ep-size",
-                "2",
-                "--hidden",
-                "1",
-                "--topk",
-                "1",
-                "--experts",
-                "2",
-                "--phase",
-                "decode",
-                "--max-tokens",
-                "8",
-            ),
-            "--max-tokens goes with --phase prefill",
-        ),
-        (
-            ("lookup", "--ep-size", "2", "--hidden", "1", "--topk", "1", "--experts", "2", "--phase", "mixed"),
-            "--phase must be decode or prefill",
-        ),
-        (
-            (
-                "lookup",
-                "--ep-size",
-                "2",
-                "--hidden",
-                "1",
-                "--topk",
-                "1",
-                "--experts",
-                "2",
-                "--phase",
-                "prefill",
-                "--max-tokens",
-                "0",
-            ),
-            "--max-tokens: tokens per rank must be in 1..1048576, got 0",
-        ),
-        (  # the shape follows lookup's request rules too: refused, not answered with the fallback
-            ("lookup", "--ep-size", "2", "--hidden", "0", "--topk", "1", "--experts", "2", "--tokens", "1"),
-            "--hidden must be >= 1, got 0",
-        ),
+        (f"{_LOOKUP} --phase decode", "--phase decode needs --max-batch N"),
+        (f"{_LOOKUP} --phase decode --max-tokens 8", "--max-tokens goes with --phase prefill"),
+        (f"{_LOOKUP} --phase mixed", "--phase must be decode or prefill"),
+        (f"{_LOOKUP} --phase prefill --max-tokens 0", "--max-tokens: tokens per rank must be in 1..1048576, got 0"),
+        # the shape follows lookup's request rules too: refused, not answered with the fallback
+        ("lookup --ep-size 2 --hidden 0 --topk 1 --experts 2 --tokens 1", "--hidden must be >= 1, got 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
-    r = a2a(*args)
+    r = a2a(*args.split())
     assert r.returncode == 2
     assert message in r.stderr
     assert "Traceback" not in r.stderr
@@ -386,21 +266,7 @@ def test_lookup_with_a_bad_workload_file_still_prints_the_default(tmp_path):
 def test_lookup_with_a_garbled_table_falls_back_with_one_warning(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"schema": 1, "entries": [')
-    r = a2a(
-        "lookup",
-        "--profile",
-        str(bad),
-        "--ep-size",
-        "2",
-        "--hidden",
-        "64",
-        "--topk",
-        "2",
-        "--experts",
-        "8",
-        "--tokens",
-        "4",
-    )
+    r = a2a("lookup", "--profile", str(bad), *"--ep-size 2 --hidden 64 --topk 2 --experts 8 --tokens 4".split())
     assert r.returncode == 0
     assert r.stdout.strip() == "allgather_reducescatter"
     assert len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr
@@ -487,19 +353,8 @@ def test_evaluate_rejects_a_broken_profile_in_one_line(tmp_path):
 def test_capacity_builds_fixed_capacity_backends_for_the_engines_largest_batch(tmp_path):
     env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
     common = (
-        "--device",
-        "cpu",
-        "--preset",
-        "mixtral-8x7b",
-        "--warmup",
-        "0",
-        "--iters",
-        "2",
-        "--no-progress",
-        "--backend",
-        "allgather_reducescatter_padded",
-        "--db",
-        str(tmp_path / "t.db"),
+        *"--device cpu --preset mixtral-8x7b --warmup 0 --iters 2 --no-progress".split(),
+        *("--backend", "allgather_reducescatter_padded", "--db", str(tmp_path / "t.db")),
     )
     r = a2a("run", *common, "--tokens", "1,8", "--capacity", "32", "--out", str(tmp_path / "p"), env_extra=env)
     assert r.returncode == 0, r.stderr
@@ -655,11 +510,7 @@ def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, to
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={}, config_hash="c"
         )
         with pytest.raises(ValueError, match=said.replace(".", r"\.")):
-            store.add_measurement(
-                run, backend="nccl_all2allv", ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16",
-                routing="uniform", tokens_per_rank=tokens, timing="eager", median_us=1.0, p10_us=1.0, p90_us=1.0,
-                n=1, samples=[1.0],
-            )  # fmt: skip
+            store.add_measurement(run, Measurement.from_columns(dict(backend="nccl_all2allv", ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform", tokens_per_rank=tokens, timing="eager", median_us=1.0, p10_us=1.0, p90_us=1.0, n=1, samples=[1.0])))  # fmt: skip
 
     table = fixture_data()
     table["entries"][0]["tokens"][0] = tokens

@@ -10,6 +10,7 @@ import pytest
 
 from a2a_tune.tuner.evaluate import EvaluationError, evaluate, held_out_plan, held_out_tokens
 from a2a_tune.tuner.runtime.lookup import load_profile
+from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.select import build_profile, write_profile
 
 SHAPE = dict(ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform")
@@ -19,9 +20,11 @@ NAMES = {
 }
 
 
-def _rows(curves: dict[str, dict[int, float]]) -> list[dict]:
+def _rows(curves: dict[str, dict[int, float]]) -> list[Measurement]:
     return [
-        dict(SHAPE, backend=b, tokens_per_rank=t, timing="eager", median_us=v, p10_us=v * 0.99, p90_us=v * 1.01)
+        Measurement.from_columns(
+            dict(SHAPE, backend=b, tokens_per_rank=t, timing="eager", median_us=v, p10_us=v * 0.99, p90_us=v * 1.01)
+        )
         for b, c in curves.items()
         for t, v in c.items()
     ]

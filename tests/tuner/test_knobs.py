@@ -18,6 +18,7 @@ from a2a_tune.kernels import KnobError, get_backend
 from a2a_tune.kernels._nvlink_common import LaunchKnobs
 from a2a_tune.tuner.knobs import KnobPlan, tune_knobs
 from a2a_tune.tuner.runtime.lookup import lookup
+from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.runtime.table import ProfileError, parse_profile
 from a2a_tune.tuner.select import build_profile, with_knobs, write_profile, write_profile_to
 from a2a_tune.tuner.shapes import ModelShape
@@ -162,7 +163,7 @@ def _table(tmp_path):
             )
     names = {b: {"vllm_name": None, "sglang_name": None} for b in ("allgather_reducescatter", "knobbed_sleepy")}
     profile = build_profile(
-        rows,
+        [Measurement.from_columns(r) for r in rows],
         [],
         hardware={"fingerprint": "cpu-x86_64.node1", "facts_hash": "x", "facts": {}},
         run={"id": 1, "device_type": "cpu", "world_size": 2, "versions": {}},

@@ -6,12 +6,14 @@ import dataclasses
 
 import pytest
 
-from a2a_tune.db.models import FIGURE_FIELDS
 from a2a_tune.kernels import MoEShape
 from a2a_tune.tuner.launch import run_ranks
 from a2a_tune.tuner.measure import Backends, Result, capacity_for, input_sets, measure, measure_case
+from a2a_tune.tuner.runtime.measurement import FIGURE, MeasurementKey
+from a2a_tune.tuner.runtime.point import Point
 
 SHAPE = MoEShape(8, 2, 32, 16, "bf16")  # built for 16 tokens per rank: the largest count measured
+POINT = Point(2, 32, 2, 8, "bf16", "uniform", 8)
 
 
 def _outcomes(ctx) -> dict:
@@ -37,6 +39,8 @@ def _outcomes(ctx) -> dict:
         got["halves"] = (len(good.dispatch_us), len(good.combine_us), good.dispatch_median_us, good.combine_median_us)
         got["traffic"] = good.traffic
         got["figures"] = good.figures()
+        got["measurement"] = good.measurement(MeasurementKey.of("nccl_all2allv", POINT))
+        got["stats"] = good.stats
         case = measure_case(ctx, built, "nccl_all2allv", 8, inputs, warmup=0, iters=2)
         got["workspace"] = (case.kind, case.workspace_bytes, built.workspace_bytes("nccl_all2allv", 8))
         got["without split"] = measure(ctx, b, inputs, warmup=0, iters=2, split=False)
@@ -103,8 +107,28 @@ def test_a_measurement_carries_dispatch_and_combine_apart_and_the_bytes_it_moved
     assert 8 * row <= t.dispatch_logical <= 16 * row and 0 < t.dispatch_link <= 8 * row
     assert t.dispatch_logical - t.dispatch_link <= 8 * row  # the own rank at most once a token
     assert (t.combine_logical, t.combine_link) == (t.dispatch_logical, t.dispatch_link)
-    assert set(rank0["figures"]) == set(FIGURE_FIELDS)
+    assert set(rank0["figures"]) == set(FIGURE)
     assert rank0["figures"]["dispatch_logical_bytes"] == t.dispatch_logical
+
+
+def test_a_measured_result_is_its_cases_measurement(outcomes):
+    """What the store keeps of a measured case: the key, the mode, the statistics, the samples to
+    the nanosecond, the knobs, and every figure measured (workspace: not on CPU ranks)."""
+    rank0 = outcomes[0]
+    m, stats = rank0["measurement"], rank0["stats"]
+    assert (m.key, m.point, m.timing) == (("nccl_all2allv", *POINT), POINT, "eager")
+    assert (m.median_us, m.p10_us, m.p90_us, m.ci_low_us, m.ci_high_us, m.n) == (
+        stats.median_us,
+        stats.p10_us,
+        stats.p90_us,
+        stats.ci_low_us,
+        stats.ci_high_us,
+        3,
+    )
+    assert len(m.samples) == 3 and m.host_median_us is not None
+    assert set(m.figures) == set(FIGURE) - {"workspace_bytes"}
+    assert m.figure("dispatch_us") == rank0["halves"][2] and len(m.figure("combine_samples")) == 3
+    assert m.figure("combine_link_bytes") == rank0["traffic"].combine_link
 
 
 def test_device_memory_is_not_measured_on_cpu_ranks(outcomes):

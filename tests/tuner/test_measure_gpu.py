@@ -24,7 +24,16 @@ def _figures(ctx) -> dict:
         inputs = input_sets(ctx, SHAPE, 256, sets=3)
         for name in ("nccl_all2allv", "nvlink_one_sided"):
             r = measure_case(ctx, built, name, 256, inputs, warmup=5, iters=20)
-            got[name] = (r.kind, r.timing, r.median_us, r.dispatch_median_us, r.combine_median_us, r.workspace_bytes)
+            host = sorted(r.host_us)[len(r.host_us) // 2] if r.host_us else None
+            got[name] = (
+                r.kind,
+                r.timing,
+                r.median_us,
+                r.dispatch_median_us,
+                r.combine_median_us,
+                r.workspace_bytes,
+                host,
+            )
     return got
 
 
@@ -32,11 +41,12 @@ def test_halves_add_up_to_the_round_trip_and_memory_is_measured():
     rank0, rank1 = run_ranks(_figures, 2, "cuda")
     assert rank0 == rank1
     for name, mode in (("nccl_all2allv", "eager"), ("nvlink_one_sided", "graph")):
-        kind, timing, round_trip, dispatch, combine, held = rank0[name]
+        kind, timing, round_trip, dispatch, combine, held, host = rank0[name]
         assert (kind, timing) == ("measured", mode)
         assert dispatch > 0 and combine > 0
-        # the cuts add a node each and the max over ranks is per half: never much below the round
-        # trip, and not far above it (BENCHMARKS.md records the measured ratio)
-        assert 0.8 <= (dispatch + combine) / round_trip <= 1.5
+        # what timing.py says the cut adds: graph, the event nodes; eager, each half alone, at most
+        # the round trip's host time per round trip more (+ the drains, the max over ranks per half)
+        extra = 10.0 if mode == "graph" else host + 40.0
+        assert 0.9 * round_trip <= dispatch + combine <= 1.1 * round_trip + extra
         assert held is not None and held >= 0
     assert rank0["nvlink_one_sided"][5] > 0  # its symmetric-memory workspace, outside torch's allocator

@@ -6,10 +6,14 @@ import json
 import os
 
 from a2a_tune.tuner.publish import table_dir, write_table
+from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.select import build_profile
 
 SHAPE = dict(ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform")
-ROWS = [dict(SHAPE, backend="allgather_reducescatter", tokens_per_rank=t, median_us=10.0 * t) for t in (1, 4)]
+ROWS = [
+    Measurement.from_columns(dict(SHAPE, backend="allgather_reducescatter", tokens_per_rank=t, median_us=10.0 * t))
+    for t in (1, 4)
+]
 
 
 def table(fingerprint: str) -> dict:

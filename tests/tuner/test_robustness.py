@@ -169,7 +169,7 @@ def test_select_never_imports_the_backend_modules(tmp_path):
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config=config, config_hash="h"
         )
         for backend, us in (("allgather_reducescatter", 20.0), ("my_backend", 10.0)):
-            s.add_measurement(run, **measurement(backend=backend, median_us=us, p10_us=us, p90_us=us, knobs={}))
+            s.add_measurement(run, measurement(backend=backend, median_us=us, p10_us=us, p90_us=us, knobs={}))
         s.finish_run(run, "completed")
     env = {**_hanging_module(tmp_path), "A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S": "600"}
     r = a2a("select", "--db", str(db), "--out", str(tmp_path / "out"), env_extra=env)

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ import paths
 import pytest
 
 from a2a_tune.tuner.runtime.lookup import ProfileError, load_profile, lookup, profile_filename
+from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.select import build_profile, profile_from_store, upgrade_profile, validate_profile, write_profile
 
 FIXTURES = paths.FIXTURES / "profiles"
@@ -113,7 +115,7 @@ def measurements_from(curves=CURVES, timing=None):
                 if v is not None:
                     mode = timing or TIMINGS.get(backend, "eager")
                     out.append(
-                        dict(
+                        _measurement(
                             shape,
                             backend=backend,
                             tokens_per_rank=t,
@@ -121,11 +123,15 @@ def measurements_from(curves=CURVES, timing=None):
                             median_us=float(v),
                             p10_us=v * 0.98,
                             p90_us=v * 1.03,
-                            n=50,
                             **_figures(shape, backend, t, v),
                         )
                     )
     return out
+
+
+def _measurement(shape, **columns) -> Measurement:
+    """A Measurement from the store's columns (50 samples, of which only the statistics matter here)."""
+    return Measurement.from_columns(dict(shape, n=50, samples=[columns["median_us"]] * 50, **columns))
 
 
 FAILURES = [
@@ -318,19 +324,17 @@ def test_backend_that_only_errored_on_a_shape_is_explained():
     assert "nvlink_one_sided" not in entry(p, hidden=7168)["failed"]  # measured there: just a null
 
 
-def test_duplicate_point_keeps_lower_median_and_accepts_objects():
-    ms = [SimpleNamespace(**m) for m in measurements_from({"X": (SHAPE_B, [1], {"nccl_all2allv": [30]})})]
+def test_duplicate_point_keeps_lower_median():
+    ms = measurements_from({"X": (SHAPE_B, [1], {"nccl_all2allv": [30]})})
     ms.append(
-        SimpleNamespace(
-            **dict(
-                SHAPE_B,
-                backend="nccl_all2allv",
-                tokens_per_rank=1,
-                timing="eager",
-                median_us=25.0,
-                p10_us=24.0,
-                p90_us=26.0,
-            )
+        _measurement(
+            SHAPE_B,
+            backend="nccl_all2allv",
+            tokens_per_rank=1,
+            timing="eager",
+            median_us=25.0,
+            p10_us=24.0,
+            p90_us=26.0,
         )
     )
     p = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
@@ -418,7 +422,9 @@ def test_figures_come_from_the_measurement_whose_median_is_kept():
     assert set(entry(p, hidden=4096)["backends"]["nccl_all2allv"]) == {"timing", "median_us", "p10_us", "p90_us"}
     # a resumed run measured a point twice: the figures of the lower median win with it
     twice = measurements_from({"X": (SHAPE_A, [4], {"nccl_all2allv": [40]})})
-    twice += [dict(twice[0], median_us=30.0, p10_us=29.0, p90_us=31.0, dispatch_median_us=11.0)]
+    twice += [
+        replace(twice[0], median_us=30.0, p10_us=29.0, p90_us=31.0, figures={**twice[0].figures, "dispatch_us": 11.0})
+    ]
     (e,) = build_profile(twice, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
     assert e["backends"]["nccl_all2allv"]["dispatch_us"] == [11.0]
 
@@ -534,7 +540,7 @@ class FakeStore:
 
     def measurements(self, run_id):
         self.calls.append(("measurements", run_id))
-        return [SimpleNamespace(**m) for m in measurements_from()]
+        return measurements_from()
 
     def failures(self, run_id):
         return [SimpleNamespace(**f) for f in FAILURES]
@@ -613,8 +619,7 @@ def test_a_wide_spread_never_ties_a_backend_more_than_3_percent_slower():
         },
         timing="eager",
     )
-    for m in ms:
-        m["p90_us"] = m["median_us"] * 1.3
+    ms = [replace(m, p90_us=m.median_us * 1.3) for m in ms]
     (e,) = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
     (w,) = e["winners"]
     assert (w["backend"], w["fastest"], w["tie"]) == (
@@ -622,7 +627,7 @@ def test_a_wide_spread_never_ties_a_backend_more_than_3_percent_slower():
         "nccl_all2allv",
         True,
     )  # registered first of the two
-    ms_no_close = [m for m in ms if m["backend"] != "nvlink_one_sided"]
+    ms_no_close = [m for m in ms if m.backend != "nvlink_one_sided"]
     (e,) = build_profile(ms_no_close, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)["entries"]
     assert (e["winners"][0]["backend"], e["winners"][0]["tie"]) == ("nccl_all2allv", False)
 
@@ -658,7 +663,7 @@ def test_select_leaves_out_a_median_the_table_cannot_hold(caplog):
     ms = measurements_from(
         {"X": (SHAPE_B, [1, 64], {"nccl_all2allv": [40.0, 70.0], "allgather_reducescatter": [20, 60]})}
     )
-    ms[0]["median_us"] = ms[0]["p10_us"] = 5e-324  # nccl_all2allv at 1 token
+    ms[0] = replace(ms[0], median_us=5e-324, p10_us=5e-324)  # nccl_all2allv at 1 token
     p = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
     assert p["entries"][0]["backends"]["nccl_all2allv"]["median_us"] == [None, 70.0]
     validate_profile(p)

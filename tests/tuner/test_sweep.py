@@ -50,13 +50,17 @@ def test_good_backends_are_measured_for_every_case(swept):
             assert 0 < m.p10_us <= m.median_us <= m.p90_us
             assert m.host_median_us > 0 and m.ep_size == 2 and m.dtype == "bf16" and m.timing == "eager"
             # beside the round trip: the halves timed apart, the bytes the inputs moved; no device memory on CPU
-            assert len(m.dispatch_samples) == len(m.combine_samples) == 4
-            assert m.dispatch_median_us > 0 and m.combine_median_us > 0
+            f = m.figure
+            assert len(f("dispatch_samples")) == len(f("combine_samples")) == 4
+            assert f("dispatch_us") > 0 and f("combine_us") > 0
             row = m.hidden * 2  # bf16
-            assert m.tokens_per_rank * row <= m.dispatch_logical_bytes <= 2 * m.tokens_per_rank * row
-            assert 0 < m.dispatch_link_bytes <= m.tokens_per_rank * row
-            assert (m.combine_logical_bytes, m.combine_link_bytes) == (m.dispatch_logical_bytes, m.dispatch_link_bytes)
-            assert m.workspace_bytes is None
+            assert m.tokens_per_rank * row <= f("dispatch_logical_bytes") <= 2 * m.tokens_per_rank * row
+            assert 0 < f("dispatch_link_bytes") <= m.tokens_per_rank * row
+            assert (f("combine_logical_bytes"), f("combine_link_bytes")) == (
+                f("dispatch_logical_bytes"),
+                f("dispatch_link_bytes"),
+            )
+            assert f("workspace_bytes") is None
 
 
 def test_broken_backends_are_recorded_with_their_reason_and_never_timed(swept):

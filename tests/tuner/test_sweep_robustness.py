@@ -52,28 +52,10 @@ def _count(db) -> int:
         return 0
 
 
-SWEEP_ARGS = [
-    "sweep",
-    "--device",
-    "cpu",
-    "--world",
-    "2",
-    "--preset",
-    "mixtral-8x7b",
-    "--preset",
-    "gpt-oss-120b",
-    "--tokens",
-    "1,2,4,8,16,32",
-    "--warmup",
-    "0",
-    "--iters",
-    "3",
-    "--no-progress",
-    "--backend",
-    "allgather_reducescatter",
-    "--backend",
-    "nccl_all2allv",
-]
+SWEEP_ARGS = (
+    "sweep --device cpu --world 2 --preset mixtral-8x7b --preset gpt-oss-120b --tokens 1,2,4,8,16,32 "
+    "--warmup 0 --iters 3 --no-progress --backend allgather_reducescatter --backend nccl_all2allv"
+).split()
 
 
 def test_sigkill_halfway_then_resume_loses_and_repeats_nothing(tmp_path):
@@ -141,26 +123,10 @@ def test_ctrl_c_stops_cleanly_with_a_summary_of_what_is_stored(tmp_path):
 
 # ----------------------------------------------------------------- one writer, no orphans
 
-GATED_ARGS = [
-    "sweep",
-    "--device",
-    "cpu",
-    "--world",
-    "2",
-    "--preset",
-    "mixtral-8x7b",
-    "--tokens",
-    "1,2",
-    "--warmup",
-    "0",
-    "--iters",
-    "2",
-    "--no-progress",
-    "--backend",
-    "allgather_reducescatter",
-    "--backend",
-    "planted_gate",
-]
+GATED_ARGS = (
+    "sweep --device cpu --world 2 --preset mixtral-8x7b --tokens 1,2 --warmup 0 --iters 2 --no-progress "
+    "--backend allgather_reducescatter --backend planted_gate"
+).split()
 
 
 def _children(pid: int) -> list[int]:

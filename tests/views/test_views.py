@@ -24,6 +24,7 @@ from bad_tables import FIXTURE as LOOKUP_FIXTURE
 from run_cli import a2a
 
 from a2a_tune.tuner.runtime.lookup import clear_cache, lookup
+from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.views.diff import diff_views
 from a2a_tune.tuner.views.load import load_profile_view, load_run_view, load_view, run_tie_preference
 from a2a_tune.tuner.views.model import ViewError
@@ -214,15 +215,19 @@ def _store_run(store, hw, *, curves, versions, failures=(), spread=0.05):
             for t, v in zip(tokens, values):
                 store.add_measurement(
                     rid,
-                    backend=b,
-                    tokens_per_rank=t,
-                    timing="eager",
-                    median_us=v,
-                    p10_us=v * (1 - spread),
-                    p90_us=v * (1 + spread),
-                    n=3,
-                    samples=[v] * 3,
-                    **shape,
+                    Measurement.from_columns(
+                        dict(
+                            backend=b,
+                            tokens_per_rank=t,
+                            timing="eager",
+                            median_us=v,
+                            p10_us=v * (1 - spread),
+                            p90_us=v * (1 + spread),
+                            n=3,
+                            samples=[v] * 3,
+                            **shape,
+                        )
+                    ),
                 )
     for f in failures:
         store.add_failure(rid, **f)
@@ -430,14 +435,18 @@ def test_views_read_what_select_writes(tmp_path):
         for b, values in per_backend.items():
             for t, v in zip(tokens, values):
                 ms.append(
-                    dict(
-                        shape,
-                        backend=b,
-                        tokens_per_rank=t,
-                        timing="graph" if b == "nccl_all2allv" else "eager",
-                        median_us=float(v),
-                        p10_us=v * 0.95,
-                        p90_us=v * 1.05,
+                    Measurement.from_columns(
+                        dict(
+                            shape,
+                            backend=b,
+                            tokens_per_rank=t,
+                            timing="graph" if b == "nccl_all2allv" else "eager",
+                            median_us=float(v),
+                            p10_us=v * 0.95,
+                            p90_us=v * 1.05,
+                            n=1,
+                            samples=[float(v)],
+                        )
                     )
                 )
     fails = [dict(S1, backend="flashinfer_nvlink_one_sided", kind="incorrect", reason=INCORRECT, tokens_per_rank=256)]
@@ -474,15 +483,19 @@ def test_a_run_timed_in_two_modes_shows_one_curve_per_backend(tmp_path):
     with open_store(str(path)) as s:
         s.add_measurement(
             rid,
-            backend="nccl_all2allv",
-            tokens_per_rank=1,
-            timing="graph",
-            median_us=5.0,
-            p10_us=4.9,
-            p90_us=5.1,
-            n=3,
-            samples=[5.0] * 3,
-            **S2,
+            Measurement.from_columns(
+                dict(
+                    backend="nccl_all2allv",
+                    tokens_per_rank=1,
+                    timing="graph",
+                    median_us=5.0,
+                    p10_us=4.9,
+                    p90_us=5.1,
+                    n=3,
+                    samples=[5.0] * 3,
+                    **S2,
+                )
+            ),
         )
     view = load_run_view(str(path), rid)
     [shape] = view.shapes

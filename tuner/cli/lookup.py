@@ -17,6 +17,56 @@ from .common import (
 
 # --------------------------------------------------------------------------------- lookup
 
+#: The option that gives each phase's ``max_tokens``.
+SIZE_OPTION = {"decode": "--max-batch", "prefill": "--max-tokens"}
+#: lookup's arguments whose option is not the argument's name with dashes.
+_OPTION = {"num_experts": "--experts"}
+
+
+#: RequestError's rules in this command's words; the rules not here (the shape's, the
+#: workload's, an environment variable's) read the same as the runtime's.
+_WORDS = {
+    "one_load": "give exactly one of --tokens, --phase or --workload (got {given})",
+    "needs_size": "--phase {value} needs {size} N",
+    "tokens": "{option}: {bound}",
+    "integer": "{option} must be >= {bound}, got {shown}",
+    "choice": "{option} must be {choices}, got {shown}",
+    "type": "{option} must be {bound}, got {shown}",
+    "budget": "{option} must be {bound}, got {shown}",
+}
+
+
+def request_words(exc, size_option: str | None = None) -> str:
+    """The runtime's :class:`~a2a_tune.tuner.runtime.request.RequestError` in this command's
+    option names (``size_option``: the one that gave ``max_tokens``, --max-batch or
+    --max-tokens; None: the one that goes with the phase)."""
+    from ..runtime.request import WORKSPACE_ENV, shown
+
+    def option(arg: str) -> str:
+        if arg == "max_tokens":
+            return size_option or SIZE_OPTION.get(exc.phase, "--max-tokens")
+        return _OPTION.get(arg) or "--" + arg.replace("_", "-")
+
+    if exc.rule == "stray_size":
+        return _stray_size(option("max_tokens"))
+    if exc.rule not in _WORDS or exc.field == WORKSPACE_ENV:
+        return str(exc)
+    value, bound = exc.value, exc.bound
+    return _WORDS[exc.rule].format(
+        option=option(exc.field) if exc.field else "",
+        value=value,
+        bound=bound,
+        shown=shown(value),
+        given=", ".join(map(option, value)) or "none" if exc.rule == "one_load" else "",
+        choices=" or ".join(bound) if exc.rule == "choice" else "",
+        size=SIZE_OPTION.get(value, "") if exc.rule == "needs_size" else "",
+    )
+
+
+def _stray_size(size_option: str) -> str:
+    """A size option given where its phase is not asked."""
+    return f"{size_option} goes with --phase {'decode' if size_option == SIZE_OPTION['decode'] else 'prefill'}"
+
 
 @app.command()
 def lookup(
@@ -82,7 +132,7 @@ def lookup(
     # Two options give lookup's max_tokens; when both are given, the one that goes with no
     # phase asked is the one refused.
     sizes = [(opt, v) for opt, v in (("--max-batch", max_batch), ("--max-tokens", max_tokens)) if v is not None]
-    size_opt, size = min(sizes, key=lambda s: s[0] == lk.SIZE_OPTION.get(phase), default=(None, None))
+    size_opt, size = min(sizes, key=lambda s: s[0] == SIZE_OPTION.get(phase), default=(None, None))
 
     def build():
         return lk.request(
@@ -100,7 +150,6 @@ def lookup(
             profile=profile,
             engine=engine,
             max_workspace_mib=max_workspace_mib,
-            options={"max_tokens": size_opt},
         )
 
     try:
@@ -109,13 +158,15 @@ def lookup(
         # An engine's launch line must always start: a broken $A2A_TUNE_MAX_WORKSPACE_MIB there
         # is one warning and no budget (eval "$(... --format env)" never silently exports nothing).
         if fmt == "name" or fmt == "json" or max_workspace_mib is not None or lk.WORKSPACE_ENV not in str(exc):
-            raise _fail(str(exc), 2) from None
+            raise _fail(request_words(exc, size_opt), 2) from None
         err.print(f"warning: {exc}; no workspace budget applied", highlight=False, markup=False, soft_wrap=True)
         os.environ.pop(lk.WORKSPACE_ENV, None)
         try:
             req = build()
         except lk.RequestError as again:
-            raise _fail(str(again), 2) from None
+            raise _fail(request_words(again, size_opt), 2) from None
+    if size_opt is not None and size_opt != SIZE_OPTION.get(req.phase):
+        raise _fail(_stray_size(size_opt), 2)
 
     def ask(for_engine, quiet=False):
         return lk.answer(req._replace(engine=for_engine), quiet=quiet)

@@ -103,17 +103,17 @@ def _print_outcome(outcome, seconds: float) -> None:
         out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False, soft_wrap=True)
 
 
-def _do_sweep(options, *, publish: bool = False):
-    """Sweep as `options` (tuner.plans.SweepOptions) say; `publish`: `run`'s table on every node."""
-    _store_url(options.db)  # before the imports below: they cost torch
+def _do_sweep(options, *, after=None):
+    """Sweep as `options` (tuner.plans.SweepOptions) say, the plan and the store's URL checked
+    here, once, before any rank starts; `after`: the step on every rank after a completed run
+    (`run`: the table on every node)."""
+    db = _store_url(options.db)  # before the imports below: they cost torch
+    plan, device, world = _planned(_plans().build_plan, options, note=_note)
     from a2a_tune.db import StoreError
 
     from ..launch import SIGNAL_EXIT, PeerLost, RankFailed, job_rank
-    from ..plans import PlanError
     from ..sweep import sweep as run_sweep
 
-    plan, device, world = _planned(_plans().build_plan, options, note=_note)
-    db = options.db
     job = job_rank()
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
         launcher = f" ({job.launcher} job)" if job else ""
@@ -137,11 +137,8 @@ def _do_sweep(options, *, publish: bool = False):
             progress=options.progress,
             case_timeout=options.case_timeout,
             allow_mixed=options.allow_mixed,
-            publish=publish,
-            out_dir=str(options.out_dir) if options.out_dir else None,
+            after=after,
         )
-    except PlanError as exc:  # the plan was checked above; a rank's share of memory can shrink since
-        raise _fail(str(exc), 2) from None
     except PeerLost as exc:
         raise _fail(f"sweep stopped: {exc}; relaunch the job with --resume to complete the run") from None
     except (RankFailed, StoreError) as exc:
@@ -307,15 +304,18 @@ def run(options) -> None:
 
     Several nodes: launch it under torchrun or srun, one process per GPU; every node probes
     itself, rank 0 writes the store, and every node gets the table where lookup looks there."""
-    from ..publish import table_dir, unwritable
+    from functools import partial
 
-    directory = table_dir(str(options.out_dir) if options.out_dir else None)
+    from ..publish import publish_run, table_dir, unwritable
+
+    out_dir = str(options.out_dir) if options.out_dir else None
+    directory = table_dir(out_dir)
     if problem := unwritable(directory):  # before the sweep, not after it
         raise _fail(f"no table could be written to {directory}: {problem}", 2)
-    outcome = _do_sweep(options, publish=True)
+    outcome = _do_sweep(options, after=partial(publish_run, out_dir=out_dir))
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
-    published = outcome.published
+    published = outcome.after
     if published.get("note"):
         err.print(f"note: {published['note']}; the table is written without them", highlight=False, markup=False)
     knobs_note = f", with the knobs of {published['kept_knobs']} tuned point(s)" if published["kept_knobs"] else ""

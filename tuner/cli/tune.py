@@ -67,7 +67,6 @@ def evaluate(
     from ..evaluate import EvaluationError, held_out_plan, table_measurements
     from ..evaluate import evaluate as run_evaluation
     from ..launch import SIGNAL_EXIT, RankFailed
-    from ..plans import PlanError
     from ..runtime.lookup import ProfileError, load_profile
     from ..sweep import sweep as run_sweep
 
@@ -92,7 +91,7 @@ def evaluate(
             raise _fail(f"run {scored_run} could not be read: {exc}", 2) from None
         _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)")
         return
-    _store_url(db)
+    db = _store_url(db)  # checked once, here: the sweep takes it as it is
     plans = _plans()
     device, world = _planned(plans.resolve_ranks, device, world, note=_note)
     held = _planned(plans.parse_tokens, tokens) if tokens else None
@@ -120,8 +119,6 @@ def evaluate(
         outcome = run_sweep(
             plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout
         )
-    except PlanError as exc:
-        raise _fail(str(exc), 2) from None
     except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None
     except KeyboardInterrupt as exc:
@@ -286,7 +283,7 @@ def tune_knobs(
         soft_wrap=True,  # one line in a captured log, whatever the width
     )
     try:
-        results = run_search(knob_plan, device_type=device, world_size=world, db_url=db, progress=progress)
+        results = run_search(knob_plan, device_type=device, world_size=world, db_url=url, progress=progress)
     except (RankFailed, StoreError) as exc:
         raise _fail(f"knob search stopped: {exc}") from None
     except KeyboardInterrupt as exc:  # the trials finished so far are in the studies

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -42,12 +43,15 @@ def _view_fail(exc: Exception) -> typer.Exit:
     return _fail(str(exc), 2)
 
 
-def _load_view(profile: Path | None, db: str | None, run_id: int | None):
+@contextmanager
+def _viewing(profile: Path | None, db: str | None, run_id: int | None):
+    """The view of --profile, or of --db's --run; a ViewError on the way in or inside (an
+    unreadable input, a table the lookup refuses) is a one-line error, exit code 2."""
     from ..views.load import load_view
     from ..views.model import ViewError
 
     try:
-        return load_view(profile=profile, db=db, run=run_id)
+        yield load_view(profile=profile, db=db, run=run_id)
     except ViewError as exc:
         raise _view_fail(exc) from None
 
@@ -71,21 +75,21 @@ def show(
 ) -> None:
     from ..views.show import render_show, show_data
 
-    view = _load_view(profile, db, run)
-    engines = _engine_scores_of(profile)
-    if as_json:
-        data = show_data(view)
-        if engines is not None:
-            from ..policies import scores_data
+    with _viewing(profile, db, run) as view:
+        engines = _engine_scores_of(profile)
+        if as_json:
+            data = show_data(view)
+            if engines is not None:
+                from ..policies import scores_data
 
-            data["engines"] = scores_data(engines)
-        print(json.dumps(data, indent=2, default=str))
-    else:
-        render_show(view, out)
-        if engines is not None:
-            from ..policies import render_scores
+                data["engines"] = scores_data(engines)
+            print(json.dumps(data, indent=2, default=str))
+        else:
+            render_show(view, out)
+            if engines is not None:
+                from ..policies import render_scores
 
-            render_scores(engines, out, f"{profile.name}, its measured points")
+                render_scores(engines, out, f"{profile.name}, its measured points")
 
 
 def _engine_scores_of(profile: Path | None):
@@ -196,14 +200,10 @@ def plot(
     out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from ..views.model import ViewError
     from ..views.plot import plot_view
 
-    view = _load_view(profile, db, run)
-    try:
+    with _viewing(profile, db, run) as view:
         paths = plot_view(view, out_dir, link_gbs=link_gbs)
-    except ViewError as exc:
-        raise _view_fail(exc) from None
     for p in paths:
         out.print(str(p), highlight=False, markup=False, soft_wrap=True)
 
@@ -224,15 +224,11 @@ def report(
     ),
     link_gbs: float | None = _link_opt,
 ) -> None:
-    from ..views.model import ViewError
     from ..views.report import write_report
 
-    view = _load_view(profile, db, run)
-    path = out_file or Path(f"a2a-tune-report.{view.fingerprint or 'unknown'}.html")
-    try:
+    with _viewing(profile, db, run) as view:
+        path = out_file or Path(f"a2a-tune-report.{view.fingerprint or 'unknown'}.html")
         write_report(view, path, link_gbs=link_gbs)
-    except ViewError as exc:
-        raise _view_fail(exc) from None
     from ..views.plot import plots_unavailable
 
     missing = plots_unavailable() if view.shapes else None  # the report says so too; say it here

@@ -128,16 +128,11 @@ class Shape(NamedTuple):
         return Point(*self, tokens_per_rank)
 
 
-class Point(NamedTuple):
-    """One shape at one token count per rank (a case is one backend at one point)."""
+class Point(NamedTuple("_Point", [*((n, Shape.__annotations__[n]) for n in SHAPE_FIELDS), ("tokens_per_rank", int)])):
+    """One shape at one token count per rank (a case is one backend at one point): the shape's
+    fields, then ``tokens_per_rank``."""
 
-    ep_size: int
-    hidden: int
-    topk: int
-    num_experts: int
-    dtype: str
-    routing: str
-    tokens_per_rank: int
+    __slots__ = ()
 
     @property
     def shape(self) -> Shape:

@@ -61,6 +61,7 @@ from types import MappingProxyType
 
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS, winners
 from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
+from a2a_tune.tuner.runtime.measurement import FIGURES
 from a2a_tune.tuner.runtime.point import (
     MAX_EP_SIZE,
     MAX_EXPERTS,
@@ -102,15 +103,10 @@ FALLBACK_BACKEND = "allgather_reducescatter"
 SCHEMA_VERSION = 3
 #: The versions this reader loads (1 is converted on load).
 READABLE_SCHEMAS = (1, 2, 3)
-#: Schema 3's optional figures per entry and backend: times (µs) and counts (>= 0).
-FIGURE_CURVES = ("dispatch_us", "combine_us")
-FIGURE_COUNTS = (
-    "dispatch_logical_bytes",
-    "dispatch_link_bytes",
-    "combine_logical_bytes",
-    "combine_link_bytes",
-    "workspace_mib",
-)
+#: Schema 3's optional figures per entry and backend, by their table keys (declared once:
+#: ``runtime.measurement.FIGURES``): times (µs) and counts (>= 0), one value per token count.
+FIGURE_CURVES = tuple(f.table for f in FIGURES if f.table and f.is_time and not f.many)
+FIGURE_COUNTS = tuple(f.table for f in FIGURES if f.table and not f.is_time and not f.many)
 TIMING_MODES = ("eager", "graph")
 #: The keys that identify a table entry: the point's one shape-field order (the store's
 #: records and the lookup's arguments carry the same names).

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..runtime.files import FileRefused, read_head
 from ..runtime.fingerprint import normalize_fingerprint
+from ..runtime.measurement import Measurement
 from ..runtime.profiles import parse_table_json, read_table_bytes
 from ..runtime.table import (
     FALLBACK_BACKEND,
@@ -271,9 +272,9 @@ def run_tie_preference(config: Mapping | None) -> tuple:
     return tuple(dict.fromkeys([FALLBACK_BACKEND, *backends]))
 
 
-def view_from_records(run, hw, measurements: Iterable, failures: Iterable, *, label: str) -> TableView:
-    """Build a view from store records (or objects with the same attributes): the entries
-    select would write for the run, read back by the table reader."""
+def view_from_records(run, hw, measurements: Iterable[Measurement], failures: Iterable, *, label: str) -> TableView:
+    """Build a view from a run's store records (or objects with the same attributes) and its
+    measurements: the entries select would write for the run, read back by the table reader."""
     g = _getter
     measurements = list(measurements)
     failures = list(failures)
@@ -356,8 +357,8 @@ def _other_modes(measurements: list, shapes: list) -> list:
     kept = {(s.key, c.backend): c.timing for s in shapes for c in s.curves.values()}
     other: dict = {}
     for m in measurements:
-        key = (tuple(_getter(m, k) for k in SHAPE_KEYS), clean(_getter(m, "backend")))
-        mode = _getter(m, "timing") or "eager"
+        key = (tuple(m.point.shape), clean(m.backend))
+        mode = m.timing or "eager"
         mode = "graph" if str(mode).lower() in GRAPH_WORDS else mode
         if key in kept and mode != kept[key]:
             other.setdefault(key, set()).add(mode)

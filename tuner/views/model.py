@@ -14,15 +14,18 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..figures import LinkBandwidth, gbps, link_bandwidth, link_pct
-from ..runtime.table import FIGURE_COUNTS, FIGURE_CURVES, SHAPE_KEYS
+from ..runtime.measurement import FIGURE, FIGURES
+from ..runtime.table import SHAPE_KEYS
 from ..runtime.text import one_line
 
 __all__ = [
     "EN_DASH",
+    "FIGURE_LABELS",
     "FIGURE_NAMES",
+    "RATES",
     "Curve",
     "FailureView",
     "ShapeView",
@@ -73,7 +76,7 @@ class Curve:
         return self.median_us[j], self.p10_us[j], self.p90_us[j]
 
     def figure(self, name: str, j: int):
-        """Figure `name` (runtime.table.FIGURE_CURVES / FIGURE_COUNTS) at token index j, or None."""
+        """Figure `name` (a table key of runtime.measurement.FIGURES) at token index j, or None."""
         values = self.figures.get(name)
         return values[j] if values is not None else None
 
@@ -133,21 +136,38 @@ class TableView:
 
 # ----------------------------------------------------------------------------- figures
 
-#: The names `show --json` gives each backend's figures per token count (checks read them).
-FIGURE_NAMES = (
-    "tokens",
-    "round_trip_us",
-    "dispatch_us",
-    "combine_us",
-    "logical_bytes",  # dispatch, per rank per direction
-    "link_bytes",
-    "logical_gbps",  # dispatch logical bytes / dispatch time
-    "link_pct",  # dispatch link bytes / dispatch time / the link's bandwidth per direction
-    "combine_logical_bytes",
-    "combine_logical_gbps",
-    "combine_link_pct",
-    "workspace_mib",
+
+class Rate(NamedTuple):
+    """A figure the views compute from two declared ones (``tuner.figures``): the bytes figure
+    `nbytes` moved in the time figure `time`, as GB/s, or as % of the link (`share`)."""
+
+    name: str
+    label: str
+    nbytes: str
+    time: str
+    share: bool = False
+
+
+#: What the views compute beside the declared figures.
+RATES = (
+    Rate("logical_gbps", "dispatch GB/s", "dispatch_logical_bytes", "dispatch_us"),
+    Rate("link_pct", "dispatch % link", "dispatch_link_bytes", "dispatch_us", share=True),
+    Rate("combine_logical_gbps", "combine GB/s", "combine_logical_bytes", "combine_us"),
+    Rate("combine_link_pct", "combine % link", "combine_link_bytes", "combine_us", share=True),
 )
+# The declared figures the views show: those a table holds and the views name.
+_SHOWN = tuple(f for f in FIGURES if f.table and f.view)
+
+#: The names `show --json` gives each backend's figures per token count (checks read them):
+#: the token count, the round trip, every declared figure the views name, then the rates.
+FIGURE_NAMES = ("tokens", "round_trip_us") + tuple(f.view for f in _SHOWN) + tuple(r.name for r in RATES)
+#: Each figure's heading in the views' tables, by its name in :data:`FIGURE_NAMES`.
+FIGURE_LABELS = {
+    "tokens": "tokens/rank",
+    "round_trip_us": "round trip µs",
+    **{f.view: f.label for f in _SHOWN},
+    **{r.name: r.label for r in RATES},
+}
 
 
 def shape_link(view: TableView, shape: ShapeView) -> LinkBandwidth | None:
@@ -159,24 +179,12 @@ def point_figures(curve: Curve, tokens: list, link: LinkBandwidth | None) -> lis
     """Per token count, one dict of :data:`FIGURE_NAMES` for `curve` (None where not measured)."""
     rows = []
     for j, t in enumerate(tokens):
-        f = {name: curve.figure(name, j) for name in FIGURE_CURVES + FIGURE_COUNTS}
-        dispatch, combine = f["dispatch_us"], f["combine_us"]
-        rows.append(
-            {
-                "tokens": t,
-                "round_trip_us": curve.median_us[j],
-                "dispatch_us": dispatch,
-                "combine_us": combine,
-                "logical_bytes": f["dispatch_logical_bytes"],
-                "link_bytes": f["dispatch_link_bytes"],
-                "logical_gbps": gbps(f["dispatch_logical_bytes"], dispatch),
-                "link_pct": link_pct(f["dispatch_link_bytes"], dispatch, link),
-                "combine_logical_bytes": f["combine_logical_bytes"],
-                "combine_logical_gbps": gbps(f["combine_logical_bytes"], combine),
-                "combine_link_pct": link_pct(f["combine_link_bytes"], combine, link),
-                "workspace_mib": f["workspace_mib"],
-            }
-        )
+        row = {"tokens": t, "round_trip_us": curve.median_us[j]}
+        row.update({f.view: curve.figure(f.table, j) for f in _SHOWN})
+        for r in RATES:
+            nbytes, us = curve.figure(FIGURE[r.nbytes].table, j), curve.figure(FIGURE[r.time].table, j)
+            row[r.name] = link_pct(nbytes, us, link) if r.share else gbps(nbytes, us)
+        rows.append(row)
     return rows
 
 

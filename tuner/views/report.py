@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .model import (
     EN_DASH,
+    FIGURE_LABELS,
     ShapeView,
     TableView,
     ViewError,
@@ -228,6 +229,19 @@ def _winners_section(view: TableView) -> str:
     return "".join(out) or '<p class="muted">No shapes.</p>'
 
 
+# The figures table's columns (model.FIGURE_NAMES, headed by their labels) and their formats.
+_FIGURE_COLUMNS = (
+    ("round_trip_us", fmt_us),
+    ("dispatch_us", fmt_us),
+    ("combine_us", fmt_us),
+    ("logical_gbps", fmt_gbps),
+    ("combine_logical_gbps", fmt_gbps),
+    ("link_pct", fmt_share),
+    ("combine_link_pct", fmt_share),
+    ("workspace_mib", fmt_mib),
+)
+
+
 def _figures_table(view: TableView, s: ShapeView) -> str:
     """Every measured (token count, backend) of the shape: round trip, dispatch, combine, GB/s of
     each half, % of link, MiB; '' for a shape without figures (the round trip alone)."""
@@ -241,34 +255,13 @@ def _figures_table(view: TableView, s: ShapeView) -> str:
             f = figs[j]
             if f["round_trip_us"] is None:
                 continue
-            cells = [
-                fmt_us(f["round_trip_us"]),
-                fmt_us(f["dispatch_us"]),
-                fmt_us(f["combine_us"]),
-                fmt_gbps(f["logical_gbps"]),
-                fmt_gbps(f["combine_logical_gbps"]),
-                fmt_share(f["link_pct"]),
-                fmt_share(f["combine_link_pct"]),
-                fmt_mib(f["workspace_mib"]),
-            ]
+            cells = [fmt(f[name]) for name, fmt in _FIGURE_COLUMNS]
             rows.append(
                 f'<tr><td class="num">{_e(t)}</td><td class="mono">{_e(b)}</td>'
                 + "".join(f'<td class="num">{_e(c)}</td>' for c in cells)
                 + "</tr>"
             )
-    head = "".join(
-        f'<th class="num">{h}</th>'
-        for h in (
-            "round trip µs",
-            "dispatch µs",
-            "combine µs",
-            "dispatch GB/s",
-            "combine GB/s",
-            "dispatch % link",
-            "combine % link",
-            "MiB",
-        )
-    )
+    head = "".join(f'<th class="num">{FIGURE_LABELS[name]}</th>' for name, _ in _FIGURE_COLUMNS)
     return (
         f'<details open><summary>dispatch and combine, bytes, GB/s, % of link, memory</summary><table><tr><th class="num">'
         f"tokens/rank</th><th>backend</th>{head}</tr>{''.join(rows)}</table>"

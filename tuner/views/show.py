@@ -242,7 +242,13 @@ def figures_note(view: TableView, shape: ShapeView) -> str:
     text = link_text(view.facts, shape.ep_size)
     link = f"link: link bytes / dispatch time vs {text}" if text != NO_LINK else "link: no link (CPU ranks)"
     mib = "; MiB: not measured on CPU ranks" if is_cpu(view.facts) else ""
-    return f"GB/s: dispatch logical bytes (every token-rank pair) / dispatch time; {link}{mib}"
+    eager = any(c.timing == "eager" for c in shape.curves.values())
+    halves = f"; {EAGER_HALVES}" if eager else ""
+    return f"GB/s: dispatch logical bytes (every token-rank pair) / dispatch time; {link}{mib}{halves}"
+
+
+#: What eager dispatch and combine figures are (tuner/timing.py): said wherever they are shown.
+EAGER_HALVES = "eager disp/comb µs: each half timed alone, so their sum can exceed the round trip"
 
 
 def show_data(view: TableView) -> dict:
