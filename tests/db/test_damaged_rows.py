@@ -35,16 +35,8 @@ def base(tmp_path_factory):
 
 
 def _measured(backend: str, tokens: int, us: float, **over):
-    return measurement(
-        backend=backend,
-        tokens_per_rank=tokens,
-        median_us=us,
-        p10_us=0.9 * us,
-        p90_us=1.1 * us,
-        samples=[us] * 3,
-        n=3,
-        **over,
-    )
+    fields = dict(median_us=us, p10_us=0.9 * us, p90_us=1.1 * us, samples=[us] * 3, n=3)
+    return measurement(backend=backend, tokens_per_rank=tokens, **{**fields, **over})
 
 
 def _damaged(base, tmp_path, sql: str) -> str:
