@@ -1,8 +1,13 @@
-"""Block-FP8 quantization on one GPU: the Triton kernel vs the torch path vs the HBM bound.
+"""Payload quantization on one GPU: the Triton kernels against the torch reference and against
+the device's own copy bandwidth, measured in the same run.
 
-Both timed as an engine runs decode: N calls captured in one CUDA graph, replayed, device time
-by CUDA events / N. Prints one line per token count; --json writes the rows.
-    python bench/quant.py [--hidden 7168] [--json out.json]
+Each kernel timed as an engine runs decode: N calls captured in one CUDA graph, replayed, device
+time by CUDA events / N. GB/s counts the bytes the kernel must move: x read once (bf16), the
+packed values and scales written once; the copy baseline is a device-to-device copy of x
+(bytes read + written), timed the same way. Each row first checks the kernel's bytes against
+the torch path (mismatching bytes: 0 expected). Prints one line per payload and token count;
+--json writes the rows.
+    python bench/quant.py [--payload fp8_e4m3 --payload mxfp8 --payload nvfp4] [--hidden 7168] [--json out.json]
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ import json
 
 import torch
 
-from a2a_tune.kernels.quant import quantize_fp8_blocks, quantize_fp8_blocks_torch
+from a2a_tune.kernels.base import PAYLOADS
+from a2a_tune.kernels.quant import QUANTIZE_TORCH, quantize, quantize_fp8_blocks_torch
 
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e, nominal
 
@@ -37,21 +43,44 @@ def graph_us(fn, x, calls: int = 20, replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def mismatched_bytes(payload: str, x: torch.Tensor) -> int:
+    """Bytes of (q, scales) where the kernel and the torch reference differ."""
+    reference = quantize_fp8_blocks_torch if payload == "fp8_e4m3" else QUANTIZE_TORCH[payload]
+    got, want = quantize(payload, x), reference(x)
+    return sum(int((g.view(torch.uint8) != w.view(torch.uint8)).sum()) for g, w in zip(got, want))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--payload", action="append", help="fp8_e4m3, mxfp8, nvfp4 [default: all three]")
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--tokens", default="1,128,2048,8192,16384")
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = []
-    print(f"block-FP8 quantize, H={a.hidden} bf16, graph replay, µs per call (median of 20 replays x 20 calls)")
-    print(f"{'T':>6} {'triton':>8} {'torch':>8} {'torch/triton':>12} {'HBM bound':>9} {'triton/bound':>12}")
-    for t in map(int, a.tokens.split(",")):
-        x = torch.randn(t, a.hidden, device="cuda").to(torch.bfloat16)
-        tri, ref = graph_us(quantize_fp8_blocks, x), graph_us(quantize_fp8_blocks_torch, x)
-        bound = (t * a.hidden * 3 + t * (a.hidden // 128) * 4) / HBM_BYTES_PER_S * 1e6
-        rows.append({"tokens": t, "hidden": a.hidden, "triton_us": tri, "torch_us": ref, "hbm_bound_us": bound})
-        print(f"{t:>6} {tri:>8.2f} {ref:>8.2f} {ref / tri:>12.2f} {bound:>9.2f} {bound / tri:>12.2f}")
+    print(f"quantize, H={a.hidden} bf16 in, graph replay, µs per call (median of 20 replays x 20 calls)")
+    print(
+        f"{'payload':>8} {'T':>6} {'bad B':>5} {'triton':>8} {'torch':>8} {'GB/s':>7} {'copy GB/s':>9} {'of copy':>7}"
+    )
+    for payload in a.payload or ["fp8_e4m3", "mxfp8", "nvfp4"]:
+        reference = quantize_fp8_blocks_torch if payload == "fp8_e4m3" else QUANTIZE_TORCH[payload]
+        for t in map(int, a.tokens.split(",")):
+            g = torch.Generator(device="cuda").manual_seed(t)
+            x = (torch.randn(t, a.hidden, device="cuda", generator=g) * 3).to(torch.bfloat16)
+            bad = mismatched_bytes(payload, x)
+            tri = graph_us(lambda v, p=payload: quantize(p, v), x)
+            ref = graph_us(reference, x)
+            copy_us = graph_us(lambda v: torch.empty_like(v).copy_(v), x)
+            moved = t * a.hidden * 2 + t * PAYLOADS[payload].row_bytes(a.hidden)
+            gbps, copy_gbps = moved / tri / 1e3, 2 * t * a.hidden * 2 / copy_us / 1e3
+            rows.append(
+                {"payload": payload, "tokens": t, "hidden": a.hidden, "mismatched_bytes": bad, "triton_us": tri}
+                | {"torch_us": ref, "bytes": moved, "gbps": gbps, "copy_us": copy_us, "copy_gbps": copy_gbps}
+            )
+            print(
+                f"{payload:>8} {t:>6} {bad:>5} {tri:>8.2f} {ref:>8.2f} {gbps:>7.0f} {copy_gbps:>9.0f} "
+                f"{gbps / copy_gbps:>7.0%}"
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

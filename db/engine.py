@@ -103,20 +103,31 @@ def mask_secrets(text: str) -> str:
 def display_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for messages and logs)."""
     try:
-        return mask_secrets(make_url(url).render_as_string(hide_password=True))
+        parsed = make_url(url)
     except Exception:  # unparsable: the creation step reports it
         return mask_secrets(url)
+    if parsed.password is None:  # as typed: rendering percent-encodes, e.g. sqlite:///%3Amemory%3A
+        return mask_secrets(url)
+    return mask_secrets(parsed.render_as_string(hide_password=True))
 
 
 def check_url(url: str | None = None, *, persistent: bool = False) -> str:
     """The resolved URL (see :func:`resolve_url`) if it parses, and with ``persistent`` if it is
-    not an in-memory database (commands that store: their records must outlive them);
-    else :class:`StoreError` in one line, password masked. Connects to nothing."""
+    not an in-memory database (commands that store: their records must outlive them), and if
+    its driver imports; else :class:`StoreError` in one line, password masked. Connects to nothing."""
     url = resolve_url(url)
     try:
-        make_url(url)
+        parsed = make_url(url)
     except Exception:
         raise StoreError(f"cannot open database {display_url(url)}: not a valid database URL") from None
+    try:  # the driver, imported now: before any rank starts, not when the first rank connects
+        parsed.get_dialect().import_dbapi()
+    except ImportError as exc:
+        hint = "; pip install 'a2a-tune[postgres]'" if parsed.get_backend_name() == "postgresql" else ""
+        raise StoreError(
+            f"cannot open database {display_url(url)}: its driver ({exc.name or parsed.get_driver_name()}) "
+            f"is not installed{hint}"
+        ) from None
     if persistent and is_in_memory(url):
         raise StoreError(
             f"{display_url(url)} is an in-memory database: nothing stored there outlives the command "

@@ -48,7 +48,7 @@ def workspace(g: Geometry) -> Workspace:
     fp32 scales (quantized only), meta [E_local, W, cap, 4] int32, comb [cap, k, H], flags [2, W];
     local: the ids int64 and weights fp32 [E_local * W * cap, k] dispatch_recv writes."""
     e, w, cap, hidden = g.experts_per_rank, g.world, g.capacity, g.hidden
-    regions = [("x", torch.uint8 if g.wire is not None else g.dtype, (e, w, cap, hidden))]
+    regions = [("x", g.x_dtype, (e, w, cap, g.x_row))]
     if g.wire is not None:
         regions.append(("xs", torch.float32, (e, w, cap, scale_blocks(hidden))))
     regions += [
@@ -236,7 +236,7 @@ def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         BLOCK_R=block_r,
         **recv_launch(st),
     )
-    return v["x"].view(rows, g.hidden), v["ids_out"], v["w_out"]
+    return v["x"].view(rows, g.x_row), v["ids_out"], v["w_out"]
 
 
 def combine_send(st: RankState, expert_out: torch.Tensor) -> None:

@@ -53,7 +53,8 @@ class LaunchKnobs:
 class Geometry:
     """What a workspace is built for: W ranks, `capacity` token slots per source rank, rows of
     `hidden` activations (`dtype`), top-k routing over `experts_per_rank` experts a rank, and
-    the payload's wire dtype (None: rows travel as activations; else 1-byte rows + fp32 scales)."""
+    the payload's wire dtype (None: rows travel as activations; else 1-byte rows + fp32 scales),
+    or `packed`: the bytes of a packed row (MXFP8, NVFP4: values then scales, `quant.wire_rows`)."""
 
     world: int
     capacity: int
@@ -62,6 +63,16 @@ class Geometry:
     experts_per_rank: int
     dtype: torch.dtype
     wire: torch.dtype | None = None
+    packed: int = 0
+
+    @property
+    def x_row(self) -> int:
+        """Elements of one dispatched row in the x region: H, or the bytes of a packed row."""
+        return self.packed or self.hidden
+
+    @property
+    def x_dtype(self) -> torch.dtype:
+        return torch.uint8 if self.wire is not None or self.packed else self.dtype
 
 
 @dataclass(frozen=True)
@@ -249,9 +260,10 @@ def _wait_kernel(flags_ptr, epoch_ptr, W: tl.constexpr):
 # per launcher below); each kernel's own further parameters come as keywords (`extra`).
 
 
-def _peer_args(st: RankState, itemsize: int) -> tuple:
+def _peer_args(st: RankState, itemsize: int, hidden: int) -> tuple:
     """The parameters with which every send kernel reaches its peers and signals them:
-    (flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden); d_elem in `itemsize` units."""
+    (flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden); d_elem in `itemsize` units,
+    hidden: the elements of the rows it sends."""
     return (
         st.views["flags"],
         st.delta(itemsize),
@@ -260,7 +272,7 @@ def _peer_args(st: RankState, itemsize: int) -> tuple:
         st.done,
         st.rank,
         st.slots,
-        st.geometry.hidden,
+        hidden,
     )
 
 
@@ -279,7 +291,8 @@ def launch_dispatch_send(
     programs, with constexprs W, K, BLOCK_K, BLOCK_H, N_HB, QUANT and BLOCK_S.
 
     Quantized rows travel as bytes and their fp32 scales as int32 bits (the kernels copy,
-    never convert); without scales the scale pointers are unused placeholders."""
+    never convert); without scales the scale pointers are unused placeholders. Packed rows
+    (`Geometry.packed`) are plain byte rows of that length, scales inside."""
     g, v = st.geometry, st.views
     quant = x_scale is not None
     n_scales = x_scale.shape[1] if quant else 1
@@ -293,7 +306,7 @@ def launch_dispatch_send(
         v["x"],
         v["xs"].view(torch.int32) if quant else st.epoch,
         v["meta"],
-        *_peer_args(st, itemsize),
+        *_peer_args(st, itemsize, g.x_row),
         n_scales,
         g.experts_per_rank,
         W=g.world,
@@ -301,7 +314,7 @@ def launch_dispatch_send(
         BLOCK_K=block_k(g.topk),
         QUANT=quant,
         BLOCK_S=block_k(n_scales),
-        **row_blocks(g.hidden, itemsize, st.launch.row_block_bytes),
+        **row_blocks(g.x_row, itemsize, st.launch.row_block_bytes),
         num_warps=st.launch.send_num_warps,
         **extra,
     )
@@ -315,7 +328,7 @@ def launch_combine_send(kernel, grid: int, st: RankState, expert_out: torch.Tens
         expert_out,
         v["meta"],
         v["comb"],
-        *_peer_args(st, g.dtype.itemsize),
+        *_peer_args(st, g.dtype.itemsize, g.hidden),
         W=g.world,
         K=g.topk,
         **row_blocks(g.hidden, g.dtype.itemsize, st.launch.row_block_bytes),

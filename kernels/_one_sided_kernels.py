@@ -56,7 +56,7 @@ def workspace(g: Geometry) -> Workspace:
     """One rank's regions (cap: the capacity, S: scale blocks per row):
 
     x      [W, cap, H]   payload rows received from each source rank (bytes of `wire` when
-                         quantized: the kernels copy, never convert)
+                         quantized: the kernels copy, never convert; packed rows: their bytes)
     xs     [W, cap, S]   fp32 block scales of those rows (quantized payloads only)
     meta   [W, cap, 2k]  int32: topk ids (masked to this rank's experts) | weights bits
     count  [W]           int32: tokens the source sent in this round
@@ -64,7 +64,7 @@ def workspace(g: Geometry) -> Workspace:
     flags  [2, W]        int32 epochs: [0] dispatch flag per source, [1] combine flag per dest
     """
     w, cap, hidden = g.world, g.capacity, g.hidden
-    regions = [("x", torch.uint8 if g.wire is not None else g.dtype, (w, cap, hidden))]
+    regions = [("x", g.x_dtype, (w, cap, g.x_row))]
     if g.wire is not None:
         regions.append(("xs", torch.float32, (w, cap, scale_blocks(hidden))))
     regions += [
@@ -244,7 +244,7 @@ def dispatch_recv(st: RankState) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         launch_wait(st, 0)
     g, rows = st.geometry, st.geometry.world * st.slots
     meta = st.views["meta"].view(-1, 2 * g.topk)[:rows]
-    return st.views["x"].view(-1, g.hidden)[:rows], meta[:, : g.topk], meta[:, g.topk :].view(torch.float32)
+    return st.views["x"].view(-1, g.x_row)[:rows], meta[:, : g.topk], meta[:, g.topk :].view(torch.float32)
 
 
 def combine_send(st: RankState, expert_out: torch.Tensor) -> None:

@@ -56,6 +56,19 @@ def _round_bits(u, DROP: tl.constexpr):
     return u
 
 
+@triton.jit
+def _e4m3_code(mag):
+    """|y| as float32 bits (NaN clamped to inf) -> its e4m3 code without the sign, rounded to
+    nearest even as torch's cast does."""
+    # e4m3 in its normal range (|y| >= 2^-6): drop 20 mantissa bits, rebias the exponent
+    # (127 -> 7). Below it e4m3 is a fixed grid of 2^-9: adding 2^14 makes the fp32 adder
+    # round onto that grid, and the bits above 2^14's are the code. Above 464 (rounding
+    # up to 480, or inf and NaN: only from inf/NaN in x) torch's cast gives NaN, 0x7F.
+    normal = (_round_bits(mag, 20) >> 20) - (120 << 3)
+    sub = (mag.to(tl.float32, bitcast=True) + 16384.0).to(tl.uint32, bitcast=True) - 0x46800000
+    return tl.where(mag > 0x43E80000, 0x7F, tl.where(mag >= 0x3C800000, normal, sub))
+
+
 @triton.jit(do_not_specialize=["n_blocks"])  # no variant per token count (BLOCK_N aside)
 def _quantize_fp8_kernel(
     x_ptr,
@@ -103,13 +116,7 @@ def _quantize_fp8_kernel(
         inv = _round_bits(tl.minimum(inv, 0x7F800000), ROUND_BITS).to(tl.float32, bitcast=True)
         p = (x * inv[:, None]).to(tl.uint32, bitcast=True)
         mag = _round_bits(tl.minimum(p & 0x7FFFFFFF, 0x7F800000), ROUND_BITS)  # |y|
-        # e4m3 in its normal range (|y| >= 2^-6): drop 20 mantissa bits, rebias the exponent
-        # (127 -> 7). Below it e4m3 is a fixed grid of 2^-9: adding 2^14 makes the fp32 adder
-        # round onto that grid, and the bits above 2^14's are the code. Above 464 (rounding
-        # up to 480, or inf and NaN: only from inf/NaN in x) torch's cast gives NaN, 0x7F.
-        normal = (_round_bits(mag, 20) >> 20) - (120 << 3)
-        sub = (mag.to(tl.float32, bitcast=True) + 16384.0).to(tl.uint32, bitcast=True) - 0x46800000
-        code = tl.where(mag > 0x43E80000, 0x7F, tl.where(mag >= 0x3C800000, normal, sub))
+        code = _e4m3_code(mag)
         code = (code | ((p >> 24) & 0x80)).to(tl.uint8)
     tl.store(q_ptr + offs, code, mask=rmask[:, None])
 
@@ -161,3 +168,179 @@ def quantize_fp8_blocks(
             num_warps=4,
         )
     return q, scale
+
+
+# ------------------------------------------------- MXFP8 and NVFP4 (quant.py's formats)
+#
+# One program quantizes BLOCK_N scale blocks (32 or 16 elements of a row); H is a multiple of
+# the block, so block b is x's elements [b * BLOCK, (b + 1) * BLOCK) and sits in row b // S at
+# column b % S. q and the scales are written through their row strides: contiguous tensors
+# (the engines' separate q and scales) or the two views of packed rows (quant.wire_rows).
+# Arithmetic as quant.quantize_mxfp8_torch / quantize_nvfp4_torch, bit-exact: IEEE divisions
+# (div_rn), casts to e4m3 by the GPU (HW_CVT) or in integer arithmetic (the interpreter).
+
+
+@triton.jit
+def _load_bits(x_ptr, offs, mask, BF16: tl.constexpr):
+    """float32 bits of x at offs (bf16 loaded as int16: its bits are a float32's upper half).
+
+    One return at the end: the compiler, unlike the interpreter, takes no early return from a
+    constexpr branch (a second return after it is an error)."""
+    if BF16:
+        bits = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32) << 16
+    else:
+        bits = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.int32, bitcast=True)
+    return bits
+
+
+@triton.jit
+def _to_e4m3(y, HW_CVT: tl.constexpr):
+    """fp32 y (|y| <= 448) -> e4m3 code with its sign, uint8 (one return: see _load_bits)."""
+    if HW_CVT:
+        code = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        p = y.to(tl.uint32, bitcast=True)
+        code = (_e4m3_code(tl.minimum(p & 0x7FFFFFFF, 0x7F800000)) | ((p >> 24) & 0x80)).to(tl.uint8)
+    return code
+
+
+@triton.jit(do_not_specialize=["n_blocks", "n_scales", "q_stride", "s_stride"])
+def _quantize_mxfp8_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    n_blocks,
+    n_scales,
+    q_stride,
+    s_stride,
+    TINY: tl.constexpr,
+    BF16: tl.constexpr,
+    HW_CVT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < n_blocks
+    cols = tl.arange(0, 32)
+    bits = _load_bits(x_ptr, rows[:, None] * 32 + cols[None, :], rmask[:, None], BF16)
+    x = bits.to(tl.float32, bitcast=True)
+    amax = tl.max(bits & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
+    r = tl.math.div_rn(tl.maximum(amax, TINY, propagate_nan=tl.PropagateNan.ALL), tl.full([BLOCK_N], 448.0, tl.float32))
+    rb = r.to(tl.int32, bitcast=True)
+    field = rb >> 23
+    mant = rb & 0x7FFFFF
+    normal = tl.minimum(tl.maximum(field + (mant != 0).to(tl.int32), 0), 254)
+    s = tl.where(field == 0, (mant > (1 << 22)).to(tl.int32), normal)  # ceil(log2(r)) + 127
+    descale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)  # 2^(s-127)
+    code = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(descale[:, None], [BLOCK_N, 32])), HW_CVT)
+    t = rows // n_scales
+    j = rows % n_scales
+    tl.store(q_ptr + (t * q_stride + j * 32)[:, None] + cols[None, :], code, mask=rmask[:, None])
+    tl.store(s_ptr + t * s_stride + j, s.to(tl.uint8), mask=rmask)
+
+
+@triton.jit
+def _e2m1(v):
+    """fp32 values within +-6 -> e2m1 codes (sign in bit 3), to nearest even (quant.e2m1_codes)."""
+    a = tl.abs(v)
+    mag = (
+        (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
+        + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
+    )  # fmt: skip
+    return mag | ((v.to(tl.int32, bitcast=True) >> 28) & 0x8)
+
+
+@triton.jit(do_not_specialize=["n_blocks", "n_scales", "q_stride", "s_stride"])
+def _quantize_nvfp4_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    n_blocks,
+    n_scales,
+    q_stride,
+    s_stride,
+    g,
+    inv_g,
+    INV_FP4_MAX: tl.constexpr,
+    BF16: tl.constexpr,
+    HW_CVT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < n_blocks
+    pairs = tl.arange(0, 8)
+    offs = rows[:, None] * 16 + 2 * pairs[None, :]  # element 2i: the low nibble; 2i + 1: the high
+    lo_bits = _load_bits(x_ptr, offs, rmask[:, None], BF16)
+    hi_bits = _load_bits(x_ptr, offs + 1, rmask[:, None], BF16)
+    amax = tl.maximum(tl.max(lo_bits & 0x7FFFFFFF, axis=1), tl.max(hi_bits & 0x7FFFFFFF, axis=1))
+    sc = tl.minimum(g * (amax.to(tl.float32, bitcast=True) * INV_FP4_MAX), 448.0)
+    scode = _to_e4m3(sc, HW_CVT).to(tl.int32)
+    # the e4m3 scale back in fp32: normal codes rebias the exponent, subnormal ones are code x 2^-9
+    sf = tl.where(
+        scode >= 8,
+        (((scode >> 3) + 120) << 23) | ((scode & 7) << 20),
+        (scode.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True),
+    ).to(tl.float32, bitcast=True)
+    unit = sf * inv_g
+    one = tl.full([BLOCK_N], 1.0, tl.float32)
+    inv = tl.where(unit == 0.0, 0.0, tl.math.div_rn(one, tl.where(unit == 0.0, one, unit)))
+    lo = tl.minimum(tl.maximum(lo_bits.to(tl.float32, bitcast=True) * inv[:, None], -6.0), 6.0)
+    hi = tl.minimum(tl.maximum(hi_bits.to(tl.float32, bitcast=True) * inv[:, None], -6.0), 6.0)
+    byte = (_e2m1(lo) | (_e2m1(hi) << 4)).to(tl.uint8)
+    t = rows // n_scales
+    j = rows % n_scales
+    tl.store(q_ptr + (t * q_stride + j * 8)[:, None] + pairs[None, :], byte, mask=rmask[:, None])
+    tl.store(s_ptr + t * s_stride + j, scode.to(tl.uint8), mask=rmask)
+
+
+def _launch_blocks(kernel, x, q, scales, block: int, block_n: int | None, hw_cvt: bool | None, **args) -> None:
+    t, h = x.shape
+    n_scales = h // block
+    n = t * n_scales
+    if n == 0:
+        return
+    if hw_cvt is None:
+        hw_cvt = x.is_cuda and _has_fp8_conversion(x.device)
+    bn = block_n or _block_n(n)
+    x = x.contiguous()
+    bf16 = x.dtype == torch.bfloat16
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        kernel[(triton.cdiv(n, bn),)](
+            x.view(torch.int16) if bf16 else x,
+            q.view(torch.uint8),
+            scales.view(torch.uint8),
+            n,
+            n_scales,
+            q.stride(0) * q.element_size(),
+            scales.stride(0) * scales.element_size(),
+            **args,
+            BF16=bf16,
+            HW_CVT=hw_cvt,
+            BLOCK_N=bn,
+            num_warps=4,
+        )
+
+
+def quantize_mxfp8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, block_n=None, hw_cvt=None) -> None:
+    """quant.quantize_mxfp8_torch into q [T, H] e4m3 and scales [T, H/32] uint8 (rows may be
+    strided; bf16 or fp32 x, H % 32 == 0). Layout: vLLM 0.33 mxfp8_e4m3_quantize, linear scales
+    (``model_executor/layers/quantization/utils/mxfp8_utils.py``)."""
+    _launch_blocks(_quantize_mxfp8_kernel, x, q, scales, 32, block_n, hw_cvt, TINY=torch.finfo(torch.float32).tiny)
+
+
+def quantize_nvfp4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, block_n=None, hw_cvt=None) -> None:
+    """quant.quantize_nvfp4_torch into q [T, H/2] uint8 (element 2i in the low nibble) and scales
+    [T, H/16] e4m3 (rows may be strided; H % 16 == 0). Layout: vLLM 0.33 scaled_fp4_quant with
+    is_sf_swizzled_layout=False, as its all2all prepares call it (``model_executor/layers/
+    fused_moe/prepare_finalize/naive_dp_ep.py``; arithmetic: ``nvfp4_emulation_utils.ref_nvfp4_quant``)."""
+    from .quant import FP4_E2M1_MAX, NVFP4_GLOBAL_SCALE
+
+    g = torch.tensor(NVFP4_GLOBAL_SCALE, dtype=torch.float32)
+    inv_fp4 = float(torch.tensor(1.0 / FP4_E2M1_MAX, dtype=torch.float32))
+    _launch_blocks(
+        _quantize_nvfp4_kernel, x, q, scales, 16, block_n, hw_cvt,
+        g=float(g), inv_g=float(1.0 / g), INV_FP4_MAX=inv_fp4,
+    )  # fmt: skip
+
+
+#: payload -> its kernel (quant.quantize_into).
+QUANTIZE = {"mxfp8": quantize_mxfp8, "nvfp4": quantize_nvfp4}

@@ -5,7 +5,8 @@ A backend names its kernel module; every such module has the same host API (`sta
 rank's `RankState`; no call synchronises the host):
 
     workspace(geometry) -> Workspace      the regions of one rank's workspace
-    dispatch_send(state, x, topk_ids, topk_weights, x_scale=None)   x_scale: block-FP8 rows
+    dispatch_send(state, x, topk_ids, topk_weights, x_scale=None)   x_scale: block-FP8 rows;
+                                          MXFP8 / NVFP4: x is packed rows of bytes (no x_scale)
     dispatch_recv(state) -> (x, topk_ids, topk_weights)   the received rows, once they arrived
     combine_send(state, expert_out)       expert_out [rows dispatch_recv returned, H]
     combine_recv(state, expert_out, topk_ids, y) -> y     y [T, H]: the source tokens' sums
@@ -26,9 +27,9 @@ from typing import Any, ClassVar
 import torch
 
 from ._nvlink_common import Geometry, LaunchKnobs, RankState
-from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape, virtual_world
+from .base import PAYLOADS, All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape, virtual_world
 from .errors import ShapeError
-from .quant import quantize_fp8_blocks
+from .quant import quantize_fp8_blocks, quantize_rows, wire_rows
 
 
 def symmetric_memory_availability(env: BackendEnv) -> Availability:
@@ -62,6 +63,10 @@ def rendezvous_workspace(nbytes: int, group, device: torch.device) -> tuple[torc
     return buf, list(handle.buffer_ptrs), handle
 
 
+#: Payloads that travel as packed rows of bytes (values, then scales): one copy per row.
+PACKED = frozenset({"mxfp8", "nvfp4"})
+
+
 @dataclass
 class _Handle:
     topk_ids: torch.Tensor  # [T, k] the source tokens' ids: combine sums what came back for them
@@ -74,7 +79,9 @@ class SymmetricMemoryBackend(All2AllBackend):
     """Base of the NVLink backends: subclasses name their kernel module (`kernels`)."""
 
     graph_capturable = True  # no host synchronisation anywhere
-    quantized_payloads = True  # fp8_e4m3: rows quantized before dispatch, scales travel beside them
+    # Quantized before dispatch (timed with it, as vLLM's prepare() does): block-FP8 rows with
+    # their fp32 scales beside them; MXFP8 and NVFP4 as packed rows (values, then scales).
+    payloads = frozenset({"bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8", "nvfp4"})
     capacity_bound = True  # workspaces are W x max_tokens_per_rank slots
     reach = "island"  # CUDA IPC mappings between the GPUs of one node (no fabric handles)
     virtual_ranks = True  # peers only through `rendezvous`: W ranks can share one device
@@ -98,6 +105,7 @@ class SymmetricMemoryBackend(All2AllBackend):
 
     def __init__(self, group, shape: MoEShape, device: torch.device) -> None:
         super().__init__(group, shape, device)
+        self.packed = shape.dtype in PACKED
         geometry = Geometry(
             self.world_size,
             shape.max_tokens_per_rank,
@@ -105,7 +113,8 @@ class SymmetricMemoryBackend(All2AllBackend):
             shape.topk,
             self.experts_per_rank,
             self.dtype,
-            self.wire_dtype,
+            self.wire_dtype if not self.packed else None,
+            PAYLOADS[shape.dtype].row_bytes(shape.hidden) if self.packed else 0,
         )
         layout = self.kernels.workspace(geometry)
         world = virtual_world(group)  # virtual ranks: their region of the world's one allocation
@@ -142,15 +151,23 @@ class SymmetricMemoryBackend(All2AllBackend):
     # The four phases (virtual ranks run every rank's phase before the next phase of any).
 
     def dispatch_send(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> _Handle:
-        """Check the inputs (the step too), quantize block-FP8 payloads, send: the handle."""
+        """Check the inputs (the step too), quantize quantized payloads, send: the handle."""
         tokens = self.check_inputs(x, topk_ids, topk_weights)
-        q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
+        if self.packed:
+            q, scales = quantize_rows(self.shape.dtype, x), None
+        elif self.wire_dtype is not None:
+            q, scales = quantize_fp8_blocks(x)
+        else:
+            q, scales = x.contiguous(), None
         ids = topk_ids.contiguous()  # the kernels index rows densely: combine needs the same tensor
         self.kernels.dispatch_send(self.state, q, ids, topk_weights.contiguous(), scales)
         return _Handle(ids, tokens, self.state.rows)
 
     def dispatch_recv(self, handle: _Handle) -> Dispatched:
         rx, rids, rw = self.kernels.dispatch_recv(self.state)
+        if self.packed:
+            q, scales = wire_rows(self.shape.dtype, rx, self.shape.hidden)
+            return Dispatched(x=q, topk_ids=rids, topk_weights=rw, handle=handle, x_scale=scales)
         if self.wire_dtype is None:
             return Dispatched(x=rx, topk_ids=rids, topk_weights=rw, handle=handle)
         x_scale = self.state.received_scales()

@@ -1,14 +1,41 @@
 """Metadata packing and collective wrappers shared by the torch.distributed backends.
 
-Token rows travel as they are (no staging copy of the hidden states); each token's routing
-metadata travels beside them as one int32 row [topk_ids | topk_weights bit-cast to int32],
-so ids and weights cost one small collective together instead of two.
+Token rows travel as they are (no staging copy of the hidden states), or, for a quantized
+payload, as packed rows of bytes (the values then their scales, `quant.wire_rows`: one
+collective moves both, as vLLM's all-gather moves its quantized rows and scales); each token's
+routing metadata travels beside them as one int32 row [topk_ids | topk_weights bit-cast to
+int32], so ids and weights cost one small collective together instead of two.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from .base import PAYLOADS, MoEShape, torch_dtype
+from .quant import quantize_rows, wire_rows
+
+
+def row_format(shape: MoEShape) -> tuple[int, torch.dtype]:
+    """(elements, dtype) of one dispatched row of `shape`'s payload: H activations, or its
+    packed bytes."""
+    payload = PAYLOADS[shape.dtype]
+    if payload.quantized:
+        return payload.row_bytes(shape.hidden), torch.uint8
+    return shape.hidden, torch_dtype(shape.dtype)
+
+
+def send_rows(shape: MoEShape, x: torch.Tensor) -> torch.Tensor:
+    """The rows a dispatch moves for x [T, H]: x, or its quantized packed rows (the quantize is
+    timed with the dispatch, as the engines' dispatch steps quantize)."""
+    return quantize_rows(shape.dtype, x) if PAYLOADS[shape.dtype].quantized else x
+
+
+def received(shape: MoEShape, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(x, x_scale) for `Dispatched` from the rows a dispatch received."""
+    if PAYLOADS[shape.dtype].quantized:
+        return wire_rows(shape.dtype, rows, shape.hidden)
+    return rows, None
 
 
 def pack_meta(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:

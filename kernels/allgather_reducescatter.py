@@ -17,8 +17,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ._wire import all_gather_flat, mask_nonlocal, pack_meta, reduce_scatter_flat, unpack_meta
-from .base import All2AllBackend, Dispatched
+from ._wire import (
+    all_gather_flat,
+    mask_nonlocal,
+    pack_meta,
+    received,
+    reduce_scatter_flat,
+    row_format,
+    send_rows,
+    unpack_meta,
+)
+from .base import PAYLOADS, All2AllBackend, Dispatched
 from .registry import register_backend
 
 
@@ -35,6 +44,9 @@ class AllGatherReduceScatter(All2AllBackend):
     vllm_name = "allgather_reducescatter"
     sglang_name = None  # SGLang's default (`none`) runs no all2all at all
     trtllm_name = "ALLGATHER"  # TensorRT-LLM's AllGatherReduceScatter
+    # Quantized payloads gathered as packed rows (values + scales), quantized inside dispatch:
+    # vLLM's naive_dp_ep prepare() quantizes, then all-gathers rows and scales.
+    payloads = frozenset(PAYLOADS)
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)
@@ -45,12 +57,14 @@ class AllGatherReduceScatter(All2AllBackend):
         counts_host = counts.tolist()  # host sync: the padded size is data dependent
         max_tokens = max(counts_host)
 
-        x_send, meta_send = x, pack_meta(topk_ids, topk_weights)
+        width, row_dtype = row_format(s)
+        x_send, meta_send = send_rows(s, x), pack_meta(topk_ids, topk_weights)
         if tokens < max_tokens:  # pad to the common size; padding rows are never read back
-            x_send = torch.empty(max_tokens, s.hidden, dtype=self.dtype, device=self.device)
-            x_send[:tokens] = x
+            rows = x_send
+            x_send = torch.empty(max_tokens, width, dtype=row_dtype, device=self.device)
+            x_send[:tokens] = rows
             meta_send = torch.cat([meta_send, meta_send.new_empty(max_tokens - tokens, 2 * s.topk)])
-        rx = torch.empty(w * max_tokens, s.hidden, dtype=self.dtype, device=self.device)
+        rx = torch.empty(w * max_tokens, width, dtype=row_dtype, device=self.device)
         meta = torch.empty(w * max_tokens, 2 * s.topk, dtype=torch.int32, device=self.device)
         all_gather_flat(rx, x_send.contiguous(), self.group)
         all_gather_flat(meta, meta_send, self.group)
@@ -66,8 +80,13 @@ class AllGatherReduceScatter(All2AllBackend):
             rx, meta = rx.index_select(0, valid), meta.index_select(0, valid)
         rids, rw = unpack_meta(meta, s.topk)
         lo, hi = self.local_expert_range()
+        rx, scales = received(s, rx)
         return Dispatched(
-            x=rx, topk_ids=mask_nonlocal(rids, lo, hi), topk_weights=rw, handle=_Handle(tokens, max_tokens, valid)
+            x=rx,
+            topk_ids=mask_nonlocal(rids, lo, hi),
+            topk_weights=rw,
+            handle=_Handle(tokens, max_tokens, valid),
+            x_scale=scales,
         )
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
@@ -102,18 +121,24 @@ class AllGatherReduceScatterPadded(AllGatherReduceScatter):
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)
         w, s, cap = self.world_size, self.shape, self.step_capacity
-        x_send = torch.zeros(cap, s.hidden, dtype=self.dtype, device=self.device)
-        x_send[:tokens] = x
+        width, row_dtype = row_format(s)
+        x_send = torch.zeros(cap, width, dtype=row_dtype, device=self.device)
+        x_send[:tokens] = send_rows(s, x)
         ids = torch.full((cap, s.topk), -1, dtype=torch.int32, device=self.device)
         ids[:tokens] = topk_ids
         weights = torch.zeros(cap, s.topk, dtype=torch.float32, device=self.device)
         weights[:tokens] = topk_weights
-        rx = torch.empty(w * cap, s.hidden, dtype=self.dtype, device=self.device)
+        rx = torch.empty(w * cap, width, dtype=row_dtype, device=self.device)
         meta = torch.empty(w * cap, 2 * s.topk, dtype=torch.int32, device=self.device)
         all_gather_flat(rx, x_send, self.group)
         all_gather_flat(meta, pack_meta(ids, weights), self.group)
         rids, rw = unpack_meta(meta, s.topk)
         lo, hi = self.local_expert_range()
+        rx, scales = received(s, rx)
         return Dispatched(
-            x=rx, topk_ids=mask_nonlocal(rids, lo, hi), topk_weights=rw, handle=_Handle(tokens, cap, None)
+            x=rx,
+            topk_ids=mask_nonlocal(rids, lo, hi),
+            topk_weights=rw,
+            handle=_Handle(tokens, cap, None),
+            x_scale=scales,
         )

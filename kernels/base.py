@@ -3,7 +3,7 @@
 Expert-parallel (EP) group of W ranks; E experts, E % W == 0; rank r owns the experts
 [r*E/W, (r+1)*E/W). Rank r holds T_r tokens (T_r may differ per rank, and may be 0):
 
-    x             [T_r, H]   payload dtype (bf16 / fp16 / fp32)
+    x             [T_r, H]   activation dtype (bf16 / fp16 / fp32; quantized payloads: bf16)
     topk_ids      [T_r, k]   int32/int64 global expert ids, distinct within a row
     topk_weights  [T_r, k]   fp32 router weights
 
@@ -50,6 +50,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from a2a_tune.tuner.runtime import point as _point
 from a2a_tune.tuner.runtime.point import Shape, check_tokens
 
 from .errors import KnobError, ShapeError
@@ -58,19 +59,19 @@ if TYPE_CHECKING:  # torch is imported lazily so `availability` stays cheap to c
     import torch
     import torch.distributed as dist
 
-# Payload dtype names used throughout (CLI, database, profiles) -> (activation dtype, wire dtype).
-# The activation dtype is what x, the expert outputs and y are in; a quantized payload travels
-# as the wire dtype with one fp32 scale per FP8_BLOCK elements (DeepSeek's block-FP8 layout),
-# quantized before dispatch. Combine always carries the activation dtype.
-PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {
-    "bf16": ("bfloat16", None),
-    "fp16": ("float16", None),
-    "fp32": ("float32", None),
-    "fp8_e4m3": ("bfloat16", "float8_e4m3fn"),
-}
+#: Payload dtype names used throughout (CLI, database, profiles) -> the format (runtime.point):
+#: what x, the expert outputs and y are in (the activation dtype, also what combine carries),
+#: and what a dispatched row travels as.
+PAYLOADS = _point.PAYLOADS
+#: name -> (activation dtype, wire dtype): a quantized payload travels as the wire dtype (NVFP4:
+#: bytes of two e2m1 values) with its block scales beside it, quantized before dispatch.
+_WIRE = {"fp8_e4m3": "float8_e4m3fn", "mxfp8": "float8_e4m3fn", "nvfp4": "uint8"}
+PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {n: (p.activation, _WIRE.get(n)) for n, p in PAYLOADS.items()}
+#: Unquantized payloads: every backend carries these.
+PLAIN_PAYLOADS = frozenset(name for name, p in PAYLOADS.items() if not p.quantized)
 #: Bytes per element of the dtypes PAYLOAD_DTYPES names, known without importing torch.
-ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
-FP8_BLOCK = 128  # elements per scale (kernels/quant.py quantizes, kernels/_quant_kernels.py on CUDA)
+ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "uint8": 1}
+FP8_BLOCK = PAYLOADS["fp8_e4m3"].block  # elements per scale (kernels/quant.py; _quant_kernels.py on CUDA)
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 
 
@@ -149,13 +150,12 @@ def case_bytes(cls: type[All2AllBackend], shape: MoEShape, world_size: int, toke
     reduces, combine's staging and the expert outputs, once in fp32 for the reference compute)
     with their 2k words of routing twice. Plus the check's reference and result, [T, H] each.
     """
-    act, wire = PAYLOAD_DTYPES[shape.dtype]
-    a = ITEM_BYTES[act]
-    w = ITEM_BYTES[wire] if wire else a
+    payload = PAYLOADS[shape.dtype]
+    a = payload.combine_row_bytes(1)
     t, h, k = tokens, shape.hidden, shape.topk
     inputs = input_sets * t * (h * a + 8 * k) + t * max(3 * 4 * shape.num_experts, 4 * h)
     rows = cls.received_rows(shape, world_size)
-    received = rows * (h * (w + 3 * a + 4) + 2 * 8 * k)
+    received = rows * (payload.row_bytes(h) + h * (3 * a + 4) + 2 * 8 * k)
     check = t * h * (4 + a)
     return inputs + received + check
 
@@ -278,8 +278,13 @@ class All2AllBackend(ABC):
     # Backends whose dispatch needs a host read of data-dependent sizes cannot be captured
     # in a CUDA graph; the sweep times those eagerly.
     graph_capturable: ClassVar[bool] = False
-    # Whether the backend carries quantized payloads (fp8_e4m3: x_scale travels with x).
-    quantized_payloads: ClassVar[bool] = False
+    # The payload dtypes (PAYLOADS) the backend carries in the engine: what it would be given
+    # there. Another is "does not carry": never built, never timed, never a failure. Quantized
+    # ones travel as the wire rows with `x_scale` beside them.
+    # The quantize is part of `dispatch` (timed with it) for every backend: vLLM quantizes in
+    # its prepare() for every all2all backend (prepare_finalize/*.py), DeepEP's low-latency
+    # kernel inside itself (docs/architecture.md, "Payloads").
+    payloads: ClassVar[frozenset[str]] = PLAIN_PAYLOADS
     # Fixed-capacity backends cost what their capacity costs: the sweep builds them with
     # max_tokens_per_rank = the load being timed, or the engine's capacity (--capacity).
     capacity_bound: ClassVar[bool] = False
@@ -326,8 +331,8 @@ class All2AllBackend(ABC):
 
         Per shape, unlike `availability`: the sweep skips infeasible cases without failing them.
         The constructor raises ShapeError with the reason; subclasses do not re-check."""
-        if wire_dtype(shape.dtype) is not None and not cls.quantized_payloads:
-            return Availability(False, f"{shape.dtype} payloads not implemented for this backend")
+        if shape.dtype not in cls.payloads:
+            return Availability(False, f"does not carry {shape.dtype}")
         return Availability(True)
 
     @classmethod

@@ -54,7 +54,9 @@ class DeepEPHighThroughput(All2AllBackend):
     trtllm_name = "DEEPEP"
     engine_options = {"sglang": ("--deepep-mode", "normal")}
     vllm_closest = None
-    quantized_payloads = True  # block-FP8 rows and their scales travel as DeepEP's (x, x_scales)
+    # bf16, or FP8 with 128-wide blocks: what DeepEP's kernels take (block-FP8 rows and their scales travel as DeepEP's (x, x_scales));
+    # no MXFP8, no NVFP4
+    payloads = frozenset({"bf16", "fp8_e4m3"})
     knob_space = {
         "num_sms": (8, 12, 16, 20, 24, 32, 48, 64),  # even: senders and receivers pair up
         "dispatch_send_tokens": (0, 4, 6, 8, 12, 16, 24, 32),
@@ -76,8 +78,6 @@ class DeepEPHighThroughput(All2AllBackend):
 
     @classmethod
     def feasibility(cls, shape: MoEShape, world_size: int) -> Availability:
-        if shape.dtype not in ("bf16", "fp8_e4m3"):
-            return Availability(False, f"DeepEP carries bf16 (or block-FP8) payloads, not {shape.dtype}")
         if shape.num_experts // world_size > MAX_EXPERTS_PER_RANK:
             return Availability(False, f"DeepEP's layout kernel takes at most {MAX_EXPERTS_PER_RANK} experts per rank")
         if shape.topk > MAX_TOPK:

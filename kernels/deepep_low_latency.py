@@ -54,7 +54,9 @@ class DeepEPLowLatency(All2AllBackend):
     trtllm_name = "DEEPEPLOWLATENCY"
     engine_options = {"sglang": ("--deepep-mode", "low_latency")}
     graph_capturable = True
-    quantized_payloads = True  # FP8: DeepEP quantizes inside its dispatch kernel
+    # bf16, or FP8 with 128-wide blocks: what DeepEP's kernels take (FP8: DeepEP quantizes inside its dispatch kernel);
+    # no MXFP8, no NVFP4
+    payloads = frozenset({"bf16", "fp8_e4m3"})
     capacity_bound = True
 
     @classmethod
@@ -63,8 +65,6 @@ class DeepEPLowLatency(All2AllBackend):
 
     @classmethod
     def feasibility(cls, shape: MoEShape, world_size: int) -> Availability:
-        if shape.dtype not in ("bf16", "fp8_e4m3"):
-            return Availability(False, f"DeepEP carries bf16 (or FP8) payloads, not {shape.dtype}")
         if shape.hidden not in HIDDEN_SIZES:
             sizes = ", ".join(map(str, HIDDEN_SIZES))
             return Availability(False, f"DeepEP's low-latency kernels take hidden sizes {sizes}, not {shape.hidden}")

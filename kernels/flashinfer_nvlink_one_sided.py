@@ -3,8 +3,9 @@ kernels), the backend vLLM names `flashinfer_nvlink_one_sided` and SGLang `flash
 
 Mechanism (FlashInfer's): every rank maps every peer's workspace; dispatch writes each token
 once into the receive region of every rank owning one of its experts, several payloads per
-token in one kernel (here: the activations, int32 expert ids, fp32 weights, and for fp8 the
-block scales), and completion flags replace a count exchange. Combine writes each received
+token in one kernel (here: the activations, int32 expert ids, fp32 weights, and for a
+quantized payload its scales: vLLM's prepare() passes the quantized rows and their linear
+scales as two payloads, `prepare_finalize/flashinfer_nvlink_one_sided.py`), and completion flags replace a count exchange. Combine writes each received
 row back into its source rank's region, where the rows of a token (one per destination
 rank) are summed — so, as our contract says, expert outputs arrive already weighted.
 
@@ -29,8 +30,8 @@ import warnings
 import torch
 
 from ._flashinfer import comm_module, ep_mapping, flashinfer_availability
-from .base import All2AllBackend, Availability, BackendEnv, Dispatched
-from .quant import quantize_fp8_blocks, scale_blocks
+from .base import PAYLOADS, All2AllBackend, Availability, BackendEnv, Dispatched
+from .quant import quantize
 from .registry import register_backend
 
 KNOB_ENV = {
@@ -60,7 +61,9 @@ class FlashInferNvlinkOneSided(All2AllBackend):
     sglang_name = "flashinfer"
     trtllm_name = "NVLINK_ONE_SIDED"  # FlashInfer's one-sided kernels are TensorRT-LLM's MoeAlltoAll
     graph_capturable = True
-    quantized_payloads = True  # payloads are bytes to FlashInfer: fp8 rows + fp32 block scales
+    # payloads are bytes to FlashInfer: the quantized rows + their scales, quantized in dispatch
+    # (vLLM's prepare() quantizes, then dispatches)
+    payloads = frozenset(PAYLOADS)
     capacity_bound = True
     step_sized = True  # runtime_max_tokens_per_rank: vLLM passes its max over DP ranks each step
     reach = "domain"  # MNNVL memory: fabric handles across the nodes of an NVLink domain (GB200 NVL72)
@@ -74,13 +77,11 @@ class FlashInferNvlinkOneSided(All2AllBackend):
         s = shape
         a2a = comm_module("trtllm_moe_alltoall")
         mapping, config = ep_mapping(group, self.rank, self.world_size)
-        wire_bytes = (self.wire_dtype or self.dtype).itemsize
-        scale_bytes = scale_blocks(s.hidden) * 4 if self.wire_dtype is not None else 0
         workspace = (
             a2a.moe_a2a_get_workspace_size_per_rank(
                 self.world_size,
                 s.max_tokens_per_rank,
-                s.hidden * wire_bytes + 2 * s.topk * 4 + scale_bytes,  # dispatch bytes per token
+                PAYLOADS[s.dtype].row_bytes(s.hidden) + 2 * s.topk * 4,  # dispatch bytes per token
                 s.hidden * self.dtype.itemsize,  # combine bytes per token
             )
             + 128 * 8
@@ -103,16 +104,16 @@ class FlashInferNvlinkOneSided(All2AllBackend):
         self.check_inputs(x, topk_ids, topk_weights)
         s, w, cap = self.shape, self.world_size, self.step_capacity
         ids = topk_ids.to(torch.int32).contiguous()
-        q, scales = quantize_fp8_blocks(x) if self.wire_dtype is not None else (x.contiguous(), None)
+        q, scales = quantize(s.dtype, x) if self.wire_dtype is not None else (x.contiguous(), None)
         payloads = [q, ids, topk_weights.to(torch.float32).contiguous()] + ([scales] if scales is not None else [])
         received = self._a2a.dispatch(ids, payloads, cap, invalid_token_expert_id=-1, expert_id_payload_index=1)
         rids = received[1].view(w * cap, s.topk)  # FlashInfer's receive region: ours until combine
         rids.masked_fill_(rids.div(self.experts_per_rank, rounding_mode="floor") != self.rank, -1)
-        x_scale = received[3].view(w * cap, -1) if scales is not None else None
+        x_scale = received[3].view(w * cap, -1).view(scales.dtype) if scales is not None else None
         # The handle is the workspace region combine reads: where the experts may write (combine_buffer).
         buffer = self._a2a.get_combine_payload_tensor_in_workspace(cap, s.hidden, self.dtype).view(w * cap, s.hidden)
         return Dispatched(
-            x=received[0].view(w * cap, s.hidden),
+            x=received[0].view(w * cap, q.shape[1]).view(q.dtype),
             topk_ids=rids,
             topk_weights=received[2].view(w * cap, s.topk),
             handle=buffer,

@@ -34,7 +34,8 @@ class FlashInferNvlinkTwoSided(All2AllBackend):
     sglang_name = None
     trtllm_name = "NVLINK_TWO_SIDED"  # TensorRT-LLM's MnnvlMoe two-sided kernels
     graph_capturable = True
-    quantized_payloads = True  # the fp8 rows and their fp32 block scales travel as two exchanges
+    # the fp8 rows and their fp32 block scales travel as two exchanges (MXFP8 / NVFP4: not yet)
+    payloads = frozenset({"bf16", "fp16", "fp32", "fp8_e4m3"})
     capacity_bound = True
     reach = "domain"  # MNNVL memory: fabric handles across the nodes of an NVLink domain (GB200 NVL72)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ._wire import mask_nonlocal, pack_meta, unpack_meta
-from .base import All2AllBackend, Dispatched
+from ._wire import mask_nonlocal, pack_meta, received, row_format, send_rows, unpack_meta
+from .base import PAYLOADS, All2AllBackend, Dispatched
 from .registry import register_backend
 
 
@@ -37,6 +37,7 @@ class NcclAll2Allv(All2AllBackend):
     vllm_name = None
     vllm_closest = "flashinfer_nvlink_two_sided"  # also an all-to-all-v (vLLM once called it flashinfer_all2allv)
     sglang_name = None
+    payloads = frozenset(PAYLOADS)  # quantized ones as packed rows (values + scales), quantized in dispatch
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         tokens = self.check_inputs(x, topk_ids, topk_weights)
@@ -53,18 +54,22 @@ class NcclAll2Allv(All2AllBackend):
         send_splits, recv_splits = splits[0], splits[1]
 
         n_recv = sum(recv_splits)
-        rx = torch.empty(n_recv, s.hidden, dtype=self.dtype, device=self.device)
+        width, row_dtype = row_format(s)
+        rx = torch.empty(n_recv, width, dtype=row_dtype, device=self.device)
         meta = torch.empty(n_recv, 2 * s.topk, dtype=torch.int32, device=self.device)
-        dist.all_to_all_single(rx, x.index_select(0, source_token), recv_splits, send_splits, group=self.group)
+        rows = send_rows(s, x).index_select(0, source_token)
+        dist.all_to_all_single(rx, rows, recv_splits, send_splits, group=self.group)
         meta_send = pack_meta(topk_ids, topk_weights).index_select(0, source_token)
         dist.all_to_all_single(meta, meta_send, recv_splits, send_splits, group=self.group)
         rids, rw = unpack_meta(meta, s.topk)
         lo, hi = self.local_expert_range()
+        rx, scales = received(s, rx)
         return Dispatched(
             x=rx,
             topk_ids=mask_nonlocal(rids, lo, hi),
             topk_weights=rw,
             handle=_Handle(tokens, source_token, send_splits, recv_splits),
+            x_scale=scales,
         )
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:

@@ -17,13 +17,21 @@ from a2a_tune.tuner.runtime.text import one_line
 
 from .base import All2AllBackend, Dispatched, MoEShape, torch_dtype
 from .errors import ShapeError
-from .quant import dequantize_fp8_blocks
+from .quant import dequantize
 
 ROUTINGS = ("uniform", "skewed", "local")
 
 # Per-token relative error allowed: expert outputs are rounded to the payload dtype once and
 # summed over up to top-k contributions (bf16 has an 8-bit significand: 2^-8 ~ 0.4% per rounding).
-TOLERANCE = {"fp32": 1e-5, "fp16": 4e-3, "bf16": 2.5e-2, "fp8_e4m3": 6e-2}  # e4m3: 3-bit significand
+# Quantized payloads add the dequantized row's error (the oracle dequantizes what arrived):
+# * fp8_e4m3, mxfp8: e4m3 keeps 3 significand bits, half a step is <= 2^-4 of a value in its
+#   normal range; the scales put each block's amax at the top of that range (E8M0: within a
+#   factor 2), so the few values below it add < 2^-10 of the amax each.
+# * nvfp4: e2m1 keeps 1 significand bit: half a step is <= 1/4 of a value >= 1 unit (the block
+#   scale), and <= 1/4 unit below. A block's amax is ~6 units (the e4m3 scale rounds by <= 2^-4),
+#   so its squared norm is >= ~32 units^2 and the error's <= 1/16 (norm^2 + 16 units^2): the
+#   relative error is <= 1/4 x sqrt(1 + 16/32) ~ 0.31.
+TOLERANCE = {"fp32": 1e-5, "fp16": 4e-3, "bf16": 2.5e-2, "fp8_e4m3": 6e-2, "mxfp8": 6.5e-2, "nvfp4": 0.31}
 
 _SKEW_EXPONENT = 1.2  # Zipf exponent of expert popularity for "skewed" routing
 
@@ -85,13 +93,15 @@ def expert_compute(
     topk_weights: torch.Tensor,
     scales: torch.Tensor,
     x_scale: torch.Tensor | None = None,
+    payload: str = "fp8_e4m3",
 ) -> torch.Tensor:
     """out[n] = sum_{j: ids[n,j] >= 0} w[n,j] * s[ids[n,j]] * x[n], computed in fp32, cast to the
-    activation dtype (bf16 for block-FP8 rows, which are dequantized with `x_scale` first)."""
+    activation dtype (bf16 for quantized rows, which are dequantized with `x_scale` first as
+    `payload`, the quantized payload's name)."""
     valid = topk_ids >= 0
     coef = torch.where(valid, topk_weights * scales[topk_ids.clamp_min(0)], torch.zeros_like(topk_weights))
     if x_scale is not None:
-        return (coef.sum(dim=1, keepdim=True) * dequantize_fp8_blocks(x, x_scale)).to(torch.bfloat16)
+        return (coef.sum(dim=1, keepdim=True) * dequantize(payload, x, x_scale)).to(torch.bfloat16)
     return (coef.sum(dim=1, keepdim=True) * x.float()).to(x.dtype)
 
 
@@ -172,7 +182,7 @@ def dispatch_problem(backend: All2AllBackend, d: Dispatched) -> str:
 def expert_outputs(backend: All2AllBackend, d: Dispatched, scales: torch.Tensor) -> torch.Tensor:
     """The reference expert compute on what `d` holds, in the backend's combine buffer when it
     has one (the zero-copy path is the one timed: check it)."""
-    out = expert_compute(d.x, d.topk_ids, d.topk_weights, scales, d.x_scale)
+    out = expert_compute(d.x, d.topk_ids, d.topk_weights, scales, d.x_scale, backend.shape.dtype)
     buffer = backend.combine_buffer(d)
     return out if buffer is None else buffer.copy_(out)
 

@@ -11,7 +11,11 @@ Cases, per backend and model shape (rank r holds the r-th count of `tokens`, cyc
     skewed-zero    0, 300            a rank with no tokens; Zipf-skewed expert popularity
     local          64                every token's experts on its own rank: nothing leaves it
     repeated       1024, 3 calls     one instance, repeated round trips (workspace reuse)
-    fp8            256, 100; 2 calls block-FP8 payloads (backends that carry quantized ones)
+    fp8            256, 100; 2 calls block-FP8 payloads (backends that carry them)
+    nvfp4          256, 100; 2 calls NVFP4 payloads: e2m1 pairs + e4m3 scales per 16 (as vLLM
+                                     dispatches ModelOpt NVFP4 checkpoints)
+    mxfp8          128, 77           MXFP8 payloads: e4m3 + E8M0 scales per 32
+                                     (a backend that does not carry one: "skip", "does not carry")
     steps          200, 64; 3 calls  built for an engine's capacity (512), told steps of
                                      256, 64 and 200 tokens (a rank holds at most the step)
     graph-replays  64, 5 replays     one CUDA-graph capture replayed with fresh inputs
@@ -102,6 +106,8 @@ CASES = (
     Case("local", (64,), routing="local"),
     Case("repeated", (1024,), calls=3),
     Case("fp8", (256, 100), dtype="fp8_e4m3", calls=2),
+    Case("nvfp4", (256, 100), dtype="nvfp4", calls=2),
+    Case("mxfp8", (128, 77), dtype="mxfp8"),
     Case("steps", (200, 64), capacity=512, steps=(256, 64, 200)),
     Case("graph-replays", (64,), calls=5, graph=True),
 )
@@ -370,32 +376,49 @@ def _virtual_verdict(ranks, case: Case, plan, seed: int) -> Result:
     return Result("passed", max_rel_error=worst)
 
 
-def render(rows: Sequence[Row], title: str | None = None):
-    """The rows as a rich Table: one line per backend, shape and case (tokens and dtypes per
-    case: the module docstring, `a2a-tune check --help`, the --json rows)."""
-    from rich.markup import escape
-    from rich.table import Table
+def render(rows: Sequence[Row], console, title: str | None = None) -> None:
+    """Print the rows as rich Tables: one line per backend, case and shape (tokens and dtypes
+    per case: the module docstring, `a2a-tune check --help`, the --json rows). Narrow: the
+    shape, error and seconds follow in a second table."""
+    from rich.table import Column
+    from rich.text import Text
 
-    table = Table(show_edge=False, pad_edge=False, title=title)
-    table.add_column("backend", no_wrap=True)
-    table.add_column("shape", no_wrap=True)
-    table.add_column("case", no_wrap=True)
-    table.add_column("result", no_wrap=True)
-    table.add_column("max error", justify="right", no_wrap=True)
-    table.add_column("s", justify="right", no_wrap=True)
-    table.add_column("reason", overflow="fold")
+    from .views.layout import print_fitted
+
     style = {"ok": "green", "FAIL": "bold red", "skip": "dim"}
+    columns = [
+        Column("backend", no_wrap=True),
+        Column("case", no_wrap=True),
+        Column("shape", no_wrap=True),
+        Column("result", no_wrap=True),
+        Column("max error", justify="right", no_wrap=True),
+        Column("s", justify="right", no_wrap=True),
+        Column("reason"),  # prose: wraps at spaces
+    ]
+    cells, ends = [], []
     for i, r in enumerate(rows):
         first = i == 0 or rows[i - 1].backend != r.backend
-        last = i == len(rows) - 1 or rows[i + 1].backend != r.backend
-        table.add_row(
-            escape(r.backend) if first else "",
-            r.shape,
-            r.case,
-            f"[{style[r.status]}]{r.status}[/]",
-            "" if r.max_rel_error is None else f"{r.max_rel_error:.2g}",
-            "" if r.seconds is None else f"{r.seconds:.1f}",
-            escape(r.reason),
-            end_section=last,
+        cells.append(
+            (
+                Text(r.backend if first else ""),  # Text: a name is never markup
+                Text(r.case),
+                Text(r.shape),
+                Text(r.status, style=style[r.status]),
+                "" if r.max_rel_error is None else f"{r.max_rel_error:.2g}",
+                "" if r.seconds is None else f"{r.seconds:.1f}",
+                Text(r.reason),
+            )
         )
-    return table
+        ends.append(i == len(rows) - 1 or rows[i + 1].backend != r.backend)
+    print_fitted(
+        console,
+        columns,
+        cells,
+        key=2,
+        stack=(5, 4, 2),
+        title=title,
+        stacked_title="shapes, errors and seconds of the same cases",
+        ends=ends,
+        show_edge=False,
+        pad_edge=False,
+    )

@@ -7,8 +7,10 @@ The rules (README, "What each figure counts"), counted from the inputs actually 
 * **link bytes**: only the pairs whose destination is another rank;
 * both per rank per direction, averaged over the ranks (and over the rotated input sets):
   what the ranks send on average is what they receive on average;
-* a dispatch row is H x the payload's element size, plus the block scales for FP8 (one fp32
-  per 128 elements); a combine row is H x the activation (model) dtype's size;
+* a dispatch row is what the payload packs (``runtime.point.Payload.row_bytes``): H x the
+  element size, plus the block scales of a quantized payload: block-FP8 H + 4 x ceil(H/128),
+  MXFP8 H + H/32, NVFP4 H/2 + H/16 (its FP32 global scale is per layer, not per row); a
+  combine row is H x the activation (model) dtype's size;
 * GB/s = bytes / time, 1e9 bytes per GB;
 * % of link = link bytes / time / the rank's link bandwidth per direction, from the probe
   facts (:func:`link_bandwidth`): NVLink = active links x per-link speed, PCIe = the per-lane
@@ -40,7 +42,6 @@ __all__ = [
 
 #: What the views say where the ranks have no link to share (CPU ranks over gloo).
 NO_LINK = "no link"
-SCALE_BYTES = 4  # one fp32 scale per FP8 block
 # PCIe per-lane payload rate per direction, GB/s: transfer rate x line-code efficiency / 8
 # (8b/10b up to gen 2, 128b/130b for gen 3-5, 242/256 FLIT efficiency for gen 6).
 PCIE_LANE_GBPS = {
@@ -70,15 +71,11 @@ class LinkBandwidth(NamedTuple):
 
 
 def row_bytes(dtype: str, hidden: int) -> tuple[int, int]:
-    """(dispatch row, combine row) in bytes for payload `dtype` (kernels.base.PAYLOAD_DTYPES)."""
-    from a2a_tune.kernels.base import ITEM_BYTES, PAYLOAD_DTYPES
-    from a2a_tune.kernels.quant import scale_blocks
+    """(dispatch row, combine row) in bytes for payload `dtype` (runtime.point.PAYLOADS)."""
+    from .runtime.point import PAYLOADS
 
-    activation, wire = PAYLOAD_DTYPES[dtype]
-    combine = hidden * ITEM_BYTES[activation]
-    if wire is None:
-        return combine, combine
-    return hidden * ITEM_BYTES[wire] + scale_blocks(hidden) * SCALE_BYTES, combine
+    payload = PAYLOADS[dtype]
+    return payload.row_bytes(hidden), payload.combine_row_bytes(hidden)
 
 
 def destination_pairs(topk_ids: Any, num_experts: int, world_size: int, rank: int) -> tuple[int, int]:

@@ -133,6 +133,8 @@ class SweepOptions:
     refine: bool | None = None
     allow_mixed: bool = False
     out_dir: Path | None = field(default=None)
+    dry_run: bool = False  # print the plan and stop: no rank starts
+    as_json: bool = False  # the outcome (or the plan) as JSON on standard output
 
 
 def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
@@ -237,14 +239,19 @@ def model_shapes(presets: Sequence[str], model_configs: Sequence[Path]) -> list:
     return shapes or list(all_presets().values())
 
 
-def check_backends(names: Sequence[str]) -> None:
-    from a2a_tune.kernels import UnknownBackendError, get_backend
+def check_backends(names: Sequence[str], dtypes: Sequence[str] = ()) -> None:
+    """Each named backend exists and carries at least one of the payloads asked for (a backend
+    asked for by name that would measure nothing is a mistake, said before any rank starts)."""
+    from a2a_tune.kernels import PAYLOAD_DTYPES, UnknownBackendError, get_backend
 
     try:
-        for b in names:
-            get_backend(b)
+        classes = [get_backend(b) for b in names]
     except UnknownBackendError as exc:
         raise PlanError(str(exc)) from None
+    for cls in classes:
+        if dtypes and not set(dtypes) & cls.payloads:
+            carried = ", ".join(d for d in PAYLOAD_DTYPES if d in cls.payloads)
+            raise PlanError(f"{cls.name} does not carry {' or '.join(dtypes)} (it carries {carried})")
 
 
 def check_capacity(capacity: int | None, token_counts, table_capacity: int | None = None) -> int | None:
@@ -300,7 +307,7 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
     for r in options.routing:
         if r not in ROUTINGS:
             raise PlanError(f"unknown --routing {quoted(r)}; choose from {', '.join(ROUTINGS)}")
-    check_backends(options.backend)
+    check_backends(options.backend, options.dtype)
     token_counts = parse_tokens(options.tokens) if options.tokens else DEFAULT_TOKENS[device]
     check_capacity(options.capacity, token_counts)
     default_warmup, default_iters = DEFAULT_ITERS[device]

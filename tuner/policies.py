@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .runtime import engines
+from .runtime.savings import default_backends
 from .runtime.table import BackendNames
 
 ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
@@ -67,15 +68,8 @@ def _with_literal(engine: str, literal: str) -> Callable:
 
 
 def _trtllm_priority(point: Point, names: Mapping) -> set:
-    ep_size, experts = point.shape[0], point.shape[3]
-    order = engines.TRTLLM_PRIORITY
-    if experts % ep_size:
-        order = tuple(m for m in order if m in engines.TRTLLM_NONDIVISIBLE)
-    for method in order:
-        found = {b for b in point.times if names.get(b, _NO_NAMES).trtllm_name == method}
-        if found:
-            return found
-    return set()
+    """TensorRT-LLM's rule, as the lookup's vs_default applies it (runtime.savings)."""
+    return default_backends("trtllm", names, point.times, point.shape[3], point.shape[0])[1]
 
 
 def default_policies(fingerprint: str) -> list:
@@ -113,6 +107,7 @@ class PolicyScore:
     table_regrets: list = field(default_factory=list)  # the table's for this engine, same points
     ratios: list = field(default_factory=list)  # policy time / table time, same points
     unscored: int = 0  # points where the policy's backend (or the table's) was not measured
+    defaulted: int = 0  # scored points where the table names nothing this engine accepts: its default runs
 
     @property
     def points(self) -> int:
@@ -129,6 +124,7 @@ class PolicyScore:
             "table_mean": sum(self.table_regrets) / self.points,
             "table_worst": max(self.table_regrets),
             "speedup": math.exp(sum(math.log(r) for r in self.ratios) / self.points),
+            "table_defaulted": self.defaulted,
         }
 
 
@@ -159,6 +155,7 @@ def score_policies(points: Iterable, names: Mapping, policies: list, table_pick:
             if mine is None or table is None:
                 s.unscored += 1
                 continue
+            s.defaulted += not pick
             s.regrets.append(mine / best - 1)
             s.table_regrets.append(table / best - 1)
             s.ratios.append(mine / table)
@@ -183,7 +180,10 @@ def lookup_pick(profile_path: str) -> Callable:
     from .runtime.table import SHAPE_KEYS
 
     def pick(point: Point, engine: str):
-        choice = lookup(**dict(zip(SHAPE_KEYS, point.shape)), tokens=point.tokens, profile=profile_path, engine=engine)
+        # quiet: the lookup's fallback warning is for an engine starting up; the scores count them
+        choice = lookup(
+            **dict(zip(SHAPE_KEYS, point.shape)), tokens=point.tokens, profile=profile_path, engine=engine, quiet=True
+        )
         return None if choice.match == "fallback" else choice.backend
 
     return pick
@@ -217,47 +217,75 @@ def score_table(profile_path: str, points: Iterable | None = None, names: Mappin
 
 
 def render_scores(scores: list, console, title: str) -> None:
-    """The policies and the table for each engine, one row each (rich table), each policy's
-    rule below it: the rules name backends, which a table column would cut at 80 columns."""
+    """The policies and the table for each engine, one row each (rich tables fitted to the
+    console: the worst cases move to a second table when narrow), each policy's rule below
+    it, and per engine one line where the table leaves the engine its default."""
     from rich import box
-    from rich.table import Column, Table
+    from rich.table import Column
     from rich.text import Text
 
-    t = Table(
+    from .views.layout import indented, print_fitted
+
+    columns = [
         Column("engine", no_wrap=True),
-        "its own choice",
-        Column("mean regret", justify="right"),
-        Column("worst", justify="right"),
-        Column("table for it: mean", justify="right"),
-        Column("worst", justify="right"),
-        Column("table's speedup", justify="right"),
-        "points",
-        title=f"{title}: each engine's default vs the table (regret vs the fastest backend)",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        padding=(0, 1, 0, 0),
-        pad_edge=False,
-    )
+        Column("its own choice", no_wrap=True),
+        Column("its regret", justify="right", no_wrap=True),
+        Column("its worst", justify="right", no_wrap=True),
+        Column("table's regret", justify="right", no_wrap=True),
+        Column("table's worst", justify="right", no_wrap=True),
+        Column("speedup", justify="right", no_wrap=True),
+        Column("points", justify="right", no_wrap=True),
+        Column("unscored", justify="right", no_wrap=True),
+    ]
+    rows = []
     for s in scores:
         r = s.summary()
         label = ENGINE_LABEL[s.policy.engine]
         choice = s.policy.name.removeprefix(f"{label} ")  # the engine column says whose
         if not r["points"]:
-            t.add_row(label, choice, *["-"] * 5, "0")
+            rows.append((label, choice, *["-"] * 5, "0", str(r["unscored"])))
             continue
-        t.add_row(
-            label,
-            choice,
-            f"{100 * r['mean']:.1f}%",
-            f"{100 * r['worst']:.1f}%",
-            f"{100 * r['table_mean']:.1f}%",
-            f"{100 * r['table_worst']:.1f}%",
-            f"{r['speedup']:.2f}x",
-            str(r["points"]) + (f" (+{r['unscored']} unscored)" if r["unscored"] else ""),
+        rows.append(
+            (
+                label,
+                choice,
+                f"{100 * r['mean']:.1f}%",
+                f"{100 * r['worst']:.1f}%",
+                f"{100 * r['table_mean']:.1f}%",
+                f"{100 * r['table_worst']:.1f}%",
+                f"{r['speedup']:.2f}x",
+                str(r["points"]),
+                str(r["unscored"]),
+            )
         )
-    console.print(t)
+    print_fitted(
+        console,
+        columns,
+        rows,
+        key=2,
+        stack=(3, 5, 8),
+        title=f"{title}: each engine's default vs the table (regret vs the fastest backend)",
+        stacked_title="the worst points of each, and the points not scored",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+    )
     for s in scores:
-        console.print(Text(f"  {s.policy.name}: {s.policy.rule}"), soft_wrap=True)
+        console.print(indented(Text(f"{s.policy.name}: {s.policy.rule}")))
+    said = set()
+    for s in scores:  # once per engine: every policy of an engine shares the table's answers
+        if s.defaulted and s.policy.engine not in said:
+            said.add(s.policy.engine)
+            label = ENGINE_LABEL[s.policy.engine]
+            console.print(
+                indented(
+                    Text(
+                        f"{label}: at {s.defaulted} of {s.points} point(s) the table names no backend {label} "
+                        f"accepts; there {label} keeps its default, and the table is scored as that default",
+                        style="yellow",
+                    )
+                )
+            )
 
 
 def scores_data(scores: list) -> list:

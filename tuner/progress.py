@@ -6,9 +6,14 @@ from contextlib import nullcontext
 
 
 def progress_bar(enabled: bool, label: str):
-    """A rich Progress (context manager) labelled `label`, or a null context when disabled."""
+    """A rich Progress (context manager) labelled `label`, or a null context when disabled.
+
+    The count, elapsed time and ETA keep their width at 80 columns; the description (a shape
+    and a backend name) takes what is left and wraps at its spaces, never cutting a name. It
+    draws on stderr."""
     if not enabled:
         return nullcontext(None)
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -17,11 +22,14 @@ def progress_bar(enabled: bool, label: str):
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.table import Column
 
     return Progress(
-        TextColumn(f"[bold]{label}[/bold] {{task.description}}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        TextColumn(f"[bold]{label}[/bold] {{task.description}}", table_column=Column(ratio=1, overflow="fold")),
+        BarColumn(bar_width=12),
+        MofNCompleteColumn(table_column=Column(no_wrap=True)),
+        TimeElapsedColumn(table_column=Column(no_wrap=True)),
+        TimeRemainingColumn(table_column=Column(no_wrap=True)),
+        expand=True,
+        console=Console(stderr=True),  # standard output carries results (--json) alone
     )

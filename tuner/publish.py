@@ -21,18 +21,11 @@ import torch.distributed as dist
 
 from .launch import RankContext, one_line
 from .probe import Topology
-from .runtime.profiles import PROFILE_DIR_ENV, add_cluster_pointer, user_profile_dir
+from .runtime.profiles import add_cluster_pointer, table_dir
 from .select import profile_for_run, write_profile
 
 if TYPE_CHECKING:
     from .sweep import CompletedRun
-
-
-def table_dir(out_dir: str | None) -> Path:
-    """Where this node writes tables: `out_dir`, else the first $A2A_TUNE_PROFILE_DIR entry,
-    else the user's profile directory (both searched by lookup on this node)."""
-    first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
-    return Path(out_dir or first or user_profile_dir()).expanduser()
 
 
 def unwritable(directory: Path) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from .runtime.models import moe_layer_count
 from .runtime.point import MAX_EXPERTS, MAX_HIDDEN, MAX_TOPK, PointError, Shape, check_count
 from .runtime.text import quoted
 
@@ -35,6 +36,7 @@ class ModelShape:
     num_experts: int
     topk: int
     hidden: int
+    moe_layers: int | None = None  # decoder layers with an MoE (runtime.models); None: not recorded
 
     def problem(self) -> str | None:
         """Why no shape of this model can exist (a number beyond the point's bounds), or None."""
@@ -57,7 +59,15 @@ class ModelShape:
 
 def presets() -> dict[str, ModelShape]:
     raw = json.loads(resources.files("a2a_tune.tuner").joinpath("model_presets.json").read_text())
-    return {name: ModelShape(name, v["num_experts"], v["topk"], v["hidden"]) for name, v in raw.items()}
+    return {
+        name: ModelShape(name, v["num_experts"], v["topk"], v["hidden"], v.get("moe_layers")) for name, v in raw.items()
+    }
+
+
+def preset_sources() -> dict[str, str]:
+    """preset -> where its numbers were read (the model's config.json)."""
+    raw = json.loads(resources.files("a2a_tune.tuner").joinpath("model_presets.json").read_text())
+    return {name: v["source"] for name, v in raw.items()}
 
 
 def preset(name: str) -> ModelShape:
@@ -100,7 +110,7 @@ def from_model_config(path: str | Path) -> ModelShape:
         )
         if experts and topk and hidden:
             name = str(candidate.get("_name_or_path") or config.get("model_type") or path.parent.name or path.stem)
-            model = ModelShape(name, experts, topk, hidden)
+            model = ModelShape(name, experts, topk, hidden, moe_layer_count(config))
             problem = model.problem()
             if problem:
                 raise ShapeSpecError(f"{path}: {problem}")

@@ -123,9 +123,10 @@ def round_trip(backend: All2AllBackend, inputs: RankInputs, cut=None) -> None:
 def _expert_out_like(backend: All2AllBackend, received: torch.Tensor) -> torch.Tensor:
     """A stand-in expert output in the activation dtype for quantized payloads: an engine's
     GEMM writes bf16 rows; converting the fp8 rows here would time a cast no engine does."""
+    shape = (received.shape[0], backend.shape.hidden)  # [N, H]: NVFP4 rows hold H/2 bytes
     cached = getattr(backend, "_timing_expert_out", None)
-    if cached is None or cached.shape != received.shape:
-        cached = torch.randn(received.shape, device=received.device).to(backend.dtype)
+    if cached is None or tuple(cached.shape) != shape:
+        cached = torch.randn(shape, device=received.device).to(backend.dtype)
         backend._timing_expert_out = cached
     return cached
 

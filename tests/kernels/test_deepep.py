@@ -219,7 +219,7 @@ def test_importing_a2a_tune_and_asking_availability_never_imports_deepep(tmp_pat
 @pytest.mark.parametrize(
     "name, shape, world, reason",
     [
-        ("deepep_high_throughput", MoEShape(8, 2, 4096, 64, "fp16"), 2, "bf16 (or block-FP8) payloads, not fp16"),
+        ("deepep_high_throughput", MoEShape(8, 2, 4096, 64, "fp16"), 2, "does not carry fp16"),
         ("deepep_high_throughput", MoEShape(512, 8, 4096, 64), 2, "at most 128 experts per rank"),
         ("deepep_high_throughput", MoEShape(64, 33, 4096, 64), 2, "at most 32 experts per token"),
         ("deepep_high_throughput", MoEShape(8, 2, 8192, 64), 2, "hidden 8192"),
@@ -228,7 +228,7 @@ def test_importing_a2a_tune_and_asking_availability_never_imports_deepep(tmp_pat
         ("deepep_low_latency", MoEShape(128, 4, 2880, 64), 2, "hidden sizes 2048, 2560, 3072, 4096"),
         ("deepep_low_latency", MoEShape(64, 12, 4096, 64), 2, "at most 11 experts per token"),
         ("deepep_low_latency", MoEShape(8, 2, 4096, 2048), 2, "at most 1024 tokens per rank"),
-        ("deepep_low_latency", MoEShape(8, 2, 4096, 64, "fp32"), 2, "not fp32"),
+        ("deepep_low_latency", MoEShape(8, 2, 4096, 64, "fp32"), 2, "does not carry fp32"),
         ("torch_nvshmem_all2all", MoEShape(32, 2, 64, 8), 32, "at most 16 ranks"),
     ],
 )

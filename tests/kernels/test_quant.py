@@ -37,11 +37,79 @@ def test_each_block_gets_its_own_scale():
     assert s[0, 1] / s[0, 0] == pytest.approx(100.0)
 
 
-@pytest.mark.parametrize("name", ["allgather_reducescatter", "nccl_all2allv"])
-def test_nccl_backends_say_fp8_is_not_implemented(name):
-    ok, reason = get_backend(name).feasibility(MoEShape(8, 2, 128, 4, "fp8_e4m3"), 2)
-    assert not ok and reason == "fp8_e4m3 payloads not implemented for this backend"
-    assert get_backend(name).feasibility(MoEShape(8, 2, 128, 4, "bf16"), 2).ok
+@pytest.mark.parametrize("name", ["allgather_reducescatter", "nccl_all2allv", "nvlink_one_sided"])
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "mxfp8", "nvfp4", "bf16"])
+def test_ours_and_the_nccl_baselines_carry_every_payload(name, dtype):
+    assert dtype in get_backend(name).payloads
+    assert get_backend(name).feasibility(MoEShape(8, 2, 128, 4, dtype), 2).ok
+
+
+@pytest.mark.parametrize("name", ["deepep_low_latency", "deepep_high_throughput"])
+@pytest.mark.parametrize("dtype", ["mxfp8", "nvfp4"])
+def test_deepep_does_not_carry_mxfp8_or_nvfp4(name, dtype):
+    """DeepEP's kernels take FP8 with 128-wide blocks only: never built, never timed with these."""
+    ok, reason = get_backend(name).feasibility(MoEShape(8, 2, 7168, 4, dtype), 2)
+    assert not ok and reason == f"does not carry {dtype}"
+
+
+PINNED_ROW_BYTES = [("nvfp4", 4096, 2048 + 256), ("nvfp4", 7168, 3584 + 448), ("mxfp8", 7168, 7168 + 224)]
+
+
+@pytest.mark.parametrize("dtype, hidden, row", PINNED_ROW_BYTES)
+def test_quantized_rows_are_the_packed_values_and_their_scales(dtype, hidden, row):
+    """NVFP4: H/2 + H/16 bytes a row; MXFP8: H + H/32; what the kernels write is that long."""
+    from a2a_tune.kernels.base import PAYLOADS
+    from a2a_tune.kernels.quant import quantize, quantize_rows
+
+    assert PAYLOADS[dtype].row_bytes(hidden) == row
+    x = torch.randn(3, hidden).to(torch.bfloat16)
+    assert quantize_rows(dtype, x).shape == (3, row)
+    q, s = quantize(dtype, x)
+    assert q.numel() * q.element_size() + s.numel() * s.element_size() == 3 * row
+
+
+@pytest.mark.parametrize("dtype, hidden", [("mxfp8", 7168), ("nvfp4", 4096), ("nvfp4", 2880), ("fp8_e4m3", 136)])
+def test_dequantized_rows_are_within_the_tolerance_the_format_gives(dtype, hidden):
+    from a2a_tune.kernels.quant import dequantize, quantize
+    from a2a_tune.kernels.reference import TOLERANCE
+
+    x = torch.randn(64, hidden, generator=torch.Generator().manual_seed(hidden)).to(torch.bfloat16)
+    back = dequantize(dtype, *quantize(dtype, x))
+    rel = float(((back - x.float()).norm(dim=1) / x.float().norm(dim=1)).max())
+    assert 0 < rel < TOLERANCE[dtype]
+    assert rel > TOLERANCE["bf16"] / 10  # quantized: worse than bf16, so the test sees the format
+
+
+def test_nvfp4_packs_element_2i_in_the_low_nibble_with_e4m3_block_scales():
+    from a2a_tune.kernels.quant import NVFP4_GLOBAL_SCALE, quantize
+
+    unit = 2.0 / NVFP4_GLOBAL_SCALE * 448 / 448  # one e2m1 unit of a block whose amax is 6 units
+    x = torch.zeros(1, 32)
+    x[0, :16] = torch.tensor([6, 0.5, -1, 3] + [0] * 12) * unit
+    x[0, 16:] = torch.tensor([0, -6] + [0] * 14) * unit
+    q, s = quantize("nvfp4", x)
+    assert q.dtype == torch.uint8 and q.shape == (1, 16) and s.dtype == torch.float8_e4m3fn and s.shape == (1, 2)
+    # codes: 6 -> 7, 0.5 -> 1, -1 -> 8|2, 3 -> 5; -6 -> 8|7
+    assert q[0, :2].tolist() == [0x17, 0x5A] and q[0, 8].tolist() == 0xF0
+    assert s.float().tolist() == [[2.0, 2.0]]  # g * amax / 6 = 2
+
+
+def test_mxfp8_scales_are_the_e8m0_exponent_of_amax_over_448():
+    from a2a_tune.kernels.quant import dequantize, quantize
+
+    x = torch.zeros(2, 64)
+    x[0, 0], x[0, 32], x[1, 5] = 448.0, 449.0, 1.0  # 2^0 exactly; just above: 2^1; 1/448 -> 2^-8
+    q, s = quantize("mxfp8", x)
+    assert s.dtype == torch.uint8 and s.tolist() == [[127, 128], [119, 0]]  # an all-zero block: 0
+    assert torch.equal(dequantize("mxfp8", q, s), x.clamp(max=448.0).where(x != 449.0, 448.0))
+
+
+@pytest.mark.parametrize("dtype", ["nvfp4", "mxfp8"])
+def test_hidden_not_divisible_by_the_block_is_one_line(dtype):
+    from a2a_tune.kernels.errors import ShapeError
+
+    with pytest.raises(ShapeError, match=f"--dtype {dtype} needs hidden divisible by its"):
+        MoEShape(8, 2, 100, 4, dtype).validate(2)
 
 
 @pytest.mark.parametrize("name", ["nvlink_one_sided", "nvlink_low_latency"])
@@ -68,6 +136,12 @@ KERNEL_CASES = [
     for h, bn in ((128, None if t < 130 else 16), (4096, 64), (7168, 256))
     if d == "bf16" or t != 130
 ] + [{"id": "every-bf16-value", "tokens": 2560, "hidden": 128, "dtype": "bf16", "values": "all_bf16", "block_n": 256}]
+# MXFP8 and NVFP4 (quant.py's formats): into the engines' separate tensors and into packed rows
+KERNEL_CASES += [
+    {"id": f"{p}-{d}-T{t}-H{h}", "payload": p, "tokens": t, "hidden": h, "dtype": d, "values": "mixed", "block_n": bn}
+    for p in ("mxfp8", "nvfp4")
+    for d, t, h, bn in (("bf16", 7, 128, 4), ("bf16", 5, 4096, 128), ("fp32", 3, 256, 8))
+]
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +262,57 @@ def test_a_failing_triton_kernel_falls_back_to_the_torch_path_once(monkeypatch, 
     assert torch.equal(q2.view(torch.uint8), q0.view(torch.uint8))
     (record,) = [r for r in caplog.records if "Triton FP8 quantizer failed" in r.getMessage()]
     assert "RuntimeError: ptxas fatal: unsupported arch" in record.getMessage() and "more" not in record.getMessage()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("payload", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("hw_cvt", [True, False], ids=["gpu-casts", "integer-rounding"])
+def test_cuda_mxfp8_and_nvfp4_kernels_are_bit_exact_with_the_torch_path(payload, hw_cvt):
+    """Every bf16 value (blocks beside amaxes of 1, 3, 2^-100, 2^100) and random rows, into the
+    engines' separate tensors and into packed rows; the CPU reference agrees with the GPU's."""
+    from emulate_quant import every_bf16_value
+
+    from a2a_tune.kernels import _quant_kernels, quant
+
+    if hw_cvt and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no fp8 conversion before sm_89")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    randn = (torch.randn(4096, 7168, device="cuda", generator=g) * 10 ** torch.randn(4096, 1, device="cuda")).bfloat16()
+    for x in (every_bf16_value().cuda().nan_to_num(0.0, 1e30, -1e30).bfloat16(), randn):
+        want = [w.view(torch.uint8) for w in quant.QUANTIZE_TORCH[payload](x)]
+        q, s = quant.empty_wire(payload, *x.shape, x.device)
+        _quant_kernels.QUANTIZE[payload](x, q, s, hw_cvt=hw_cvt)
+        assert torch.equal(q.view(torch.uint8), want[0]) and torch.equal(s.view(torch.uint8), want[1])
+        rows = quant.quantize_rows(payload, x)
+        q2, s2 = quant.wire_rows(payload, rows, x.shape[1])
+        assert torch.equal(q2.view(torch.uint8), want[0]) and torch.equal(s2.view(torch.uint8), want[1])
+        cpu = [w.view(torch.uint8) for w in quant.QUANTIZE_TORCH[payload](x.cpu())]
+        assert torch.equal(cpu[0], want[0].cpu()) and torch.equal(cpu[1], want[1].cpu())
+
+
+@pytest.mark.parametrize("payload", ["mxfp8", "nvfp4"])
+def test_the_mxfp8_and_nvfp4_kernels_compile_for_hopper_without_a_gpu(payload):
+    """The interpreter runs what the compiler refuses (an early return from a constexpr branch,
+    then a second return): compile each kernel to a cubin for sm_90 here, as a GPU would."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from a2a_tune.kernels import _quant_kernels as k
+
+    fn = {"mxfp8": k._quantize_mxfp8_kernel, "nvfp4": k._quantize_nvfp4_kernel}[payload]
+    sig = {"x_ptr": "*i16", "q_ptr": "*u8", "s_ptr": "*u8"} | dict.fromkeys(("n_blocks", "n_scales"), "i32")
+    sig |= dict.fromkeys(("q_stride", "s_stride"), "i32") | (
+        {"g": "fp32", "inv_g": "fp32"} if payload == "nvfp4" else {}
+    )
+    consts = {"TINY": torch.finfo(torch.float32).tiny} if payload == "mxfp8" else {"INV_FP4_MAX": 1 / 6}
+    consts |= {"BF16": True, "HW_CVT": True, "BLOCK_N": 32}
+    sig |= dict.fromkeys(consts, "constexpr")
+    source = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    except RuntimeError as exc:  # no NVIDIA backend tools in this Triton build
+        if "ptxas" in str(exc):
+            pytest.skip(f"no ptxas here: {exc}")
+        raise
+    assert "cubin" in compiled.asm and b"quantize" in compiled.asm["cubin"]

@@ -71,6 +71,27 @@ DSV3 = {
     "tie_word_embeddings": False,
 }
 BLOCK_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
+
+def _ct(weights: dict, acts: dict | None) -> dict:
+    """A compressed-tensors quantization_config with one scheme over the Linear layers."""
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": acts}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": group}}
+
+
+_NVFP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
+_FP8_BLOCK_W = {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}
+_FP8_GROUP_A = {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128, "dynamic": True}
+# Checkpoint quantizations (quantization_config of config.json, no weights) -> the payload vLLM
+# 0.33's all2all carries for them, as the plugin's log names it (None: vLLM's default kept).
+QUANTIZATIONS = {
+    "modelopt_nvfp4": ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}, "nvfp4"),
+    "ct_nvfp4": (_ct(_NVFP4, {**_NVFP4, "dynamic": "local"}), "nvfp4"),
+    "ct_fp8_groups": (_ct(_FP8_BLOCK_W, _FP8_GROUP_A), "fp8_e4m3"),
+    "per_tensor_fp8": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8_e4m3"),
+    "mxfp4": ({"quant_method": "mxfp4"}, "bf16"),
+    "unknown_method": ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]}, None),
+}
 SHAPE = ("--ep-size", "2", "--hidden", "7168", "--topk", "8", "--experts", "256")
 SHIPPED_FP = "h200.nvl18x2.node1"
 TEST_FP = "test.engines.node1"
@@ -87,16 +108,28 @@ CURVES = {
 }
 
 
+# The quantized payloads' entries (same shape): DeepEP does not carry NVFP4 or MXFP8, FlashInfer's
+# one-sided kernels do and are the fastest vLLM can be told there; per-tensor and block FP8 share
+# fp8_e4m3 (DeepEP carries it).
+QUANTIZED_CURVES = {
+    "flashinfer_nvlink_one_sided": (15, 16, 30, 200, 1500),
+    "allgather_reducescatter": (60, 70, 150, 900, 7000),
+    "nvlink_one_sided": (10, 11, 20, 150, 1000),
+}
+PAYLOAD_CURVES = {"bf16": CURVES, "fp8_e4m3": CURVES, "nvfp4": QUANTIZED_CURVES, "mxfp8": QUANTIZED_CURVES}
+
+
 def _phase_table(directory: Path) -> None:
     from a2a_tune.kernels.registry import engine_names
     from a2a_tune.tuner.runtime.measurement import Measurement
     from a2a_tune.tuner.select import build_profile, write_profile
 
-    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
+    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, routing="uniform")
     ms = [
         Measurement.from_columns(
             dict(
                 shape,
+                dtype=d,
                 backend=b,
                 tokens_per_rank=t,
                 timing="eager",
@@ -105,7 +138,8 @@ def _phase_table(directory: Path) -> None:
                 p90_us=v * 1.01,
             )
         )
-        for b, values in CURVES.items()
+        for d, curves in PAYLOAD_CURVES.items()
+        for b, values in curves.items()
         for t, v in zip(TOKENS, values)
     ]
     hardware = {"fingerprint": TEST_FP, "facts_hash": "0" * 16, "facts": {"gpus": [{"name": "Test GPU"}] * 2}}
@@ -118,6 +152,9 @@ def _scenarios(tmp: Path) -> list:
     for d, extra in ((bf16, {}), (fp8, {"quantization_config": BLOCK_FP8})):
         d.mkdir()
         (d / "config.json").write_text(json.dumps({**DSV3, **extra}))
+    for name, (qcfg, _) in QUANTIZATIONS.items():
+        (tmp / f"dsv3-{name}").mkdir()
+        (tmp / f"dsv3-{name}" / "config.json").write_text(json.dumps({**DSV3, "quantization_config": qcfg}))
     tables, empty = tmp / "tables", tmp / "empty"
     tables.mkdir()
     empty.mkdir()
@@ -151,6 +188,8 @@ def _scenarios(tmp: Path) -> list:
         ("no_expert_parallel", [str(bf16), *[a for a in common if a != "--enable-expert-parallel"], *dp2], ours),
         ("config_yaml", [str(bf16), *common, *dp2, "--config", str(yaml)], ours),
     ]
+    for name in QUANTIZATIONS:
+        sc.append((f"quant {name}", [str(tmp / f"dsv3-{name}"), *common, *dp2], ours))
     for spelling in ("--all2all-backend", "--all2all_backend", "--all2all", "--all2all-b"):
         sc.append((f"explicit {spelling}", [str(bf16), *common, *dp2, spelling, "allgather_reducescatter"], ours))
     sc.append(("explicit =", [str(bf16), *common, *dp2, "--all2all-backend=allgather_reducescatter"], ours))
@@ -233,7 +272,7 @@ def test_vllm_starts_with_what_lookup_prints(vllm_runs, name, literal):
         f"a2a-tune: sets --all2all-backend {literal} (was 'allgather_reducescatter')"
     )
     dtype = "fp8_e4m3" if "fp8" in name else "bf16"
-    assert f"ep_size=2 hidden=7168 topk=8 experts=256 {dtype}," in msg
+    assert f"ep_size=2 hidden=7168 topk=8 experts=256 payload {dtype}" in msg
 
 
 @pytest.mark.parametrize(
@@ -298,3 +337,27 @@ def test_sglang_takes_every_line_lookup_prints(tmp_path):
     assert out["moe_a2a_backend_default"] == engines.DEFAULT["sglang"]
     assert set(out["deepep_mode"]) == engines.OPTION_CHOICES["sglang"]["--deepep-mode"]
     assert out["parsed"] == expected
+
+
+@pytest.mark.parametrize("name", list(QUANTIZATIONS))
+def test_vllm_quantizations_look_up_the_payload_vllm_dispatches(vllm_runs, name):
+    """The real vLLM 0.33 config of a checkpoint with that quantization_config: the plugin names
+    the payload its all2all carries and looks the table up with it (one line, never a traceback);
+    an unknown one keeps vLLM's default with the reason."""
+    _, result = vllm_runs[f"quant {name}"]
+    assert result, name
+    if "error" in result:  # vLLM itself refused the config (e.g. a method its CPU platform lacks)
+        pytest.skip(f"vLLM 0.33 refuses this config on its CPU platform: {result['error'][:200]}")
+    ((level, msg),) = _ours(result)
+    assert "\n" not in msg and "Traceback" not in msg
+    dtype = QUANTIZATIONS[name][1]
+    if dtype is None:
+        assert level == "WARNING" and "the table has no payload dtype for" in msg, msg
+        assert result["all2all_backend"] == "allgather_reducescatter"
+        return
+    assert f"experts=256 payload {dtype}" in msg, msg
+    # decode 1..64: nvlink_one_sided fastest (no vLLM literal); vLLM's fastest: DeepEP low latency
+    # where it carries the payload (bf16, FP8), FlashInfer's one-sided where it does not (NVFP4)
+    literal = "flashinfer_nvlink_one_sided" if dtype in ("nvfp4", "mxfp8") else "deepep_low_latency"
+    assert result["all2all_backend"] == literal, msg
+    assert "ms per decode step vs vLLM's default (allgather_reducescatter) (58 MoE layers)" in msg, msg

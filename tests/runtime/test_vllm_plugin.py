@@ -138,8 +138,9 @@ def test_sets_the_tables_backend_and_logs_one_line(fake_vllm, caplog):
     assert level == "INFO"
     assert msg.startswith(
         "a2a-tune: sets --all2all-backend deepep_low_latency (was 'allgather_reducescatter') for "
-        "ep_size=2 hidden=7168 topk=8 experts=256 bf16, decode, 1..64 tokens/rank "
-        "(default for an engine serving both phases) [hardware exact]: profile test.fixture.node1.json"
+        "ep_size=2 hidden=7168 topk=8 experts=256 payload bf16, decode, 1..64 tokens/rank "
+        "(default for an engine serving both phases) [hardware exact]; expected \u221215.3 us per MoE layer vs "
+        "vLLM's default (allgather_reducescatter) (MoE layers unknown): profile test.fixture.node1.json"
     )
     assert "\n" not in msg
 
@@ -290,9 +291,20 @@ def _cfg_groups(acts):
         ({"quant_method": "awq", "bits": 4}, "bf16"),  # weight-only: activations in the model dtype
         (_cfg_groups(None), "bf16"),
         (_cfg_groups({"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128}), "fp8_e4m3"),
-        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, None),  # per-tensor FP8: not in the table
-        (_cfg_groups({"num_bits": 8, "type": "float", "strategy": "token"}), None),
-        ({"quant_method": "modelopt_fp4"}, None),
+        # per-tensor / per-token FP8: block-FP8 is the nearest measured payload (said so)
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8_e4m3"),
+        (_cfg_groups({"num_bits": 8, "type": "float", "strategy": "token"}), "fp8_e4m3"),
+        ({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8"}}, "fp8_e4m3"),
+        # NVFP4: vLLM quantizes to e2m1 + e4m3 scales per 16 before its all2all
+        ({"quant_method": "modelopt_fp4"}, "nvfp4"),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4"),
+        (_cfg_groups({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}), "nvfp4"),
+        ({"quant_method": "modelopt", "quant_algo": "MXFP8"}, "mxfp8"),
+        ({"quant_method": "mxfp4"}, "bf16"),  # gpt-oss on Hopper: vLLM dispatches bf16 (said so)
+        # what the table has no payload for: vLLM's default, one line with the reason
+        ({"quant_method": "fp8", "weight_block_size": [64, 64]}, None),
+        (_cfg_groups({"num_bits": 8, "type": "int", "strategy": "token"}), None),
+        ({"quant_method": "bitsandbytes_fp3"}, None),
     ],
 )
 def test_payload_dtype_follows_the_checkpoints_quantization(qcfg, dtype, fake_vllm, caplog):
@@ -304,7 +316,22 @@ def test_payload_dtype_follows_the_checkpoints_quantization(qcfg, dtype, fake_vl
         assert config.parallel_config.all2all_backend == "allgather_reducescatter"
         assert level == "WARNING" and "the table has no payload dtype for" in msg and "\n" not in msg
     else:
-        assert f"experts=256 {dtype}, decode" in msg, msg
+        assert f"experts=256 payload {dtype}" in msg and ", decode" in msg, msg
+        assert "nearest measured payload" in msg if "per-tensor" in msg else True
+
+
+def test_the_log_states_the_saving_per_step_over_the_models_moe_layers(fake_vllm, monkeypatch, caplog):
+    """DeepSeek-V3's 61 layers, 3 dense: 58 MoE layers; with a TPOT, its share too."""
+    monkeypatch.setenv("A2A_TUNE_TPOT_MS", "29.2")
+    vllm_plugin.register()
+    hf = {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256}
+    hf |= {"num_hidden_layers": 61, "first_k_dense_replace": 3}
+    fake_vllm.EngineArgs(hf=hf).create_engine_config()
+    ((_, msg),) = lines(caplog)
+    # the fixture table: decode 1..64, nvlink_one_sided 26.502 us against allgather 41.791 us
+    saving_ms = (41.791 - 26.502) * 58 / 1000
+    assert f"expected \u2212{saving_ms:.2f} ms per decode step vs vLLM's default (allgather_reducescatter) " in msg
+    assert f"(58 MoE layers), \u2212{saving_ms / 29.2 * 100:.1f}% of a 29.2 ms TPOT" in msg
 
 
 # case -> (prepare(fake, monkeypatch), EngineArgs keyword arguments)

@@ -140,7 +140,7 @@ def _round_trips(ctx, trips: RoundTrips) -> list[tuple[int, bool, float]]:
         inputs = make_inputs(shape, trips.tokens[ctx.rank], rank=ctx.rank, world_size=ctx.world_size, seed=i)
         d = b.dispatch(inputs.x, inputs.topk_ids, inputs.topk_weights)
         local = not bool(((d.topk_ids != -1) & ((d.topk_ids < lo) | (d.topk_ids >= hi))).any())
-        y = b.combine(expert_compute(d.x, d.topk_ids, d.topk_weights, scales, d.x_scale), d)
+        y = b.combine(expert_compute(d.x, d.topk_ids, d.topk_weights, scales, d.x_scale, b.shape.dtype), d)
         ref = expected_output(inputs, scales)
         err = float(((y.float() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max()) if len(y) else 0.0
         out.append((d.x.shape[0], local, err))

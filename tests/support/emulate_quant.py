@@ -61,10 +61,34 @@ def mismatches(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
     return int(((a != b) & ~both_nan).sum()), int((~((s == s_ref) | (s.isnan() & s_ref.isnan()))).sum())
 
 
+def run_packed_case(case: dict) -> dict:
+    """An MXFP8 or NVFP4 case: the kernel into separate tensors (the engines' layout) and into
+    packed rows (quant.wire_rows), both against the torch path."""
+    from a2a_tune.kernels import _quant_kernels, quant
+
+    x, payload = inputs(case), case["payload"]
+    want = quant.QUANTIZE_TORCH[payload](x)
+    separate = quant.empty_wire(payload, *x.shape, "cpu")
+    _quant_kernels.QUANTIZE[payload](x, *separate, block_n=case.get("block_n"))
+    rows = torch.full((x.shape[0], quant.PAYLOADS[payload].row_bytes(x.shape[1])), 0xAB, dtype=torch.uint8)
+    packed = quant.wire_rows(payload, rows, x.shape[1])
+    _quant_kernels.QUANTIZE[payload](x, *packed, block_n=case.get("block_n"))
+    as_bytes = [(q.view(torch.uint8), s.view(torch.uint8)) for q, s in (separate, packed)]
+    bad = [mismatches(got, (want[0].view(torch.uint8), want[1].view(torch.uint8))) for got in as_bytes]
+    return {
+        "id": case["id"],
+        "q_mismatches": bad[0][0] + bad[1][0],
+        "scale_mismatches": bad[0][1] + bad[1][1],
+        "shapes_ok": all(g.shape == w.shape and g.dtype == w.dtype for g, w in zip(separate, want)),
+    }
+
+
 def run_case(case: dict) -> dict:
     from a2a_tune.kernels import _quant_kernels
     from a2a_tune.kernels.quant import quantize_fp8_blocks_torch
 
+    if case.get("payload"):
+        return run_packed_case(case)
     x = inputs(case)
     q, s = _quant_kernels.quantize_fp8_blocks(x, block_n=case.get("block_n"))
     q_ref, s_ref = quantize_fp8_blocks_torch(x)

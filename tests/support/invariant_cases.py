@@ -58,6 +58,10 @@ def cases_w2(backends: list[str] = REAL_BACKENDS) -> list[Case]:
             Case(f"{b}-zero-tokens-all", b, (0, 0)),
             Case(f"{b}-skewed", b, (32, 17), experts=32, topk=6, routing="skewed"),
             Case(f"{b}-odd-hidden", b, (5, 6), hidden=33, dtype="bf16"),
+            # quantized payloads as packed rows (values + scales), the NCCL baselines' too
+            Case(f"{b}-nvfp4", b, (5, 3), hidden=64, dtype="nvfp4"),
+            Case(f"{b}-mxfp8", b, (0, 4), hidden=96, dtype="mxfp8"),
+            Case(f"{b}-fp8-odd-hidden", b, (3, 4), hidden=136, dtype="fp8_e4m3"),
             Case(f"{b}-all-local", b, (8, 8), routing="local"),
             Case(f"{b}-topk-equals-experts", b, (3, 2), experts=4, topk=4),
             Case(f"{b}-repeated-calls", b, (7, 5), repeats=4),

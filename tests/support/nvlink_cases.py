@@ -28,6 +28,8 @@ BASE = [
     Case("w2-knobs-small-blocks", "", (5, 3), experts=8, topk=2, hidden=1100, repeats=2, knobs=SMALL_BLOCKS),
     Case("w2-knobs-fp8", "", (3, 2), experts=8, topk=2, hidden=2176, dtype="fp8_e4m3", knobs=SMALL_BLOCKS),
     Case("w2-more-tokens-than-the-step", "", (5, 5), experts=8, topk=2, hidden=8, capacity=8, step=4),
+    Case("w2-nvfp4-packed-rows", "", (3, 2), experts=8, topk=2, hidden=64, dtype="nvfp4"),
+    Case("w3-mxfp8-packed-rows", "", (2, 0, 3), experts=6, topk=2, hidden=96, dtype="mxfp8"),
     Case("w3-skewed", "", (5, 1, 3), experts=12, topk=3, hidden=8, routing="skewed"),
     Case("w3-all-local", "", (2, 2, 2), experts=12, topk=2, hidden=8, routing="local"),
     Case("w3-fp8-odd-hidden", "", (2, 0, 3), experts=6, topk=2, hidden=136, dtype="fp8_e4m3"),

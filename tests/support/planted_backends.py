@@ -207,3 +207,12 @@ class TakesTheStoreAway(NcclAll2Allv):
             else:
                 os.remove(path)
         return super().dispatch(x, topk_ids, topk_weights)
+
+
+@register_backend
+class CarriesBf16Only(NcclAll2Allv):
+    """Correct, but carries bf16 only (as DeepEP carries no NVFP4): other payloads are "does not
+    carry", skipped, never failed."""
+
+    name = "planted_bf16_only"
+    payloads = frozenset({"bf16"})

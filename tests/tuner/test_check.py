@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+from a2a_tune.kernels.reference import TOLERANCE
+
 CPU_BACKENDS = ("allgather_reducescatter", "allgather_reducescatter_padded", "nccl_all2allv")
 INVARIANT_CASES = {"uniform", "skewed-zero", "local", "repeated", "steps"}
 
@@ -19,16 +21,17 @@ def a2a_check(
     config = tmp_path / "tiny" / "config.json"  # a small MoE layer: the cases stay quick on CPU
     config.parent.mkdir(exist_ok=True)
     config.write_text(json.dumps({"num_local_experts": experts, "num_experts_per_tok": 2, "hidden_size": 96}))
-    rows = tmp_path / "rows.json"
     r = subprocess.run(
         [sys.executable, "-m", "a2a_tune.tuner.cli", "check", "--device", "cpu", "--world", str(world)]
-        + ["--model-config", str(config), "--no-progress", "--json", str(rows), *args],
+        + ["--model-config", str(config), "--no-progress", "--json", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "COLUMNS": "200", **(env_extra or {})},
         timeout=600,
     )
-    return r, json.loads(rows.read_text()) if rows.exists() else []
+    # --json: the rows on standard output, the table and the counts on stderr
+    rows = json.loads(r.stdout)["rows"] if r.stdout.strip() else []
+    return subprocess.CompletedProcess(r.args, r.returncode, r.stderr, r.stderr), rows
 
 
 def by_backend(rows: list[dict]) -> dict[str, dict[str, dict]]:
@@ -48,7 +51,9 @@ def test_the_built_in_cpu_backends_pass_every_case_that_applies(tmp_path):
             assert cases[case]["status"] == "ok", cases[case]
             assert 0 <= cases[case]["max_rel_error"] <= 2.5e-2
         assert cases["skewed-zero"]["tokens"] == [0, 300] and cases["repeated"]["tokens"] == [1024, 1024]
-        assert cases["fp8"]["status"] == "skip" and "not implemented" in cases["fp8"]["reason"]
+        for case, dtype in (("fp8", "fp8_e4m3"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp8")):  # packed rows + scales
+            assert cases[case]["status"] == "ok" and cases[case]["dtype"] == dtype, cases[case]
+            assert 0 < cases[case]["max_rel_error"] <= TOLERANCE[dtype]
     # graph replays: only for capturable backends, and only on CUDA
     assert table["allgather_reducescatter_padded"]["graph-replays"]["status"] == "skip"
     assert "graph-replays" not in table["nccl_all2allv"]
@@ -60,6 +65,7 @@ def test_the_built_in_cpu_backends_pass_every_case_that_applies(tmp_path):
 
 def test_broken_out_of_tree_backends_fail_the_check_and_a_hung_one_is_stopped(tmp_path):
     names = ["planted_off_by_one", "planted_crash", "planted_hang", "nccl_all2allv", "planted_unavailable"]
+    names.append("planted_bf16_only")
     r, rows = a2a_check(
         tmp_path,
         "--timeout",
@@ -86,6 +92,11 @@ def test_broken_out_of_tree_backends_fail_the_check_and_a_hung_one_is_stopped(tm
     unavailable = table["planted_unavailable"]["-"]
     assert (unavailable["status"], unavailable["reason"]) == ("FAIL", "unavailable: package planted_ext not installed")
     assert "FAIL" in r.stdout and "planted_off_by_one" in r.stdout
+    # a payload the backend does not carry: skipped with that reason, not failed, not timed
+    limited = table["planted_bf16_only"]
+    for case, dtype in (("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8", "fp8_e4m3")):
+        assert (limited[case]["status"], limited[case]["reason"]) == ("skip", f"does not carry {dtype}")
+    assert limited["uniform"]["status"] == "ok"
 
 
 def test_an_unknown_backend_is_a_one_line_usage_error(tmp_path):
@@ -112,9 +123,10 @@ def test_virtual_ranks_run_the_cases_in_one_process_and_a_planted_kernel_bug_fai
     table = by_backend(rows)
     assert all(row["virtual"] for row in rows)
     shipped = table["nvlink_one_sided"]
-    for case in INVARIANT_CASES | {"fp8"}:
+    quantized = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4", "mxfp8": "mxfp8"}
+    for case in INVARIANT_CASES | set(quantized):
         assert shipped[case]["status"] == "ok", shipped[case]
-        assert shipped[case]["max_rel_error"] <= (6e-2 if case == "fp8" else 2.5e-2)
+        assert shipped[case]["max_rel_error"] <= TOLERANCE[quantized.get(case, "bf16")]
     assert shipped["uniform"]["tokens"] == [2, 1, 2] and shipped["skewed-zero"]["tokens"] == [0, 5, 0]
     assert shipped["graph-replays"]["status"] == "skip"
     planted = table["planted_kernel_drops_row"]
@@ -134,5 +146,6 @@ def test_virtual_ranks_skip_backends_that_need_ranks_of_their_own_and_refuse_bad
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "COLUMNS": "200"},  # the reason on one line of the table
     )
     assert r.returncode == 1 and "needs a process per rank (collectives), so not on virtual ranks" in r.stdout

@@ -200,6 +200,39 @@ def test_lookup_trtllm_format_leaves_tensorrt_llm_its_own_choice_without_a_metho
     assert sh.stdout == b"[]\n"  # `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` still starts
 
 
+def test_lookup_preset_fills_the_shape_and_vs_default_is_in_the_engines_units():
+    """--preset deepseek-v3: hidden 7168, top-k 8, 256 experts, 58 MoE layers. The fixture's decode
+    answer (nvlink_one_sided 26.502 us) against vLLM's default (allgather_reducescatter 41.791 us)."""
+    r = a2a(
+        "lookup", "--ep-size", "2", "--preset", "deepseek-v3", "--phase", "decode", "--max-batch", "64",
+        "--tpot-ms", "29.2", "--format", "json", env_extra=FIXTURE_ENV,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["entry_shape"]["hidden"] == 7168 and out["backend"] == "nvlink_one_sided"
+    vs = out["vs_default"]
+    assert (vs["engine"], vs["engine_default"], vs["moe_layers"]) == ("vllm", "allgather_reducescatter", 58)
+    assert vs["saving_us_per_layer"] == pytest.approx(41.791 - 26.502, abs=1e-3)
+    assert vs["saving_ms_per_step"] == pytest.approx(vs["saving_us_per_layer"] * 58 / 1000, abs=1e-4)
+    assert vs["share_of_tpot"] == pytest.approx(vs["saving_ms_per_step"] / 29.2, abs=1e-4)
+    # --moe-layers wins over the preset's; the other formats say it on stderr
+    r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--moe-layers", "10", env_extra=FIXTURE_ENV)
+    assert r.returncode == 0 and "ms per step vs vLLM's default (allgather_reducescatter) (10 MoE layers)" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--preset", "no-such-model"), "unknown model preset 'no-such-model'; known: deepseek-v3"),
+        (("--hidden", "7168"), "give --topk, --experts, or --preset NAME"),
+        (("--preset", "deepseek-v3", "--hidden", "7000", "--dtype", "nvfp4"), "nvfp4 needs hidden divisible"),
+    ],
+)
+def test_lookup_bad_shape_options_are_one_line(args, message):
+    r = a2a("lookup", "--ep-size", "2", "--tokens", "64", *args, env_extra=FIXTURE_ENV)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 # The shipped 2xH200 table, DeepSeek-V3's block-FP8 shape, a decode engine of max batch 64:
 # ours (nvlink_one_sided) is fastest; each engine gets the fastest it can be told.
 SHIPPED = {"A2A_TUNE_FINGERPRINT": "h200.nvl18x2.node1"}

@@ -54,6 +54,12 @@ def test_destination_pairs_count_every_token_rank_pair_and_those_to_other_ranks(
         # FP8: 1 byte per element + one fp32 scale per 128 elements; combine in bf16
         ("fp8_e4m3", 7168, (7168 + 56 * 4, 14336)),
         ("fp8_e4m3", 200, (200 + 2 * 4, 400)),
+        # NVFP4: two e2m1 a byte + one e4m3 scale per 16: H/2 + H/16 (Qwen3.5-397B's H = 4096)
+        ("nvfp4", 4096, (2048 + 256, 8192)),
+        ("nvfp4", 7168, (3584 + 448, 14336)),
+        # MXFP8: one e4m3 a byte + one E8M0 scale per 32: H + H/32
+        ("mxfp8", 4096, (4096 + 128, 8192)),
+        ("mxfp8", 2880, (2880 + 90, 5760)),
     ],
 )
 def test_a_dispatch_row_is_the_payload_and_its_scales_a_combine_row_the_activation(dtype, hidden, rows):

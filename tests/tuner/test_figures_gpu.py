@@ -47,7 +47,7 @@ def _measure_all(ctx) -> dict:
     import known_backends as kb
 
     from a2a_tune.tuner.measure import Backends, input_sets, measure, measure_case
-    from a2a_tune.tuner.select import _figures_of
+    from a2a_tune.tuner.select import _table_figures
 
     out: dict = {"cycles_per_us": kb.calibrate(), "held_bytes": kb.HELD_BYTES, "timing": {}, "memory": {}}
     with Backends(ctx, SHAPE) as built:
@@ -70,14 +70,14 @@ def _measure_all(ctx) -> dict:
                 r = measure(ctx, backend, inputs, warmup=5, iters=25, timing=mode)
                 out["timing"][f"planted_tail_overlap/{mode}/{label}"] = _medians(r)
         for name in ("allgather_reducescatter_padded", "planted_holds_torch", "planted_holds_cudamalloc"):
-            out["memory"][name] = _held(ctx, built, name, inputs, measure_case, _figures_of)
+            out["memory"][name] = _held(ctx, built, name, inputs, measure_case, _table_figures)
         out["memory"]["planted_holds_symmetric"] = _held(
-            ctx, built, "planted_holds_symmetric", inputs, measure_case, _figures_of
+            ctx, built, "planted_holds_symmetric", inputs, measure_case, _table_figures
         )
     return out
 
 
-def _held(ctx, built, name, inputs, measure_case, figures_of) -> dict:
+def _held(ctx, built, name, inputs, measure_case, table_figures) -> dict:
     """The bytes `measure_case` stores for `name` and the table's MiB, or why there are none."""
     try:
         r = measure_case(ctx, built, name, TOKENS, inputs, warmup=2, iters=3)
@@ -85,7 +85,12 @@ def _held(ctx, built, name, inputs, measure_case, figures_of) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
     if not r.ok:
         return {"error": f"{r.kind}: {r.reason}"}
-    return {"bytes": r.workspace_bytes, "mib": figures_of(r.figures()).get("workspace_mib")}
+    from a2a_tune.tuner.runtime.measurement import MeasurementKey
+    from a2a_tune.tuner.runtime.point import Point
+
+    point = Point(ctx.world_size, SHAPE.hidden, SHAPE.topk, SHAPE.num_experts, SHAPE.dtype, "uniform", TOKENS)
+    m = r.measurement(MeasurementKey.of(name, point))  # as the sweep stores it, and select writes it
+    return {"bytes": r.workspace_bytes, "mib": table_figures(m).get("workspace_mib")}
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ def _outcomes(ctx) -> dict:
         again = built.get("planted_build_fails", 8)
         got["build"] = (first.kind, first.reason)
         got["build again"] = (again.kind, again.reason)
-        fp8 = Backends(ctx, dataclasses.replace(SHAPE, dtype="fp8_e4m3")).get("nccl_all2allv", 4)
-        got["fp8"] = (fp8.kind, fp8.reason)
+        nvfp4 = Backends(ctx, dataclasses.replace(SHAPE, dtype="nvfp4")).get("planted_bf16_only", 4)
+        got["nvfp4"] = (nvfp4.kind, nvfp4.reason)
         # a fixed-capacity backend: built for the load (no engine capacity given), told the step
         small, large = built.get("capacity_reporter", 4), built.get("capacity_reporter", 8)
         got["capacity"] = [b.knobs() for b in (small, large)]
@@ -69,7 +69,7 @@ def test_a_construction_failing_on_one_rank_fails_on_every_rank_once_in_full(out
 
 def test_an_infeasible_shape_is_skipped_with_the_backends_reason(outcomes):
     for rank in outcomes:
-        assert rank["fp8"] == ("infeasible", "fp8_e4m3 payloads not implemented for this backend")
+        assert rank["nvfp4"] == ("infeasible", "does not carry nvfp4")
 
 
 def test_backends_are_built_at_the_capacity_of_the_point_and_told_the_step(outcomes):

@@ -136,3 +136,14 @@ def test_impossible_plans_are_refused_quickly_without_allocating():
         with pytest.raises(PlanError):
             check_plan(plan, "cpu", 2)
     assert time.monotonic() - start < 30
+
+
+def test_a_backend_asked_for_that_carries_none_of_the_payloads_is_one_line():
+    from a2a_tune.tuner.plans import PlanError, check_backends
+
+    with pytest.raises(
+        PlanError, match=r"^deepep_low_latency does not carry nvfp4 or mxfp8 \(it carries bf16, fp8_e4m3\)$"
+    ):
+        check_backends(["deepep_low_latency"], ["nvfp4", "mxfp8"])
+    check_backends(["deepep_low_latency"], ["nvfp4", "bf16"])  # one it carries: the other is skipped, said so
+    check_backends(["nccl_all2allv"], ["nvfp4"])

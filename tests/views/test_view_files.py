@@ -1,65 +1,59 @@
-"""The views read a table the one way the lookup reads it (issue 31.3): a FIFO or a device is
-refused at once, the size is capped, and what the lookup refuses no view accepts."""
+"""Where `plot` and `report` write (issue 30): where the user points them, by default under the
+directory tables are written to, never into the current directory unasked; and a CPU
+rehearsal's pictures say that they are one."""
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
-from bad_tables import FIXTURE
+from paths import FIXTURES, REPO
 from run_cli import a2a
 
-from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES
-from a2a_tune.tuner.views.load import load_profile_view, load_source
-from a2a_tune.tuner.views.model import ViewError
+pytest.importorskip("matplotlib")
+
+CPU_TABLE = FIXTURES / "diff" / "cpu_pair_a.json"  # `a2a-tune run --device cpu`: a rehearsal
+H200 = REPO / "profiles" / "h200.nvl18x2.node1.json"
 
 
-@pytest.fixture
-def oversized(tmp_path):
-    """A table over the lookup's cap (sparse: no disk used)."""
-    path = tmp_path / "big.json"
-    with open(path, "wb") as f:
-        f.truncate(MAX_TABLE_BYTES + 1)
-    return path
+def png_text(data: bytes) -> dict:
+    """The tEXt chunks of a PNG file's bytes."""
+    import struct
+
+    chunks, at = {}, 8
+    while at < len(data):
+        (size,), kind = struct.unpack(">I", data[at : at + 4]), data[at + 4 : at + 8]
+        if kind == b"tEXt":
+            key, _, value = data[at + 8 : at + 8 + size].partition(b"\0")
+            chunks[key.decode()] = value.decode("latin-1")
+        at += 12 + size
+    return chunks
 
 
-def test_a_fifo_a_device_and_an_oversized_table_are_refused_at_once(fifo, oversized):
-    start = time.monotonic()
-    for path, problem in (
-        (fifo, "not a regular file (a FIFO (named pipe))"),
-        ("/dev/zero", "not a regular file (a character device)"),
-        (oversized, "over the 16 MiB cap"),
-    ):
-        with pytest.raises(ViewError, match=problem.replace("(", r"\(").replace(")", r"\)")):
-            load_profile_view(path)
-        with pytest.raises(ViewError, match="not a regular file|over the"):
-            load_source(str(path))  # a positional file of diff/plot/report
-    assert time.monotonic() - start < 5
+def test_plot_and_report_write_beside_the_tables_not_in_the_current_directory(tmp_path):
+    cwd, data = tmp_path / "clone", tmp_path / "data"
+    cwd.mkdir()
+    env = {"A2A_TUNE_PROFILE_DIR": str(data)}
+    r = a2a("plot", "--profile", str(CPU_TABLE), env_extra=env, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    [png] = (data / "plots").iterdir()
+    assert r.stdout.split() == [str(png)]
+    r = a2a("report", "--profile", str(CPU_TABLE), env_extra=env, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    [html] = (data / "reports").iterdir()
+    assert html.name == "a2a-tune-report.cpu-x86_64.node1.html" and str(html) in r.stdout
+    assert list(cwd.iterdir()) == []
+    # where the user points them
+    out = tmp_path / "mine" / "r.html"
+    assert a2a("report", "--profile", str(CPU_TABLE), "--out", str(out), env_extra=env, cwd=cwd).returncode == 0
+    assert out.is_file() and list(cwd.iterdir()) == []
 
 
-@pytest.mark.parametrize("command", ["show", "plot", "report"])
-def test_views_on_a_fifo_exit_2_in_one_line(fifo, tmp_path, command):
-    r = a2a(command, "--profile", str(fifo), cwd=tmp_path)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "a FIFO" in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+def test_a_rehearsals_pictures_carry_its_label(tmp_path):
+    from a2a_tune.tuner.views.load import load_profile_view
+    from a2a_tune.tuner.views.plot import plot_view, rehearsal_label
 
-
-def test_diff_of_a_fifo_and_of_dev_zero_exit_2(fifo):
-    for other in (str(fifo), "/dev/zero"):
-        r = a2a("diff", str(FIXTURE), other)
-        assert r.returncode == 2, r.stdout + r.stderr
-        assert "not a regular file" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_a_database_that_is_a_fifo_is_refused(fifo):
-    r = a2a("show", "--db", str(fifo))
-    assert r.returncode == 2 and "a FIFO" in r.stderr, r.stderr
-    assert os.path.exists(fifo)
-
-
-def test_a_db_path_component_over_255_bytes_is_one_line(tmp_path):
-    r = a2a("show", "--db", str(tmp_path / ("x" * 300) / "a.db"))
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert "File name too long" in r.stderr
+    cpu, gpu = load_profile_view(CPU_TABLE), load_profile_view(H200)
+    assert rehearsal_label(cpu) and rehearsal_label(gpu) is None
+    [png] = plot_view(cpu, tmp_path / "cpu")
+    assert png_text(png.read_bytes())["Description"] == rehearsal_label(cpu)
+    first = plot_view(gpu, tmp_path / "gpu")[0]
+    assert "rehearsal" not in png_text(first.read_bytes())["Description"]

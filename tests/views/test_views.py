@@ -891,3 +891,20 @@ def test_report_says_a_cpu_rank_table_is_a_rehearsal_and_when_its_plots_are_left
         f"wrote {out} (2 shape(s); without plots: plotting needs matplotlib: pip install 'a2a-tune[plot]')"
     )
     assert "a rehearsal of the flow" in out.read_text()
+
+
+def test_report_states_the_saving_against_vllms_default_in_decode(tmp_path):
+    """Per shape: vLLM's fastest told (S1: flashinfer_nvlink_one_sided is incorrect there, so
+    allgather_reducescatter, the default itself: no saving) and, for a preset model, per step."""
+    from a2a_tune.tuner.views.load import load_profile_view
+    from a2a_tune.tuner.views.report import _vs_default
+
+    p = make_profile()
+    for name in ("allgather_reducescatter", "flashinfer_nvlink_one_sided"):  # the engine's names for them
+        p["backends"][name]["vllm_name"] = name
+    p["entries"][1]["backends"]["nccl_all2allv"]["median_us"] = [1.0, 1.0, 1.0]  # no vLLM literal: not told
+    view = load_profile_view(write(tmp_path / "a.json", p))
+    lines = {s.key: _vs_default(view, s) for s in view.shapes}
+    for key, line in lines.items():
+        assert "vs vLLM&#x27;s default (allgather_reducescatter)" in line and "decode 1.." in line, line
+        assert ("ms per decode step" in line) == (key[1:4] == (7168, 8, 256))  # DeepSeek-V3: a preset

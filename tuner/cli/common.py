@@ -126,7 +126,9 @@ _tokens_opt = typer.Option(
 _dtype_opt = typer.Option(
     [],
     "--dtype",
-    help="Payload dtype, repeatable: bf16, fp16, fp32, fp8_e4m3 (block-FP8, quantized before dispatch) [default: bf16].",
+    help="Payload dtype, repeatable: bf16, fp16, fp32; quantized in dispatch, as engines send them: fp8_e4m3 "
+    "(block-FP8, fp32 scale per 128), mxfp8 (e4m3, E8M0 scale per 32), nvfp4 (e2m1 pairs, e4m3 scale per 16) "
+    "[default: bf16].",
 )
 _routing_opt = typer.Option([], "--routing", help="Routing, repeatable: uniform, skewed, local [default: uniform].")
 _backend_opt = typer.Option([], "--backend", help="Backend to sweep, repeatable [default: every registered one].")

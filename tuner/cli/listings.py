@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from .common import (
     _config_opt,
@@ -21,6 +19,7 @@ from .common import (
     _progress_opt,
     _world_opt,
     app,
+    err,
     out,
 )
 
@@ -31,39 +30,71 @@ from .common import (
 def backends(
     device: str = typer.Option("auto", help="Judge availability for cuda or cpu ranks."),
     world: int | None = typer.Option(None, help="Ranks [default: every GPU; 2 on cpu]."),
+    as_json: bool = typer.Option(False, "--json", help="Print the list as JSON."),
 ) -> None:
     """List the registered backends, their engine names, and whether they can run here."""
-    from rich.measure import Measurement
-    from rich.table import Column, Table
+    from rich.table import Column
+    from rich.text import Text
 
-    from a2a_tune.kernels import BackendEnv, availability_of, get_backend, list_backends
+    from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, availability_of, get_backend, list_backends
+
+    from ..views.layout import print_fitted
 
     device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
-    rows = []
+    listed = []
     for name in list_backends():
         cls = get_backend(name)
         ok, reason = availability_of(cls, env)
-        vllm = cls.vllm_name or (f"- (closest: {cls.vllm_closest})" if cls.vllm_closest else "-")
-        here = "[green]available[/]" if ok else f"[yellow]{escape(reason)}[/]"
-        rows.append((escape(name), escape(vllm), escape(cls.sglang_name or "-"), cls.reach, here))
-
-    def table(title: str, columns: list[int]) -> Table:
-        # Names are never cut: their columns do not wrap; only the notes in "here" do.
-        heads = [Column("backend", no_wrap=True), "vLLM", Column("SGLang", no_wrap=True), "reach", "here"]
-        t = Table(*[heads[c] for c in columns], title=title)
-        for row in rows:
-            t.add_row(*[row[c] for c in columns])
-        return t
-
-    title = f"backends for {world} {device} rank(s)"
-    whole = table(title, [0, 1, 2, 3, 4])
-    if Measurement.get(out, out.options.update_width(10_000), whole).maximum <= out.width:  # unwrapped
-        out.print(whole)
-    else:  # a narrow terminal: what runs here, then what the engines call each one
-        out.print(table(title, [0, 3, 4]))
-        out.print(table("the engines' names for them", [0, 1, 2]))
+        missing = [d for d in PAYLOAD_DTYPES if d not in cls.payloads]
+        listed.append(
+            {
+                "backend": name,
+                "vllm": cls.vllm_name,
+                "vllm_closest": cls.vllm_closest,
+                "sglang": cls.sglang_name,
+                "trtllm": cls.trtllm_name,
+                "reach": cls.reach,
+                "payloads": sorted(cls.payloads),
+                "does_not_carry": missing,
+                "available": ok,
+                "reason": None if ok else reason,
+            }
+        )
+    if as_json:
+        print(json.dumps({"device": device, "world_size": world, "backends": listed}, indent=2))
+        return
+    rows = [
+        (
+            Text(b["backend"]),  # Text: a name is never markup
+            Text(b["reach"]),
+            Text("available", style="green") if b["available"] else Text(b["reason"], style="yellow"),
+            Text(b["vllm"] or (f"- (closest: {b['vllm_closest']})" if b["vllm_closest"] else "-")),
+            Text(b["sglang"] or "-"),
+            Text(b["trtllm"] or "-"),
+            Text("all" if not b["does_not_carry"] else "does not carry " + ", ".join(b["does_not_carry"])),
+        )
+        for b in listed
+    ]
+    columns = [
+        Column("backend", no_wrap=True),
+        Column("reach", no_wrap=True),
+        Column("here"),  # the reason wraps at spaces
+        Column("vLLM"),
+        Column("SGLang", no_wrap=True),
+        Column("TensorRT-LLM", no_wrap=True),
+        Column("payloads"),
+    ]
+    # Narrow: what runs here, then what the engines call each one and what it carries.
+    print_fitted(
+        out,
+        columns,
+        rows,
+        stack=(6, 5, 4, 3),
+        title=f"backends for {world} {device} rank(s)",
+        stacked_title="the engines' names for them, and the payloads they carry",
+    )
 
 
 @app.command(
@@ -101,7 +132,9 @@ def check(
     timeout: float = typer.Option(
         300.0, min=1, help="Seconds one case may make no progress before its ranks are stopped and it FAILs."
     ),
-    json_out: Path | None = typer.Option(None, "--json", help="Also write the rows to FILE (JSON)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the rows and the counts as JSON on standard output (the table goes to stderr)."
+    ),
     progress: bool = _progress_opt,
     virtual: bool = typer.Option(
         False, "--virtual", help="Run the --world ranks as virtual ranks of one device, in one process (see above)."
@@ -151,25 +184,44 @@ def check(
         raise typer.Exit(0)
     where = f"{world} virtual ranks of one {device} device" if virtual else f"{world} {device} rank(s)"
     title = f"each case ran on {where} (one process)" if virtual else None
-    (out if out.is_terminal else Console(width=160)).print(render(rows, title))  # a log keeps its lines whole
+    human = err if as_json else out  # --json: standard output carries the JSON alone
+    render(rows, human, title)  # fits the terminal, or COLUMNS (80 in a log)
     counts = {s: sum(r.status == s for r in rows) for s in ("ok", "FAIL", "skip")}
     scaled = f", token counts x {token_scale:g}" if token_scale != 1 else ""
-    out.print(
+    human.print(
         f"{counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped: {len(names)} backend(s) on {where}, "
         f"{len(shapes)} shape(s){scaled}",
         highlight=False,
     )
-    if json_out is not None:
+    if as_json:
         from dataclasses import asdict
 
-        json_out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        data = {"device": device, "world_size": world, "virtual": virtual, "token_scale": token_scale}
+        print(json.dumps({**data, **counts, "rows": [asdict(r) for r in rows]}, indent=1))
     raise typer.Exit(1 if counts["FAIL"] else 0)
 
 
 @app.command()
-def presets() -> None:
+def presets(as_json: bool = typer.Option(False, "--json", help="Print the presets as JSON.")) -> None:
     """List the model shape presets."""
     from ..shapes import presets as all_presets
 
+    if as_json:
+        shapes = [
+            {
+                "name": p.name,
+                "num_experts": p.num_experts,
+                "topk": p.topk,
+                "hidden": p.hidden,
+                "moe_layers": p.moe_layers,
+            }
+            for p in all_presets().values()
+        ]
+        print(json.dumps({"presets": shapes}, indent=2))
+        return
     for p in all_presets().values():
-        out.print(f"{p.name:<18} experts {p.num_experts:>4}  top-k {p.topk}  hidden {p.hidden}", highlight=False)
+        layers = f"{p.moe_layers:>3}" if p.moe_layers is not None else "  -"
+        out.print(
+            f"{p.name:<18} experts {p.num_experts:>4}  top-k {p.topk:>2}  hidden {p.hidden:>4}  MoE layers {layers}",
+            highlight=False,
+        )

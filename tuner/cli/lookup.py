@@ -71,9 +71,18 @@ def _stray_size(size_option: str) -> str:
 @app.command()
 def lookup(
     ep_size: int = typer.Option(..., help="Expert-parallel group size (ranks)."),
-    hidden: int = typer.Option(..., help="Hidden size H of the token rows."),
-    topk: int = typer.Option(..., help="Experts per token."),
-    experts: int = typer.Option(..., help="Number of routed experts E."),
+    hidden: int | None = typer.Option(None, help="Hidden size H of the token rows [default: the --preset's]."),
+    topk: int | None = typer.Option(None, help="Experts per token [default: the --preset's]."),
+    experts: int | None = typer.Option(None, help="Number of routed experts E [default: the --preset's]."),
+    preset: str | None = typer.Option(
+        None, help="Model preset (`a2a-tune presets`): fills in hidden, top-k, experts and MoE layers."
+    ),
+    moe_layers: int | None = typer.Option(
+        None, "--moe-layers", min=1, help="MoE layers of the model: the saving per step [default: the --preset's]."
+    ),
+    tpot_ms: float | None = typer.Option(
+        None, "--tpot-ms", min=0, help="Time per output token (ms): also state the saving as a share of it."
+    ),
     tokens: int | None = typer.Option(None, help="Tokens per rank of one step. Or use --phase / --workload."),
     phase: str | None = typer.Option(
         None,
@@ -122,11 +131,24 @@ def lookup(
     """
     import logging
 
-    from ..runtime import engines
+    from ..runtime import engines, savings
     from ..runtime import lookup as lk
     from ..runtime.text import one_line
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stderr)
+    if preset is not None:
+        from ..shapes import ShapeSpecError
+        from ..shapes import preset as find_preset
+
+        try:
+            model = find_preset(preset)
+        except ShapeSpecError as exc:
+            raise _fail(str(exc), 2) from None
+        hidden, topk, experts = hidden or model.hidden, topk or model.topk, experts or model.num_experts
+        moe_layers = moe_layers or model.moe_layers
+    missing = [f"--{n}" for n, v in (("hidden", hidden), ("topk", topk), ("experts", experts)) if v is None]
+    if missing:
+        raise _fail(f"give {', '.join(missing)}, or --preset NAME", 2)
     if fmt not in ("name", *engines.ENGINES, "env", "json"):
         raise _fail(f"--format must be name, {', '.join(engines.ENGINES)}, env or json, got {fmt!r}", 2)
     # Two options give lookup's max_tokens; when both are given, the one that goes with no
@@ -172,8 +194,9 @@ def lookup(
         return lk.answer(req._replace(engine=for_engine), quiet=quiet)
 
     choice = ask(fmt if fmt in engines.ENGINES else engine)
+    vs_default = savings.in_engine_units(choice.vs_default, moe_layers, tpot_ms)
     if fmt == "json":
-        print(json.dumps(choice.to_dict(), indent=2))
+        print(json.dumps({**choice.to_dict(), "vs_default": vs_default}, indent=2))
     elif fmt in engines.ENGINES:
         flag = engines.engine_flag(fmt, *choice.engine_args(fmt))
         if flag:  # TensorRT-LLM without a method: nothing, it keeps its own choice
@@ -189,3 +212,5 @@ def lookup(
         print(one_line(choice.backend))
     if choice.match != "fallback":  # a fallback already warned once with the reason
         err.print(f"{choice.match}: {choice.reason}", style="dim", highlight=False, markup=False, soft_wrap=True)
+        if moe_layers and (saving := savings.sentence(vs_default, choice.phase)):  # the step: when it is known
+            err.print(saving, highlight=False, markup=False, soft_wrap=True)

@@ -78,15 +78,33 @@ def probe(
 # ---------------------------------------------------------------------------------- sweep
 
 
-def _unavailable_here(names: list[str], device: str, world: int) -> int:
-    """How many of the backends `names` cannot run on `world` `device` ranks here."""
+def _unavailable_names(names: list[str], device: str, world: int) -> list[str]:
+    """The backends of `names` that cannot run on `world` `device` ranks here."""
     from a2a_tune.kernels import BackendEnv, availability_of, get_backend
 
     env = BackendEnv.local(world, device)
-    return sum(not availability_of(get_backend(name), env).ok for name in names)
+    return [name for name in names if not availability_of(get_backend(name), env).ok]
 
 
-def _print_outcome(outcome, seconds: float) -> None:
+def _outcome_data(outcome, seconds: float) -> dict:
+    """What `sweep --json` prints (`run --json` adds the tables written)."""
+    return {
+        "run": outcome.run_id,
+        "status": outcome.status,
+        "fingerprint": outcome.fingerprint,
+        "world_size": outcome.world_size,
+        "measured": outcome.measured,
+        "already_stored": outcome.skipped,
+        "failed": outcome.failed,
+        "unavailable": outcome.unavailable,
+        "not_applicable": outcome.not_applicable,
+        "infeasible": outcome.infeasible,
+        "adaptive_saved": outcome.adaptive_saved,
+        "seconds": round(seconds, 1),
+    }
+
+
+def _print_outcome(outcome, seconds: float, out=out) -> None:
     failed = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()) if kind != "unavailable")
     out.print(
         f"run {outcome.run_id} ({outcome.status}) on {outcome.fingerprint}: {outcome.measured} measured, "
@@ -115,17 +133,29 @@ def _do_sweep(options, *, after=None):
     from ..sweep import sweep as run_sweep
 
     job = job_rank()
+    human = err if options.as_json else out  # --json: standard output carries the JSON alone
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
         launcher = f" ({job.launcher} job)" if job else ""
         names = plan.backend_names()
-        unavailable = _unavailable_here(names, device, world)
-        out.print(
+        gone = _unavailable_names(names, device, world)
+        unavailable = len(gone)
+        human.print(
             f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(names) - unavailable} "
             f"backend(s) on {world} {device} rank(s){launcher}"
             + (f" ({unavailable} more unavailable here: `a2a-tune backends` says why)" if unavailable else ""),
             highlight=False,
             soft_wrap=True,
         )
+        if options.dry_run:  # the plan, and nothing started or stored
+            if options.as_json:
+                runs_here = [n for n in names if n not in gone]
+                data = {"dry_run": True, "device": device, "world_size": world, "plan": plan.to_dict()}
+                data["cases"] = plan.total() // max(len(names), 1) * len(runs_here)
+                data["backends_here"] = runs_here
+                print(json.dumps(data, indent=2, default=str))
+            raise typer.Exit(0)
+    elif options.dry_run:
+        raise typer.Exit(0)
     start = time.perf_counter()
     try:
         outcome = run_sweep(
@@ -151,9 +181,10 @@ def _do_sweep(options, *, after=None):
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
-    _print_outcome(outcome, time.perf_counter() - start)
+    outcome.seconds = time.perf_counter() - start
+    _print_outcome(outcome, outcome.seconds, human)
     if outcome.adaptive_saved:
-        out.print(
+        human.print(
             f"  adaptive search: {outcome.adaptive_saved} cases of the grid not needed",
             highlight=False,
             markup=False,
@@ -201,6 +232,25 @@ _SWEEP_OPTIONS = (
     ("capacity", int | None, _capacity_opt),
     ("refine", bool | None, _refine_opt),
     ("allow_mixed", bool, _mixed_opt),
+    (
+        "dry_run",
+        bool,
+        typer.Option(
+            False,
+            "--dry-run",
+            help="Print the plan (shapes, token counts, the backends that can run here) and stop: no rank starts, "
+            "nothing is stored.",
+        ),
+    ),
+    (
+        "as_json",
+        bool,
+        typer.Option(
+            False,
+            "--json",
+            help="Print the outcome (with --dry-run: the plan) as JSON on standard output; other lines go to stderr.",
+        ),
+    ),
 )
 
 
@@ -238,7 +288,9 @@ def sweep(options) -> None:
 
     Several nodes: launch it under torchrun or srun, one process per GPU (see `a2a-tune run`,
     which also writes the table on every node)."""
-    _do_sweep(options)
+    outcome = _do_sweep(options)
+    if options.as_json:
+        print(json.dumps(_outcome_data(outcome, outcome.seconds), indent=2))
 
 
 # --------------------------------------------------------------------------------- select
@@ -316,12 +368,19 @@ def run(options) -> None:
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     published = outcome.after
+    human = err if options.as_json else out
     if published.get("note"):
         err.print(f"note: {published['note']}; the table is written without them", highlight=False, markup=False)
     knobs_note = f", with the knobs of {published['kept_knobs']} tuned point(s)" if published["kept_knobs"] else ""
     several = len(outcome.cluster.get("nodes", [])) > 1
+    if options.as_json:
+        data = _outcome_data(outcome, outcome.seconds)
+        data["tables"] = {host: str(path) for host, path in published["tables"].items()}
+        data["table_errors"] = published["errors"]
+        data["entries"] = published["entries"]
+        print(json.dumps(data, indent=2))
     for host, path in published["tables"].items():
-        out.print(
+        human.print(
             f"wrote {path}{f' on {host}' if several else ''} ({published['entries']} shape(s)) "
             f"from run {outcome.run_id}{knobs_note}",
             highlight=False,
@@ -330,7 +389,7 @@ def run(options) -> None:
         )
     if published["errors"]:
         raise _fail("no table written on " + "; ".join(f"{h}: {why}" for h, why in published["errors"].items()))
-    out.print(
+    human.print(
         f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
         highlight=False,
         markup=False,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from .common import (
     _backend_opt,
@@ -22,6 +21,7 @@ from .common import (
     _warmup_opt,
     _world_opt,
     app,
+    err,
     out,
 )
 
@@ -57,6 +57,7 @@ def evaluate(
         help="Measure nothing: score on the table's own points (every backend's median at each of its token "
         "counts; in-sample for the table, not for the engines' own rules). No GPU needed.",
     ),
+    as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON on standard output."),
 ) -> None:
     """Measure held-out token counts for the table's shapes and report its regret vs the best backend.
 
@@ -79,7 +80,7 @@ def evaluate(
         raise _fail("give --run or --table-points, not both", 2)
     if table_points:
         _print_evaluation(
-            run_evaluation(table_measurements(str(profile)), str(profile)), f"{profile.name}: its own points"
+            run_evaluation(table_measurements(str(profile)), str(profile)), f"{profile.name}: its own points", as_json
         )
         return
     if scored_run is not None:
@@ -89,7 +90,7 @@ def evaluate(
                 measured, failed = store.measurements(scored_run), store.failures(scored_run)
         except StoreError as exc:
             raise _fail(f"run {scored_run} could not be read: {exc}", 2) from None
-        _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)")
+        _print_evaluation(run_evaluation(measured, str(profile), failed), f"run {scored_run} (stored)", as_json)
         return
     db = _store_url(db)  # checked once, here: the sweep takes it as it is
     plans = _plans()
@@ -111,7 +112,7 @@ def evaluate(
     except EvaluationError as exc:
         raise _fail(str(exc), 2) from None
     _planned(plans.check_plan, plan, device, world)
-    out.print(
+    (err if as_json else out).print(
         f"evaluating {profile.name} at {len(plan.tokens)} held-out token counts x {len(plan.shapes)} shape(s)",
         highlight=False,
     )
@@ -126,42 +127,79 @@ def evaluate(
         raise _fail(f"evaluation interrupted ({by}); its run is kept", SIGNAL_EXIT.get(by, 130)) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
-    _print_evaluation(ev, f"run {outcome.run_id}")
+    _print_evaluation(ev, f"run {outcome.run_id}", as_json)
 
 
-def _print_evaluation(ev, title: str) -> None:
-    from rich.table import Table
+def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    from ..views.layout import indented, print_fitted
 
     if not ev.points:
         raise _fail(f"{title}: no measured point of a shape the table has ({ev.outside} of other shapes)", 1)
-    t = Table("policy", "mean regret", "worst regret", "points", title=f"{title}: regret vs the best backend")
+    if as_json:
+        import json
+
+        from ..policies import scores_data
+
+        data = {
+            "scored": title,
+            "points": len(ev.points),
+            "policies": ev.policies,
+            "failed": ev.failed,
+            "unscored": ev.unscored,
+            "outside": ev.outside,
+            "engines": scores_data(ev.engines),
+            "worst": ev.worst(5),
+        }
+        print(json.dumps(data, indent=2, default=str))
+        return
+    t = Table(
+        Column("policy", no_wrap=True),
+        Column("mean regret", justify="right", no_wrap=True),
+        Column("worst regret", justify="right", no_wrap=True),
+        Column("points", justify="right", no_wrap=True),
+        title=f"{title}: regret vs the best backend",
+    )
     for policy, r in sorted(ev.policies.items(), key=lambda kv: kv[1]["mean"]):
-        t.add_row(policy, f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
+        t.add_row(Text(policy), f"{100 * r['mean']:.1f}%", f"{100 * r['worst']:.1f}%", str(r["points"]))
     out.print(t)
     for policy, n in sorted(ev.failed.items()):
         out.print(
-            f"{policy}: its backend FAILED at {n} of {len(ev.points)} point(s) (error, timeout or wrong result)",
-            highlight=False,
+            indented(
+                f"{policy}: its backend FAILED at {n} of {len(ev.points)} point(s) (error, timeout or wrong result)", 0
+            )
         )
     for policy, n in sorted(ev.unscored.items()):
         out.print(
-            f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)",
-            highlight=False,
+            indented(f"{policy}: {n} of {len(ev.points)} point(s) not scored (its backend was not measured there)", 0)
         )
     if ev.outside:
-        out.print(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", highlight=False)
+        out.print(indented(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", 0))
     if ev.engines:
         from ..policies import render_scores
 
         render_scores(ev.engines, out, title)
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
-        w = Table("shape", "tokens", "table's pick", "fastest", "regret", title="worst points")
+        columns = [
+            Column("shape", no_wrap=True),
+            Column("tokens", justify="right", no_wrap=True),
+            Column("regret", justify="right", no_wrap=True),
+            Column("table's pick", no_wrap=True),
+            Column("fastest", no_wrap=True),
+        ]
+        rows = []
         for pt in worst:
             ep, hidden, topk, experts, dtype, routing = pt["shape"]
             shape = f"E{experts}-k{topk}-H{hidden} {dtype} ep{ep}" + ("" if routing == "uniform" else f" {routing}")
-            w.add_row(shape, str(pt["tokens"]), pt["table_backend"], pt["best"], f"{100 * pt['table']:.1f}%")
-        out.print(w)
+            rows.append(
+                (shape, str(pt["tokens"]), f"{100 * pt['table']:.1f}%", Text(pt["table_backend"]), Text(pt["best"]))
+            )
+        print_fitted(
+            out, columns, rows, key=2, stack=(4, 0), title="worst points", stacked_title="worst points: the fastest"
+        )
 
 
 # ----------------------------------------------------------------------------- tune-knobs
@@ -293,37 +331,49 @@ def tune_knobs(
         ) from None
     if results is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
         raise typer.Exit(0)
-    from rich.table import Table
+    from rich.table import Column
+    from rich.text import Text
 
-    t = Table(
-        "tokens/rank",
-        "default us",
-        "best us",
-        "gain",
-        "best knobs",
-        "trials",
-        "pruned",
-        "failed",
-        title=f"{backend} knobs, {shape.name} {dtype} ep{world}",
-    )
+    from ..views.layout import print_fitted
+
+    columns = [
+        Column("tokens/rank", justify="right", no_wrap=True),
+        Column("default us", justify="right", no_wrap=True),
+        Column("best us", justify="right", no_wrap=True),
+        Column("gain", justify="right", no_wrap=True),
+        Column("best knobs"),  # wraps at its spaces
+        Column("trials", justify="right", no_wrap=True),
+        Column("pruned", justify="right", no_wrap=True),
+        Column("failed", justify="right", no_wrap=True),
+    ]
+    rows = []
     for r in results:
         if r.skipped:
-            t.add_row(str(r.tokens), "-", "-", "-", escape(r.skipped), "0", "0", "0")
+            rows.append((str(r.tokens), "-", "-", "-", Text(r.skipped), "0", "0", "0"))
             continue
         gain = f"{100 * r.gain:+.1f}%" if r.gain is not None else "-"
         fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
         knobs = ", ".join(f"{k}={v}" for k, v in r.best_knobs.items() if r.default_knobs.get(k) != v) or "defaults"
-        t.add_row(
-            str(r.tokens),
-            fmt(r.default_us),
-            fmt(r.best_us),
-            gain,
-            escape(knobs),
-            str(r.trials - r.repeats),
-            str(r.pruned),
-            str(r.failed),
+        rows.append(
+            (
+                str(r.tokens),
+                fmt(r.default_us),
+                fmt(r.best_us),
+                gain,
+                Text(knobs),
+                str(r.trials - r.repeats),
+                str(r.pruned),
+                str(r.failed),
+            )
         )
-    out.print(t)
+    print_fitted(
+        out,
+        columns,
+        rows,
+        stack=(7, 6, 5),
+        title=f"{backend} knobs, {shape.name} {dtype} ep{world}",
+        stacked_title="trials per token count",
+    )
     if profile is None:
         return
     values = shape.at(world, dtype, routing)._asdict()

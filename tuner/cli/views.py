@@ -43,6 +43,13 @@ def _view_fail(exc: Exception) -> typer.Exit:
     return _fail(str(exc), 2)
 
 
+def _views_dir(name: str) -> Path:
+    """Where plot and report write unless told: `name`/ in the directory tables are written to."""
+    from ..runtime.profiles import table_dir
+
+    return table_dir() / name
+
+
 @contextmanager
 def _viewing(profile: Path | None, db: str | None, run_id: int | None):
     """The view of --profile, or of --db's --run; a ViewError on the way in or inside (an
@@ -102,13 +109,21 @@ def _engine_scores_of(profile: Path | None):
     return score_table(str(profile))
 
 
+def _min_effect() -> float:
+    from ..views.diff import MIN_EFFECT
+
+    return MIN_EFFECT
+
+
 @app.command(
     help=_help(
         "Compare A (baseline) with B (candidate): where the winner changed and which backends got slower beyond noise.",
         "Inputs: two profiles (diff old.json new.json), two SQLite databases (their latest completed runs), "
         "two runs of one database (diff --db URL --run 3 --run 5), or a run and a profile "
         "(diff --db URL --run 3 new.json).",
-        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90; the ratio of the "
+        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90, B's median is above "
+        "A's by more than either run's p10–p90 spread, and by more than --tolerance (10% by default: two "
+        "back-to-back runs of one plan on one machine do not trip it, a 20% slowdown does); the ratio of the "
         "medians is reported. A backend that ran cleanly in A and fails in B counts as a regression. A winner "
         "change is 'within noise' when B's spreads of the old and the new winner overlap; those never fail "
         "the command.",
@@ -132,10 +147,10 @@ def diff(
         ["regressions"], "--fail-on", help="What makes the exit code 1, repeatable: regressions | winner-change | none."
     ),
     tolerance: float = typer.Option(
-        0.0,
+        _min_effect(),
         "--tolerance",
         min=0.0,
-        help="A slowdown must also exceed this fraction of A's median (0.05 = 5%) to count.",
+        help="The minimum effect: a slowdown must also exceed this fraction of A's median (0.10 = 10%) to count.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
 ) -> None:
@@ -174,6 +189,7 @@ def diff(
     res = diff_views(a, b, tolerance=tolerance)
     if as_json:
         data = res.to_dict()
+        data["min_effect"] = tolerance  # the rule's minimum effect (--tolerance)
         data["failing"] = res.failing(modes)
         print(json.dumps(data, indent=2, default=str))
     else:
@@ -189,7 +205,9 @@ def diff(
         "physical limit as a dashed line when the link bandwidth is known: the bytes each rank sends in "
         "dispatch + combine over --link-gbs or the NVLink bandwidth in the probe facts. Each figure states "
         "what the line assumes.",
-        "Files: OUT/<fingerprint>.<shape>.png, one path printed per line. Needs matplotlib "
+        "Files: OUT/<fingerprint>.<shape>.png, one path printed per line; OUT defaults to plots/ in the "
+        "directory tables are written to ($A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles), never "
+        "the current directory unasked. A CPU rehearsal's figures say so. Needs matplotlib "
         "(pip install 'a2a-tune[plot]').",
     )
 )
@@ -197,13 +215,15 @@ def plot(
     profile: Path | None = _profile_in_opt,
     db: str | None = _db_in_opt,
     run: int | None = _run_in_opt,
-    out_dir: Path = typer.Option(Path("."), "--out", help="Directory for the PNG files (created if needed)."),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="Directory for the PNG files (created if needed) [default: plots/ beside the tables]."
+    ),
     link_gbs: float | None = _link_opt,
 ) -> None:
     from ..views.plot import plot_view
 
     with _viewing(profile, db, run) as view:
-        paths = plot_view(view, out_dir, link_gbs=link_gbs)
+        paths = plot_view(view, out_dir or _views_dir("plots"), link_gbs=link_gbs)
     for p in paths:
         out.print(str(p), highlight=False, markup=False, soft_wrap=True)
 
@@ -220,14 +240,17 @@ def report(
     db: str | None = _db_in_opt,
     run: int | None = _run_in_opt,
     out_file: Path | None = typer.Option(
-        None, "--out", help="HTML file to write (default: a2a-tune-report.<fingerprint>.html in the current directory)."
+        None,
+        "--out",
+        help="HTML file to write (default: reports/a2a-tune-report.<fingerprint>.html beside the tables: "
+        "$A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles).",
     ),
     link_gbs: float | None = _link_opt,
 ) -> None:
     from ..views.report import write_report
 
     with _viewing(profile, db, run) as view:
-        path = out_file or Path(f"a2a-tune-report.{view.fingerprint or 'unknown'}.html")
+        path = out_file or _views_dir("reports") / f"a2a-tune-report.{view.fingerprint or 'unknown'}.html"
         write_report(view, path, link_gbs=link_gbs)
     from ..views.plot import plots_unavailable
 

@@ -14,7 +14,7 @@ import math
 import os
 from types import MappingProxyType
 
-from a2a_tune.tuner.runtime import engines
+from a2a_tune.tuner.runtime import engines, savings
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS, bridge_gaps, decide, expected, where_text
 from a2a_tune.tuner.runtime.fingerprint import HW_CLUSTER, HW_DEFAULT, HW_SAME_DOMAIN
 from a2a_tune.tuner.runtime.point import Shape
@@ -46,7 +46,10 @@ class Choice:
     whether the tie rule applied; ``timing``: compared backend -> timing mode of its curve;
     ``entry_shape``: the table shape used, or None; ``knobs``: the chosen backend's tuned
     knob setting at the measured token count nearest the load (empty: its defaults);
-    ``over_budget``: backend -> MiB it holds per rank, for those the memory budget skipped.
+    ``over_budget``: backend -> MiB it holds per rank, for those the memory budget skipped;
+    ``vs_default``: the engine's own default here (``engine``, ``engine_default``, its
+    ``default_us``) and ``saving_us_per_layer`` against it (:mod:`~a2a_tune.tuner.runtime.savings`;
+    empty on a fallback or when the default was not measured).
 
     A plain class rather than a dataclass: importing dataclasses costs ~10 ms (it imports
     inspect), which every engine would pay at start-up.
@@ -72,8 +75,9 @@ class Choice:
         "knobs",
         "engine_options",
         "over_budget",
+        "vs_default",
     )
-    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs", "engine_options", "over_budget")
+    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs", "engine_options", "over_budget", "vs_default")
     __slots__ = _FIELDS
 
     def __init__(
@@ -97,6 +101,7 @@ class Choice:
         trtllm_name=None,
         engine_options=None,
         over_budget=None,
+        vs_default=None,
     ):
         values = dict(locals())
         for name in self._FIELDS:
@@ -279,6 +284,7 @@ def choose(
     }.get(hw, "")
     names = prof.backends[chosen]
     return Choice(
+        vs_default=_vs_default(entry, prof, want, dist, engine, medians[chosen]),
         backend=chosen,
         vllm_name=names.vllm_name,
         sglang_name=names.sglang_name,
@@ -375,3 +381,22 @@ def fallback(
         phase=phase,
         over_budget=over_budget,
     )
+
+
+def _vs_default(entry: ProfileEntry, prof: Profile, want: Shape, dist, engine, chosen_us: float) -> dict:
+    """The engine's default on this entry and the choice's saving against it (savings.py)."""
+    eng = engine or savings.DEFAULT_ENGINE
+    measured = [b for b in entry.median_us if b not in entry.failed]
+    label, pool = savings.default_backends(eng, prof.backends, measured, want.num_experts, want.ep_size)
+    # a count the default was not measured at (a refinement count) is bridged, as for "compared"
+    pool_curves = {b: bridge_gaps(entry.tokens, entry.median_us[b]) or entry.median_us[b] for b in pool}
+    times = expected(entry.tokens, pool_curves, dist)
+    if not times:
+        return {}
+    default_us = round(min(times.values()), US_DECIMALS)
+    return {
+        "engine": eng,
+        "engine_default": label,
+        "default_us": default_us,
+        "saving_us_per_layer": round(default_us - chosen_us, US_DECIMALS),
+    }

@@ -15,6 +15,9 @@ levels: any shape (what lookup answers for: bounds, top-k <= experts) and a shap
 backends can measure (``measuring=True``: also experts divisible over the EP ranks, as the
 backend contract requires, and "local" routing's top-k within one rank's experts; engines
 such as TensorRT-LLM run uneven experts, so lookup does not refuse them).
+The payload vocabulary (:data:`PAYLOADS`) lives here too: the dispatch formats engines send,
+each with its bytes per row and the hidden sizes it can take (:meth:`Payload.problem`, checked
+by :meth:`Shape.problem` for any shape: no engine can send NVFP4 rows of an odd block).
 Standard library only: the engines' start-up path imports it.
 """
 
@@ -32,6 +35,8 @@ __all__ = [
     "MAX_TOPK",
     "POINT_FIELDS",
     "SHAPE_FIELDS",
+    "PAYLOADS",
+    "Payload",
     "Point",
     "PointError",
     "Shape",
@@ -55,6 +60,67 @@ MAX_EXPERTS = 1 << 12
 MAX_TOPK = 64
 #: Ranks in one EP group: a GB200 NVL72 domain is 72; 1024 leaves room for larger domains.
 MAX_EP_SIZE = 1024
+
+
+class Payload(NamedTuple):
+    """One dispatch format: what a row of `hidden` activations travels as (the combine carries
+    ``activation``, the model dtype). Quantized formats pack ``value_bits`` per element and one
+    scale of ``scale_bytes`` per ``block`` elements of a row; NVFP4 also has one FP32 global
+    scale per tensor, a per-layer constant every rank holds (vLLM: the checkpoint's input
+    scale), so it is not on the wire."""
+
+    name: str
+    activation: str  # torch dtype name of x, expert outputs and y
+    value_bits: int  # bits per element on the wire
+    block: int = 0  # elements per scale; 0: no scales
+    scale_bytes: int = 0  # bytes of one scale
+    scale_format: str = ""  # what a scale is: fp32, e4m3, e8m0
+    exact_blocks: bool = False  # hidden must be a multiple of `block` (else: a short last block)
+
+    @property
+    def quantized(self) -> bool:
+        return self.block > 0
+
+    def scales(self, hidden: int) -> int:
+        """Scales per row (a short last block has one too)."""
+        return -(-hidden // self.block) if self.block else 0
+
+    def value_bytes(self, hidden: int) -> int:
+        return hidden * self.value_bits // 8
+
+    def combine_row_bytes(self, hidden: int) -> int:
+        """Bytes one combined row moves: H activations (the model dtype)."""
+        return hidden * _ACTIVATION_BYTES[self.activation]
+
+    def row_bytes(self, hidden: int) -> int:
+        """Bytes one dispatched row moves: the packed values and their scales (NVFP4: H/2 + H/16;
+        MXFP8: H + H/32; block-FP8: H + 4 x ceil(H/128))."""
+        return self.value_bytes(hidden) + self.scales(hidden) * self.scale_bytes
+
+    def problem(self, hidden: int) -> str | None:
+        """Why rows of `hidden` cannot be this payload (one line), or None."""
+        if self.exact_blocks and hidden % self.block:
+            return f"--dtype {self.name} needs hidden divisible by its {self.block}-element block, got hidden={hidden}"
+        return None
+
+
+_ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+#: The payload dtypes (``--dtype``, the store, tables, lookup), by name.
+PAYLOADS = {
+    p.name: p
+    for p in (
+        Payload("bf16", "bfloat16", 16),
+        Payload("fp16", "float16", 16),
+        Payload("fp32", "float32", 32),
+        # block-FP8 (DeepSeek-V3's activations): e4m3 values, one fp32 scale per 1 x 128
+        Payload("fp8_e4m3", "bfloat16", 8, 128, 4, "fp32"),
+        # OCP MX FP8: e4m3 values, one E8M0 (power of two) scale per 32
+        Payload("mxfp8", "bfloat16", 8, 32, 1, "e8m0", exact_blocks=True),
+        # NVFP4: e2m1 values two per byte, one E4M3 scale per 16, one FP32 global scale
+        Payload("nvfp4", "bfloat16", 4, 16, 1, "e4m3", exact_blocks=True),
+    )
+}
 
 
 class PointError(ValueError):
@@ -103,6 +169,9 @@ class Shape(NamedTuple):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 return f"{name} must be a non-empty name, got {_short(value)}"
+        payload = PAYLOADS.get(self.dtype)
+        if payload is not None and (problem := payload.problem(self.hidden)):
+            return problem
         if not measuring:
             return None
         if self.num_experts % self.ep_size:

@@ -33,6 +33,7 @@ __all__ = [
     "FINGERPRINT_ENV",
     "HW_UNCHECKED",
     "PROFILE_DIR_ENV",
+    "table_dir",
     "add_cluster_pointer",
     "clear_cache",
     "fallback_message",
@@ -89,6 +90,16 @@ def user_profile_dir() -> str:
     """Where `a2a-tune select` / `run` write by default: this machine's own measured tables."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "a2a-tune", "profiles")
+
+
+def table_dir(out_dir=None):
+    """Where this node writes tables (a ``pathlib.Path``): `out_dir`, else the first
+    $A2A_TUNE_PROFILE_DIR entry, else the user's profile directory (both searched by lookup on
+    this node). The views write their files under it by default (``plots/``, ``reports/``)."""
+    from pathlib import Path
+
+    first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
+    return Path(out_dir or first or user_profile_dir()).expanduser()
 
 
 def _search_dirs() -> list:

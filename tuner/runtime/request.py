@@ -21,6 +21,7 @@ from a2a_tune.tuner.runtime.point import (
     MAX_HIDDEN,
     MAX_TOKENS_PER_RANK,
     MAX_TOPK,
+    PAYLOADS,
     PointError,
     Shape,
     check_tokens,
@@ -157,6 +158,7 @@ def request(
         and dtype
         and type(routing) is str
         and routing
+        and (dtype not in PAYLOADS or PAYLOADS[dtype].problem(hidden) is None)
     ):
         shape = Shape(ep_size, hidden, topk, num_experts, dtype, routing)  # the common case, fast
     else:

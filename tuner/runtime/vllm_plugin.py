@@ -26,11 +26,18 @@ choice. If that second build fails, the first config (vLLM's default) is returne
 * shape: hidden size, routed experts and top-k from the model's Hugging Face config (the
   keys ``a2a-tune sweep --model-config`` reads); ``ep_size`` = TP x DP x PCP (vLLM's EP
   group);
-* payload dtype: the model dtype, unless the checkpoint quantizes the MoE's activations:
-  block-FP8 (``quant_method`` fp8 with 128-wide ``weight_block_size``, e.g. DeepSeek-V3;
-  vLLM dispatches FP8 with 1x128 scales) and compressed-tensors FP8 with 128-element
-  groups look up ``fp8_e4m3``; weight-only methods (AWQ, GPTQ, ...) the model dtype; any
-  other quantization keeps vLLM's default with a one-line reason;
+* payload: what vLLM's all2all carries for the checkpoint's quantization (read in vLLM 0.33:
+  its prepare() quantizes with the MoE's ``quant_dtype``, then dispatches): ModelOpt NVFP4
+  and compressed-tensors NVFP4 (W4A4) look up ``nvfp4``; ModelOpt MXFP8 ``mxfp8``; block-FP8
+  (``quant_method`` fp8 with 128-wide ``weight_block_size``, e.g. DeepSeek-V3) and
+  compressed-tensors FP8 in groups of 128 ``fp8_e4m3``; per-tensor FP8 (fp8 without blocks,
+  ModelOpt FP8, compressed-tensors per-tensor/per-token FP8) ``fp8_e4m3`` too, the nearest
+  measured payload, said so; MXFP4 (gpt-oss) and weight-only methods (AWQ, GPTQ, ...) the
+  model dtype, as vLLM sends it (said so); any other quantization keeps vLLM's default with a
+  one-line reason. The log line names the payload;
+* the answer in vLLM's units: the saving against vLLM's default per decode (or prefill) step
+  over the model's MoE layers (``runtime.savings``; ``A2A_TUNE_TPOT_MS=T``: also as a share of
+  that TPOT), e.g. "expected -1.3 ms per decode step vs vLLM's default (58 MoE layers)";
 * phase: ``A2A_TUNE_WORKLOAD=FILE`` (a histogram, see :mod:`a2a_tune.tuner.runtime.workload`), else
   ``A2A_TUNE_PHASE=decode|prefill``, else from disaggregated serving's KV role (a
   ``kv_producer`` engine only prefills, a ``kv_consumer`` only decodes), else decode (a
@@ -68,6 +75,7 @@ import os
 import sys
 from collections import namedtuple
 
+from a2a_tune.tuner.runtime import savings
 from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = ["DISABLE_ENV", "PHASE_ENV", "WORKLOAD_ENV", "Decision", "decide", "register"]
@@ -305,35 +313,61 @@ def _quant_config(model_config) -> dict:
 
 
 def _payload_dtype(model_config) -> tuple:
-    """(table dtype of what the MoE dispatches, None) or (None, why the table cannot say)."""
+    """(table dtype of what vLLM's all2all carries for this checkpoint, a note or "") or (None,
+    why the table cannot say). Read in vLLM 0.33: every all2all prepare() quantizes the MoE
+    input with the layer's ``FusedMoEQuantConfig.quant_dtype`` (``fused_moe/config.py``) before
+    dispatching (``prepare_finalize/naive_dp_ep.py``, ``flashinfer_nvlink_one_sided.py``)."""
     qcfg = _quant_config(model_config)
-    method = getattr(model_config, "quantization", None) or qcfg.get("quant_method")
+    method = str(getattr(model_config, "quantization", None) or qcfg.get("quant_method") or "")
     if not method or method in _WEIGHT_ONLY:
-        return _model_dtype(model_config), None
-    method = str(method)
+        return _model_dtype(model_config), ""
+    algo = str((qcfg.get("quantization") or {}).get("quant_algo", "") or qcfg.get("quant_algo", "")).upper()
+    if method == "modelopt_fp4" or (method.startswith("modelopt") and "FP4" in algo):
+        return "nvfp4", "ModelOpt NVFP4: e2m1 rows + e4m3 scales per 16 (nvfp4_moe_quant_config)"
+    if method == "modelopt_mxfp8" or (method.startswith("modelopt") and "MXFP8" in algo):
+        return "mxfp8", "ModelOpt MXFP8: e4m3 rows + E8M0 scales per 32"
+    if method == "modelopt" and algo == "FP8":
+        return "fp8_e4m3", _PER_TENSOR_NOTE
+    if method == "mxfp4":
+        return _model_dtype(model_config), (
+            "MXFP4 (gpt-oss): vLLM's Marlin / Triton MXFP4 MoE (mxfp4_w4a16, Hopper) dispatches the model dtype; "
+            "its FlashInfer MXFP4 x MXFP8 kernels (Blackwell) dispatch mxfp8"
+        )
     if method == "fp8":
         block = qcfg.get("weight_block_size")
+        if block is None:
+            return "fp8_e4m3", _PER_TENSOR_NOTE
         if isinstance(block, (list, tuple)) and len(block) == 2 and block[1] == _FP8_GROUP:
-            return "fp8_e4m3", None  # block-FP8: activations quantized per 1 x 128 before dispatch
+            return "fp8_e4m3", "block-FP8: e4m3 rows + fp32 scales per 1 x 128"
         return None, f"quantization fp8 with weight_block_size {block!r} (the table's FP8 is 1x{_FP8_GROUP} blocks)"
     if method == "compressed-tensors":
         acts = [g.get("input_activations") for g in (qcfg.get("config_groups") or {}).values() if isinstance(g, dict)]
         if acts and all(a is None for a in acts):
-            return _model_dtype(model_config), None  # weight-only schemes
-        if acts and all(_fp8_groups(a) for a in acts):
-            return "fp8_e4m3", None
-        return None, "compressed-tensors activations other than FP8 in groups of 128"
+            return _model_dtype(model_config), "compressed-tensors weight-only: activations dispatched unquantized"
+        kinds = {_activation_kind(a) for a in acts}
+        if len(kinds) == 1 and None not in kinds:
+            return kinds.pop()
+        return None, "compressed-tensors activations other than NVFP4 or FP8"
     return None, f"quantization {method!r}"
 
 
-def _fp8_groups(spec) -> bool:
-    return (
-        isinstance(spec, dict)
-        and spec.get("type") == "float"
-        and spec.get("num_bits") == 8
-        and spec.get("strategy") == "group"
-        and spec.get("group_size") == _FP8_GROUP
-    )
+# Per-tensor (or per-token) FP8: e4m3 rows with one scale per tensor (per token); the table's
+# nearest payload is block-FP8 (the same e4m3 rows, 3% more bytes of scales).
+_PER_TENSOR_NOTE = "per-tensor FP8 rows: looked up as block-FP8 (fp8_e4m3), the nearest measured payload"
+
+
+def _activation_kind(spec) -> tuple | None:
+    """(dtype, note) of a compressed-tensors ``input_activations`` scheme, or None."""
+    if not isinstance(spec, dict) or spec.get("type") != "float":
+        return None
+    bits, strategy, group = spec.get("num_bits"), spec.get("strategy"), spec.get("group_size")
+    if bits == 4 and group == 16:
+        return "nvfp4", "compressed-tensors NVFP4 (W4A4): e2m1 rows + e4m3 scales per 16"
+    if bits == 8 and strategy == "group" and group == _FP8_GROUP:
+        return "fp8_e4m3", "compressed-tensors FP8, groups of 128: block-FP8"
+    if bits == 8 and strategy in ("tensor", "token", "channel"):
+        return "fp8_e4m3", _PER_TENSOR_NOTE
+    return None
 
 
 def _pos_int(obj, name: str) -> int:
@@ -392,11 +426,11 @@ def decide(config, *, explicit: bool = False) -> Decision:
         )
     hidden, topk, experts = _model_shape(config.model_config)
     ep_size = dp * tp * pcp
-    dtype, unknown = _payload_dtype(config.model_config)
+    dtype, note = _payload_dtype(config.model_config)
     if dtype is None:
         return Decision(
             None,
-            f"a2a-tune: keeping vLLM's all2all backend {current!r}: the table has no payload dtype for {unknown}",
+            f"a2a-tune: keeping vLLM's all2all backend {current!r}: the table has no payload dtype for {note}",
             "warning",
         )
     request, phase_text = _phase(config)
@@ -413,7 +447,8 @@ def decide(config, *, explicit: bool = False) -> Decision:
         quiet=True,
         **request,
     )
-    what = f"ep_size={ep_size} hidden={hidden} topk={topk} experts={experts} {dtype}, {phase_text}"
+    payload = f"payload {dtype}" + (f" ({note})" if note else "")
+    what = f"ep_size={ep_size} hidden={hidden} topk={topk} experts={experts} {payload}, {phase_text}"
     if choice.match == "fallback":
         reason = choice.reason.split("; using fallback all2all backend")[0]  # we say "keeping" ourselves
         return Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r} for {what}: {reason}", "warning")
@@ -423,4 +458,28 @@ def decide(config, *, explicit: bool = False) -> Decision:
         if literal == current
         else f"sets --all2all-backend {literal} (was {current!r})"
     )
-    return Decision(literal, f"a2a-tune: {verb} for {what} [hardware {choice.hardware_match}]: {choice.reason}")
+    saving = savings.sentence(
+        savings.in_engine_units(choice.vs_default, _moe_layers(config.model_config), _tpot_ms()), choice.phase
+    )
+    saving = f"; {saving}" if saving else ""
+    return Decision(literal, f"a2a-tune: {verb} for {what} [hardware {choice.hardware_match}]{saving}: {choice.reason}")
+
+
+def _moe_layers(model_config):
+    """The model's MoE layers (runtime.models), or None."""
+    from a2a_tune.tuner.runtime.models import moe_layer_count
+
+    for attr in ("hf_config", "hf_text_config"):
+        cfg = getattr(model_config, attr, None)
+        if cfg is not None and (n := moe_layer_count(cfg)) is not None:
+            return n
+    return None
+
+
+def _tpot_ms():
+    """$A2A_TUNE_TPOT_MS as a positive float, or None (anything else: ignored, said in no log)."""
+    try:
+        value = float(os.environ.get(savings.TPOT_ENV, ""))
+    except ValueError:
+        return None
+    return value if value > 0 and value == value and value != float("inf") else None

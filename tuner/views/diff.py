@@ -5,10 +5,17 @@ refused here too, so a candidate on which every engine would fall back never pas
 
 Rules (:func:`diff_views`):
 
-* **Regression**: a backend at a (shape, tokens) point where B's p10 > A's p90 (the
-  whole inner spread of B is above A's) and B's median / A's median > 1 + tolerance.
-  Without p10/p90 on either side the medians alone are compared (marked so).
-* **Improvement**: the mirror image (B's p90 < A's p10).
+* **Regression**: a backend at a (shape, tokens) point that is slower beyond both runs'
+  spread and beyond the minimum effect: B's p10 > A's p90 (the inner spreads do not
+  overlap), B's median - A's median > the wider of the two p10..p90 spreads (the shift
+  is larger than either run's own scatter), and B's median / A's median > 1 +
+  ``min_effect`` (:data:`MIN_EFFECT`, ``--tolerance``). Without p10/p90 on either side
+  the medians alone are compared (marked so). The spread rule keeps a loaded machine's
+  outliers out (a CPU point whose p10..p90 spans 1-3x its median moves 3x between two
+  back-to-back runs); the minimum effect keeps out what the spreads of one run do not
+  show: run-to-run drift of a few per cent (BENCHMARKS.md, "diff: change or noise").
+* **Improvement**: the mirror image (B's p90 < A's p10, faster by more than either
+  spread and by the minimum effect).
 * **Winner change**: the winner at a (shape, tokens) point differs. It is "within
   noise" when B's tie pairs the two backends, or when in B the old winner's spread
   overlaps the new winner's (B's old-winner p10 <= new-winner p90). Only B decides: a
@@ -31,7 +38,16 @@ from ..runtime.estimate import Winner
 from ..runtime.table import SHAPE_KEYS
 from .model import EN_DASH, ShapeView, TableView, clean, fmt_us, shape_label, token_range, when
 
-__all__ = ["DiffResult", "FailureChange", "PointChange", "WinnerChange", "diff_views", "render_diff"]
+__all__ = [
+    "MIN_EFFECT",
+    "DiffResult",
+    "beyond_noise",
+    "FailureChange",
+    "PointChange",
+    "WinnerChange",
+    "diff_views",
+    "render_diff",
+]
 
 
 @dataclass
@@ -138,9 +154,29 @@ class DiffResult:
         }
 
 
-def diff_views(a: TableView, b: TableView, *, tolerance: float = 0.0) -> DiffResult:
+#: The minimum effect of a regression or an improvement: B's median off A's by more than this
+#: fraction (`diff --tolerance`). Two back-to-back runs of one plan do not trip it; a 20%
+#: slowdown of one backend does (BENCHMARKS.md, "diff: change or noise").
+MIN_EFFECT = 0.10
+
+
+def beyond_noise(am: float, a10, a90, bm: float, b10, b90, min_effect: float = MIN_EFFECT) -> int:
+    """+1 when B is slower than A beyond noise at one point, -1 when faster, 0 otherwise (the
+    module docstring's rule; without both spreads, the medians and the minimum effect alone)."""
+    ratio = bm / am
+    if None in (a10, a90, b10, b90):
+        return 1 if ratio > 1 + min_effect else -1 if ratio < 1 / (1 + min_effect) else 0
+    scatter = max(a90 - a10, b90 - b10)
+    if b10 > a90 and bm - am > scatter and ratio > 1 + min_effect:
+        return 1
+    if b90 < a10 and am - bm > scatter and ratio < 1 / (1 + min_effect):
+        return -1
+    return 0
+
+
+def diff_views(a: TableView, b: TableView, *, tolerance: float = MIN_EFFECT) -> DiffResult:
     """Compare baseline ``a`` with candidate ``b`` (rules in the module docstring).
-    ``tolerance``: a slowdown must also exceed this fraction of A's median (0.05 = 5%)."""
+    ``tolerance``: the minimum effect, a fraction of A's median (0.10 = 10%)."""
     res = DiffResult(a=a, b=b)
     if a.fingerprint != b.fingerprint:
         res.notes.append(f"different hardware: A is {a.fingerprint or 'unknown'}, B is {b.fingerprint or 'unknown'}")
@@ -203,9 +239,10 @@ def diff_views(a: TableView, b: TableView, *, tolerance: float = 0.0) -> DiffRes
                     dispatch_ratio=_half_ratio(ca, cb, "dispatch_us", j, jb[t]),
                     combine_ratio=_half_ratio(ca, cb, "combine_us", j, jb[t]),
                 )
-                if (b10 > a90 if spread else True) and ratio > 1 + tolerance:
+                moved = beyond_noise(am, a10, a90, bm, b10, b90, tolerance)
+                if moved > 0:
                     res.regressions.append(pc)
-                elif (b90 < a10 if spread else True) and ratio < 1 / (1 + tolerance):
+                elif moved < 0:
                     res.improvements.append(pc)
         wa = {w.tokens: w for w in sa.winners}
         wb = {w.tokens: w for w in sb.winners}
@@ -273,11 +310,18 @@ def _half_ratio(ca, cb, name: str, ja: int, jb: int) -> float | None:
     return None if a is None or b is None else b / a
 
 
+# The diff's tables: titled on the left, no box, indented under the shape's line.
+_DIFF_TABLE = {"title_justify": "left", "box": None, "padding": (0, 1, 0, 2)}
+
+
 def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",)) -> None:
     """Print the diff with rich: what was compared, then per shape the winner changes,
     new failures and points slower / faster beyond noise, then one summary line."""
-    from rich.table import Table
+    from rich.table import Column
     from rich.text import Text
+
+    from .layout import indented, print_fitted
+    from .show import labelled
 
     def side(v: TableView) -> str:
         r = v.run
@@ -288,22 +332,22 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
             bits.append(when(r["started_at"]))
         return clean(", ".join(str(b) for b in bits))
 
-    def line(text, style=""):
-        console.print(Text(text, style=style), soft_wrap=True)
+    def line(text, style="", indent=2):  # wraps at spaces, indented on every line
+        console.print(indented(Text(text, style=style), indent))
 
     console.print(Text("a2a-tune diff", style="bold"))
-    console.print(Text.assemble(("  A (baseline)  ", "dim"), side(res.a)), soft_wrap=True)
-    console.print(Text.assemble(("  B (candidate) ", "dim"), side(res.b)), soft_wrap=True)
+    heads = [("A (baseline)", side(res.a)), ("B (candidate)", side(res.b))]
     if res.version_changes:
         changes = clean("  ".join(f"{k} {a or '-'} -> {b or '-'}" for k, (a, b) in res.version_changes.items()))
-        console.print(Text.assemble(("  versions      ", "dim"), changes), soft_wrap=True)
+        heads.append(("versions", changes))
+    console.print(labelled(heads))
     for prefix, notes in (("note (A)", res.a.notes), ("note (B)", res.b.notes), ("note", res.notes)):
         for note in notes:
-            line(f"  {prefix}: {note}", "yellow")
+            line(f"{prefix}: {note}", "yellow")
     for k in res.only_a:
-        line(f"  only in A: {shape_label(k)}", "dim")
+        line(f"only in A: {shape_label(k)}", "dim")
     for k in res.only_b:
-        line(f"  only in B: {shape_label(k)}", "dim")
+        line(f"only in B: {shape_label(k)}", "dim")
 
     grid = {s.key: s.tokens for s in res.a.shapes}
     order = {s.key: i for i, s in enumerate(res.a.shapes)}
@@ -314,14 +358,16 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
     )
     for key in changed:
         console.print()
-        line(shape_label(key), "bold cyan")
+        line(shape_label(key), "bold cyan", 0)
         wcs = sorted((w for w in res.winner_changes if w.shape == key), key=keyed)
         if wcs:
-            t = Table(title="winner changed", title_justify="left", title_style="bold", box=None, padding=(0, 1, 0, 2))
-            t.add_column("tokens", justify="right", no_wrap=True)
-            t.add_column("A winner", no_wrap=True)
-            t.add_column("B winner", no_wrap=True)
-            t.add_column("in B", overflow="fold")
+            columns = [
+                Column("tokens", justify="right", no_wrap=True),
+                Column("A winner", no_wrap=True),
+                Column("B winner", no_wrap=True),
+                Column("in B"),  # prose: wraps at spaces
+            ]
+            rows = []
             same = lambda p, q: (p.a_winner, p.b_winner, p.noise, p.why) == (q.a_winner, q.b_winner, q.noise, q.why)  # noqa: E731
             for run in _runs(wcs, grid, same):
                 w = run[0]
@@ -332,18 +378,19 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
                     detail = f"new winner {_ratio_range(min(sp), max(sp))} faster"
                 else:
                     detail = w.why
-                t.add_row(  # Text cells: a backend name is never rich markup
-                    token_range(run[0].tokens, run[-1].tokens),
-                    Text(w.a_winner or "-"),
-                    Text(w.b_winner or "-"),
-                    detail,
-                    style="dim" if w.noise else "",
+                dim = "dim" if w.noise else ""
+                rows.append(  # Text cells: a backend name is never rich markup
+                    (
+                        Text(token_range(run[0].tokens, run[-1].tokens), style=dim),
+                        Text(w.a_winner or "-", style=dim),
+                        Text(w.b_winner or "-", style=dim),
+                        Text(detail, style=dim),
+                    )
                 )
-            console.print(t)
+            print_fitted(console, columns, rows, title="winner changed", title_style="bold", **_DIFF_TABLE)
         for f in (f for f in res.new_failures if f.shape == key):
             console.print(
-                Text.assemble(("  newly failing in B: ", "bold red"), (f.backend, "bold"), f": {f.reason}"),
-                soft_wrap=True,
+                indented(Text.assemble(("newly failing in B: ", "bold red"), (f.backend, "bold"), f": {f.reason}"))
             )
         for name, pts, style in (
             ("slower beyond noise", res.regressions, "bold red"),
@@ -352,12 +399,14 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
             pts = sorted((p for p in pts if p.shape == key), key=keyed)
             if not pts:
                 continue
-            t = Table(title=name, title_justify="left", title_style=style, box=None, padding=(0, 1, 0, 2))
-            t.add_column("backend", no_wrap=True)
-            t.add_column("tokens", justify="right", no_wrap=True)
-            t.add_column("B/A", justify="right", overflow="fold")
-            t.add_column("A median µs", justify="right", overflow="fold")
-            t.add_column("B median µs", justify="right", overflow="fold")
+            columns = [
+                Column("backend", no_wrap=True),
+                Column("tokens", justify="right", no_wrap=True),
+                Column("B/A", justify="right"),  # wraps at spaces: ratio, then how each half moved
+                Column("A median µs", justify="right"),
+                Column("B median µs", justify="right"),
+            ]
+            rows = []
             for run in _runs(pts, grid, lambda p, q: p.backend == q.backend):
                 p = run[0]
                 ratio = _ratio_range(min(x.ratio for x in run), max(x.ratio for x in run))
@@ -371,10 +420,20 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
                 else:
                     am = f"{fmt_us(min(x.a_median for x in run))}{EN_DASH}{fmt_us(max(x.a_median for x in run))}"
                     bm = f"{fmt_us(min(x.b_median for x in run))}{EN_DASH}{fmt_us(max(x.b_median for x in run))}"
-                t.add_row(Text(p.backend), token_range(run[0].tokens, run[-1].tokens), ratio, am, bm)
-            console.print(t)
+                rows.append((Text(p.backend), token_range(run[0].tokens, run[-1].tokens), ratio, am, bm))
+            print_fitted(
+                console,
+                columns,
+                rows,
+                key=2,
+                stack=(4, 3),
+                title=name,
+                stacked_title=f"{name}: medians (p10{EN_DASH}p90)",
+                title_style=style,
+                **_DIFF_TABLE,
+            )
     for f in res.fixed_failures:
-        line(f"  no longer failing in B: {f.backend} at {shape_label(f.shape)} (was: {f.reason})", "green")
+        line(f"no longer failing in B: {f.backend} at {shape_label(f.shape)} (was: {f.reason})", "green")
     console.print()
     summary = (
         f"{res.compared_points} point(s) compared: {len(res.regressions)} slower, {len(res.improvements)} faster, "
@@ -383,4 +442,4 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
     )
     hit = res.failing(fail_on)
     verdict = f" -> FAIL ({', '.join(hit)})" if hit else " -> OK"
-    line(summary + verdict, "bold red" if hit else "bold green")
+    line(summary + verdict, "bold red" if hit else "bold green", 0)

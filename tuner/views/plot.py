@@ -31,7 +31,8 @@ import io
 import math
 from pathlib import Path
 
-from ..figures import link_bandwidth
+from ..figures import link_bandwidth, row_bytes
+from ..runtime.point import PAYLOADS
 from .model import ShapeView, TableView, ViewError, shape_label, shape_slug
 from .show import timing_summary
 
@@ -45,8 +46,9 @@ __all__ = [
     "PlotUnavailable",
 ]
 
-#: Payload bytes per element; a dtype not listed gets no bound.
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+#: Bytes per element of dtypes older tables may name outside a2a-tune's payloads (whose rows,
+#: packed values and scales, figures.row_bytes counts); a dtype in neither gets no bound.
+DTYPE_BYTES = {"fp8": 1, "fp8_e5m2": 1, "int8": 1}
 
 # Backend colours: tab10 without its grey (reserved for failed backends and the bound).
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
@@ -80,8 +82,12 @@ def remote_ranks(num_experts: int, topk: int, world: int) -> float:
 
 def copy_bound(view: TableView, shape: ShapeView, link_gbs: float | None = None) -> tuple:
     """(CopyBound, None) or (None, why there is no line)."""
-    nbytes = DTYPE_BYTES.get(str(shape.dtype).lower())
-    if nbytes is None:
+    dtype = str(shape.dtype).lower()
+    if dtype in PAYLOADS:
+        rows = row_bytes(dtype, shape.hidden)  # dispatch (packed values + scales), combine (model dtype)
+    elif dtype in DTYPE_BYTES:
+        rows = (shape.hidden * DTYPE_BYTES[dtype],) * 2
+    else:
         return None, f"no copy bound: bytes per element of {shape.dtype} unknown"
     if shape.routing != "uniform":
         return None, f"no copy bound: it is derived for uniform routing, this shape is {shape.routing}"
@@ -96,9 +102,9 @@ def copy_bound(view: TableView, shape: ShapeView, link_gbs: float | None = None)
             )
         gbs, source = found.gbps, f"= {found.how} per GPU, from the probe facts"
     remote = remote_ranks(shape.num_experts, shape.topk, shape.ep_size)
-    per_token = 2 * shape.hidden * nbytes * remote
+    per_token = sum(rows) * remote
     assumption = (
-        f"copy bound = bytes each rank sends (dispatch + combine: 2 x T x {shape.hidden} x {nbytes} B x "
+        f"copy bound = bytes each rank sends (dispatch + combine: T x ({rows[0]} + {rows[1]}) B x "
         f"{remote:.3g} other ranks per token, uniform routing) / {gbs:.0f} GB/s {source}"
     )
     return CopyBound(gbs, per_token, assumption), None
@@ -184,6 +190,13 @@ def _edges(tokens: list) -> list:
     first = tokens[0] ** 2 / mids[0]
     last = tokens[-1] ** 2 / mids[-1]
     return [first, *mids, last]
+
+
+def rehearsal_label(view: TableView) -> str | None:
+    """The label a CPU rehearsal's figures carry (None for a machine's measurements)."""
+    from .load import REHEARSAL_NOTE
+
+    return "CPU rehearsal: not a machine's figures" if REHEARSAL_NOTE in view.notes else None
 
 
 def render_png(
@@ -357,6 +370,9 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
     sub += [f"{k} {versions[k]}" for k in ("torch", "nccl") if versions.get(k)]
     sub.append("lines: median, bands: p10-p90")
     fig.text(0.085, 1 - 0.58 / height, "  ·  ".join(sub), fontsize=9, color="#444444", ha="left")
+    rehearsal = rehearsal_label(view)
+    if rehearsal:  # a CPU rehearsal's picture must not pass for a machine's figures
+        fig.text(0.985, 1 - 0.22 / height, rehearsal, fontsize=10, color="#b00020", ha="right", fontweight="bold")
 
     fig.legend(
         handles=handles + strip,
@@ -373,7 +389,7 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
     fig.text(0.085, 0.06 / height, note, fontsize=7.5, color="#555555", ha="left", va="bottom", wrap=True)
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Description": rehearsal or shape_label(shape)})
     plt.close(fig)
     return buf.getvalue()
 

@@ -224,9 +224,44 @@ def _winners_section(view: TableView) -> str:
             '<table class="winners"><colgroup><col style="width:13%"><col style="width:27%"><col style="width:20%">'
             '<col style="width:26%"><col style="width:14%"></colgroup><tr><th class="num">tokens/rank</th><th>winner</th><th class="num">margin over runner-up</th>'
             f'<th>runner-up</th><th class="num">winner median µs</th></tr>{"".join(rows)}</table>{failed}'
+            + _vs_default(view, s)
             + _figures_table(view, s)
         )
     return "".join(out) or '<p class="muted">No shapes.</p>'
+
+
+#: The decode steps the report states the saving for: 1..this many tokens per rank (vLLM's
+#: max_num_seqs default is 256), log-uniform, as the plugin asks for a decode engine.
+DECODE_MAX_BATCH = 256
+
+
+def _vs_default(view: TableView, s: ShapeView) -> str:
+    """One line: what the table's choice for vLLM saves against vLLM's default in decode, per
+    MoE layer and, for a preset model, per decode step (runtime.savings); "" when not measured."""
+    from ..runtime.estimate import bridge_gaps, expected
+    from ..runtime.savings import default_backends, in_engine_units, sentence
+    from ..runtime.table import BackendNames
+    from ..shapes import presets
+
+    names = {
+        b: BackendNames(n.get("vllm_name"), n.get("sglang_name"), n.get("trtllm_name"), {})
+        for b, n in view.backends.items()
+    }
+    grid = tuple(s.tokens)
+    # a refinement count's gaps bridged (bridge_gaps: None when there is none)
+    curves = {b: bridge_gaps(grid, tuple(c.median_us)) or tuple(c.median_us) for b, c in s.curves.items()}
+    curves = {b: c for b, c in curves.items() if b not in s.failed and b in names}
+    dist = ("log-uniform", 1, max(1, min(DECODE_MAX_BATCH, max(s.tokens, default=1))))
+    told = {b: c for b, c in curves.items() if names[b].vllm_name}  # what vLLM can be told
+    label, pool = default_backends("vllm", names, list(curves), s.num_experts, s.ep_size)
+    ours, default = expected(grid, told, dist), expected(grid, {b: curves[b] for b in pool}, dist)
+    if not ours or not default:
+        return ""
+    per_layer = {"engine": "vllm", "engine_default": label, "default_us": min(default.values())}
+    per_layer["saving_us_per_layer"] = min(default.values()) - min(ours.values())
+    model = next((p for p in presets().values() if (p.num_experts, p.topk, p.hidden) == s.key[3:0:-1]), None)
+    text = sentence(in_engine_units(per_layer, model.moe_layers if model else None), "decode")
+    return f'<p class="muted">decode 1..{dist[2]} tokens/rank, vLLM\'s fastest told: {_e(text)}</p>'
 
 
 # The figures table's columns (model.FIGURE_NAMES, headed by their labels) and their formats.

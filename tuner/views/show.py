@@ -36,6 +36,7 @@ __all__ = [
     "WinnerRange",
     "figure_rows",
     "group_failures",
+    "labelled",
     "provenance_lines",
     "render_show",
     "show_data",
@@ -280,6 +281,7 @@ def show_data(view: TableView) -> dict:
                     for r in winner_ranges(s)
                 ],
                 "failed": s.failed,
+                "not_carried": not_carried(s.dtype),
                 "link": _link_data(view, s),
                 "figures": {b: point_figures(c, s.tokens, shape_link(view, s)) for b, c in s.curves.items()},
             }
@@ -321,24 +323,39 @@ def _figures_table(view: TableView, shape: ShapeView):
     return t
 
 
+def labelled(rows):
+    """(label, value) pairs as a rich grid: the labels in one column, each value wrapping at
+    its spaces in the next (a long value's later lines start under its first)."""
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    from .layout import indented
+
+    grid = Table.grid(Column(no_wrap=True, style="dim"), Column(overflow="fold"), padding=(0, 1))
+    for label, value in rows:
+        grid.add_row(label, Text(value))
+    return indented(grid)
+
+
 def render_show(view: TableView, console) -> None:
     """Print the view with rich: provenance, one winners table per shape, failures."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
+    from .layout import indented
+
     kind = "table" if view.kind == "profile" else "run"
     console.print(Text(f"a2a-tune {kind}: {view.fingerprint or 'unknown hardware'}", style="bold"))
-    for k, v in provenance_lines(view):
-        console.print(Text.assemble((f"  {k:<14}", "dim"), v), soft_wrap=True)
+    console.print(labelled(provenance_lines(view)))
     for note in view.notes:
-        console.print(Text(f"  note: {note}", style="yellow"), soft_wrap=True)
+        console.print(indented(Text(f"note: {note}", style="yellow")))
     if not view.shapes:
         console.print("no shapes in this table", style="yellow")
     for s in view.shapes:
         console.print()
         title = shape_label(s) + ("  (predicted)" if s.source != "measured" else "")
-        console.print(Text(title, style="bold cyan"), soft_wrap=True)
+        console.print(Text(title, style="bold cyan"))
         # The runners-up go under the winner, so one column holds the names: 80 columns take the
         # longest names whole (a name is wrapped only at the spaces between names, never cut).
         t = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), show_edge=False, pad_edge=False, collapse_padding=True)
@@ -365,18 +382,23 @@ def render_show(view: TableView, console) -> None:
         console.print(t)
         if has_figures(s):  # tables from before the figures: the round trip alone
             console.print(_figures_table(view, s))
-            console.print(Text(f"  {figures_note(view, s)}", style="dim"))  # wraps: 80 columns
+            console.print(indented(Text(figures_note(view, s), style="dim")))
         ties = [t_ for r in winner_ranges(s) for t_ in r.ties]
         if ties:
             console.print(
-                Text.assemble(
-                    ("  * tie at ", "yellow"), _tie_phrase(ties), (": the runner-up is within noise there", "dim")
-                ),
-                soft_wrap=True,
+                indented(
+                    Text.assemble(
+                        ("* tie at ", "yellow"), _tie_phrase(ties), (": the runner-up is within noise there", "dim")
+                    )
+                )
             )
         if s.failed:
             console.print(
-                Text.assemble(("  never selected here: ", "red"), ", ".join(s.failed), " (see failures)"),
+                indented(Text.assemble(("never selected here: ", "red"), ", ".join(s.failed), " (see failures)"))
+            )
+        if missing := not_carried(s.dtype):
+            console.print(
+                Text.assemble(("  not measured: ", "dim"), ", ".join(missing), f" (does not carry {s.dtype})"),
                 soft_wrap=True,
             )
     console.print()
@@ -385,7 +407,19 @@ def render_show(view: TableView, console) -> None:
         # One failure per two lines (what, then why): long reasons wrap cleanly in a terminal.
         console.print(Text(f"failures ({len(rows)})", style="bold red"))
         for backend, kind, where, reason in rows:
-            console.print(Text.assemble("  ", (backend, "bold"), " ", (kind, "red"), f"  ({where})"), soft_wrap=True)
-            console.print(Text(f"      {reason}"), soft_wrap=True)
+            console.print(indented(Text.assemble((backend, "bold"), " ", (kind, "red"), f"  ({where})")))
+            console.print(indented(Text(reason), 6))
     else:
         console.print("no failures recorded", style="green")
+
+
+def not_carried(dtype: str) -> list[str]:
+    """The registered backends that do not carry payload `dtype` (never timed with it: not a
+    failure). Plain payloads: none asked (every backend carries them, registry not imported)."""
+    from a2a_tune.tuner.runtime.point import PAYLOADS
+
+    if dtype not in PAYLOADS or not PAYLOADS[dtype].quantized:
+        return []
+    from a2a_tune.kernels import get_backend, list_backends
+
+    return [name for name in list_backends() if dtype not in get_backend(name).payloads]
