@@ -57,13 +57,19 @@ def test_feasibility_that_raises_does_not_kill_the_plan(unruly):
 
 
 def test_backends_lists_the_unruly_ones_with_their_reason():
+    import json
+
     start = time.monotonic()
-    r = a2a("backends", "--device", "cpu", env_extra=UNRULY)
+    r = a2a("backends", "--device", "cpu", "--json", env_extra=UNRULY)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
-    out = " ".join(r.stdout.split())
-    assert "availability() raised RuntimeError: planted: probing the fabric failed" in out
-    assert "availability() did not return within 1 s" in out
+    reasons = {b["backend"]: b["reason"] for b in json.loads(r.stdout)["backends"]}
+    assert (
+        reasons["planted_availability_raises"]
+        == "availability() raised RuntimeError: planted: probing the fabric failed"
+    )
+    assert reasons["planted_availability_blocks"].startswith("availability() did not return within 1 s")
+    assert reasons["nccl_all2allv"] is None
     assert time.monotonic() - start < 60
 
 
