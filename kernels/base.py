@@ -300,6 +300,9 @@ class All2AllBackend(ABC):
     # `kernels.virtual.VirtualRank`): backends that reach peers only through memory they map
     # themselves. Collective-based ones (torch.distributed, NCCL, NVSHMEM) need real ranks.
     virtual_ranks: ClassVar[bool] = False
+    # Why the backend cannot run on a sub-group of the ranks (an EP size below the world, its
+    # groups side by side: tuner.groups), or None when it is built on any group it is given.
+    sub_group_reason: ClassVar[str | None] = None
 
     def __init__(self, group: dist.ProcessGroup | None, shape: MoEShape, device: torch.device) -> None:
         self.group = group

@@ -62,6 +62,9 @@ def _align16(n: int) -> int:
 class TorchNvshmemAll2All(All2AllBackend):
     name = "torch_nvshmem_all2all"
     reach = "island"  # NVSHMEM within one NVLink island (peer access)
+    # Its buffers live in one NVSHMEM heap per process, bootstrapped over every rank of the job,
+    # and are grown, never freed, per group: groups side by side are not run with it here.
+    sub_group_reason = "its NVSHMEM team spans every rank of the job (NVSHMEM is started on the world)"
     vllm_name = None
     vllm_closest = "flashinfer_nvlink_two_sided"  # also an all-to-all-v
     sglang_name = None

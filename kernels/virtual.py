@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from a2a_tune.tuner.runtime.point import MAX_EP_SIZE
 from a2a_tune.tuner.runtime.text import one_line
 
 from .base import All2AllBackend, Dispatched, MoEShape
@@ -50,7 +51,9 @@ from .reference import (
 )
 from .registry import feasibility_of
 
-MAX_VIRTUAL_RANKS = 64  # MAX_EP_SIZE's order; memory is the real limit (W workspaces on one device)
+# No limit of its own beyond an EP group's (MAX_EP_SIZE): memory is the limit (W workspaces on
+# one device), which `a2a_tune.tuner.check` sizes each case to before anything is allocated.
+MAX_VIRTUAL_RANKS = MAX_EP_SIZE
 VIRTUAL_TIMING = "virtual"  # the timing label of virtual-rank samples; db refuses to store it
 _ALIGN = 256  # what RankState requires between workspaces (and a cache line pair on GPUs)
 

@@ -25,7 +25,12 @@ Virtual ranks (`virtual=True`, `a2a_tune.kernels.virtual`): the W ranks of each 
 process on one device, each a region of one allocation, in phase order: on a machine with fewer
 GPUs than W, or on CPU under Triton's interpreter. Only backends that reach their peers through
 memory they map (`virtual_ranks`: the symmetric-memory ones) run so; the others are skipped.
-`token_scale` shrinks every case's counts (the interpreter runs each program in Python).
+`token_scale` shrinks every case's counts (the interpreter runs each program in Python). On
+virtual ranks every case is also sized to the device's free memory before anything is
+allocated: W ranks' bytes (`kernels.base.case_bytes` each) at the case's counts, else at half of
+them, a quarter... (the row says so), else the case is skipped saying the bytes it needs. A case
+whose routing the shape cannot take at W ("local" with top-k beyond one rank's experts) is
+skipped with the reason, so the EP size is limited by memory alone.
 
 A case is "ok" (the invariant held on every rank and call), "FAIL" (wrong results, a crash,
 a failed construction, or no progress for `timeout` seconds: a hung backend is stopped and
@@ -50,11 +55,13 @@ import torch
 import torch.distributed as dist
 
 from a2a_tune.kernels import Availability, BackendEnv, MoEShape, ShapeError, availability_of, get_backend
+from a2a_tune.kernels.base import case_bytes
 from a2a_tune.kernels.reference import TOLERANCE, graph_replay_error
 from a2a_tune.kernels.virtual import VirtualWorld
 
 from .launch import Heartbeat, RankContext, RankFailed, RanksStalled, all_ranks_ok, one_line, run_ranks
 from .measure import Backends, Result, capacity_of, gate, input_sets
+from .plans import _gib
 from .shapes import ModelShape
 
 DEFAULT_TIMEOUT_S = 300.0  # one case, first kernel compilations included
@@ -334,32 +341,111 @@ def _replay_result(worst: float, case: Case) -> Result:
     return Result("passed", max_rel_error=worst)
 
 
+# What one device keeps beside a virtual case: the CUDA context, the allocator's slack, Triton.
+VIRTUAL_RESERVE_BYTES = 2 * 1024**3
+SMALLEST_SCALE = 1 / 1024  # a case shrunk further than this is skipped instead
+
+
+def virtual_case_bytes(cls, model: ModelShape, case: Case, world_size: int) -> int:
+    """At most the bytes the W virtual ranks of `case` allocate on one device (each rank's
+    `case_bytes` at its capacity and its largest step)."""
+    plan = case.plan(world_size)
+    shape = _case_shape(model, case, plan)
+    capacity = capacity_of(cls, plan[0][0], capacity=case.capacity, largest=shape.max_tokens_per_rank)
+    built = dataclasses.replace(shape, max_tokens_per_rank=max(capacity, 1))
+    return world_size * case_bytes(cls, built, world_size, max(max(step, 1) for step, _ in plan))
+
+
+def device_free_bytes(device: torch.device) -> int | None:
+    """What one device can still give a virtual case: free GPU memory, or the host's on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        return max(torch.cuda.mem_get_info(device)[0] - VIRTUAL_RESERVE_BYTES, 0)
+    from .launch import host_memory_available
+
+    available = host_memory_available()
+    return None if available is None else max(available - VIRTUAL_RESERVE_BYTES, 0)
+
+
+def fit_virtual_case(cls, model: ModelShape, case: Case, world_size: int, free: int | None) -> tuple[Case | None, str]:
+    """`case`, or the case at half, a quarter... of its token counts, whose W ranks fit in `free`
+    bytes, and a note saying why it shrank; (None, why) when even the smallest does not fit."""
+    need = virtual_case_bytes(cls, model, case, world_size)
+    if free is None or need <= free:
+        return case, ""
+    scale = 0.5
+    while scale >= SMALLEST_SCALE:
+        smaller = case.scaled(scale)
+        if virtual_case_bytes(cls, model, smaller, world_size) <= free:
+            return smaller, (
+                f"token counts x{scale:g} to fit one device: {_gib(need)} at full size for {world_size} ranks, "
+                f"{_gib(free)} free"
+            )
+        scale /= 2
+    return None, f"needs {_gib(need)} on one device for {world_size} virtual ranks, {_gib(free)} free"
+
+
 def _check_case_virtual(world: VirtualWorld, name: str, model: ModelShape, case: Case, seed: int) -> Row:
     """One case on the world's virtual ranks: the backend's W instances built as `Backends`
-    builds them (capacity, step), the invariant over all ranks per call, or the graph replays."""
-    plan = case.plan(world.size)
+    builds them (capacity, step), the invariant over all ranks per call, or the graph replays;
+    skipped when the shape cannot take the case's routing at W, sized to the device's memory
+    (and, should the bound be short, halved again after running out of memory)."""
     row = Row(name, model.name, case.name, "ok", tokens=case.tokens_of(world.size), dtype=case.dtype, virtual=True)
     if case.graph and world.device.type != "cuda":
         row.status, row.reason = "skip", "CUDA-graph replays need --device cuda"
         return row
+    problem = model.at(world.size, case.dtype, case.routing).problem(measuring=True)
+    if problem:  # e.g. 'local' routing with top-k beyond one rank's experts: not this shape's case
+        row.status, row.reason = "skip", problem
+        return row
     cls = get_backend(name)
+    fitted, note = fit_virtual_case(cls, model, case, world.size, device_free_bytes(world.device))
+    if fitted is None:  # refused before anything is allocated
+        row.status, row.reason = "skip", note
+        return row
+    scale = 1.0
+    while True:
+        row.tokens = fitted.tokens_of(world.size)
+        try:
+            verdict = _virtual_case_verdict(world, cls, model, fitted, seed)
+        except torch.OutOfMemoryError:
+            scale /= 2
+            if scale < SMALLEST_SCALE:
+                row.status, row.reason = "skip", "out of device memory even at the smallest token counts"
+                return row
+            fitted = fitted.scaled(0.5)
+            note = f"token counts halved {round(math.log2(1 / scale))}x more after running out of memory"
+            continue
+        break
+    row = _verdict_row(row, verdict)
+    if note and row.status == "ok":
+        row.reason = note
+    return row
+
+
+def _virtual_case_verdict(world: VirtualWorld, cls, model: ModelShape, case: Case, seed: int) -> Result:
+    """Build the case's W instances and check it; torch.OutOfMemoryError goes to the caller."""
+    plan = case.plan(world.size)
     shape = _case_shape(model, case, plan)
     capacity = capacity_of(cls, plan[0][0], capacity=case.capacity, largest=shape.max_tokens_per_rank)
     try:
         ranks = world.build(cls, dataclasses.replace(shape, max_tokens_per_rank=capacity), step=plan[0][0] or None)
     except ShapeError as exc:  # the shape cannot run on W ranks, or the backend declares it infeasible
-        row.status, row.reason = "skip", str(exc)
-        return row
+        return Result("infeasible", str(exc))
+    except torch.OutOfMemoryError:
+        raise
     except Exception as exc:
-        return _verdict_row(row, Result("error", f"construction failed: {one_line(exc)}"))
+        return Result("error", f"construction failed: {one_line(exc)}")
     with ranks:
         try:
-            verdict = _virtual_verdict(ranks, case, plan, seed)
+            return _virtual_verdict(ranks, case, plan, seed)
+        except torch.OutOfMemoryError:
+            raise
         except ShapeError as exc:  # e.g. more tokens than the step: the caller's mistake, one line
-            verdict = Result("error", str(exc))
+            return Result("error", str(exc))
         except Exception as exc:  # a graph capture that failed, a wait that gave up in the replays
-            verdict = Result("error", one_line(exc))
-    return _verdict_row(row, verdict)
+            return Result("error", one_line(exc))
 
 
 def _virtual_verdict(ranks, case: Case, plan, seed: int) -> Result:

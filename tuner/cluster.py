@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import platform
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -120,26 +121,27 @@ class ClusterView:
         down = [f"GPU{d.gpu} {d.active_links}/{d.expected_links} NVLinks active" for d in topo.degraded]
         return f" [{', '.join(down)}]" if down else ""
 
-    def span(self) -> tuple[str, str]:
-        """(kind, text): what joins every rank of the job (the EP group), kind one of
-        ``a2a_tune.kernels.base.SPANS``. A rank's GPU is the one at its local rank on its node;
-        a rank without one (CPU ranks) shares no NVLink with anybody."""
+    def span(self, ranks: Sequence[int] | None = None) -> tuple[str, str]:
+        """(kind, text): what joins every rank of the EP group `ranks` (default: the job's),
+        kind one of ``a2a_tune.kernels.base.SPANS``. A rank's GPU is the one at its local rank
+        on its node; a rank without one (CPU ranks) shares no NVLink with anybody."""
         topo = self.topology
         island_of = {g: i for i, island in enumerate(topo.islands) for g in island.gpus}
         islands = set()
-        for r in self.reports:
+        reports = self.reports if ranks is None else [self.reports[r] for r in ranks]
+        for r in reports:
             node = topo.hostnames.index(r.host)
             gpu = next((g.index for g in topo.gpus if g.node == node and g.local_index == r.local_rank), None)
             islands.add(island_of.get(gpu) if gpu is not None else None)
-        nodes = len(self.hosts)
+        nodes = len({r.host for r in reports})
         where = f"{nodes} nodes" if nodes > 1 else "one node"
         if None in islands or len(islands) > 1:
             joined = "joined by the network" if nodes > 1 else "without NVLink between all of them"
-            return "network", f"{len(self.reports)} ranks on {where} {joined}"
+            return "network", f"{len(reports)} ranks on {where} {joined}"
         island = topo.islands[islands.pop()]
         if len(island.nodes) > 1:
-            return "domain", f"{len(self.reports)} ranks in one NVLink domain over {where}"
-        return "island", f"{len(self.reports)} ranks in one NVLink island on {where}"
+            return "domain", f"{len(reports)} ranks in one NVLink domain over {where}"
+        return "island", f"{len(reports)} ranks in one NVLink island on {where}"
 
     def summary(self) -> dict[str, Any]:
         """What the run and its table record about the job's nodes (JSON-able)."""

@@ -64,6 +64,8 @@ class Result:
     combine_us: list[float] = field(default_factory=list)
     traffic: Traffic | None = None  # measured: the bytes the timed inputs move (tuner.figures)
     workspace_bytes: int | None = None  # device memory the backend holds per rank (max); None: not measured
+    # measured: each EP group's median round trip, in group order (tuner.groups; [] before agreeing)
+    group_us: list[float] = field(default_factory=list)
 
     @property
     def dispatch_median_us(self) -> float | None:
@@ -86,6 +88,7 @@ class Result:
             "combine_logical_bytes": t and t.combine_logical,
             "combine_link_bytes": t and t.combine_link,
             "workspace_bytes": self.workspace_bytes,
+            "group_us": [round(v, 3) for v in self.group_us] or None,
         }
 
     def measurement(self, key: MeasurementKey) -> Measurement:

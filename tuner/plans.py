@@ -45,6 +45,14 @@ DEFAULT_TOKENS = {
     "cpu": (1, 4, 16, 64, 256),  # gloo on CPU: enough to see a crossover in minutes
 }
 DEFAULT_ITERS = {"cuda": (10, 50), "cpu": (3, 15)}  # (warm-up, timed) round trips per case
+# What a plan is estimated to cost before it runs (`estimate_seconds`): the ranks' start-up,
+# then seconds per case (gate, warm-up, timing, the halves) at the default iterations. Every
+# group of an EP size runs a case at once. cuda: a GPU per rank, a case costs the same at any
+# size (the 2xH200 full run, BENCHMARKS.md: 1140 measurements in 308 s). cpu: gloo ranks share
+# the host's cores, so start-up is per rank and a case costs about one second per rank of its
+# group (the 4- and 8-rank rehearsals, BENCHMARKS.md "EP sizes", on a shared 2-core machine).
+START_SECONDS = {"cuda": 30.0, "cpu": 12.0}  # cpu: per rank
+SECONDS_PER_CASE = {"cuda": 0.27, "cpu": 1.0}  # cpu: per rank of the case's group
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,12 @@ class SweepPlan:
     # Refine crossovers and close races between neighbouring token counts (tuner.adaptive)
     # while they are more than this ratio apart; None: measure the grid only.
     refine_ratio: float | None = None
+    # EP sizes to measure, each on groups of consecutive ranks (tuner.groups); empty: the world.
+    ep_sizes: tuple[int, ...] = ()
+
+    def sizes(self, world: int) -> tuple[int, ...]:
+        """The EP sizes this plan measures on `world` ranks, smallest first."""
+        return tuple(sorted(self.ep_sizes)) or (world,)
 
     def backend_names(self) -> list[str]:
         if self.backends:
@@ -79,6 +93,8 @@ class SweepPlan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["backends"] = self.backend_names()
+        if not d["ep_sizes"]:
+            del d["ep_sizes"]  # the world alone: plans (and resumable runs) from before it hash alike
         for optional in ("capacity", "refine_ratio"):
             if d[optional] is None:
                 del d[optional]  # the default: plans (and resumable runs) from before it hash alike
@@ -93,16 +109,85 @@ class SweepPlan:
         blob = json.dumps({"plan": self.to_dict(), "device": device_type, "world": world_size}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def shapes_at(self, ep_size: int) -> Iterator[tuple[str, Shape]]:
-        """Each (model name, shape) the plan measures on `ep_size` ranks, shape-major: the
-        models in order, each with every dtype, each dtype with every routing."""
+    def all_shapes_at(self, ep_size: int) -> Iterator[tuple[str, Shape]]:
+        """Each (model name, shape) of the plan on `ep_size` ranks, shape-major: the models in
+        order, each with every dtype, each dtype with every routing; measurable or not."""
         for model in self.shapes:
             for dtype in self.dtypes:
                 for routing in self.routings:
                     yield model.name, model.at(ep_size, dtype, routing)
 
-    def total(self) -> int:
-        return len(self.shapes) * len(self.dtypes) * len(self.routings) * len(self.tokens) * len(self.backend_names())
+    def shapes_at(self, ep_size: int) -> Iterator[tuple[str, Shape]]:
+        """The shapes of `all_shapes_at` that can be measured at `ep_size` (see `skipped_at`)."""
+        for name, shape in self.all_shapes_at(ep_size):
+            if shape.problem(measuring=True) is None:
+                yield name, shape
+
+    def skipped_at(self, ep_size: int) -> list[str]:
+        """Why some shapes are not measured at `ep_size` (one line each): experts that do not
+        divide over the group, 'local' routing with top-k beyond one rank's experts."""
+        return [
+            f"{name} {shape.dtype} {shape.routing} at EP {ep_size}: {problem}"
+            for name, shape in self.all_shapes_at(ep_size)
+            if (problem := shape.problem(measuring=True))
+        ]
+
+    def total(self, world: int) -> int:
+        """Cases of the plan (every backend) over its EP sizes on `world` ranks."""
+        shapes = sum(1 for s in self.sizes(world) for _ in self.shapes_at(s))
+        return shapes * len(self.tokens) * len(self.backend_names())
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    """What a plan measures at one EP size, before any rank starts (`plan_sizes`)."""
+
+    ep_size: int
+    groups: int
+    shapes: int  # measurable at this size
+    skipped: list[str]  # why the others are not (SweepPlan.skipped_at)
+    tokens: int
+    backends: int  # available here at this size
+    unavailable: int
+
+    @property
+    def cases(self) -> int:
+        return self.shapes * self.tokens * self.backends
+
+
+def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
+    """Per EP size: its groups, shapes, token counts and the backends that can run here (as far
+    as this process can tell: a group's reach is known once the ranks gathered the cluster)."""
+    from a2a_tune.kernels import BackendEnv, UnknownBackendError, availability_of, get_backend
+
+    rows = []
+    for size in plan.sizes(world):
+        env = BackendEnv.local(size, device)
+        usable = 0
+        for name in plan.backend_names():
+            try:
+                cls = get_backend(name)
+            except UnknownBackendError:  # registered in the ranks only: counted as able to run
+                usable += 1
+                continue
+            sub_group = world > size and cls.sub_group_reason
+            usable += bool(availability_of(cls, env).ok and not sub_group)
+        shapes = sum(1 for _ in plan.shapes_at(size))
+        names = len(plan.backend_names())
+        rows.append(
+            SizePlan(size, world // size, shapes, plan.skipped_at(size), len(plan.tokens), usable, names - usable)
+        )
+    return rows
+
+
+def estimate_seconds(rows: Sequence[SizePlan], device: str, world: int, iters: int | None = None) -> float:
+    """A rough cost of the cases `rows` count on `world` ranks (see SECONDS_PER_CASE), scaled by
+    the round trips per case (warm-up + timed) against the default."""
+    scale = 1.0 if iters is None else max(max(iters, 1) / sum(DEFAULT_ITERS[device]), 0.2)
+    if device == "cuda":
+        return START_SECONDS[device] + sum(r.cases for r in rows) * SECONDS_PER_CASE[device] * scale
+    per_case = SECONDS_PER_CASE[device] * scale
+    return START_SECONDS[device] * world + sum(r.cases * r.ep_size for r in rows) * per_case
 
 
 class PlanError(ValueError):
@@ -119,6 +204,7 @@ class SweepOptions:
     preset: Sequence[str] = ()
     model_config: Sequence[Path] = ()
     tokens: str | None = None
+    ep_sizes: str | None = None
     dtype: Sequence[str] = ()
     routing: Sequence[str] = ()
     backend: Sequence[str] = ()
@@ -137,20 +223,44 @@ class SweepOptions:
     as_json: bool = False  # the outcome (or the plan) as JSON on standard output
 
 
-def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
-    """Comma-separated tokens per rank, sorted and deduplicated, each within the point's bound."""
+def _integers(text: str, option: str) -> list[int]:
+    """Comma-separated integers, sorted and deduplicated; PlanError naming `option` otherwise."""
     try:
         values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
     except ValueError:
-        raise PlanError(f"{option} must be comma-separated integers, got {quoted(text)}") from None
+        values = []
     if not values:
         raise PlanError(f"{option} must be comma-separated integers, got {quoted(text)}")
+    return values
+
+
+def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
+    """Comma-separated tokens per rank, sorted and deduplicated, each within the point's bound."""
+    values = _integers(text, option)
     try:
         for v in (values[0], values[-1]):
             check_tokens(v)
     except PointError as exc:
         raise PlanError(f"{option}: {exc}") from None
     return tuple(values)
+
+
+def parse_ep_sizes(text: str | None, world: int, shapes: Sequence[ModelShape]) -> tuple[int, ...]:
+    """--ep-sizes: comma-separated EP sizes, each dividing the world and every model's experts;
+    without it the default (tuner.groups.default_ep_sizes), where a size a model's experts do not
+    divide is skipped for that model (`SweepPlan.skipped_at`)."""
+    from .groups import default_ep_sizes
+
+    if text is None:
+        return default_ep_sizes(world)
+    sizes = _integers(text, "--ep-sizes")
+    for size in sizes:
+        if size < 2 or world % size:
+            raise PlanError(f"--ep-sizes {size}: an EP size must be at least 2 and divide the {world} ranks")
+        for model in shapes:
+            if model.num_experts % size:
+                raise PlanError(f"--ep-sizes {size}: {model.name}'s {model.num_experts} experts do not divide over it")
+    return tuple(sizes)
 
 
 def resolve_device(device: str, *, launched: bool = False, gpu_ranks: int = 2) -> tuple[str, int]:
@@ -312,6 +422,7 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
     check_capacity(options.capacity, token_counts)
     default_warmup, default_iters = DEFAULT_ITERS[device]
     refine = options.refine
+    ep_sizes = parse_ep_sizes(options.ep_sizes, world, shapes)
     plan = SweepPlan(
         shapes=tuple(shapes),
         tokens=token_counts,
@@ -324,6 +435,7 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
         capacity=options.capacity,
         # on by default where timings resolve few-% differences (GPUs); gloo noise would chase flips
         refine_ratio=REFINE_RATIO if (device == "cuda" if refine is None else refine) else None,
+        ep_sizes=ep_sizes if ep_sizes != (world,) else (),  # the world alone: as plans from before sizes
     )
     check_plan(plan, device, world)
     return plan, device, world
@@ -333,10 +445,12 @@ def check_plan(plan, device: str, world: int, *, budget: tuple[int | None, str] 
     """PlanError (one line) unless every shape of `plan` can be measured on `world` ranks and
     every case fits in what a rank has here (`budget`: (bytes, why); default
     :func:`memory_per_rank`)."""
-    for name, shape in plan.shapes_at(world):
-        problem = shape.problem(measuring=True)
-        if problem:
-            raise PlanError(f"{name} ({shape.describe()}): {problem}")
+    sizes = plan.sizes(world)
+    for named in zip(*(list(plan.all_shapes_at(s)) for s in sizes)):  # one shape at each EP size
+        problems = [(shape, problem) for _, shape in named if (problem := shape.problem(measuring=True))]
+        if len(problems) == len(sizes):  # measurable at no EP size: refused (at some: skipped there)
+            shape, problem = problems[0]
+            raise PlanError(f"{named[0][0]} ({shape.describe()}): {problem}")
     largest, at = largest_case(plan, device, world)
     if not largest:
         return
@@ -373,15 +487,16 @@ def largest_case(plan, device: str, world: int) -> tuple[int, tuple | None]:
         classes = [cls for cls in classes if availability_of(cls, env).ok]
     top = max(plan.tokens)
     largest, at = 0, None
-    for named in plan.shapes_at(world):
-        for t in plan.tokens:
-            for cls in classes:
-                moe = MoEShape.of(named[1], capacity_of(cls, t, capacity=plan.capacity, largest=top))
-                if not feasibility_of(cls, moe, world).ok:
-                    continue
-                need = case_bytes(cls, moe, world, t, input_sets=plan.input_sets)
-                if need > largest:
-                    largest, at = need, (named, t, cls.name)
+    for size in plan.sizes(world):
+        for named in plan.shapes_at(size):
+            for t in plan.tokens:
+                for cls in classes:
+                    moe = MoEShape.of(named[1], capacity_of(cls, t, capacity=plan.capacity, largest=top))
+                    if not feasibility_of(cls, moe, size).ok:
+                        continue
+                    need = case_bytes(cls, moe, size, t, input_sets=plan.input_sets)
+                    if need > largest:
+                        largest, at = need, (named, t, cls.name)
     return largest, at
 
 

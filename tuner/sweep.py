@@ -44,11 +44,12 @@ from a2a_tune.db import (
     resolve_url,
 )
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, availability_of, engine_names, get_backend
-from a2a_tune.kernels.base import REACH_TEXT, reaches
+from a2a_tune.kernels.base import REACH_TEXT, SPANS, reaches
 
 from . import cluster
 from .adaptive import AdaptiveSearch
 from .cluster import gather_cluster, library_versions
+from .groups import EPGroups, group_ranks
 from .launch import (
     Heartbeat,
     PeerFailed,
@@ -280,23 +281,22 @@ def _sweep_rank(
 
 
 def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[str, str], show_progress: bool) -> None:
-    """Every case of the plan not yet in the run, leaving out the backends of `skip`; then the
-    run's end is recorded (completed, or interrupted / failed on the way out)."""
-    usable = _usable_backends(ctx, plan, rec, skip)
+    """Every case of the plan not yet in the run, EP size by EP size (each on its groups of
+    consecutive ranks, every group at once: tuner.groups), leaving out the backends of `skip`;
+    then the run's end is recorded (completed, or interrupted / failed on the way out)."""
+    sizes = plan.sizes(ctx.world_size)
+    usable = {size: _usable_backends(ctx, plan, rec, skip, size) for size in sizes}
     try:
         with progress_bar(show_progress, "sweep") as bar:
-            progress = _Progress(bar, plan.total())
-            backends: Backends | None = None
-            for name, shape in plan.shapes_at(ctx.world_size):
-                built_for = MoEShape.of(shape, max(plan.tokens))
-                if backends is None or backends.shape != built_for:  # groups run shape-major: free the last
-                    if backends is not None:
-                        backends.close()
-                    backends = Backends(ctx, built_for, capacity=plan.capacity)
-                label = f"{name} {shape.dtype} {shape.routing}"
-                _sweep_group(ctx, plan, rec, backends, label, shape, usable, progress)
-            if backends is not None:
-                backends.close()
+            # only the cases that can run: backends left out of a size count nothing
+            total = sum(len(list(plan.shapes_at(s))) * len(plan.tokens) * len(usable[s]) for s in sizes)
+            progress = _Progress(bar, total)
+            for size in sizes:
+                groups = EPGroups.of(ctx, size)
+                try:
+                    _sweep_size(plan, rec, groups, usable[size], progress)
+                finally:
+                    groups.close()
         rec.finish("completed")  # raises when the store lost what it was given: never reported measured
     except KeyboardInterrupt:
         rec.abandon("interrupted")
@@ -314,30 +314,53 @@ def _sweep_cases(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[s
         raise
 
 
-def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[str, str]) -> list[str]:
-    """The plan's backends that can run here and reach the whole EP group; the others
-    recorded with their reason."""
-    env = BackendEnv.local(ctx.world_size, ctx.device.type)
-    span, span_text = rec.view.span()
+def _sweep_size(plan: SweepPlan, rec: _Recorder, groups: EPGroups, usable: list[str], progress: _Progress) -> None:
+    """Every shape of the plan measurable at one EP size, on this rank's group."""
+    backends: Backends | None = None
+    try:
+        for name, shape in plan.shapes_at(groups.ep_size):
+            built_for = MoEShape.of(shape, max(plan.tokens))
+            if backends is None or backends.shape != built_for:  # groups run shape-major: free the last
+                if backends is not None:
+                    backends.close()
+                backends = Backends(groups.ctx, built_for, capacity=plan.capacity)
+            label = f"EP {groups.ep_size} {name} {shape.dtype} {shape.routing}"
+            _sweep_group(plan, rec, groups, backends, label, shape, usable, progress)
+    finally:
+        if backends is not None:
+            backends.close()
+
+
+def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: dict[str, str], size: int) -> list[str]:
+    """The plan's backends that can run here on groups of `size` ranks and reach every such
+    group; the others recorded with their reason (the same on every rank: every group of a
+    size runs the same backends)."""
+    env = BackendEnv.local(size, ctx.device.type)
+    groups = ctx.world_size // size
+    span, span_text = max((rec.view.span(group_ranks(size, g)) for g in range(groups)), key=lambda s: SPANS.index(s[0]))
     usable: list[str] = []
     for name in plan.backend_names():
         cls = get_backend(name)
         ok, reason = availability_of(cls, env)
+        if ok and groups > 1 and cls.sub_group_reason:
+            ok, reason = False, f"{cls.sub_group_reason}; EP {size} runs {groups} groups"
         if name in skip:  # hung or crashed earlier in this run
             rec.infeasible(name, skip[name])
         elif not ok:
-            rec.not_timed(name, "unavailable", reason)
+            rec.not_timed(name, "unavailable", reason, size)
         elif not reaches(cls.reach, span):
-            rec.not_timed(name, "not_applicable", f"reaches {REACH_TEXT[cls.reach]}; this EP group is {span_text}")
+            rec.not_timed(
+                name, "not_applicable", f"reaches {REACH_TEXT[cls.reach]}; this EP group is {span_text}", size
+            )
         else:
             usable.append(name)
     return usable
 
 
 def _sweep_group(
-    ctx: RankContext,
     plan: SweepPlan,
     rec: _Recorder,
+    groups: EPGroups,
     backends: Backends,
     label: str,
     shape: Shape,
@@ -348,13 +371,13 @@ def _sweep_group(
     search asks for."""
 
     def point(tokens: int, names: list[str]) -> dict[str, float | None]:
-        return _run_point(ctx, plan, rec, backends, label, shape.at(tokens), names, progress)
+        return _run_point(plan, rec, groups, backends, label, shape.at(tokens), names, progress)
 
     if not plan.adaptive:
         # the whole grid is the coarse pass; the search then only refines crossovers and races
         search = AdaptiveSearch(plan.tokens, tuple(usable), coarse_step=1, refine_ratio=plan.refine_ratio)
         for tokens in plan.tokens:
-            progress.advance(len(plan.backend_names()) - len(usable), f"{label} T={tokens}")
+            progress.advance(0, f"{label} T={tokens}")
             for b, median in point(tokens, usable).items():
                 search.observe(tokens, b, median)
         if plan.refine_ratio is not None:
@@ -364,7 +387,7 @@ def _sweep_group(
     _observe_stored(search, rec, shape, usable, plan.tokens)  # a resumed run: what is stored counts
     points = _follow(search, plan, usable, point, progress)
     rec.outcome.adaptive_saved += len(plan.tokens) * len(usable) - points
-    progress.advance(len(plan.tokens) * len(plan.backend_names()) - points, label)
+    progress.advance(len(plan.tokens) * len(usable) - points, label)
 
 
 def _follow(search: AdaptiveSearch, plan: SweepPlan, usable: list[str], point, progress: _Progress) -> int:
@@ -397,16 +420,17 @@ def _observe_stored(search: AdaptiveSearch, rec: _Recorder, shape: Shape, usable
 
 
 def _run_point(
-    ctx: RankContext,
     plan: SweepPlan,
     rec: _Recorder,
+    groups: EPGroups,
     backends: Backends,
     label: str,
     point: Point,
     names: list[str],
     progress: _Progress,
 ) -> dict[str, float | None]:
-    """Every backend of `names` at one point: median µs, or None (failed / infeasible)."""
+    """Every backend of `names` at one point, every group at once: the slowest group's median
+    µs, or None (failed / infeasible on any group)."""
     tokens = point.tokens_per_rank
     label = f"{label} T={tokens}"
     keys = {name: MeasurementKey.of(name, point) for name in names}
@@ -417,7 +441,9 @@ def _run_point(
     if not todo:
         return result
     try:
-        inputs = input_sets(ctx, backends.shape, tokens, routing=point.routing, seed=plan.seed, sets=plan.input_sets)
+        inputs = input_sets(
+            groups.ctx, backends.shape, tokens, routing=point.routing, seed=plan.seed, sets=plan.input_sets
+        )
     except ShapeError as exc:
         for name in todo:
             rec.failure(name, "error", str(exc), keys[name])
@@ -427,8 +453,9 @@ def _run_point(
     for name in todo:
         progress.advance(0, f"{label} {name}")
         rec.beat(keys[name])
-        measured = measure_case(ctx, backends, name, tokens, inputs, warmup=plan.warmup, iters=plan.iters)
-        result[name] = rec.record(keys[name], measured)
+        groups.start_together()
+        measured = measure_case(groups.ctx, backends, name, tokens, inputs, warmup=plan.warmup, iters=plan.iters)
+        result[name] = rec.record(keys[name], groups.agree(measured))
         rec.beat(None)
         progress.advance(1, label)
     return result
@@ -475,6 +502,8 @@ class _Recorder:
         self.store = None
         self.lease: LeaseHeartbeat | None = None
         self.world_size = ctx.world_size
+        self.sizes = len(plan.sizes(ctx.world_size))
+        self._reasons: dict[tuple[str, str], dict[str, list[int]]] = {}  # (kind, backend) -> reason -> EP sizes
         self.view = gather_cluster(ctx)
         self.topology = self.view.topology
         mixed = cluster.check_mixed(self.view, allow_mixed)  # the same answer on every rank, before any timing
@@ -495,7 +524,8 @@ class _Recorder:
         self.run_id: int = header[0]["run_id"]
         self.done: set[MeasurementKey] = header[0]["done"]
         self.completed: bool = header[0].get("completed", False)  # --resume of a completed run: a no-op
-        self.recorded: set[tuple[str, str]] = header[0].get("recorded", set())  # (backend, kind) a resumed run has
+        # (backend, kind, ep_size) a resumed run has
+        self.recorded: set[tuple[str, str, int | None]] = header[0].get("recorded", set())
         self.medians: dict[MeasurementKey, float | None] = header[0].get("medians", {})  # for a resumed search
         self.lost: dict[str, str] = header[0].get("lost", {})  # backend -> why the run goes on without it
         self.outcome = SweepOutcome(self.run_id, self.topology.fingerprint, ctx.world_size, cluster=self.view.summary())
@@ -540,7 +570,7 @@ class _Recorder:
                 writer=self.writer,
             )
         failures = self.store.failures(run_id)
-        recorded = {(f.backend, f.kind) for f in failures if f.key is None}
+        recorded = {(f.backend, f.kind, f.ep_size) for f in failures if f.key is None}
         medians = {m.key: m.median_us for m in self.store.measurements(run_id)}
         medians.update({f.key: None for f in failures if f.key is not None})
         # backends that hung or killed a rank earlier in this run: a resumed run goes on without them
@@ -582,16 +612,24 @@ class _Recorder:
     def infeasible(self, backend: str, reason: str) -> None:
         self.outcome.infeasible[backend] = reason
 
-    def not_timed(self, backend: str, kind: str, reason: str) -> None:
-        """A backend left out of the whole run ("unavailable", "not_applicable" to this EP group):
-        recorded once per run, with the EP size it is about."""
-        (self.outcome.unavailable if kind == "unavailable" else self.outcome.not_applicable)[backend] = reason
-        if (backend, kind) in self.recorded:  # a resumed run said so already
+    def not_timed(self, backend: str, kind: str, reason: str, ep_size: int) -> None:
+        """A backend left out of one EP size ("unavailable", "not_applicable" to its groups):
+        recorded once per run and size, with the EP size it is about (none for an unavailable
+        backend of a one-size run: the machine, not the size, is why)."""
+        said = self.outcome.unavailable if kind == "unavailable" else self.outcome.not_applicable
+        sizes = self._reasons.setdefault((kind, backend), {}).setdefault(reason, [])
+        sizes.append(ep_size)
+        said[backend] = "; ".join(  # one reason at every size is said once
+            why if len(at) == self.sizes else f"at EP {','.join(map(str, at))}: {why}"
+            for why, at in self._reasons[(kind, backend)].items()
+        )
+        if kind == "unavailable" and self.sizes == 1:
+            ep_size = None
+        if (backend, kind, ep_size) in self.recorded:  # a resumed run said so already
             return
         if kind == "unavailable":
             self.outcome.failed[kind] = self.outcome.failed.get(kind, 0) + 1
         if self.is_writer:
-            ep_size = self.world_size if kind == "not_applicable" else None
             self.store.add_failure(
                 self.run_id, backend=backend, kind=kind, reason=reason[:500], ep_size=ep_size, writer=self.writer
             )

@@ -322,6 +322,7 @@ def test_figures_are_stored_beside_the_round_trip_and_read_back(db_url):
         combine_logical_bytes=3670016.0,
         combine_link_bytes=1835009.0,
         workspace_bytes=6 * 2**30,  # beyond 32 bits
+        group_us=[18.5, 19.25],  # each EP group's median, in group order
     )
     with open_store(db_url) as s:
         _, run = new_run(s)

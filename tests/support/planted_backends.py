@@ -216,3 +216,56 @@ class CarriesBf16Only(NcclAll2Allv):
 
     name = "planted_bf16_only"
     payloads = frozenset({"bf16"})
+
+
+@register_backend
+class SlowOnOneRank(NcclAll2Allv):
+    """Correct, but the job's rank $A2A_TUNE_TEST_SLOW_RANK spends 100 ms more in each dispatch:
+    a slow GPU, link or NIC. Its EP group, and only its, must come out the slowest."""
+
+    name = "planted_slow_rank"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        import os
+        import time
+
+        import torch.distributed as dist
+
+        if str(dist.get_rank()) == os.environ.get("A2A_TUNE_TEST_SLOW_RANK"):
+            time.sleep(0.1)
+        return super().dispatch(x, topk_ids, topk_weights)
+
+
+@register_backend
+class WaitsAtAGateAtOneSize(NcclAll2Allv):
+    """Like planted_gate, but only on EP groups of $A2A_TUNE_TEST_GATE_SIZE ranks: a multi-size
+    sweep that stores the smaller sizes, then holds on until it is killed."""
+
+    name = "planted_gate_at_size"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        import os
+        import time
+
+        gate = os.environ.get("A2A_TUNE_TEST_GATE")
+        wait = str(self.world_size) == os.environ.get("A2A_TUNE_TEST_GATE_SIZE")
+        deadline = time.monotonic() + 600
+        while wait and gate and os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return super().dispatch(x, topk_ids, topk_weights)
+
+
+@register_backend
+class WrongOnTheLastTwoRanks(NcclAll2Allv):
+    """planted_off_by_one on the job's last two ranks only: at every EP size, only the last
+    group is wrong, so only a gate run in every group catches it."""
+
+    name = "planted_wrong_last_ranks"
+
+    def dispatch(self, x, topk_ids, topk_weights):
+        import torch.distributed as dist
+
+        d = super().dispatch(x, topk_ids, topk_weights)
+        if dist.get_rank() >= dist.get_world_size() - 2 and d.x.shape[0] > 1:
+            d.x = torch.roll(d.x, shifts=1, dims=0)
+        return d

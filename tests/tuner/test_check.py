@@ -140,7 +140,7 @@ def test_virtual_ranks_skip_backends_that_need_ranks_of_their_own_and_refuse_bad
     config.write_text(json.dumps({"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 96}))
     base = [sys.executable, "-m", "a2a_tune.tuner.cli", "check", "--device", "cpu", "--virtual", "--no-progress"]
     r = subprocess.run([*base, "--world", "1"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip().endswith("--world must be 2..64 with --virtual, got 1")
+    assert r.returncode == 2 and r.stderr.strip().endswith("--world must be 2..1024 with --virtual, got 1")
     r = subprocess.run(
         [*base, "--backend", "nccl_all2allv", "--model-config", str(config)],
         capture_output=True,

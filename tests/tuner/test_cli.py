@@ -466,10 +466,10 @@ def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_pa
     r = small_sweep(tmp_path / "s.db", *backends, iters=1, env_extra={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == (
-        "sweeping 1 shape(s) x 1 token counts x 1 backend(s) on 2 cpu rank(s) "
-        "(2 more unavailable here: `a2a-tune backends` says why)"
-    )
+    assert lines[0].strip() == "plan: 2 cpu rank(s)"
+    (row,) = [line.split() for line in lines if line.split()[:1] == ["2"]]  # EP size 2, the world
+    assert row == ["2", "1", "1", "1", "1", "(+2", "unavailable)", "1"]  # groups shapes tokens backends cases
+    assert "  unavailable backends: `a2a-tune backends` says why" in lines
     from a2a_tune.kernels import BackendEnv, get_backend
 
     _, why = get_backend("flashinfer_nvlink_one_sided").availability(BackendEnv.local(2, "cpu"))
@@ -519,7 +519,7 @@ def test_impossible_shapes_are_refused_in_one_line_before_any_rank_starts(tmp_pa
     )  # fmt: skip
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert "sweeping" not in r.stdout and not db.exists()  # no rank started, no run opened
+    assert "plan:" not in r.stdout and not db.exists()  # no rank started, no run opened
 
 
 @pytest.mark.parametrize("tokens", [0, 2**20 + 1])

@@ -239,7 +239,7 @@ def test_gb200_slice_under_torchrun_one_nvlink_domain_over_two_nodes(tmp_path):
     job_nodes = nodes(tmp_path, GB200[:2])
     db = f"sqlite:///{tmp_path / 'cluster.db'}"
     port = free_port()
-    results = _finish([torchrun(n, 2, 2, port, _run_args(tmp_path, db, "run")) for n in job_nodes])
+    results = _finish([torchrun(n, 2, 2, port, _run_args(tmp_path, db, "run", "--ep-sizes", "4")) for n in job_nodes])
     assert [rc for rc, _, _ in results] == [0, 0], results
     out = results[0][1]
     assert "run 1 (completed) on gb200.mnnvl18x8.nodes2: 6 measured" in out
@@ -262,7 +262,7 @@ def test_h200_nodes_under_srun_islands_joined_by_the_network(tmp_path):
     job_nodes = nodes(tmp_path, recs)
     db = f"sqlite:///{tmp_path / 'cluster.db'}"
     port = free_port()
-    procs = [p for n in job_nodes for p in srun(n, 2, 2, port, _run_args(tmp_path, db, "run"))]
+    procs = [p for n in job_nodes for p in srun(n, 2, 2, port, _run_args(tmp_path, db, "run", "--ep-sizes", "4"))]
     results = _finish(procs)
     assert [rc for rc, _, _ in results] == [0, 0, 0, 0], results
     assert "(srun job)" in results[0][1] and all(not out for _, out, _ in results[1:])  # rank 0 speaks for the job
@@ -322,7 +322,7 @@ def test_a_killed_node_stops_the_job_in_one_line_and_resume_completes_it(tmp_pat
     db = resolve_url(shared_db)
     recs = [recording(tmp_path, "h200_nv18x2.json", f"h200-{c}") for c in "ab"]
     job_nodes = nodes(tmp_path, recs)
-    args = _run_args(tmp_path, db, "sweep", tokens="1,2,4,8,16,32", iters="20")
+    args = _run_args(tmp_path, db, "sweep", "--ep-sizes", "4", tokens="1,2,4,8,16,32", iters="20")
     planned = 6 * 2  # token counts x the two backends the network reaches
     port = free_port()
     agents = [torchrun(n, 2, 2, port, args, A2A_TUNE_COLLECTIVE_TIMEOUT_S="60") for n in job_nodes]

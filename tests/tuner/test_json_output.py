@@ -23,7 +23,13 @@ def invoke_json(*args) -> dict:
 
 def test_presets_backends_and_evaluate_print_json():
     presets = {p["name"]: p for p in invoke_json("presets")["presets"]}
-    assert presets["mixtral-8x7b"] == {"name": "mixtral-8x7b", "num_experts": 8, "topk": 2, "hidden": 4096}
+    assert presets["mixtral-8x7b"] == {
+        "name": "mixtral-8x7b",
+        "num_experts": 8,
+        "topk": 2,
+        "hidden": 4096,
+        "moe_layers": None,
+    }
     listed = invoke_json("backends", "--device", "cpu")
     assert listed["device"] == "cpu" and listed["world_size"] == 2
     ag = next(b for b in listed["backends"] if b["backend"] == "allgather_reducescatter")
@@ -48,7 +54,8 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
         assert plan["cases"] == 2 * len(plan["backends_here"])
     assert not db.exists()  # nothing opened, nothing stored
     human = CliRunner().invoke(app, ["sweep", *SMALL, "--db", str(db), "--dry-run"], env={"COLUMNS": "80"})
-    assert human.exit_code == 0 and "sweeping 1 shape(s) x 2 token counts" in human.stdout and not db.exists()
+    assert human.exit_code == 0 and "plan: 2 cpu rank(s)" in human.stdout and not db.exists()
+    assert plan["ep_sizes"] == [{"ep_size": 2, "groups": 1, "cases": plan["cases"], "skipped": []}]
 
 
 def test_run_json_is_the_outcome_and_its_table(tmp_path):

@@ -156,6 +156,13 @@ _refine_opt = typer.Option(
     "between grid counts is caught, at a few measurements per crossover or close race [default: on for cuda, off "
     "for cpu, where gloo noise makes every pair a race].",
 )
+_ep_sizes_opt = typer.Option(
+    None,
+    "--ep-sizes",
+    help="EP sizes to measure, comma-separated, each dividing the world: each on groups of consecutive ranks, "
+    "every group at once, as a deployment's replicas run [default: powers of two from 2 up to the world, and "
+    "the world].",
+)
 _mixed_opt = typer.Option(
     False,
     "--allow-mixed",

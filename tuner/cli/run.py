@@ -16,6 +16,7 @@ from .common import (
     _db_opt,
     _device_opt,
     _dtype_opt,
+    _ep_sizes_opt,
     _fail,
     _iters_opt,
     _mixed_opt,
@@ -78,6 +79,44 @@ def probe(
 # ---------------------------------------------------------------------------------- sweep
 
 
+def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> list:
+    """The plan before any rank starts: per EP size its groups, shapes, token counts, backends
+    and cases (only those that can run here), the sizes skipped for a model, an estimate."""
+    from rich import box
+    from rich.table import Table
+
+    plans = _plans()
+    rows = plans.plan_sizes(plan, device, world)
+    t = Table(box=box.SIMPLE_HEAD, title=f"plan: {world} {device} rank(s){launcher}", title_justify="left")
+    for name in ("EP size", "groups", "shapes", "tokens", "backends", "cases"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for r in rows:
+        backends = f"{r.backends}" + (f" (+{r.unavailable} unavailable)" if r.unavailable else "")
+        t.add_row(str(r.ep_size), str(r.groups), str(r.shapes), str(r.tokens), backends, str(r.cases))
+    console.print(t)
+    for r in rows:
+        for line in r.skipped:
+            console.print(f"  skipped: {line}", highlight=False, markup=False, soft_wrap=True)
+    if any(r.unavailable for r in rows):
+        console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
+    cases = sum(r.cases for r in rows)
+    seconds = plans.estimate_seconds(rows, device, world, plan.warmup + plan.iters)
+    refine = " before refinements" if plan.refine_ratio is not None else ""
+    per = "per case" if device == "cuda" else "per case and rank of its group"
+    console.print(
+        f"  {cases} cases; estimated {_duration(seconds)}{refine} (a rough guide: {plans.SECONDS_PER_CASE[device]} s "
+        f"{per} on {device}; every group of a size runs at once)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    return rows
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def _unavailable_names(names: list[str], device: str, world: int) -> list[str]:
     """The backends of `names` that cannot run on `world` `device` ranks here."""
     from a2a_tune.kernels import BackendEnv, availability_of, get_backend
@@ -135,23 +174,17 @@ def _do_sweep(options, *, after=None):
     job = job_rank()
     human = err if options.as_json else out  # --json: standard output carries the JSON alone
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
-        launcher = f" ({job.launcher} job)" if job else ""
-        names = plan.backend_names()
-        gone = _unavailable_names(names, device, world)
-        unavailable = len(gone)
-        human.print(
-            f"sweeping {len(plan.shapes)} shape(s) x {len(plan.tokens)} token counts x {len(names) - unavailable} "
-            f"backend(s) on {world} {device} rank(s){launcher}"
-            + (f" ({unavailable} more unavailable here: `a2a-tune backends` says why)" if unavailable else ""),
-            highlight=False,
-            soft_wrap=True,
-        )
+        rows = _print_plan(plan, device, world, f" ({job.launcher} job)" if job else "", human)
         if options.dry_run:  # the plan, and nothing started or stored
             if options.as_json:
-                runs_here = [n for n in names if n not in gone]
+                names = plan.backend_names()
+                gone = _unavailable_names(names, device, world)
                 data = {"dry_run": True, "device": device, "world_size": world, "plan": plan.to_dict()}
-                data["cases"] = plan.total() // max(len(names), 1) * len(runs_here)
-                data["backends_here"] = runs_here
+                data["cases"] = sum(r.cases for r in rows)
+                data["backends_here"] = [n for n in names if n not in gone]
+                data["ep_sizes"] = [
+                    {"ep_size": r.ep_size, "groups": r.groups, "cases": r.cases, "skipped": r.skipped} for r in rows
+                ]
                 print(json.dumps(data, indent=2, default=str))
             raise typer.Exit(0)
     elif options.dry_run:
@@ -176,7 +209,7 @@ def _do_sweep(options, *, after=None):
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
-            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(), run_id)}",
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(world), run_id)}",
             SIGNAL_EXIT.get(by, 130),
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
@@ -219,6 +252,7 @@ _SWEEP_OPTIONS = (
     ("preset", list[str], _preset_opt),
     ("model_config", list[Path], _config_opt),
     ("tokens", str | None, _tokens_opt),
+    ("ep_sizes", str | None, _ep_sizes_opt),
     ("dtype", list[str], _dtype_opt),
     ("routing", list[str], _routing_opt),
     ("backend", list[str], _backend_opt),

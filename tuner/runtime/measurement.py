@@ -90,6 +90,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("combine_link_bytes", "bytes", "combine_link_bytes", "combine_link_bytes", None, "combine link bytes"),
     Figure("workspace_bytes", "bytes", "workspace_bytes", "workspace_mib", "workspace_mib", "MiB", integer=True,
            table_scale=2**20, table_digits=3),
+    # each EP group's median round trip, in group order (tuner.groups); `show --json` has it as group_us
+    Figure("group_us", "us", "group_us", None, None, "group µs", many=True),
 )  # fmt: skip
 
 #: Each figure by its name.

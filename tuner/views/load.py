@@ -295,6 +295,7 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         prof = _parse(table, label, notes)
         shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
     notes += _other_modes(measurements, shapes)
+    _attach_group_us(measurements, shapes)
     fviews = [
         FailureView(
             backend=clean(g(f, "backend")),
@@ -341,6 +342,21 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         failures=fviews,
         notes=notes,
     )
+
+
+def _attach_group_us(measurements: list[Measurement], shapes: list) -> None:
+    """Each curve's per-group medians (tuner.groups), from the measurements of its timing."""
+    by_key = {s.key: s for s in shapes}
+    for m in measurements:
+        per_group = m.figure("group_us")
+        shape = by_key.get(tuple(m.point.shape))
+        curve = shape.curves.get(m.backend) if shape is not None else None
+        tokens = m.point.tokens_per_rank
+        if not per_group or curve is None or curve.timing != m.timing or tokens not in shape.tokens:
+            continue
+        if not curve.group_us:
+            curve.group_us = [None] * len(shape.tokens)
+        curve.group_us[shape.tokens.index(tokens)] = list(per_group)
 
 
 def _fingerprint_or_placeholder(fp) -> str:

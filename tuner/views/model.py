@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -36,8 +37,11 @@ __all__ = [
     "fmt_us",
     "point_figures",
     "shape_link",
+    "rank_hosts",
     "shape_label",
     "shape_slug",
+    "suspect_groups",
+    "suspect_line",
     "token_range",
     "when",
 ]
@@ -70,6 +74,8 @@ class Curve:
     p10_us: list
     p90_us: list
     figures: dict = field(default_factory=dict)  # schema 3: figure name -> list aligned with tokens
+    # runs: each EP group's median per token count (None where not stored; tuner.groups)
+    group_us: list = field(default_factory=list)
 
     def at(self, j: int) -> tuple:
         """(median, p10, p90) at token index j, each None when missing."""
@@ -168,6 +174,74 @@ FIGURE_LABELS = {
     **{f.view: f.label for f in _SHOWN},
     **{r.name: r.label for r in RATES},
 }
+
+
+# ----------------------------------------------------------------------------- EP groups
+
+
+def rank_hosts(view: TableView) -> dict:
+    """rank -> host name, from the run's cluster record (several nodes) or the probe facts
+    (one node: every rank on its host); {} when neither says."""
+    nodes = ((view.run.get("config") or {}).get("cluster") or {}).get("nodes") or []
+    hosts = {r: clean(n.get("host")) for n in nodes for r in n.get("ranks") or []}
+    names = view.facts.get("hostnames") or []
+    if not hosts and len(names) == 1:
+        hosts = {r: clean(names[0]) for r in range(view.run.get("world_size") or 0)}
+    return hosts
+
+
+def suspect_groups(view: TableView) -> list:
+    """The EP groups more than 10% slower than their size's median group (a suspect GPU, link or
+    NIC), one dict per (EP size, group): its ranks and hosts, in how many of the size's cases
+    with every group's median stored it was slow, and the worst of them."""
+    from ..groups import SLOW_GROUP_RATIO, group_ranks, slow_groups
+
+    found: dict = {}
+    cases: dict = {}
+    for s in view.shapes:
+        for c in s.curves.values():
+            for j, per_group in enumerate(c.group_us):
+                if not per_group or len(per_group) < 2:
+                    continue
+                cases[s.ep_size] = cases.get(s.ep_size, 0) + 1
+                middle = statistics.median(per_group)
+                for g in slow_groups(per_group):
+                    slower = per_group[g] / middle - 1
+                    f = found.setdefault((s.ep_size, g), {"cases": 0, "worst": None})
+                    f["cases"] += 1
+                    if f["worst"] is None or slower > f["worst"][0]:
+                        f["worst"] = (slower, c.backend, s.tokens[j], shape_label(s))
+    hosts = rank_hosts(view)
+    out = []
+    for (ep, g), f in sorted(found.items()):
+        ranks = group_ranks(ep, g)
+        slower, backend, tokens, label = f["worst"]
+        out.append(
+            {
+                "ep_size": ep,
+                "group": g,
+                "ranks": list(ranks),
+                "hosts": sorted({hosts[r] for r in ranks if r in hosts}),
+                "slow_cases": f["cases"],
+                "cases": cases[ep],
+                "worst_pct": round(100 * slower, 1),
+                "worst_at": {"backend": backend, "tokens": tokens, "shape": label},
+                "threshold_pct": round(100 * (SLOW_GROUP_RATIO - 1)),
+            }
+        )
+    return out
+
+
+def suspect_line(found: dict) -> str:
+    """One suspect group in one line, for people."""
+    r = found["ranks"]
+    where = f" on {', '.join(found['hosts'])}" if found["hosts"] else ""
+    w = found["worst_at"]
+    return (
+        f"EP {found['ep_size']} group {found['group']} (ranks {r[0]}-{r[-1]}{where}) is more than "
+        f"{found['threshold_pct']}% slower than the median group in {found['slow_cases']} of {found['cases']} cases "
+        f"(worst +{found['worst_pct']:.0f}%: {w['backend']} at {w['tokens']} tokens/rank): suspect a GPU, link or NIC"
+    )
 
 
 def shape_link(view: TableView, shape: ShapeView) -> LinkBandwidth | None:

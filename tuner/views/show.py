@@ -28,6 +28,8 @@ from .model import (
     point_figures,
     shape_label,
     shape_link,
+    suspect_groups,
+    suspect_line,
     token_range,
     when,
 )
@@ -284,9 +286,12 @@ def show_data(view: TableView) -> dict:
                 "not_carried": not_carried(s.dtype),
                 "link": _link_data(view, s),
                 "figures": {b: point_figures(c, s.tokens, shape_link(view, s)) for b, c in s.curves.items()},
+                # each EP group's median per token count, in group order (null: not stored)
+                "group_us": {b: c.group_us for b, c in s.curves.items() if c.group_us},
             }
             for s in view.shapes
         ],
+        "suspect_groups": suspect_groups(view),
         "failures": [{"backend": b, "kind": k, "where": w, "reason": r} for b, k, w, r in group_failures(view)],
         "notes": view.notes,
     }
@@ -350,6 +355,8 @@ def render_show(view: TableView, console) -> None:
     console.print(labelled(provenance_lines(view)))
     for note in view.notes:
         console.print(indented(Text(f"note: {note}", style="yellow")))
+    for found in suspect_groups(view):
+        console.print(indented(Text(f"suspect: {suspect_line(found)}", style="bold yellow")))
     if not view.shapes:
         console.print("no shapes in this table", style="yellow")
     for s in view.shapes:
