@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import torch
 
-from a2a_tune.kernels import BackendEnv, MoEShape, get_backend, list_backends
+from a2a_tune.kernels import BackendEnv, MoEShape, availability_of, get_backend, list_backends
 from a2a_tune.tuner.figures import gbps, link_bandwidth, link_pct, link_text, mib
 from a2a_tune.tuner.launch import run_ranks
 from a2a_tune.tuner.measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     env = BackendEnv.local(world, args.device)
     backends = []
     for name in args.backend or list_backends():
-        ok, reason = get_backend(name).availability(env)
+        ok, reason = availability_of(get_backend(name), env)
         if ok:
             backends.append(name)
         else:

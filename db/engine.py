@@ -83,12 +83,21 @@ def resolve_url(url: str | None = None) -> str:
 
 
 _CREDENTIALS = re.compile(r"(://[^\s:/@]*:)\S*@")
+# libpq's and SQLAlchemy's parameters that are, or point at, secrets: in a URL's query
+# (?password=...) or a keyword/value connection string (password=... passfile=...).
+_SECRET_PARAMS = re.compile(
+    r"(?i)(?<![A-Za-z0-9_])((?:ssl)?password|passwd|pwd|passfile|service|servicefile|sslkey|token|secret)"
+    r"(\s*=\s*)(?:'[^']*'|\"[^\"]*\"|[^\s&;#'\"]*)"
+)
 
 
 def mask_secrets(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` in it shown as ``***``
-    (also in URLs SQLAlchemy cannot parse, and in driver messages quoting them)."""
-    return _CREDENTIALS.sub(r"\1***@", str(text))
+    """``text`` with every secret a database URL or connection string can carry shown as
+    ``***``: the password of ``scheme://user:password@``, and the values of the parameters
+    that are or name secrets (``password``, ``sslpassword``, ``passfile``, ``service``,
+    ``sslkey``...), wherever they sit (also in URLs SQLAlchemy cannot parse, and in driver
+    messages quoting them)."""
+    return _SECRET_PARAMS.sub(r"\1\2***", _CREDENTIALS.sub(r"\1***@", str(text)))
 
 
 def display_url(url: str) -> str:
@@ -99,7 +108,7 @@ def display_url(url: str) -> str:
         return mask_secrets(url)
     if parsed.password is None:  # as typed: rendering percent-encodes, e.g. sqlite:///%3Amemory%3A
         return mask_secrets(url)
-    return parsed.render_as_string(hide_password=True)
+    return mask_secrets(parsed.render_as_string(hide_password=True))
 
 
 def check_url(url: str | None = None, *, persistent: bool = False) -> str:

@@ -48,6 +48,7 @@ from a2a_tune.tuner.runtime.measurement import FIGURES, MEASUREMENT_COLUMNS, Mea
 from a2a_tune.tuner.runtime.point import check_tokens
 from a2a_tune.tuner.runtime.text import one_line
 
+from .damage import DamagedRowError, damaged, measurement_problem, read_one, read_rows, run_problem, warn, where_damaged
 from .engine import _one_line, _sqlite_file, connection_lost, display_url, open_engine, resolve_url
 from .errors import ConnectionLostError, DuplicateMeasurementError, NotFoundError, StoreError, StoreFileLostError
 from .lease import LEASE_STALE_S, Writer, claim, fence, lease_values
@@ -190,6 +191,14 @@ def _finite(name: str, value: Any, *, optional: bool = False) -> float | None:
     return out
 
 
+def _positive(name: str, value: Any) -> float:
+    """A time: finite and > 0 (a 0 µs round trip is a broken timer, and every ratio divides by it)."""
+    out = _finite(name, value)
+    if not out > 0:
+        raise ValueError(f"{name} must be more than 0 µs, got {out}")
+    return out
+
+
 def _int(name: str, value: Any, *, optional: bool = False, minimum: int = 0) -> int | None:
     if value is None and optional:
         return None
@@ -238,9 +247,9 @@ def _columns(m: Measurement) -> dict[str, Any]:
         "tokens_per_rank": _tokens(c["tokens_per_rank"]),
         "routing": _str("routing", c["routing"]),
         "timing": _str("timing", c["timing"]),
-        "median_us": _finite("median_us", c["median_us"]),
-        "p10_us": _finite("p10_us", c["p10_us"]),
-        "p90_us": _finite("p90_us", c["p90_us"]),
+        "median_us": _positive("median_us", c["median_us"]),
+        "p10_us": _positive("p10_us", c["p10_us"]),
+        "p90_us": _positive("p90_us", c["p90_us"]),
         "ci_low_us": _finite("ci_low_us", c["ci_low_us"], optional=True),
         "ci_high_us": _finite("ci_high_us", c["ci_high_us"], optional=True),
         "n": _int("n", c["n"]),
@@ -336,10 +345,44 @@ class Store:
 
     @staticmethod
     def _run_or_raise(session: Session, run_id: int) -> Run:
-        run = session.get(Run, run_id)
+        run = read_one(session, Run, run_id, run_id=run_id)
         if run is None:
             raise NotFoundError(f"no run {run_id} in this store")
         return run
+
+    @staticmethod
+    def _run_exists(session: Session, run_id: int) -> None:
+        """NotFoundError unless run `run_id` exists (its row is not decoded: reading its
+        measurements needs none of it)."""
+        if session.scalar(select(Run.id).where(Run.id == run_id)) is None:
+            raise NotFoundError(f"no run {run_id} in this store")
+
+    @staticmethod
+    def _run_records(session: Session, query: Any) -> list[RunRecord]:
+        """The runs `query` selects as records; DamagedRowError (one line naming the run and
+        the field) for a run row a view cannot show (db.damage)."""
+        try:
+            rows = session.execute(query).all()
+        except (ValueError, TypeError, OverflowError) as exc:
+            for run_id in session.scalars(select(Run.id).order_by(Run.id)):
+                field = where_damaged(session, Run, run_id)
+                if field != "?":
+                    raise DamagedRowError(damaged(run_id, "runs", run_id, field, exc)) from None
+            raise StoreError(f"reading runs failed: {_one_line(exc)}") from None
+        records = [_run_record(run, fp) for run, fp in rows]
+        for r in records:
+            field, problem = run_problem(r)
+            if field:
+                raise DamagedRowError(damaged(r.id, "runs", r.id, field, problem))
+        return records
+
+    @staticmethod
+    def _hardware_record(row: Hardware, run_id: int | None = None) -> HardwareRecord:
+        record = _record(HardwareRecord, row)
+        if not isinstance(record.facts, dict):  # shown as none: the fingerprint still says which machine
+            warn(run_id or 0, "hardware", row.id, "facts", "not a JSON object", "shown as none")
+            record = dataclasses.replace(record, facts={})
+        return record
 
     # -- hardware
 
@@ -369,15 +412,16 @@ class Store:
 
     def get_hardware(self, hardware_id: int) -> HardwareRecord:
         with self._session("reading hardware") as s:
-            row = s.get(Hardware, hardware_id)
+            row = read_one(s, Hardware, hardware_id, run_id=0)
             if row is None:
                 raise NotFoundError(f"no hardware {hardware_id} in this store")
-            return _record(HardwareRecord, row)
+            return self._hardware_record(row)
 
     def hardware_for_run(self, run_id: int) -> HardwareRecord:
         with self._session("reading hardware") as s:
-            run = self._run_or_raise(s, run_id)
-            return _record(HardwareRecord, s.get(Hardware, run.hardware_id))
+            self._run_exists(s, run_id)
+            hardware_id = s.scalar(select(Run.hardware_id).where(Run.id == run_id))
+            return self._hardware_record(read_one(s, Hardware, hardware_id, run_id=run_id), run_id)
 
     # -- runs
 
@@ -478,10 +522,8 @@ class Store:
 
     def get_run(self, run_id: int) -> RunRecord:
         with self._session("reading a run") as s:
-            row = s.execute(self._run_query().where(Run.id == run_id)).first()
-            if row is None:
-                raise NotFoundError(f"no run {run_id} in this store")
-            return _run_record(row[0], row[1])
+            self._run_exists(s, run_id)
+            return self._run_records(s, self._run_query().where(Run.id == run_id))[0]
 
     def runs(self, fingerprint: str | None = None) -> list[RunRecord]:
         """All runs, newest first; only those on ``fingerprint`` when given."""
@@ -489,7 +531,7 @@ class Store:
         if fingerprint is not None:
             query = query.where(Hardware.fingerprint == fingerprint)
         with self._session("listing runs") as s:
-            return [_run_record(run, fp) for run, fp in s.execute(query)]
+            return self._run_records(s, query)
 
     def latest_run(self, fingerprint: str | None = None, status: str | None = "completed") -> RunRecord | None:
         """The newest run (on ``fingerprint`` if given) with ``status`` (any if None)."""
@@ -499,8 +541,8 @@ class Store:
         if status is not None:
             query = query.where(Run.status == status)
         with self._session("reading runs") as s:
-            row = s.execute(query).first()
-            return None if row is None else _run_record(row[0], row[1])
+            found = self._run_records(s, query)
+            return found[0] if found else None
 
     # -- measurements and failures
 
@@ -596,16 +638,28 @@ class Store:
         return keys
 
     def measurements(self, run_id: int) -> list[Measurement]:
-        """The run's measurements in insertion order, each read back as the one it was written."""
-        columns = [getattr(MeasurementRow, c) for c in MEASUREMENT_COLUMNS]
-        query = select(*columns).where(MeasurementRow.run_id == run_id).order_by(MeasurementRow.id)
+        """The run's measurements in insertion order, each read back as the one it was written;
+        a damaged row is left out with a warning naming it (db.damage)."""
+        columns = [MeasurementRow.id] + [getattr(MeasurementRow, c) for c in MEASUREMENT_COLUMNS]
+        kept = []
         with self._session("reading measurements") as s:
-            self._run_or_raise(s, run_id)
-            return [Measurement.from_columns(row._mapping) for row in s.execute(query)]
+            self._run_exists(s, run_id)
+            for row in read_rows(s, MeasurementRow, columns, MeasurementRow.run_id == run_id, run_id=run_id):
+                values = dict(row._mapping)
+                row_id = values.pop("id")
+                field, problem = measurement_problem(values)
+                if not field:
+                    try:
+                        kept.append(Measurement.from_columns(values))
+                        continue
+                    except (ValueError, TypeError) as exc:
+                        field, problem = "?", exc
+                warn(run_id, "measurements", row_id, field, problem)
+        return kept
 
     def failures(self, run_id: int) -> list[FailureRecord]:
         """The run's failures in insertion order."""
         with self._session("reading failures") as s:
-            self._run_or_raise(s, run_id)
-            rows = s.scalars(select(Failure).where(Failure.run_id == run_id).order_by(Failure.id))
-            return [_record(FailureRecord, r) for r in rows]
+            self._run_exists(s, run_id)
+            rows = read_rows(s, Failure, [Failure], Failure.run_id == run_id, run_id=run_id)
+            return [_record(FailureRecord, r[0]) for r in rows]

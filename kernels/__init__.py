@@ -26,7 +26,7 @@ import optional packages (FlashInfer, DeepEP...) at import time: `availability()
 
 from .base import PAYLOAD_DTYPES, All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
 from .errors import KernelsError, KnobError, ShapeError, UnknownBackendError
-from .registry import engine_names, get_backend, list_backends, register_backend
+from .registry import availability_of, engine_names, feasibility_of, get_backend, list_backends, register_backend
 
 # isort: off
 # Registration order is the tie-break preference: simplest / the engines' default first, then
@@ -54,7 +54,9 @@ __all__ = [
     "PAYLOAD_DTYPES",
     "ShapeError",
     "UnknownBackendError",
+    "availability_of",
     "engine_names",
+    "feasibility_of",
     "get_backend",
     "list_backends",
     "register_backend",

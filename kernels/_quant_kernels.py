@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import FP8_BLOCK, FP8_E4M3_MAX  # not from quant.py: it imports this module
+from .base import FP4_E2M1_MAX, FP8_BLOCK, FP8_E4M3_MAX, NVFP4_GLOBAL_SCALE  # not from quant.py: it imports this module
 
 # Dtypes of x the kernel rounds like torch: the product of two bf16 is exact in fp32, so
 # rounding it to bf16 afterwards is torch's bf16 multiply. fp16 would need its own exponent
@@ -332,8 +332,6 @@ def quantize_nvfp4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, block
     [T, H/16] e4m3 (rows may be strided; H % 16 == 0). Layout: vLLM 0.33 scaled_fp4_quant with
     is_sf_swizzled_layout=False, as its all2all prepares call it (``model_executor/layers/
     fused_moe/prepare_finalize/naive_dp_ep.py``; arithmetic: ``nvfp4_emulation_utils.ref_nvfp4_quant``)."""
-    from .quant import FP4_E2M1_MAX, NVFP4_GLOBAL_SCALE
-
     g = torch.tensor(NVFP4_GLOBAL_SCALE, dtype=torch.float32)
     inv_fp4 = float(torch.tensor(1.0 / FP4_E2M1_MAX, dtype=torch.float32))
     _launch_blocks(

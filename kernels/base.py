@@ -75,6 +75,10 @@ PLAIN_PAYLOADS = frozenset(name for name, p in PAYLOADS.items() if not p.quantiz
 ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "uint8": 1}
 FP8_BLOCK = PAYLOADS["fp8_e4m3"].block  # elements per scale (kernels/quant.py; _quant_kernels.py on CUDA)
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+FP4_E2M1_MAX = 6.0  # the largest e2m1 magnitude
+#: The NVFP4 global scale of our cases: 448 x 6 / 8, as a checkpoint calibrated on activations
+#: of amax 8 sets it (reference.make_inputs draws N(0, 1) rows: beyond 8 sigma never happens).
+NVFP4_GLOBAL_SCALE = FP8_E4M3_MAX * FP4_E2M1_MAX / 8.0
 
 
 def _dtype_entry(name: str) -> tuple[str, str | None]:

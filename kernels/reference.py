@@ -111,6 +111,25 @@ def expected_output(inputs: RankInputs, scales: torch.Tensor) -> torch.Tensor:
     return coef * inputs.x.float()
 
 
+WROTE_INPUTS = "wrote into its inputs"
+
+
+def snapshot(inputs: RankInputs) -> RankInputs:
+    """A copy of `inputs` taken before dispatch: the gate judges a backend against it, never
+    against what the backend left in the caller's tensors (one that zeroes the weights and
+    returns zeros would otherwise judge itself right)."""
+    return RankInputs(inputs.x.clone(), inputs.topk_ids.clone(), inputs.topk_weights.clone())
+
+
+def input_writes(inputs: RankInputs, original: RankInputs) -> str:
+    """ "wrote into its inputs (x, ...)" when `inputs` no longer equal `original`, their copy
+    taken before dispatch (`snapshot`), or "": the caller's inputs are read-only to a backend."""
+    changed = [
+        n for n in ("x", "topk_ids", "topk_weights") if not torch.equal(getattr(inputs, n), getattr(original, n))
+    ]
+    return f"{WROTE_INPUTS} ({', '.join(changed)})" if changed else ""
+
+
 @dataclass
 class CheckResult:
     ok: bool
@@ -125,22 +144,27 @@ def check_invariant(
     """Run dispatch -> reference expert compute -> combine on every rank and check the invariant.
 
     Collective: every rank of the backend's group must call it. All ranks return the same
-    verdict (any rank's failure fails all), so the sweep can decide together.
+    verdict (any rank's failure fails all), so the sweep can decide together. The expected
+    output comes from a copy of the inputs taken before dispatch; a backend that changed them
+    fails with WROTE_INPUTS, whatever it returned.
     """
     shape = backend.shape
     scales = expert_scales(shape.num_experts, backend.device) if scales is None else scales.to(backend.device)
     tol = TOLERANCE[shape.dtype] if tolerance is None else tolerance
     err, crashed = float("inf"), False
+    original = snapshot(inputs)
     try:
         d = backend.dispatch(inputs.x, inputs.topk_ids, inputs.topk_weights)
         reason = dispatch_problem(backend, d)
         if not reason:
             y = backend.combine(expert_outputs(backend, d, scales), d)
-            err, reason = combine_error(y, inputs, scales, tol)
+            err, reason = combine_error(y, original, scales, tol)
     except ShapeError:
         raise
     except Exception as exc:  # a crashing backend is a failed check, reported in one line
         reason, crashed = one_line(exc), True
+    if wrote := input_writes(inputs, original):
+        reason, crashed = wrote, False
     return _agree(backend, CheckResult(not reason, err, reason, crashed))
 
 

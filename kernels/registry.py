@@ -7,6 +7,12 @@ still importing then (waiting on a lock, a socket, a device) fails the command i
 naming it, instead of hanging it. The import runs in a thread: a module that blocks in
 native code without releasing the GIL is beyond this bound, and one cannot install signal
 handlers at import.
+
+The classmethods the sweep asks before any case starts (`availability`, `feasibility`) are
+out-of-tree code too: `availability_of` and `feasibility_of` call them within
+`A2A_TUNE_BACKEND_CALL_TIMEOUT_S` seconds (default 30) and catch what they raise, so a
+backend that raises or blocks there is unavailable (or the shape infeasible) with one line
+saying why, and the others go on. A call that did not return is not made again.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import os
 import threading
 from typing import Any, TypeVar
 
-from a2a_tune.tuner.runtime.text import one_line
+from a2a_tune.tuner.runtime.environ import EnvError
+from a2a_tune.tuner.runtime.environ import env_seconds as _env_seconds
+from a2a_tune.tuner.runtime.text import one_line, quoted
 
-from .base import REACHES, All2AllBackend
+from .base import REACHES, All2AllBackend, Availability
 from .errors import KernelsError, UnknownBackendError
 
 _REGISTRY: dict[str, type[All2AllBackend]] = {}
@@ -27,6 +35,8 @@ B = TypeVar("B", bound=type[All2AllBackend])
 MODULES_ENV = "A2A_TUNE_BACKEND_MODULES"
 IMPORT_TIMEOUT_ENV = "A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S"
 DEFAULT_IMPORT_TIMEOUT_S = 60.0
+CALL_TIMEOUT_ENV = "A2A_TUNE_BACKEND_CALL_TIMEOUT_S"
+DEFAULT_CALL_TIMEOUT_S = 30.0
 
 
 def register_backend(cls: B) -> B:
@@ -48,37 +58,51 @@ _loading = False
 
 def import_timeout() -> float:
     """Seconds each out-of-tree module may take to import ($A2A_TUNE_BACKEND_IMPORT_TIMEOUT_S)."""
-    value = os.environ.get(IMPORT_TIMEOUT_ENV, "")
+    return env_seconds(IMPORT_TIMEOUT_ENV, DEFAULT_IMPORT_TIMEOUT_S)
+
+
+def call_timeout() -> float:
+    """Seconds a backend's availability/feasibility may take ($A2A_TUNE_BACKEND_CALL_TIMEOUT_S)."""
+    return env_seconds(CALL_TIMEOUT_ENV, DEFAULT_CALL_TIMEOUT_S)
+
+
+def env_seconds(name: str, default: float) -> float:
+    """$name as seconds (`runtime.environ.env_seconds`); KernelsError (one line naming the
+    variable and the range) otherwise."""
     try:
-        seconds = float(value) if value.strip() else DEFAULT_IMPORT_TIMEOUT_S
-    except ValueError:
-        raise KernelsError(f"{IMPORT_TIMEOUT_ENV}={value[:40]!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise KernelsError(f"{IMPORT_TIMEOUT_ENV}={value[:40]!r} must be more than 0")
-    return seconds
+        return _env_seconds(name, default)
+    except EnvError as exc:
+        raise KernelsError(str(exc)) from None
 
 
-def _import_bounded(module: str, seconds: float) -> None:
-    """Import `module` in a thread; KernelsError when it has not finished in `seconds` (the
-    thread is left behind: nothing can stop an import) or when it raised."""
-    outcome: list[BaseException | None] = []
+def _bounded(call: Any, seconds: float, what: str) -> list[Any]:
+    """Run `call()` in a thread for at most `seconds`: [] when it has not returned (the thread
+    is left behind: nothing can stop it), else [value, None] or [None, what it raised]."""
+    outcome: list[Any] = []
 
     def run() -> None:
         try:
-            importlib.import_module(module)
-            outcome.append(None)
+            value = call()
+            outcome.extend((value, None))
         except BaseException as exc:  # handed to the caller's thread
-            outcome.append(exc)
+            outcome.extend((None, exc))
 
-    thread = threading.Thread(target=run, name=f"a2a-tune import {module}", daemon=True)
+    thread = threading.Thread(target=run, name=f"a2a-tune {what}", daemon=True)
     thread.start()
     thread.join(seconds)
+    return outcome
+
+
+def _import_bounded(module: str, seconds: float) -> None:
+    """Import `module` in a thread; KernelsError when it has not finished in `seconds` or
+    when it raised."""
+    outcome = _bounded(lambda: importlib.import_module(module), seconds, f"import {module}")
     if not outcome:
         raise KernelsError(
             f"{MODULES_ENV}: importing {module!r} did not finish within {seconds:g} s "
             f"({IMPORT_TIMEOUT_ENV}); what does it wait for at import?"
         )
-    exc = outcome[0]
+    exc = outcome[1]
     if exc is not None:  # whatever the module raises: one line naming it, not a traceback
         raise KernelsError(f"{MODULES_ENV}: cannot import {module!r} ({one_line(exc, 300)})") from exc
 
@@ -117,7 +141,7 @@ def get_backend(name: str, *, extra: bool = True) -> type[All2AllBackend]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise UnknownBackendError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY) or 'none'}") from None
+        raise UnknownBackendError(f"unknown backend {quoted(name)}; known: {', '.join(_REGISTRY) or 'none'}") from None
 
 
 def engine_names(*, extra: bool = True) -> dict[str, dict[str, Any]]:
@@ -136,3 +160,46 @@ def engine_names(*, extra: bool = True) -> dict[str, dict[str, Any]]:
         }
         for n, cls in list(_REGISTRY.items())
     }
+
+
+class CallFailed(Availability):
+    """What `availability_of` / `feasibility_of` return when the backend's own method raised,
+    blocked or returned nonsense: an error of the backend, not its verdict."""
+
+
+_stuck: dict[tuple[str, str], str] = {}  # (backend, method) -> why: a call that never returned is not made again
+
+
+def _asked(cls: type[All2AllBackend], method: str, *args: Any) -> Availability:
+    """`cls.method(*args)` bounded (`call_timeout`) and caught: its Availability, or a
+    CallFailed saying in one line what went wrong. Raises only KernelsError, for an invalid
+    $A2A_TUNE_BACKEND_CALL_TIMEOUT_S."""
+    key = (cls.name, method)
+    seconds = call_timeout()
+    if key not in _stuck:
+        outcome = _bounded(lambda: getattr(cls, method)(*args), seconds, f"{cls.name}.{method}")
+        if outcome:
+            return _verdict(method, *outcome)
+        _stuck[key] = f"{method}() did not return within {seconds:g} s ({CALL_TIMEOUT_ENV})"
+    return CallFailed(False, _stuck[key])
+
+
+def _verdict(method: str, value: Any, exc: BaseException | None) -> Availability:
+    if exc is not None:
+        return CallFailed(False, f"{method}() raised {one_line(exc, 200)}")
+    try:
+        ok, reason = value
+    except (TypeError, ValueError):
+        return CallFailed(False, f"{method}() returned {one_line(repr(value), 80)}, not (ok, reason)")
+    return Availability(bool(ok), one_line(str(reason), 300) if reason else "")
+
+
+def availability_of(cls: type[All2AllBackend], env: Any) -> Availability:
+    """`cls.availability(env)`, bounded and caught (module docstring): never raises, never hangs."""
+    return _asked(cls, "availability", env)
+
+
+def feasibility_of(cls: type[All2AllBackend], shape: Any, world_size: int) -> Availability:
+    """`cls.feasibility(shape, world_size)`, bounded and caught: a shape the backend cannot
+    even judge is one it cannot take."""
+    return _asked(cls, "feasibility", shape, world_size)

@@ -43,10 +43,13 @@ from .reference import (
     expected_output,
     expert_outputs,
     expert_scales,
+    input_writes,
     make_inputs,
     refill,
     relative_error,
+    snapshot,
 )
+from .registry import feasibility_of
 
 # No limit of its own beyond an EP group's (MAX_EP_SIZE): memory is the limit (W workspaces on
 # one device), which `a2a_tune.tuner.check` sizes each case to before anything is allocated.
@@ -101,7 +104,7 @@ class VirtualWorld:
         if not cls.virtual_ranks:
             raise VirtualRanksError(f"{cls.name} cannot run on virtual ranks: its transport needs one process per rank")
         shape.validate(self.size)
-        ok, why = cls.feasibility(shape, self.size)
+        ok, why = feasibility_of(cls, shape, self.size)
         if not ok:
             raise ShapeError(why)
         backends: list[All2AllBackend] = []
@@ -225,6 +228,17 @@ class VirtualRanks:
         first rank that failed; ShapeError (the caller's inputs) is raised as there."""
         scales = expert_scales(self.shape.num_experts, self.device) if scales is None else scales.to(self.device)
         tol = TOLERANCE[self.shape.dtype] if tolerance is None else tolerance
+        originals = [snapshot(i) for i in inputs]
+        verdict = self._check(inputs, originals, scales, tol)
+        for r, (i, o) in enumerate(zip(inputs, originals)):
+            if wrote := input_writes(i, o):
+                return CheckResult(False, verdict.max_rel_error, f"rank {r}: {wrote}")
+        return verdict
+
+    def _check(
+        self, inputs: Sequence[RankInputs], originals: Sequence[RankInputs], scales: torch.Tensor, tol: float
+    ) -> CheckResult:
+        """`check`'s verdict on what the ranks returned, judged against `originals`."""
         try:
             ds = self.dispatch(inputs)
             for r, (b, d) in enumerate(zip(self.backends, ds)):
@@ -239,7 +253,7 @@ class VirtualRanks:
         except Exception as exc:  # a crashing backend is a failed check, reported in one line
             return CheckResult(False, float("inf"), one_line(exc), crashed=True)
         worst, first = 0.0, ""
-        for r, (y, i) in enumerate(zip(ys, inputs)):
+        for r, (y, i) in enumerate(zip(ys, originals)):
             err, reason = combine_error(y, i, scales, tol)
             worst = max(worst, err)
             first = first or (f"rank {r}: {reason}" if reason else "")

@@ -12,6 +12,7 @@
 #            ranks at W = 2..8, the quantizers, tests/tuner/test_figures_gpu.py's timing and memory figures
 #            checked against planted durations and bytes; tests needing 2 GPUs skip), `a2a-tune check
 #            --virtual` at W = 2, 3, 4, 8 and its planted bugs, what a 1-GPU host says to `a2a-tune run`,
+#            the quantizers' GB/s against the copy bandwidth (bench/quant.py; QUANT_BENCH=0 leaves it out),
 #            the peers at one rank (scripts/peers_one_rank.py: FlashInfer one- and two-sided, DeepEP
 #            low-latency and high-throughput: runs, refuses or crashes, round trip), the virtual ranks'
 #            fixed costs at T = 1 (never a table); it ends with a table of what passed, failed, skipped
@@ -149,6 +150,13 @@ if [ "$MODE" = virtual ]; then
     t0=$(date +%s)
     run_for 60 $A2A run --no-progress --db "sqlite:////tmp/a2a-refused.db" 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
     record "run on one GPU refused" "$rc" "$t0" "$([ "$rc" = 2 ] && echo ok || echo "FAIL (exit $rc, 2 expected)")"
+  fi
+
+  if [ "${QUANT_BENCH:-1}" = 1 ]; then
+    step "the payload quantizers (fp8_e4m3, mxfp8, nvfp4) against the device's copy bandwidth (bench/quant.py)"
+    t0=$(date +%s)
+    run_for 120 python3 bench/quant.py --hidden 4096 --tokens 128,2048,16384 2>&1 | tee -a "$LOG"
+    record "bench/quant.py: quantizers vs copy" "${PIPESTATUS[0]}" "$t0"
   fi
 
   if [ -n "${BUILD:-}" ]; then

@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from a2a_tune.kernels import Availability, BackendEnv, MoEShape, ShapeError, get_backend
+from a2a_tune.kernels import Availability, BackendEnv, MoEShape, ShapeError, availability_of, get_backend
 from a2a_tune.kernels.base import case_bytes
 from a2a_tune.kernels.reference import TOLERANCE, graph_replay_error
 from a2a_tune.kernels.virtual import VirtualWorld
@@ -158,7 +158,7 @@ def check(
         if virtual:
             ok, reason = virtual_availability(name, device_type, world_size)
         else:
-            ok, reason = get_backend(name).availability(env)
+            ok, reason = availability_of(get_backend(name), env)
         if ok:
             got = _check_backend(name, shapes, device_type, world_size, timeout, virtual, token_scale)
         else:
@@ -179,7 +179,7 @@ def virtual_availability(name: str, device_type: str, world_size: int) -> Availa
     if device_type != "cuda":
         return Availability(True)  # the interpreter: no device needs (the check sets TRITON_INTERPRET)
     # one device stands for every rank: peers are regions of its own memory
-    return cls.availability(dataclasses.replace(BackendEnv.local(world_size, "cuda"), peer_access=True))
+    return availability_of(cls, dataclasses.replace(BackendEnv.local(world_size, "cuda"), peer_access=True))
 
 
 @contextmanager

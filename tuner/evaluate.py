@@ -143,7 +143,8 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
     ev = Evaluation()
     by_point: dict[Point, dict[str, float]] = {}
     for m in measurements:
-        by_point.setdefault(_point(m), {})[m.backend] = m.median_us
+        if isinstance(m.median_us, (int, float)) and 0 < m.median_us < math.inf:  # never a ratio over 0
+            by_point.setdefault(_point(m), {})[m.backend] = m.median_us
     for point in [p for p in by_point if p.shape not in shapes]:
         del by_point[point]
         ev.outside += 1

@@ -34,7 +34,7 @@ from typing import Any
 import torch.distributed as dist
 from optuna.pruners import BasePruner
 
-from a2a_tune.kernels import BackendEnv, MoEShape, get_backend
+from a2a_tune.kernels import BackendEnv, MoEShape, availability_of, get_backend
 
 from .cluster import gather_topology
 from .launch import RankContext, all_ranks_ok, one_line, run_ranks
@@ -121,7 +121,7 @@ def tune_knobs(
 
 def _tune_rank(ctx: RankContext, plan: KnobPlan, url: str, show_progress: bool) -> list[KnobResult] | None:
     cls = get_backend(plan.backend)
-    ok, reason = cls.availability(BackendEnv.local(ctx.world_size, ctx.device.type))
+    ok, reason = availability_of(cls, BackendEnv.local(ctx.world_size, ctx.device.type))
     if not ok:
         raise RuntimeError(f"{plan.backend} is unavailable here: {reason}")
     fingerprint = gather_topology(ctx).fingerprint

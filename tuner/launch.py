@@ -18,10 +18,10 @@ A job started by a launcher (:func:`job_rank`): torchrun sets RANK, WORLD_SIZE, 
 MASTER_ADDR, MASTER_PORT; srun sets SLURM_PROCID, SLURM_NTASKS (SLURM_STEP_NUM_TASKS) and
 SLURM_LOCALID, and the rendezvous is MASTER_ADDR / MASTER_PORT when set, else the first host
 of the step's node list on port 20000 + job id % 10000 (:func:`rendezvous_address`). Bounds:
-a rank that cannot join the rendezvous fails after RENDEZVOUS_TIMEOUT in one line; once
+a rank that cannot join the rendezvous fails after rendezvous_timeout() in one line; once
 joined, a rank whose peer is gone (its process or node died) fails as soon as the transport
 notices (gloo / NCCL see the connection close: seconds), at the latest after
-COLLECTIVE_TIMEOUT (a peer that hangs, or a node cut off without a word), with `PeerLost`;
+collective_timeout() (a peer that hangs, or a node cut off without a word), with `PeerLost`;
 every rank dies with its launcher (the parent-death signal), so killing one node's torchrun
 agent stops that node's ranks and, through them, the job; SIGTERM (torchrun stopping the
 survivors) is `Terminated`, so the run is recorded as interrupted.
@@ -50,12 +50,24 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .runtime.environ import env_seconds
 from .runtime.text import one_line  # how a failure is recorded and reported; the rank modules import it from here
 
-# Collectives that wait longer than this fail instead of hanging the sweep forever.
-COLLECTIVE_TIMEOUT = _dt.timedelta(seconds=float(os.environ.get("A2A_TUNE_COLLECTIVE_TIMEOUT_S", "300")))
-# A launched rank that cannot meet every other rank at the rendezvous gives up after this.
-RENDEZVOUS_TIMEOUT = _dt.timedelta(seconds=float(os.environ.get("A2A_TUNE_RENDEZVOUS_TIMEOUT_S", "180")))
+COLLECTIVE_TIMEOUT_ENV = "A2A_TUNE_COLLECTIVE_TIMEOUT_S"
+RENDEZVOUS_TIMEOUT_ENV = "A2A_TUNE_RENDEZVOUS_TIMEOUT_S"
+
+
+def collective_timeout() -> _dt.timedelta:
+    """Collectives that wait longer than this fail instead of hanging the sweep forever
+    ($A2A_TUNE_COLLECTIVE_TIMEOUT_S, default 300 s; EnvError, one line, out of range)."""
+    return _dt.timedelta(seconds=env_seconds(COLLECTIVE_TIMEOUT_ENV, 300.0))
+
+
+def rendezvous_timeout() -> _dt.timedelta:
+    """A launched rank that cannot meet every other rank at the rendezvous gives up after this
+    ($A2A_TUNE_RENDEZVOUS_TIMEOUT_S, default 180 s)."""
+    return _dt.timedelta(seconds=env_seconds(RENDEZVOUS_TIMEOUT_ENV, 180.0))
+
 
 # NVLink multicast stays off: on shared hosts it can take the GPUs out of service.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -109,7 +121,16 @@ class PeerLost(RankFailed):
 
 
 class Terminated(KeyboardInterrupt):
-    """The supervising process got SIGTERM: handled like Ctrl-C (ranks stopped, run recorded)."""
+    """The supervising process got SIGTERM or SIGHUP (its terminal or SSH session closed):
+    handled like Ctrl-C (ranks stopped, run recorded). `signal_name` says which."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"terminated ({signal_name})")
+        self.signal_name = signal_name
+
+
+# The exit code of a command a signal stopped: 128 + the signal's number, as a shell reports it.
+SIGNAL_EXIT = {"SIGINT": 130, "SIGHUP": 129, "SIGTERM": 143}
 
 
 # How long the supervisor keeps listening, after a first failure, for a better cause.
@@ -292,7 +313,7 @@ def _init(
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
         dist.init_process_group(
-            "nccl", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device, store=store
+            "nccl", rank=rank, world_size=world_size, timeout=collective_timeout(), device_id=device, store=store
         )
     else:
         device = torch.device("cpu")
@@ -301,7 +322,7 @@ def _init(
             # default of a thread per core each rank starves the others (and a busy host starves
             # each rank), so round trips over gloo vary by orders of magnitude from one to the next.
             torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT, store=store)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=collective_timeout(), store=store)
     return RankContext(rank, world_size, local_rank, device, None)
 
 
@@ -342,11 +363,11 @@ def _wait_for_listener(addr: str, port: int, deadline: float) -> bool:
 
 
 def _join(job: JobRank, device_type: str) -> RankContext:
-    """Meet the job's other ranks (bounded by RENDEZVOUS_TIMEOUT), then make the process group."""
+    """Meet the job's other ranks (bounded by rendezvous_timeout()), then make the process group."""
     _die_with_parent(os.getppid())  # torchrun's agent or slurmstepd: this rank ends with it
     addr, port = rendezvous_address()
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
-    seconds = RENDEZVOUS_TIMEOUT.total_seconds()
+    seconds = rendezvous_timeout().total_seconds()
     where = f"rank {job.rank} of {job.world_size} ({job.launcher}): rendezvous at {addr}:{port}"
     hint = "(A2A_TUNE_RENDEZVOUS_TIMEOUT_S): is every rank started, and MASTER_ADDR/MASTER_PORT right and reachable?"
     # The store is served by rank 0, or by torchrun's agent on its first node; the others connect.
@@ -355,7 +376,7 @@ def _join(job: JobRank, device_type: str) -> RankContext:
         raise RankFailed(f"{where}: nothing answers after {seconds:.0f} s {hint}")
     try:
         store, _, _ = next(
-            dist.rendezvous("env://", rank=job.rank, world_size=job.world_size, timeout=RENDEZVOUS_TIMEOUT)
+            dist.rendezvous("env://", rank=job.rank, world_size=job.world_size, timeout=rendezvous_timeout())
         )
         return _init(job.rank, job.world_size, job.local_rank, device_type, store)
     except Exception as exc:
@@ -378,6 +399,7 @@ def _rank_main(
 ) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C for every rank
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a closed terminal: the ranks die with it
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     try:
@@ -429,8 +451,10 @@ def run_ranks(
     the rendezvous and returns a list holding only its own result at its own index.
     Spawned ranks only: `stalled()` is polled every second; when it returns a reason, every
     rank is killed (a hung collective or kernel leaves nothing to recover in-process) and
-    `RanksStalled` is raised with that reason.
+    `RanksStalled` is raised with that reason. The timeouts the ranks read are checked here
+    first (EnvError: one line naming the variable, before any rank starts).
     """
+    collective_timeout(), rendezvous_timeout()
     job = job_rank()
     if job is not None:
         ctx = _join(job, device_type)
@@ -449,6 +473,7 @@ def run_ranks(
                 pass
         return out
 
+    _start_resource_tracker()
     mpctx = mp.get_context("spawn")
     results = mpctx.Queue()
     port = _free_port()
@@ -536,22 +561,39 @@ def _find_dead(procs: list, pending: set, results, take: Callable, dead: dict, *
         time.sleep(0.05)
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (it unlinks the ranks' semaphores) with SIGHUP
+    ignored: it ignores SIGINT and SIGTERM itself, but a closed terminal's SIGHUP to the whole
+    process group would kill it and leak them (tracebacks from its relaunch)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from multiprocessing import resource_tracker
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 @contextmanager
 def _sigterm_as_interrupt():
-    """SIGTERM to the supervisor raises `Terminated` (a KeyboardInterrupt) while ranks run, so
-    they are stopped and the caller records the interruption; outside the main thread, as is."""
+    """SIGTERM or SIGHUP to the supervisor raises `Terminated` (a KeyboardInterrupt) while
+    ranks run, so they are stopped and the caller records the interruption; outside the main
+    thread, as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        raise Terminated("terminated (SIGTERM)")
+        raise Terminated(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
 
 
 class Heartbeat:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +36,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from a2a_tune.kernels import All2AllBackend, MoEShape, get_backend
-from a2a_tune.kernels.reference import RankInputs, check_invariant, make_inputs
+from a2a_tune.kernels import All2AllBackend, MoEShape, feasibility_of, get_backend
+from a2a_tune.kernels.reference import RankInputs, check_invariant, input_writes, make_inputs, snapshot
+from a2a_tune.kernels.registry import CallFailed
 
 from .figures import Traffic, destination_pairs, traffic_from_pairs
 from .launch import RankContext, all_ranks_ok, one_line
@@ -183,7 +185,10 @@ class Backends:
         slot = (name, cap)
         for old in [s for s in self._built if s[0] == name and s != slot]:
             self._close(old)
-        feasible, why = cls.feasibility(shape, self.ctx.world_size)
+        verdict = feasibility_of(cls, shape, self.ctx.world_size)
+        feasible, why = verdict
+        if isinstance(verdict, CallFailed):  # the backend's own method failed: its error, reported
+            return Result("error", why)
         if not feasible:  # e.g. beyond a fixed-capacity backend's slots: not measured, not a failure
             return Result("infeasible", why)
         if slot not in self._built:
@@ -241,7 +246,10 @@ class Backends:
         self._held.pop(slot, None)
         backend = self._built.pop(slot, None)
         if backend is not None:
-            backend.close()
+            try:
+                backend.close()
+            except Exception as exc:  # a workspace not freed is no reason to lose the sweep: say so, go on
+                print(f"warning: {slot[0]}: close() raised {one_line(exc, 200)}", file=sys.stderr)
 
     def close(self) -> None:
         for slot in list(self._built):
@@ -355,11 +363,18 @@ def measure(
     timing: str | None = None,
     split: bool = True,
 ) -> Result:
-    """Gate on the first input set, then time: never a timing of a backend that just failed."""
+    """Gate on the first input set, then time: never a timing of a backend that just failed,
+    nor of one that wrote into any input set while it was timed (checked against copies taken
+    before the gate; "incorrect" on every rank)."""
+    originals = [snapshot(i) for i in inputs]
     checked = gate(backend, inputs[0])
     if not checked.ok:
         return checked
-    return time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing=timing, split=split)
+    timed = time_agreed(ctx, backend, inputs, warmup=warmup, iters=iters, timing=timing, split=split)
+    wrote = next((w for w in map(input_writes, inputs, originals) if w), "")
+    if not all_ranks_ok(not wrote, ctx):
+        return Result("incorrect", f"{wrote} while timed" if wrote else "failed on another rank")
+    return timed
 
 
 def measure_case(

@@ -392,8 +392,12 @@ class RecordedNvml:
     """
 
     def __init__(self, recording: str | Path | dict[str, Any]) -> None:
-        if isinstance(recording, (str, Path)):
-            recording = json.loads(Path(recording).read_text())
+        if isinstance(recording, (str, Path)):  # read as every file a user points at (runtime.files)
+            from .runtime.files import read_json
+
+            recording = read_json(recording)
+        if not isinstance(recording, dict):
+            raise ValueError(f"not an NVML recording (a JSON {type(recording).__name__}, not an object)")
         if recording.get("format") != RECORD_FORMAT:
             raise ValueError(f"not an NVML recording (format != {RECORD_FORMAT!r})")
         if recording.get("version") != RECORD_VERSION:
@@ -610,7 +614,6 @@ def record_live(timeout_s: float = 60.0) -> dict[str, Any]:
     an engine's start-up lookup, or the CLI survive it. Raises NvmlQueryError (one line)
     when the child finds no NVML, dies, or hangs.
     """
-    import json
     import subprocess
     import sys
 
@@ -632,7 +635,6 @@ _EXIT_NO_NVML = 3
 
 
 def _main() -> int:
-    import json
     import sys
 
     try:

@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .runtime.environ import MAX_SECONDS
 from .runtime.point import PointError, Shape, check_tokens
+from .runtime.text import quoted
 from .shapes import ModelShape
 
 #: GPU memory a rank holds beside its case: its CUDA context, NCCL's buffers, the allocator's slack.
@@ -156,7 +158,7 @@ class SizePlan:
 def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
     """Per EP size: its groups, shapes, token counts and the backends that can run here (as far
     as this process can tell: a group's reach is known once the ranks gathered the cluster)."""
-    from a2a_tune.kernels import BackendEnv, UnknownBackendError, get_backend
+    from a2a_tune.kernels import BackendEnv, UnknownBackendError, availability_of, get_backend
 
     rows = []
     for size in plan.sizes(world):
@@ -169,7 +171,7 @@ def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
                 usable += 1
                 continue
             sub_group = world > size and cls.sub_group_reason
-            usable += bool(cls.availability(env).ok and not sub_group)
+            usable += bool(availability_of(cls, env).ok and not sub_group)
         shapes = sum(1 for _ in plan.shapes_at(size))
         names = len(plan.backend_names())
         rows.append(
@@ -228,7 +230,7 @@ def _integers(text: str, option: str) -> list[int]:
     except ValueError:
         values = []
     if not values:
-        raise PlanError(f"{option} must be comma-separated integers, got {text!r}")
+        raise PlanError(f"{option} must be comma-separated integers, got {quoted(text)}")
     return values
 
 
@@ -272,7 +274,7 @@ def resolve_device(device: str, *, launched: bool = False, gpu_ranks: int = 2) -
     if device == "cuda" and gpus == 0:
         raise PlanError("--device cuda: no CUDA GPU is visible (use --device cpu to sweep CPU ranks over gloo)")
     if device not in ("cuda", "cpu"):
-        raise PlanError(f"--device must be auto, cuda or cpu, got {device!r}")
+        raise PlanError(f"--device must be auto, cuda or cpu, got {quoted(device)}")
     return device, gpus
 
 
@@ -382,6 +384,21 @@ def check_capacity(capacity: int | None, token_counts, table_capacity: int | Non
     return capacity
 
 
+def check_seconds(value: float, option: str) -> float:
+    """`value` if it is a duration an option may set: finite, more than 0, at most a week
+    (NaN would disable a watchdog, 0 or less time every case out); else PlanError."""
+    if not (isinstance(value, (int, float)) and 0 < value <= MAX_SECONDS):
+        raise PlanError(f"{option} must be a number of seconds more than 0 and at most {MAX_SECONDS:g}, got {value}")
+    return float(value)
+
+
+def check_fraction(value: float, option: str) -> float:
+    """`value` if it is a finite number in (0, 1]; else PlanError."""
+    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise PlanError(f"{option} must be a number more than 0 and at most 1, got {value}")
+    return float(value)
+
+
 def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = None):
     """(plan, device, world) for `options`, checked whole (:func:`check_plan`): PlanError
     when there is none, before any rank starts. `note`: where a note on the way goes
@@ -391,14 +408,15 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
 
     from .adaptive import REFINE_RATIO
 
+    check_seconds(options.case_timeout, "--case-timeout")
     device, world = resolve_ranks(options.device, options.world, note=note)
     shapes = model_shapes(options.preset, options.model_config)
     for d in options.dtype:
         if d not in PAYLOAD_DTYPES:
-            raise PlanError(f"unknown --dtype {d!r}; choose from {', '.join(PAYLOAD_DTYPES)}")
+            raise PlanError(f"unknown --dtype {quoted(d)}; choose from {', '.join(PAYLOAD_DTYPES)}")
     for r in options.routing:
         if r not in ROUTINGS:
-            raise PlanError(f"unknown --routing {r!r}; choose from {', '.join(ROUTINGS)}")
+            raise PlanError(f"unknown --routing {quoted(r)}; choose from {', '.join(ROUTINGS)}")
     check_backends(options.backend, options.dtype)
     token_counts = parse_tokens(options.tokens) if options.tokens else DEFAULT_TOKENS[device]
     check_capacity(options.capacity, token_counts)
@@ -453,7 +471,7 @@ def largest_case(plan, device: str, world: int) -> tuple[int, tuple | None]:
     The backends counted: on CPU those available there; on CUDA every feasible one (asking
     availability there would set up CUDA in this process, which the ranks need alone); not
     those this process cannot load (a module only the ranks are told to import)."""
-    from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, get_backend
+    from a2a_tune.kernels import BackendEnv, MoEShape, UnknownBackendError, availability_of, feasibility_of, get_backend
     from a2a_tune.kernels.base import case_bytes
 
     from .measure import capacity_of
@@ -466,7 +484,7 @@ def largest_case(plan, device: str, world: int) -> tuple[int, tuple | None]:
             continue
     if device != "cuda":
         env = BackendEnv.local(world, device)
-        classes = [cls for cls in classes if cls.availability(env).ok]
+        classes = [cls for cls in classes if availability_of(cls, env).ok]
     top = max(plan.tokens)
     largest, at = 0, None
     for size in plan.sizes(world):
@@ -474,7 +492,7 @@ def largest_case(plan, device: str, world: int) -> tuple[int, tuple | None]:
             for t in plan.tokens:
                 for cls in classes:
                     moe = MoEShape.of(named[1], capacity_of(cls, t, capacity=plan.capacity, largest=top))
-                    if not cls.feasibility(moe, size).ok:
+                    if not feasibility_of(cls, moe, size).ok:
                         continue
                     need = case_bytes(cls, moe, size, t, input_sets=plan.input_sets)
                     if need > largest:

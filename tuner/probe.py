@@ -304,6 +304,12 @@ def island_lines(topo: Topology) -> list[str]:
     return lines
 
 
+def _shown(text: str) -> str:
+    """``text`` from the machine (host names, GPU names, bus ids) through the one escaping
+    function, line by line: a terminal escape in a host name is shown, never obeyed."""
+    return "\n".join(one_line(line, None) for line in str(text).split("\n"))
+
+
 def render_summary(topo: Topology) -> Any:
     """A rich renderable (Group of tables and lines) describing ``topo`` for humans."""
     from rich.console import Group
@@ -328,14 +334,14 @@ def render_summary(topo: Topology) -> Any:
             f"{len(gpu.active_links)}/{len(gpu.links)}" if gpu.links else "-",
         ]
         cells = ([topo.hostnames[gpu.node]] if multi_node else []) + row
-        gpu_table.add_row(*(Text(cell) for cell in cells))  # Text: no markup/emoji (":AB:")
+        gpu_table.add_row(*(Text(_shown(cell)) for cell in cells))  # Text: no markup/emoji (":AB:")
 
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
     facts.add_column()
 
     def add_fact(label: str, value: str) -> None:
-        facts.add_row(label, Text(value))  # Text: host names and bus ids are not markup
+        facts.add_row(label, Text(_shown(value)))  # Text: host names and bus ids are not markup
 
     add_fact("fingerprint", topo.fingerprint)
     add_fact("facts hash", topo.facts_hash)

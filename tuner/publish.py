@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,24 @@ log = logging.getLogger("a2a_tune")
 
 if TYPE_CHECKING:
     from .sweep import CompletedRun
+
+
+def unwritable(directory: Path) -> str:
+    """Why no table could be written into `directory` (created if missing), or "": checked
+    by writing a file where it would go (its nearest existing ancestor), so a read-only mount
+    is seen even by root. For `run`, before a sweep of hours ends in a table it cannot write."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".a2a-tune-write-test-", dir=existing)
+    except OSError as exc:
+        return f"cannot write in {existing} ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(probe)
+    return ""
 
 
 def write_table(profile: dict, out_dir: str | None, node_fingerprint: str | None = None) -> Path:

@@ -521,10 +521,12 @@ def with_knobs_from_file(
     path: Path, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]
 ) -> tuple[dict, list[str]]:
     """:func:`with_knobs` on the table in file `path` (`tune-knobs --profile`), which is first
-    judged as lookup judges it. Write the copy back with :func:`write_profile_to`. Raises
-    ProfileError for a table lookup would refuse, OSError or ValueError for a file that is
-    not JSON."""
-    table = json.loads(Path(path).read_text())
+    read and judged as lookup reads and judges it. Write the copy back with
+    :func:`write_profile_to`. Raises ProfileError (one line naming the file) for a file the
+    lookup would refuse, unreadable or not JSON included."""
+    from .runtime.profiles import parse_table_json, read_table_bytes
+
+    table = parse_table_json(read_table_bytes(path), path)  # read as the lookup reads it
     parse_profile(table, str(path))
     return with_knobs(table, shape, backend, knobs_by_tokens)
 

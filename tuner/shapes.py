@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .runtime.models import moe_layer_count
 from .runtime.point import MAX_EXPERTS, MAX_HIDDEN, MAX_TOPK, PointError, Shape, check_count
+from .runtime.text import quoted
 
 # Hugging Face configs name the same three numbers differently per model family.
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
@@ -74,7 +75,7 @@ def preset(name: str) -> ModelShape:
     try:
         return table[name.lower()]
     except KeyError:
-        raise ShapeSpecError(f"unknown model preset {name!r}; known: {', '.join(table)}") from None
+        raise ShapeSpecError(f"unknown model preset {quoted(name)}; known: {', '.join(table)}") from None
 
 
 def _first(config: dict, keys: tuple[str, ...]) -> int | None:
@@ -87,23 +88,20 @@ def _first(config: dict, keys: tuple[str, ...]) -> int | None:
 
 def from_model_config(path: str | Path) -> ModelShape:
     """Read (experts, top-k, hidden) from a Hugging Face config.json (text_config too)."""
-    from .runtime.files import FileRefused, read_capped
+    from .runtime.files import FileRefused, read_json
 
     path = Path(path)
     try:
-        config = json.loads(read_capped(path, MAX_CONFIG_BYTES).decode("utf-8-sig"))
+        config = read_json(path, MAX_CONFIG_BYTES, bom=True)
     except OSError as exc:
         raise ShapeSpecError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except FileRefused as exc:
         raise ShapeSpecError(f"{path}: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ShapeSpecError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise ShapeSpecError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    except RecursionError:
-        raise ShapeSpecError(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(config, dict):
         raise ShapeSpecError(f"{path}: expected a JSON object")
+    for key in ("text_config", "llm_config"):  # a multimodal model's language half
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise ShapeSpecError(f"{path}: {key}: expected a JSON object, got {type(config[key]).__name__}")
     for candidate in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
         experts, topk, hidden = (
             _first(candidate, _EXPERT_KEYS),

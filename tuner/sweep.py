@@ -43,7 +43,7 @@ from a2a_tune.db import (
     open_store,
     resolve_url,
 )
-from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, engine_names, get_backend
+from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, availability_of, engine_names, get_backend
 from a2a_tune.kernels.base import REACH_TEXT, SPANS, reaches
 
 from . import cluster
@@ -110,7 +110,7 @@ LOST = {"timeout": "timed out", "crashed": "crashed"}
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped the sweep; its run (``run_id``, None if none was opened yet)
+    """Ctrl-C, SIGTERM or SIGHUP stopped the sweep; its run (``run_id``, None if none was opened yet)
     is marked "interrupted" and can be resumed."""
 
     def __init__(self, run_id: int | None, signal_name: str = "SIGINT") -> None:
@@ -197,8 +197,7 @@ def sweep(
             except KeyboardInterrupt as exc:
                 run_id = run_id or heartbeat.fact("run_id")
                 _mark_stopped(db_url, run_id, writer, "interrupted")
-                signal_name = "SIGTERM" if type(exc).__name__ == "Terminated" else "SIGINT"
-                raise SweepInterrupted(run_id, signal_name) from None
+                raise SweepInterrupted(run_id, getattr(exc, "signal_name", "SIGINT")) from None
             outcome = next((r for r in results if r is not None), None)
             if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
                 return None
@@ -342,7 +341,7 @@ def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: di
     usable: list[str] = []
     for name in plan.backend_names():
         cls = get_backend(name)
-        ok, reason = cls.availability(env)
+        ok, reason = availability_of(cls, env)
         if ok and groups > 1 and cls.sub_group_reason:
             ok, reason = False, f"{cls.sub_group_reason}; EP {size} runs {groups} groups"
         if name in skip:  # hung or crashed earlier in this run

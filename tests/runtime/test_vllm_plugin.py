@@ -505,3 +505,17 @@ def test_vllms_own_error_is_one_line(fake_vllm, monkeypatch, caplog):
     ((level, msg),) = lines(caplog)
     assert level == "WARNING" and _safe(msg)
     assert msg.startswith("a2a-tune: vLLM refused all2all backend 'deepep_low_latency' (ValueError: Input should be")
+
+
+def test_a_config_fifo_in_argv_never_blocks_the_engine(fake_vllm, monkeypatch, fifo):
+    """vLLM's parser has drained the pipe already: an open() would wait forever (issue 31.3)."""
+    import threading
+
+    vllm_plugin.register()
+    monkeypatch.setattr(sys, "argv", ["vllm", "serve", "--config", str(fifo), "--config=/dev/zero"])
+    got = []
+    t = threading.Thread(target=lambda: got.append(fake_vllm.EngineArgs().create_engine_config()), daemon=True)
+    t.start()
+    t.join(20)
+    assert got, "create_engine_config blocked on a --config FIFO"
+    assert got[0].parallel_config.all2all_backend == "deepep_low_latency"

@@ -171,4 +171,21 @@ BAD_TABLES = {
         _mutated(lambda d: d["run"].__setitem__("capacity", 0)),
         "run.capacity: tokens per rank must be in 1..1048576, got 0",
     ),
+    # numbers at the edges of JSON (issue 31.4): each one line naming the field, never a traceback
+    "integer_of_5000_digits": (
+        lambda: _text().replace('"median_us": [40.0, 70.0, 300.0]', '"median_us": [40.0, ' + "9" * 5000 + ", 300.0]"),
+        "invalid JSON: an integer with too many digits",
+    ),
+    "workspace_sum_overflows": (
+        _mutated(
+            lambda d: d["entries"][0]["backends"]["nccl_all2allv"].__setitem__("workspace_mib", [1.7e308, 1.7e308, 1.0])
+        ),
+        "entries[0].backends.nccl_all2allv.workspace_mib[0]: 1.7e+308 is over the largest figure a table may hold",
+    ),
+    "workspace_of_401_digits": (
+        _mutated(
+            lambda d: d["entries"][0]["backends"]["nccl_all2allv"].__setitem__("workspace_mib", [10**400, 1.0, 1.0])
+        ),
+        "entries[0].backends.nccl_all2allv.workspace_mib[0]: an integer of 401 digits is over the largest figure",
+    ),
 }

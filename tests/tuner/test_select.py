@@ -845,5 +845,5 @@ def test_knobs_go_into_a_table_file_judged_as_lookup_judges_it(tmp_path):
     (tmp_path / "not.json").write_text("{")
     with pytest.raises(ValueError):
         with_knobs_from_file(tmp_path / "not.json", SHAPE_B, "nccl_all2allv", {64: TUNED})
-    with pytest.raises(OSError):
+    with pytest.raises(ProfileError, match="missing.json: cannot read"):  # the lookup's reader (issue 31.3)
         with_knobs_from_file(tmp_path / "missing.json", SHAPE_B, "nccl_all2allv", {64: TUNED})

@@ -59,7 +59,7 @@ def test_dense_model_config_is_rejected_in_one_line(tmp_path):
 def test_broken_model_config_is_one_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("{not json")
-    with pytest.raises(ShapeSpecError, match="not valid JSON"):
+    with pytest.raises(ShapeSpecError, match="invalid JSON"):
         from_model_config(path)
     with pytest.raises(ShapeSpecError, match="cannot read"):
         from_model_config(tmp_path / "missing.json")

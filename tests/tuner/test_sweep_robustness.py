@@ -209,20 +209,33 @@ def test_resume_refuses_a_live_sweep_and_takes_over_a_killed_one(tmp_path):
         first.communicate()
 
 
-def test_sigterm_stops_the_ranks_and_leaves_the_run_resumable(tmp_path):
+@pytest.mark.parametrize(
+    "name, code, group",
+    [
+        ("SIGTERM", 143, False),  # to the sweep only, not its process group
+        ("SIGHUP", 129, True),  # a closed terminal or SSH session: the whole foreground group (issue 31.6)
+    ],
+)
+def test_sigterm_and_sighup_stop_the_ranks_and_leave_the_run_resumable(tmp_path, monkeypatch, name, code, group):
     db = tmp_path / "term.db"
-    first, ranks, gate, cmd, env = _gated_sweep(tmp_path, db)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with monkeypatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp))  # the sweep's, inherited: nothing may be left there
+        first, ranks, gate, cmd, env = _gated_sweep(tmp_path, db)
     try:
-        first.send_signal(signal.SIGTERM)  # the sweep only, not its process group
+        sig = getattr(signal, name)
+        os.killpg(first.pid, sig) if group else first.send_signal(sig)
         _, err = first.communicate(timeout=60)
-        assert first.returncode == 143
+        assert first.returncode == code, err
         assert _wait_gone(ranks) == []
         line = " ".join(err.split())
-        assert "interrupted (SIGTERM)" in line and "run 1 holds 1 of 4 planned measurements" in line, err
+        assert f"interrupted ({name})" in line and "run 1 holds 1 of 4 planned measurements" in line, err
         assert "Traceback" not in err
         with open_store(f"sqlite:///{db}") as store:
             (run,) = store.runs()
             assert run.status == "interrupted" and run.writer_pid is None
+        assert list(tmp.iterdir()) == []
         gate.unlink()
         again = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=300)
         assert again.returncode == 0, again.stderr

@@ -35,11 +35,28 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+# The commands that start ranks: the variables the ranks read are checked before any starts.
+RANK_COMMANDS = frozenset({"sweep", "run", "check", "evaluate", "tune-knobs"})
+
+
 @app.callback()
 def _options(
+    ctx: typer.Context,
     _: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """Options before the command."""
+    if ctx.invoked_subcommand in RANK_COMMANDS:
+        from a2a_tune.kernels.errors import KernelsError
+        from a2a_tune.kernels.registry import call_timeout, import_timeout
+        from a2a_tune.tuner.runtime.environ import EnvError
+
+        from ..launch import collective_timeout, rendezvous_timeout
+
+        try:  # the variables the ranks read: one line naming the variable, before any rank starts
+            for read in (collective_timeout, rendezvous_timeout, import_timeout, call_timeout):
+                read()
+        except (EnvError, KernelsError) as exc:
+            raise _fail(str(exc), 2) from None
 
 
 out = Console()
@@ -52,7 +69,7 @@ DB_HELP = "SQLAlchemy URL or SQLite file path [env: A2A_TUNE_DB; default: sqlite
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
     # messages quote user input and file names: never rich markup; URLs never show a password
-    if "://" in message:
+    if "://" in message or "=" in message:  # a URL, or a connection string's password=...
         from a2a_tune.db import mask_secrets
 
         message = mask_secrets(message)
@@ -177,7 +194,9 @@ def main() -> None:
         # importing a2a_tune.kernels costs torch (seconds, hundreds of MB), and a command that
         # never imported it (probe, lookup, show) cannot have raised its errors.
         errors = sys.modules.get("a2a_tune.kernels.errors")
-        if errors is None or not isinstance(exc, errors.KernelsError):
+        environ = sys.modules.get("a2a_tune.tuner.runtime.environ")  # a variable out of range, before any rank
+        known = tuple(e for e in (errors and errors.KernelsError, environ and environ.EnvError) if e)
+        if not isinstance(exc, known):
             raise
         _fail(str(exc), 2)
         raise SystemExit(2) from None

@@ -23,6 +23,7 @@ def db_upgrade(db: str | None = _db_opt) -> None:
         raise _fail(str(exc)) from None
     shown = display_url(resolve_url(db))
     if before == after:
-        out.print(f"{shown} is at the current schema ({after})", highlight=False, markup=False)
+        out.print(f"{shown} is at the current schema ({after})", highlight=False, markup=False, soft_wrap=True)
     else:
-        out.print(f"{shown} upgraded from {before or 'an empty database'} to {after}", highlight=False, markup=False)
+        line = f"{shown} upgraded from {before or 'an empty database'} to {after}"
+        out.print(line, highlight=False, markup=False, soft_wrap=True)  # one line in a captured log

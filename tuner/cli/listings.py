@@ -36,7 +36,7 @@ def backends(
     from rich.table import Column
     from rich.text import Text
 
-    from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, get_backend, list_backends
+    from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, availability_of, get_backend, list_backends
 
     from ..views.layout import print_fitted
 
@@ -46,7 +46,7 @@ def backends(
     listed = []
     for name in list_backends():
         cls = get_backend(name)
-        ok, reason = cls.availability(env)
+        ok, reason = availability_of(cls, env)
         missing = [d for d in PAYLOAD_DTYPES if d not in cls.payloads]
         listed.append(
             {
@@ -154,6 +154,9 @@ def check(
     from ..progress import progress_bar
 
     plans = _plans()
+    _planned(plans.check_seconds, timeout, "--timeout")
+    if token_scale is not None:
+        _planned(plans.check_fraction, token_scale, "--token-scale")
     _planned(plans.check_backends, backend)
     if virtual:
         device, world = _planned(plans.resolve_virtual, device, world)

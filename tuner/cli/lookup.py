@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -154,8 +155,9 @@ def lookup(
     # phase asked is the one refused.
     sizes = [(opt, v) for opt, v in (("--max-batch", max_batch), ("--max-tokens", max_tokens)) if v is not None]
     size_opt, size = min(sizes, key=lambda s: s[0] == SIZE_OPTION.get(phase), default=(None, None))
-    try:
-        req = lk.request(
+
+    def build():
+        return lk.request(
             ep_size=ep_size,
             hidden=hidden,
             topk=topk,
@@ -171,8 +173,20 @@ def lookup(
             engine=engine,
             max_workspace_mib=max_workspace_mib,
         )
+
+    try:
+        req = build()
     except lk.RequestError as exc:
-        raise _fail(request_words(exc, size_opt), 2) from None
+        # An engine's launch line must always start: a broken $A2A_TUNE_MAX_WORKSPACE_MIB there
+        # is one warning and no budget (eval "$(... --format env)" never silently exports nothing).
+        if fmt == "name" or fmt == "json" or max_workspace_mib is not None or lk.WORKSPACE_ENV not in str(exc):
+            raise _fail(request_words(exc, size_opt), 2) from None
+        err.print(f"warning: {exc}; no workspace budget applied", highlight=False, markup=False, soft_wrap=True)
+        os.environ.pop(lk.WORKSPACE_ENV, None)
+        try:
+            req = build()
+        except lk.RequestError as again:
+            raise _fail(request_words(again, size_opt), 2) from None
     if size_opt is not None and size_opt != SIZE_OPTION.get(req.phase):
         raise _fail(_stray_size(size_opt), 2)
 

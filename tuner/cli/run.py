@@ -119,10 +119,10 @@ def _duration(seconds: float) -> str:
 
 def _unavailable_names(names: list[str], device: str, world: int) -> list[str]:
     """The backends of `names` that cannot run on `world` `device` ranks here."""
-    from a2a_tune.kernels import BackendEnv, get_backend
+    from a2a_tune.kernels import BackendEnv, availability_of, get_backend
 
     env = BackendEnv.local(world, device)
-    return [name for name in names if not get_backend(name).availability(env)[0]]
+    return [name for name in names if not availability_of(get_backend(name), env).ok]
 
 
 def _outcome_data(outcome, seconds: float) -> dict:
@@ -168,7 +168,7 @@ def _do_sweep(options, *, after=None):
     plan, device, world = _planned(_plans().build_plan, options, note=_note)
     from a2a_tune.db import StoreError
 
-    from ..launch import PeerLost, RankFailed, job_rank
+    from ..launch import SIGNAL_EXIT, PeerLost, RankFailed, job_rank
     from ..sweep import sweep as run_sweep
 
     job = job_rank()
@@ -210,7 +210,7 @@ def _do_sweep(options, *, after=None):
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         raise _fail(
             f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(world), run_id)}",
-            143 if by == "SIGTERM" else 130,
+            SIGNAL_EXIT.get(by, 130),
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
@@ -332,6 +332,7 @@ def sweep(options) -> None:
 
 def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, partial: bool = False) -> Path:
     from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError
+    from a2a_tune.db.damage import DamagedRowError
 
     from ..publish import write_table
     from ..runtime.lookup import ProfileError
@@ -351,7 +352,7 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
         except UnfinishedRunError as exc:
             raise _fail(str(exc), 2) from None
         except (StoreError, ValueError) as exc:
-            raise _fail(str(exc)) from None
+            raise _fail(str(exc), 2 if isinstance(exc, DamagedRowError) else 1) from None
         if note:
             err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
         if profile is not None and table["hardware"]["fingerprint"] != profile["hardware"]["fingerprint"]:
@@ -416,9 +417,13 @@ def run(options) -> None:
     itself, rank 0 writes the store, and every node gets the table where lookup looks there."""
     from functools import partial
 
-    from ..publish import publish_run
+    from ..publish import publish_run, table_dir, unwritable
 
-    outcome = _do_sweep(options, after=partial(publish_run, out_dir=str(options.out_dir) if options.out_dir else None))
+    out_dir = str(options.out_dir) if options.out_dir else None
+    directory = table_dir(out_dir)
+    if problem := unwritable(directory):  # before the sweep, not after it
+        raise _fail(f"no table could be written to {directory}: {problem}", 2)
+    outcome = _do_sweep(options, after=partial(publish_run, out_dir=out_dir))
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")
     published = outcome.after

@@ -67,10 +67,11 @@ def evaluate(
 
     from ..evaluate import EvaluationError, held_out_plan, table_measurements
     from ..evaluate import evaluate as run_evaluation
-    from ..launch import RankFailed
+    from ..launch import SIGNAL_EXIT, RankFailed
     from ..runtime.lookup import ProfileError, load_profile
     from ..sweep import sweep as run_sweep
 
+    _planned(_plans().check_seconds, case_timeout, "--case-timeout")
     try:
         table = load_profile(profile)
     except ProfileError as exc:
@@ -123,7 +124,7 @@ def evaluate(
         raise _fail(f"evaluation stopped: {exc}") from None
     except KeyboardInterrupt as exc:
         by = getattr(exc, "signal_name", "SIGINT")
-        raise _fail(f"evaluation interrupted ({by}); its run is kept", 143 if by == "SIGTERM" else 130) from None
+        raise _fail(f"evaluation interrupted ({by}); its run is kept", SIGNAL_EXIT.get(by, 130)) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
     _print_evaluation(ev, f"run {outcome.run_id}", as_json)
@@ -257,7 +258,7 @@ def tune_knobs(
 
     from ..knobs import DEFAULT_ITERS, KnobPlan
     from ..knobs import tune_knobs as run_search
-    from ..launch import RankFailed
+    from ..launch import SIGNAL_EXIT, RankFailed
     from ..runtime.lookup import ProfileError, load_profile
     from ..select import with_knobs_from_file, write_profile_to
 
@@ -287,11 +288,11 @@ def tune_knobs(
     if len(plan.shapes) != 1:
         raise _fail("give one model shape: --preset or --model-config", 2)
     table_capacity = None
-    if profile is not None:  # tune as the table's points were measured
+    if profile is not None:  # checked before the search (hours on GPUs), read as the lookup reads it
         try:
             table_capacity = load_profile(profile).capacity
-        except ProfileError:
-            pass  # an unusable table is reported where the knobs are written
+        except ProfileError as exc:
+            raise _fail(f"--profile {exc}", 2) from None
     capacity = _planned(plans.check_capacity, capacity, plan.tokens, table_capacity)
     if capacity is not None:  # the cases at that capacity must fit too
         from dataclasses import replace
@@ -317,13 +318,17 @@ def tune_knobs(
         f"{trials} trials on {world} {device} rank(s); studies in {display_url(url)}",
         highlight=False,
         markup=False,
+        soft_wrap=True,  # one line in a captured log, whatever the width
     )
     try:
         results = run_search(knob_plan, device_type=device, world_size=world, db_url=url, progress=progress)
     except (RankFailed, StoreError) as exc:
         raise _fail(f"knob search stopped: {exc}") from None
-    except KeyboardInterrupt:  # the trials finished so far are in the studies
-        raise _fail("knob search interrupted; the finished trials are stored in the studies", 130) from None
+    except KeyboardInterrupt as exc:  # the trials finished so far are in the studies
+        by = getattr(exc, "signal_name", "SIGINT")
+        raise _fail(
+            f"knob search interrupted ({by}); the finished trials are stored in the studies", SIGNAL_EXIT.get(by, 130)
+        ) from None
     if results is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports
         raise typer.Exit(0)
     from rich.table import Column

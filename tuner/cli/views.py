@@ -154,9 +154,14 @@ def diff(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
 ) -> None:
+    import math
+
     from ..views.diff import diff_views, render_diff
     from ..views.load import load_run_view, load_source
     from ..views.model import ViewError
+
+    if not math.isfinite(tolerance):
+        raise _fail(f"--tolerance must be a finite fraction >= 0, got {tolerance}", 2)
 
     modes = set(fail_on) or {"regressions"}
     bad = modes - {"regressions", "winner-change", "none"}

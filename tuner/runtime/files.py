@@ -17,7 +17,17 @@ from __future__ import annotations
 import os
 import stat
 
-__all__ = ["MAX_TABLE_BYTES", "MAX_WORKLOAD_BYTES", "MAX_CACHE_BYTES", "FileRefused", "read_capped"]
+__all__ = [
+    "MAX_TABLE_BYTES",
+    "MAX_WORKLOAD_BYTES",
+    "MAX_CACHE_BYTES",
+    "MAX_JSON_BYTES",
+    "FileRefused",
+    "parse_json",
+    "read_capped",
+    "read_head",
+    "read_json",
+]
 
 #: A selection table, with room over the shipped one (sizes and parse time: BENCHMARKS.md,
 #: "Figures moved from the code").
@@ -26,6 +36,9 @@ MAX_TABLE_BYTES = 16 * 1024 * 1024
 MAX_WORKLOAD_BYTES = 4 * 1024 * 1024
 #: The fingerprint cache (a few hundred bytes).
 MAX_CACHE_BYTES = 64 * 1024
+#: A JSON file a user points at that is not a table (a model's config.json, an NVML recording,
+#: a vLLM --config file): a model config is a few KiB, a recording of 72 GPUs well under 1 MiB.
+MAX_JSON_BYTES = 16 * 1024 * 1024
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -50,14 +63,8 @@ def read_capped(path: str | os.PathLike, cap: int) -> bytes:
     Raises :class:`FileRefused` for anything else (a FIFO, a device, a directory, a larger
     file) and ``OSError`` when it cannot be opened or read.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    flags |= getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
+    fd, st = _open_regular(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise FileRefused(f"not a regular file ({kind}): not read")
         if st.st_size > cap:
             raise FileRefused(f"{_mib(st.st_size)}, over the {_mib(cap)} cap: not read")
         chunks, size = [], 0
@@ -72,3 +79,52 @@ def read_capped(path: str | os.PathLike, cap: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_head(path: str | os.PathLike, n: int) -> bytes:
+    """The first ``n`` bytes of ``path`` (fewer if it is shorter), opened as :func:`read_capped`
+    opens: FileRefused at once for a FIFO, a device, a directory (e.g. an SQLite file's magic)."""
+    fd, _ = _open_regular(path)
+    try:
+        return os.read(fd, n)
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
+    """An open descriptor of ``path`` and its stat, if it is a regular file; FileRefused else."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags |= getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+        raise FileRefused(f"not a regular file ({kind}): not read")
+    return fd, st
+
+
+def parse_json(raw: bytes | str, *, bom: bool = False) -> object:
+    """``raw`` (bytes, or text already decoded) as JSON, or :class:`FileRefused` (one line, no
+    path): not UTF-8, invalid JSON, nested too deeply, an integer beyond Python's digit limit.
+    ``bom``: a UTF-8 byte-order mark is allowed (files written by editors on Windows)."""
+    import json
+
+    try:
+        text = raw.decode("utf-8-sig" if bom else "utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        raise FileRefused(f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FileRefused(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise FileRefused("invalid JSON: nested too deeply") from None
+    except ValueError:  # int("9" * 5000): beyond sys.get_int_max_str_digits
+        raise FileRefused("invalid JSON: an integer with too many digits") from None
+
+
+def read_json(path: str | os.PathLike, cap: int = MAX_JSON_BYTES, *, bom: bool = False) -> object:
+    """The JSON in ``path`` (:func:`read_capped`, then :func:`parse_json`): FileRefused or
+    OSError (one line, no path: callers add it)."""
+    return parse_json(read_capped(path, cap), bom=bom)

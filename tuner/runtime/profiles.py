@@ -514,21 +514,34 @@ def clear_cache() -> None:
         wl.clear_cache()
 
 
-def _read_and_parse(path: str) -> Profile:
-    import json
-
+def read_table_bytes(path) -> bytes:
+    """The bytes of the table at ``path``, read the one way every reader of a table reads it
+    (the lookup and every view): a regular file under MAX_TABLE_BYTES, never blocking; else
+    ProfileError (one line naming the file)."""
     from a2a_tune.tuner.runtime.files import MAX_TABLE_BYTES, FileRefused, read_capped
 
+    path = os.fspath(path)
     try:
-        raw = read_capped(path, MAX_TABLE_BYTES)
+        return read_capped(path, MAX_TABLE_BYTES)
     except FileRefused as exc:
         raise ProfileError(str(exc), path=path) from None
     except OSError as exc:
         raise ProfileError(f"cannot read: {exc.strerror or exc}", path=path) from None
+
+
+def parse_table_json(raw: bytes, path) -> object:
+    """``raw`` (a table's bytes) as JSON data, or ProfileError (one line naming the file):
+    `files.parse_json`'s problems."""
+    from a2a_tune.tuner.runtime.files import FileRefused, parse_json
+
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"not UTF-8 text (bad byte at offset {exc.start})", path=path) from None
+        return parse_json(raw)
+    except FileRefused as exc:
+        raise ProfileError(str(exc), path=os.fspath(path)) from None
+
+
+def _read_and_parse(path: str) -> Profile:
+    raw = read_table_bytes(path)
     # A table is tens of thousands of small objects, none of them in a reference cycle:
     # pausing the cyclic GC while building them saves ~20% of a cold lookup.
     import gc
@@ -536,13 +549,7 @@ def _read_and_parse(path: str) -> Profile:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=path) from None
-        except RecursionError:
-            raise ProfileError("invalid JSON: nested too deeply", path=path) from None
-        return parse_profile(data, path)
+        return parse_profile(parse_table_json(raw, path), path)
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -30,6 +30,9 @@ _COUNT_BOUNDS = {
 }
 
 INF = float("inf")
+#: The largest count figure a table may hold (bytes, MiB): 2**63, so sums and comparisons of
+#: a few of them stay finite floats.
+MAX_FIGURE = float(2**63)
 _NUMBER_TYPES = frozenset({float, int})
 _NUMBER_OR_NONE = frozenset({float, int, type(None)})
 
@@ -134,10 +137,14 @@ def counts_at(raw, n: int, where: str, key: str) -> tuple:
     if type(raw) is not list or len(raw) != n:
         raise ProfileError(f"expected an array of {n} values (one per token count)", field=f"{where}.{key}")
     values = [v for v in raw if v is not None]
-    if set(map(type, values)) <= _NUMBER_TYPES and (not values or (min(values) >= 0 and sum(values) < INF)):
+    if set(map(type, values)) <= _NUMBER_TYPES and all(0 <= v <= MAX_FIGURE for v in values):
         return tuple(raw)
-    j = next(j for j, v in enumerate(raw) if v is not None and not (is_num(v) and 0 <= v < INF))
-    raise ProfileError(f"expected a finite number >= 0 or null, got {raw[j]!r}", field=f"{where}.{key}[{j}]")
+    j = next(j for j, v in enumerate(raw) if v is not None and not (is_num(v) and 0 <= v <= MAX_FIGURE))
+    v, field = raw[j], f"{where}.{key}[{j}]"
+    if is_num(v) and v > MAX_FIGURE:  # finite, but sums and budgets of it would overflow
+        shown = f"an integer of {len(str(v))} digits" if type(v) is int else f"{v:g}"
+        raise ProfileError(f"{shown} is over the largest figure a table may hold ({MAX_FIGURE:.3g})", field=field)
+    raise ProfileError(f"expected a finite number >= 0 or null, got {one_line(v, 40)}", field=field)
 
 
 def lenient_curve(raw, n: int) -> tuple:

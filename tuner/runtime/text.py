@@ -11,10 +11,12 @@ Standard library only (the engines' start-up path imports it; so may ``db`` and 
 
 from __future__ import annotations
 
-__all__ = ["LIMIT", "one_line"]
+__all__ = ["LIMIT", "VALUE_LIMIT", "one_line", "quoted"]
 
 #: Default bound on the characters of one line (a path or two and a reason fit).
 LIMIT = 1000
+#: Bound on a value a user gave, echoed in a message about it (a 100,000-character --preset).
+VALUE_LIMIT = 80
 
 
 def one_line(value, limit: int | None = LIMIT) -> str:
@@ -35,3 +37,12 @@ def one_line(value, limit: int | None = LIMIT) -> str:
     if limit is not None and len(s) > limit:
         s = s[: max(limit - 1, 0)] + "…"
     return s
+
+
+def quoted(value, limit: int = VALUE_LIMIT) -> str:
+    """``repr(value)`` as one bounded line: how a message echoes what a user typed."""
+    try:
+        text = repr(value)
+    except Exception:  # a huge int (beyond Python's digit limit) or a broken __repr__
+        text = f"<{type(value).__name__}>"
+    return one_line(text, limit)

@@ -206,11 +206,13 @@ def _config_files(args: list) -> list:
 
 
 def _config_sets_option(path: str) -> bool:
-    """Whether vLLM's YAML ``--config`` file sets the option (a top-level key); unreadable: no."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read(1 << 20).splitlines()
-    except (OSError, UnicodeDecodeError):
+    """Whether vLLM's YAML ``--config`` file sets the option (a top-level key); unreadable (a FIFO, a
+    device, over the cap, not UTF-8): no."""
+    from a2a_tune.tuner.runtime.files import MAX_JSON_BYTES, read_capped
+
+    try:  # never blocks: a FIFO vLLM's parser has drained is refused at once (runtime.files)
+        lines = read_capped(path, MAX_JSON_BYTES).decode("utf-8").splitlines()
+    except (OSError, ValueError):  # FileRefused and UnicodeDecodeError are ValueErrors
         return False
     for line in lines:
         if line[:1].isspace() or ":" not in line:  # nested keys and list items are not options

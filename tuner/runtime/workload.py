@@ -24,7 +24,6 @@ workload.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
@@ -144,12 +143,12 @@ def parse_workload_text(text: str) -> Workload:
     """JSON or CSV text (see the module docstring) -> :data:`Workload`."""
     head = text.lstrip()[:1]
     if head in ("{", "["):
+        from a2a_tune.tuner.runtime.files import FileRefused, parse_json
+
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-        except RecursionError:
-            raise WorkloadError("invalid JSON: nested too deeply") from None
+            data = parse_json(text)  # the one JSON reader of the files a user points at
+        except FileRefused as exc:
+            raise WorkloadError(str(exc)) from None
         return parse_workload(data)
     return _parse_csv(text)
 

@@ -19,13 +19,14 @@ or a table the lookup refuses raises :class:`~.model.ViewError`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..runtime.files import FileRefused, read_head
 from ..runtime.fingerprint import normalize_fingerprint
 from ..runtime.measurement import Measurement
+from ..runtime.profiles import parse_table_json, read_table_bytes
 from ..runtime.table import (
     FALLBACK_BACKEND,
     GRAPH_WORDS,
@@ -56,24 +57,15 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def _read_json(path: Path) -> Any:
+    """The table at `path` read and decoded as the lookup reads it (`read_table_bytes`: capped,
+    never blocking), so no view accepts a file the lookup refuses."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ViewError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ViewError(f"{path}: is a directory, not a profile") from None
-    except OSError as exc:
-        raise ViewError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if raw.startswith(SQLITE_MAGIC):
-        raise ViewError(f"{path}: is an SQLite database, not a profile (pass it as --db)")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ViewError(f"{path}: not a profile (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        raise ViewError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except RecursionError:
-        raise ViewError(f"{path}: not valid JSON (nested too deeply)") from None
+        raw = read_table_bytes(path)
+        if raw.startswith(SQLITE_MAGIC):
+            raise ViewError(f"{path}: is an SQLite database, not a profile (pass it as --db)")
+        return parse_table_json(raw, path)
+    except ProfileError as exc:
+        raise ViewError(str(exc)) from None
 
 
 def _parse(data, label: str, notes: list):
@@ -218,13 +210,18 @@ def _check_db_file(url: str) -> None:
     if path is None:
         return
     p = Path(path)
-    if not p.exists():
+    try:
+        exists, is_dir = p.exists(), p.is_dir()
+    except OSError as exc:  # e.g. a path component over the file system's 255 bytes
+        raise ViewError(f"{clean(p)[:160]}: cannot open ({exc.strerror or exc})") from None
+    if not exists:
         raise ViewError(f"no database at {p} (pass --db URL or --profile FILE)")
-    if p.is_dir():
+    if is_dir:
         raise ViewError(f"{p}: is a directory, not a database")
     try:
-        with p.open("rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
+        head = read_head(p, len(SQLITE_MAGIC))
+    except FileRefused as exc:
+        raise ViewError(f"{p}: {exc}") from None
     except OSError as exc:
         raise ViewError(f"{p}: cannot read ({exc.strerror or exc})") from None
     if not head:
@@ -395,9 +392,8 @@ def _getter(obj, key, default=None):
 
 def is_sqlite_file(path) -> bool:
     try:
-        with open(path, "rb") as f:
-            return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
-    except OSError:
+        return read_head(path, len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except (OSError, FileRefused):  # the profile reader says what is wrong with it
         return False
 
 

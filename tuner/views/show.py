@@ -183,7 +183,9 @@ def provenance_lines(view: TableView) -> list:
             timed += f", {config['input_sets']} rotated input sets"
         rows.append(("timed", timed))
     if isinstance(config.get("argv"), list) and config["argv"]:
-        rows.append(("command", "a2a-tune " + " ".join(clean(a) for a in config["argv"])))
+        from a2a_tune.db import mask_secrets  # again: a store another tool or version wrote may hold them
+
+        rows.append(("command", "a2a-tune " + " ".join(clean(mask_secrets(str(a))) for a in config["argv"])))
     if view.generated_at or view.generated_by:
         rows.append(
             (
