@@ -71,6 +71,7 @@ def test_todays_figures_keep_their_names_on_disk_in_tables_and_in_show_json():
         "combine_logical_bytes",
         "combine_link_bytes",
         "workspace_bytes",
+        "group_us",
     )
     assert {c.name for c in Row.__table__.columns} == {"id", "run_id", "created_at", *MEASUREMENT_COLUMNS}
     assert FIGURE_CURVES == ("dispatch_us", "combine_us")
@@ -114,7 +115,7 @@ NEW_FIGURE = textwrap.dedent(
     assert source.count(anchor) == 1
     source = source.replace(anchor, anchor + '''
         Figure("gate_us", "us", "gate_median_us", "gate_us", "gate_us", "gate µs"),
-        Figure("group_us", "us", "group_us", "group_us", None, "group µs", many=True),
+        Figure("rank_us", "us", "rank_us", "rank_us", None, "rank µs", many=True),
     ''')
     declared = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     exec(compile(source, spec.origin, "exec"), declared.__dict__)
@@ -129,14 +130,14 @@ NEW_FIGURE = textwrap.dedent(
     m = declared.Measurement(
         "nccl_all2allv", Point(2, 64, 2, 8, "bf16", "uniform", 4), timing="eager", median_us=40.0,
         p10_us=39.0, p90_us=41.0, n=3, samples=[39.0, 40.0, 41.0],
-        figures={"gate_us": 3.25, "group_us": [20.0, 19.5]},
+        figures={"gate_us": 3.25, "rank_us": [20.0, 19.5]},
     )
     [entry], _ = select_entries([m], [])
     curve = entry["backends"]["nccl_all2allv"]
     table = {"schema": 3, "hardware": {"fingerprint": "x.y"}, "tie_preference": ["nccl_all2allv"],
              "backends": {"nccl_all2allv": {"vllm_name": None, "sglang_name": None}}, "entries": [entry]}
     parsed = parse_profile(dict(table, entries=[dict(entry, backends={"nccl_all2allv": {
-        k: v for k, v in curve.items() if k != "group_us"}})]))
+        k: v for k, v in curve.items() if k != "rank_us"}})]))
     figures = dict(parsed.entries[0].figures["nccl_all2allv"])
     [row] = point_figures(Curve("nccl_all2allv", "eager", [40.0], [39.0], [41.0], figures), [4], None)
 
@@ -148,8 +149,8 @@ NEW_FIGURE = textwrap.dedent(
         missing = [(op[0], op[2], op[3].name, type(op[3].type).__name__) for op in compare_metadata(ctx, Base.metadata)]
     print(json.dumps({
         "store": FIGURE_FIELDS[:2], "missing": missing, "table_curves": FIGURE_CURVES,
-        "entry": {k: curve.get(k) for k in ("gate_us", "group_us")}, "parsed": figures.get("gate_us"),
-        "views": [n for n in FIGURE_NAMES if n.startswith(("gate", "group"))],
+        "entry": {k: curve.get(k) for k in ("gate_us", "rank_us")}, "parsed": figures.get("gate_us"),
+        "views": [n for n in FIGURE_NAMES if n.startswith(("gate", "rank"))],
         "labels": FIGURE_LABELS.get("gate_us"), "shown": row.get("gate_us"),
     }))
     """
@@ -164,13 +165,13 @@ def test_a_new_figure_is_one_declaration_plus_the_migration_that_adds_its_column
     import json
 
     got = json.loads(proc.stdout)
-    assert got["store"] == ["gate_median_us", "group_us"]  # the store's columns
+    assert got["store"] == ["gate_median_us", "rank_us"]  # the store's columns
     # what the migrated schema lacks: exactly the new columns (the Alembic revision to write)
     assert sorted(got["missing"]) == [
         ["add_column", "measurements", "gate_median_us", "Double"],
-        ["add_column", "measurements", "group_us", "JSON"],
+        ["add_column", "measurements", "rank_us", "JSON"],
     ]
     assert got["table_curves"] == ["gate_us", "dispatch_us", "combine_us"]  # the table's keys
-    assert got["entry"] == {"gate_us": [3.25], "group_us": [[20.0, 19.5]]}  # what select writes
+    assert got["entry"] == {"gate_us": [3.25], "rank_us": [[20.0, 19.5]]}  # what select writes
     assert got["parsed"] == [3.25]  # what the table reader hands the views
     assert got["views"] == ["gate_us"] and got["labels"] == "gate µs" and got["shown"] == 3.25
