@@ -338,15 +338,14 @@ def resolve_virtual(device: str, world: int | None) -> tuple[str, int]:
 
 
 def model_shapes(presets: Sequence[str], model_configs: Sequence[Path]) -> list:
-    """--preset and --model-config: the model shapes [default: every preset]."""
-    from .shapes import ShapeSpecError, from_model_config, preset
-    from .shapes import presets as all_presets
+    """--preset and --model-config: the model shapes [default: shapes.DEFAULT_PRESETS]."""
+    from .shapes import DEFAULT_PRESETS, ShapeSpecError, from_model_config, preset
 
     try:
         shapes = [preset(p) for p in presets] + [from_model_config(p) for p in model_configs]
     except ShapeSpecError as exc:
         raise PlanError(str(exc)) from None
-    return shapes or list(all_presets().values())
+    return shapes or [preset(p) for p in DEFAULT_PRESETS]
 
 
 def check_backends(names: Sequence[str], dtypes: Sequence[str] = ()) -> None:

@@ -147,3 +147,13 @@ def test_a_backend_asked_for_that_carries_none_of_the_payloads_is_one_line():
         check_backends(["deepep_low_latency"], ["nvfp4", "mxfp8"])
     check_backends(["deepep_low_latency"], ["nvfp4", "bf16"])  # one it carries: the other is skipped, said so
     check_backends(["nccl_all2allv"], ["nvfp4"])
+
+
+def test_the_default_shapes_are_the_shipped_tables_four_and_any_preset_can_be_named():
+    """Twelve presets, four by default: a run over EP 2, 4 and 8 stays within 3x the single-size run."""
+    from a2a_tune.tuner.plans import model_shapes
+    from a2a_tune.tuner.shapes import DEFAULT_PRESETS, presets
+
+    assert [s.name for s in model_shapes([], [])] == list(DEFAULT_PRESETS)
+    assert set(DEFAULT_PRESETS) < set(presets())
+    assert [s.name for s in model_shapes(["qwen3.5-397b-a17b"], [])] == ["qwen3.5-397b-a17b"]

@@ -116,7 +116,10 @@ _device_opt = typer.Option(
 )
 _world_opt = typer.Option(None, help="Ranks to spawn [default: every GPU; 2 on cpu]. Ignored under torchrun/srun.")
 _preset_opt = typer.Option(
-    [], "--preset", help="Model shape preset, repeatable [default: all]. See `a2a-tune presets`."
+    [],
+    "--preset",
+    help="Model shape preset, repeatable [default: deepseek-v3, qwen3-235b-a22b, gpt-oss-120b, mixtral-8x7b]. "
+    "`a2a-tune presets` lists all.",
 )
 _config_opt = typer.Option([], "--model-config", help="Hugging Face config.json of an MoE model, repeatable.")
 _tokens_opt = typer.Option(
