@@ -173,6 +173,7 @@ def _do_sweep(options, *, after=None):
 
     job = job_rank()
     human = err if options.as_json else out  # --json: standard output carries the JSON alone
+    rows = None
     if job is None or job.rank == 0:  # a launched job: rank 0 speaks for it
         rows = _print_plan(plan, device, world, f" ({job.launcher} job)" if job else "", human)
         if options.dry_run:  # the plan, and nothing started or stored
@@ -208,8 +209,9 @@ def _do_sweep(options, *, after=None):
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
+        planned = sum(r.cases for r in rows) if rows else plan.total(world)  # the cases that can run here
         raise _fail(
-            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, plan.total(world), run_id)}",
+            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, planned, run_id)}",
             SIGNAL_EXIT.get(by, 130),
         ) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
