@@ -76,7 +76,10 @@ def test_every_unavailable_reason_is_true_on_a_one_gpu_host(one_h200):
         assert not ok and "needs CUDA GPUs" not in reason and "these ranks run on the CPU" in reason, (name, reason)
     listed = a2a("backends", "--device", "cpu")
     assert listed.exit_code == 0 and "needs CUDA GPUs" not in listed.output
-    assert "needs CUDA ranks (symmetric memory over NVLink); these ranks run on the CPU" in listed.output
+    reasons = {
+        b["backend"]: b["reason"] for b in json.loads(a2a("backends", "--device", "cpu", "--json").output)["backends"]
+    }
+    assert reasons["nvlink_one_sided"] == "needs CUDA ranks (symmetric memory over NVLink); these ranks run on the CPU"
     here = a2a("backends")  # auto on one GPU: its one cuda rank
     assert here.exit_code == 0 and "backends for 1 cuda rank(s)" in here.output
     assert "needs CUDA" not in here.output
