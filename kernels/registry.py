@@ -12,7 +12,9 @@ The classmethods the sweep asks before any case starts (`availability`, `feasibi
 out-of-tree code too: `availability_of` and `feasibility_of` call them within
 `A2A_TUNE_BACKEND_CALL_TIMEOUT_S` seconds (default 30) and catch what they raise, so a
 backend that raises or blocks there is unavailable (or the shape infeasible) with one line
-saying why, and the others go on. A call that did not return is not made again.
+saying why, and the others go on. A call that did not return is not made again. The same
+bound holds for `knobs()`, which the measurement asks of a built backend (`knobs_of`): what it
+raises or a call that blocks is an error of that case, never of the sweep.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from a2a_tune.tuner.runtime.environ import EnvError
@@ -99,12 +102,12 @@ def _import_bounded(module: str, seconds: float) -> None:
     outcome = _bounded(lambda: importlib.import_module(module), seconds, f"import {module}")
     if not outcome:
         raise KernelsError(
-            f"{MODULES_ENV}: importing {module!r} did not finish within {seconds:g} s "
+            f"{MODULES_ENV}: importing {quoted(module)} did not finish within {seconds:g} s "
             f"({IMPORT_TIMEOUT_ENV}); what does it wait for at import?"
         )
     exc = outcome[1]
     if exc is not None:  # whatever the module raises: one line naming it, not a traceback
-        raise KernelsError(f"{MODULES_ENV}: cannot import {module!r} ({one_line(exc, 300)})") from exc
+        raise KernelsError(f"{MODULES_ENV}: cannot import {quoted(module)} ({one_line(exc, 300)})") from exc
 
 
 def _load_extra_modules() -> None:
@@ -203,3 +206,22 @@ def feasibility_of(cls: type[All2AllBackend], shape: Any, world_size: int) -> Av
     """`cls.feasibility(shape, world_size)`, bounded and caught: a shape the backend cannot
     even judge is one it cannot take."""
     return _asked(cls, "feasibility", shape, world_size)
+
+
+def knobs_of(backend: All2AllBackend) -> tuple[dict[str, Any], str]:
+    """`backend.knobs()`, bounded (`call_timeout`) and caught like `availability_of`: (the
+    settings in effect, "") or ({}, one line saying what went wrong). Raises only KernelsError,
+    for an invalid $A2A_TUNE_BACKEND_CALL_TIMEOUT_S."""
+    key = (type(backend).name, "knobs")
+    seconds = call_timeout()
+    if key not in _stuck:
+        outcome = _bounded(backend.knobs, seconds, f"{key[0]}.knobs")
+        if outcome:
+            value, exc = outcome
+            if exc is not None:
+                return {}, f"knobs() raised {one_line(exc, 200)}"
+            if not isinstance(value, Mapping):
+                return {}, f"knobs() returned {one_line(repr(value), 80)}, not a dict"
+            return dict(value), ""
+        _stuck[key] = f"knobs() did not return within {seconds:g} s ({CALL_TIMEOUT_ENV})"
+    return {}, _stuck[key]

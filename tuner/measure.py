@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from a2a_tune.kernels import All2AllBackend, MoEShape, feasibility_of, get_backend
 from a2a_tune.kernels.reference import RankInputs, check_invariant, input_writes, make_inputs, snapshot
-from a2a_tune.kernels.registry import CallFailed
+from a2a_tune.kernels.registry import CallFailed, knobs_of
 
 from .figures import Traffic, destination_pairs, traffic_from_pairs
 from .launch import RankContext, all_ranks_ok, one_line
@@ -312,9 +312,10 @@ def time_agreed(
     split: bool = True,
 ) -> Result:
     """Time round trips in `timing` mode (default: `timing_mode`): "measured", or "error"
-    when the timer raised or the backend gave up a flag wait on any rank. `split`: then time
-    dispatch and combine apart and count the bytes (the knob search, which compares round
-    trips only, leaves them out)."""
+    when the timer raised, the backend gave up a flag wait, or its `knobs()` raised or blocked
+    (`kernels.registry.knobs_of`) on any rank, with the failing rank's reason on every rank.
+    `split`: then time dispatch and combine apart and count the bytes (the knob search, which
+    compares round trips only, leaves them out)."""
     mode = timing or timing_mode(type(backend), ctx.device)
     timer = time_graph_round_trips if mode == "graph" else time_round_trips
     error = ""
@@ -326,15 +327,27 @@ def time_agreed(
             error = GAVE_UP
     except Exception as exc:
         error = one_line(exc)
+    knobs: dict[str, Any] = {}
+    if not error:  # out-of-tree code too: bounded and caught, agreed with the verdict (kernels.registry)
+        knobs, error = knobs_of(backend)
     if not all_ranks_ok(not error, ctx):
-        return Result("error", error or "failed on another rank")
-    measured = Result("measured", timing=mode, device_us=device_us, host_us=host_us, knobs=backend.knobs())
+        return Result("error", _agreed_reason(ctx, error))
+    measured = Result("measured", timing=mode, device_us=device_us, host_us=host_us, knobs=knobs)
     if not split:
         return measured
     dispatch_us, combine_us = _halves(ctx, backend, inputs, warmup=warmup, iters=iters, graph=mode == "graph")
     return dataclasses.replace(
         measured, dispatch_us=dispatch_us, combine_us=combine_us, traffic=traffic(ctx, backend.shape, inputs)
     )
+
+
+def _agreed_reason(ctx: RankContext, error: str) -> str:
+    """Collective, once some rank failed (every rank calls it): this rank's own `error`, or on a
+    rank that did not fail, "rank N: its reason" of the first rank that did."""
+    reasons: list[str] = [""] * ctx.world_size
+    dist.all_gather_object(reasons, error, group=ctx.group)
+    failed = next(((r, why) for r, why in enumerate(reasons) if why), None)
+    return error or (f"rank {failed[0]}: {failed[1]}" if failed else "failed on another rank")
 
 
 def _halves(

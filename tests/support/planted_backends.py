@@ -7,8 +7,9 @@ the path), the same way an out-of-tree backend would be.
 from __future__ import annotations
 
 import torch
+from planting import planted_backend
 
-from a2a_tune.kernels import register_backend
+from a2a_tune.kernels import Availability, register_backend
 from a2a_tune.kernels.nccl_all2allv import NcclAll2Allv
 
 
@@ -45,17 +46,11 @@ class CrashesInDispatch(NcclAll2Allv):
         raise RuntimeError("planted failure: kernel image not found")
 
 
-@register_backend
-class NeedsMissingPackage(NcclAll2Allv):
-    """Unavailable everywhere, like an optional backend whose package is not installed."""
-
-    name = "planted_unavailable"
-
-    @classmethod
-    def availability(cls, env):
-        from a2a_tune.kernels import Availability
-
-        return Availability(False, "package planted_ext not installed")
+planted_backend(
+    "planted_unavailable",
+    "Unavailable everywhere, like an optional backend whose package is not installed.",
+    availability=classmethod(lambda cls, env: Availability(False, "package planted_ext not installed")),
+)
 
 
 @register_backend
@@ -92,15 +87,39 @@ class WaitsAtAGate(NcclAll2Allv):
 
 @register_backend
 class DiskFullOnRankZero(NcclAll2Allv):
-    """Rank 0 fails where only it runs (as the store's writer does: disk full) while rank 1
+    """Correct, but the disk under the store fills up once its first measurement is written:
+    rank 0, the store's writer, fails in the store's write (where only it runs) while rank 1
     goes on into the next collective and finds its peer gone."""
 
     name = "planted_disk_full"
 
-    def knobs(self):
+    def __init__(self, group, shape, device):
+        super().__init__(group, shape, device)
         if self.rank == 0:
-            raise OSError(28, "No space left on device")
-        return super().knobs()
+            _fill_the_disk_after(writes=1)
+
+
+def _fill_the_disk_after(writes: int) -> None:
+    """In this (rank) process, the store's measurement writes after the first `writes` raise
+    ENOSPC, as a full disk makes them."""
+    import errno
+    import os
+
+    from a2a_tune.db.store import Store
+
+    real = Store.add_measurement
+    if getattr(real, "planted", False):  # built again (another shape): the disk is still full
+        return
+    left = [writes]
+
+    def add_measurement(self, *args, **kwargs):
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        left[0] -= 1
+        return real(self, *args, **kwargs)
+
+    add_measurement.planted = True
+    Store.add_measurement = add_measurement
 
 
 @register_backend

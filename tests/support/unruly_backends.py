@@ -1,52 +1,63 @@
-"""Out-of-tree backends whose classmethods misbehave before any case starts (issue 31.2): the
-sweep, `backends` and `check` must name them in one line and go on without them.
+"""Out-of-tree backends whose calls misbehave (issue 31.2): availability()/feasibility() before
+any case starts, knobs() once a case is timed. The sweep, `backends` and `check` must name them
+in one line and go on without them.
 
 Imported through A2A_TUNE_BACKEND_MODULES=unruly_backends (tests/support on the path).
 """
 
 from __future__ import annotations
 
-from a2a_tune.kernels import register_backend
-from a2a_tune.kernels.nccl_all2allv import NcclAll2Allv
+import time
+
+from planting import planted_backend
 
 
-@register_backend
-class AvailabilityRaises(NcclAll2Allv):
-    name = "planted_availability_raises"
-
-    @classmethod
-    def availability(cls, env):
-        raise RuntimeError("planted: probing the fabric failed")
+def _raise(exc: BaseException):
+    raise exc
 
 
-@register_backend
-class AvailabilityBlocks(NcclAll2Allv):
-    """availability() waits on something that never answers (a lock, a socket, a device)."""
+def _on_rank(rank: int, misbehave):
+    """knobs() that misbehaves (`misbehave()`) on `rank` only: the other ranks go on into the
+    next collective, and must not wait there for ever."""
 
-    name = "planted_availability_blocks"
+    def knobs(self):
+        return misbehave() if self.rank == rank else {"planted": True}
 
-    @classmethod
-    def availability(cls, env):
-        import time
-
-        time.sleep(3600)
+    return knobs
 
 
-@register_backend
-class FeasibilityRaises(NcclAll2Allv):
-    name = "planted_feasibility_raises"
-
-    @classmethod
-    def feasibility(cls, shape, world_size):
-        raise ZeroDivisionError("planted: division by zero")
-
-
-@register_backend
-class AvailabilityNonsense(NcclAll2Allv):
-    """Returns a bare bool instead of (ok, reason)."""
-
-    name = "planted_availability_nonsense"
-
-    @classmethod
-    def availability(cls, env):
-        return True
+planted_backend(
+    "planted_availability_raises",
+    "availability() raises.",
+    availability=classmethod(lambda cls, env: _raise(RuntimeError("planted: probing the fabric failed"))),
+)
+planted_backend(
+    "planted_availability_blocks",
+    "availability() waits on something that never answers (a lock, a socket, a device).",
+    availability=classmethod(lambda cls, env: time.sleep(3600)),
+)
+planted_backend(
+    "planted_feasibility_raises",
+    "feasibility() raises.",
+    feasibility=classmethod(lambda cls, shape, world_size: _raise(ZeroDivisionError("planted: division by zero"))),
+)
+planted_backend(
+    "planted_availability_nonsense",
+    "availability() returns a bare bool instead of (ok, reason).",
+    availability=classmethod(lambda cls, env: True),
+)
+planted_backend(
+    "planted_knobs_raises",
+    "Correct, but knobs() raises on rank 0 once its case is timed.",
+    knobs=_on_rank(0, lambda: _raise(KeyError("planted: no such setting"))),
+)
+planted_backend(
+    "planted_knobs_blocks",
+    "Correct, but knobs() never returns on rank 1 (it waits on a lock the backend's own thread holds).",
+    knobs=_on_rank(1, lambda: time.sleep(3600)),
+)
+planted_backend(
+    "planted_knobs_nonsense",
+    "Correct, but knobs() returns a list, not the settings by name.",
+    knobs=lambda self: ["planted"],
+)

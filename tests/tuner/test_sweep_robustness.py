@@ -248,6 +248,9 @@ def test_sigterm_and_sighup_stop_the_ranks_and_leave_the_run_resumable(tmp_path,
 
 
 def test_the_reported_error_is_rank_0s_cause_not_its_peers_echo(tmp_path, monkeypatch):
+    """The disk under the store fills up after the first measurement (planted_disk_full: the
+    store's write raises ENOSPC on rank 0 only): the error is rank 0's, the run is failed and
+    released, and the measurement written before it is kept."""
     from a2a_tune.tuner.launch import RankFailed
 
     monkeypatch.setenv("A2A_TUNE_BACKEND_MODULES", "planted_backends")
@@ -264,6 +267,9 @@ def test_the_reported_error_is_rank_0s_cause_not_its_peers_echo(tmp_path, monkey
         sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)
     assert str(info.value) == "rank 0: OSError: [Errno 28] No space left on device"
     _assert_failed_and_released(url)
+    with open_store(url) as store:
+        (run,) = store.runs()
+        assert [(m.backend, m.tokens_per_rank) for m in store.measurements(run.id)] == [("planted_disk_full", 1)]
 
 
 def _assert_failed_and_released(url: str) -> None:

@@ -73,17 +73,15 @@ def test_backends_lists_the_unruly_ones_with_their_reason():
     assert time.monotonic() - start < 60
 
 
-def test_a_sweep_goes_on_past_unruly_backends(unruly, tmp_path):
+def _swept_past(tmp_path, *unruly: str) -> dict[str, tuple]:
+    """A sweep of the `unruly` backends and allgather_reducescatter at 4 tokens/rank on 2 CPU
+    ranks: it completes in bounded time with allgather_reducescatter measured; the failures
+    recorded, backend -> (kind, tokens/rank, reason)."""
     url = f"sqlite:///{tmp_path / 'unruly.db'}"
     plan = SweepPlan(
         shapes=(ModelShape("tiny", 8, 2, 16),),
         tokens=(4,),
-        backends=(
-            "planted_availability_raises",
-            "planted_availability_blocks",
-            "planted_feasibility_raises",
-            "allgather_reducescatter",
-        ),
+        backends=(*unruly, "allgather_reducescatter"),
         warmup=0,
         iters=2,
         input_sets=1,
@@ -93,13 +91,31 @@ def test_a_sweep_goes_on_past_unruly_backends(unruly, tmp_path):
     assert time.monotonic() - start < 120
     assert outcome.status == "completed"
     with open_store(url) as store:
-        measured = {m.backend for m in store.measurements(outcome.run_id)}
-        failures = {f.backend: (f.kind, f.reason) for f in store.failures(outcome.run_id)}
-    assert measured == {"allgather_reducescatter"}
+        assert {m.backend for m in store.measurements(outcome.run_id)} == {"allgather_reducescatter"}
+        return {f.backend: (f.kind, f.tokens_per_rank, f.reason) for f in store.failures(outcome.run_id)}
+
+
+def test_a_sweep_goes_on_past_unruly_backends(unruly, tmp_path):
+    failures = _swept_past(
+        tmp_path, "planted_availability_raises", "planted_availability_blocks", "planted_feasibility_raises"
+    )
     assert failures["planted_availability_raises"][0] == "unavailable"
-    assert "availability() raised RuntimeError" in failures["planted_availability_raises"][1]
+    assert "availability() raised RuntimeError" in failures["planted_availability_raises"][2]
     assert failures["planted_availability_blocks"][0] == "unavailable"
     assert failures["planted_feasibility_raises"] == (
         "error",
+        4,
         "feasibility() raised ZeroDivisionError: planted: division by zero",
     )
+
+
+def test_knobs_that_raise_block_or_return_nonsense_fail_their_case_and_the_sweep_goes_on(unruly, tmp_path):
+    """knobs() is asked of a built backend once its case is timed: raising on rank 0, blocking
+    on rank 1 (past the 1 s bound) or returning a list is an error of that case, one line, on
+    every rank (the other rank does not wait for ever), and the next backend is measured."""
+    failures = _swept_past(tmp_path, "planted_knobs_raises", "planted_knobs_blocks", "planted_knobs_nonsense")
+    assert failures == {
+        "planted_knobs_raises": ("error", 4, "knobs() raised KeyError: 'planted: no such setting'"),
+        "planted_knobs_blocks": ("error", 4, f"rank 1: knobs() did not return within 1 s ({CALL_TIMEOUT_ENV})"),
+        "planted_knobs_nonsense": ("error", 4, "knobs() returned ['planted'], not a dict"),
+    }
