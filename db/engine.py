@@ -41,6 +41,8 @@ from sqlalchemy import Engine, column, create_engine, event, inspect, select, ta
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
+from a2a_tune.tuner.runtime.environ import env_text
+from a2a_tune.tuner.runtime.files import FileRefused, read_head
 from a2a_tune.tuner.runtime.text import one_line
 
 from .errors import EmptyStoreError, StoreError, StoreOutdatedError
@@ -69,11 +71,12 @@ def resolve_url(url: str | None = None) -> str:
 
     A plain filesystem path (no ``://``) becomes an SQLite URL: ``runs/h200.db`` ->
     ``sqlite:///runs/h200.db``, ``/data/a.db`` -> ``sqlite:////data/a.db``; ``~`` expands.
-    An empty string counts as not given. ``postgresql://`` and ``postgres://`` name the
-    psycopg 3 driver explicitly (``postgresql+psycopg://``).
+    An empty string counts as not given, and a blank ``$A2A_TUNE_DB`` as unset.
+    ``postgresql://`` and ``postgres://`` name the psycopg 3 driver explicitly
+    (``postgresql+psycopg://``).
     """
     if not url:
-        url = os.environ.get(ENV_VAR) or DEFAULT_URL
+        url = env_text(ENV_VAR) or DEFAULT_URL  # blank: unset, never a file named by spaces
     if "://" not in url:
         url = "sqlite:///" + os.path.expanduser(url)
     scheme, rest = url.split("://", 1)
@@ -441,13 +444,23 @@ def upgrade(url: str | None = None) -> tuple[str | None, str]:
     Returns ``(revision before, revision after)``; before is None for an empty database or
     one stamped at the base. A database already at head is left alone. Raises
     :class:`EmptyStoreError` for an SQLite file that does not exist (nothing to upgrade:
-    a store is created by the first command that writes to it), :class:`StoreError` for a
-    database at an unknown (newer) revision.
+    a store is created by the first command that writes to it) or is no regular file (a FIFO,
+    a device, a directory), :class:`StoreError` for a database at an unknown (newer) revision.
     """
     url = resolve_url(url)
     path = _sqlite_file(url)
-    if path is not None and not os.path.exists(path):
-        raise EmptyStoreError(f"no database at {path}: nothing to upgrade (a sweep creates its store when it starts)")
+    if path is not None:  # the path as one escaped line: it may come from $A2A_TUNE_DB
+        shown = one_line(path, 200)
+        if not os.path.exists(path):
+            raise EmptyStoreError(
+                f"no database at {shown}: nothing to upgrade (a sweep creates its store when it starts)"
+            )
+        try:
+            read_head(path, 1)  # a FIFO, a device or a directory is refused at once, never opened
+        except FileRefused as exc:
+            raise EmptyStoreError(f"{shown}: {exc}") from None
+        except OSError:
+            pass  # unreadable: the driver says so
     engine = _create_engine(url)
     try:
         return _check_or_migrate(engine, url, allow_upgrade=True)

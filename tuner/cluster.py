@@ -22,7 +22,6 @@ After a completed run the table goes to every node: :mod:`a2a_tune.tuner.publish
 
 from __future__ import annotations
 
-import os
 import platform
 from collections import Counter
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from a2a_tune.kernels._flashinfer import flashinfer_version
 
 from .launch import RankContext
 from .probe import RECORDING_ENV, Topology, cpu_topology, merge_nodes, probe
+from .runtime.environ import env_text
 
 # Library versions that must agree across nodes (the driver is a probe fact of each node).
 COMPARED_VERSIONS = ("nccl", "cuda", "torch", "flashinfer")
@@ -161,7 +161,7 @@ def probe_for_device(device_type: str) -> Topology:
     """The hardware the sweep measures: the GPUs for cuda ranks; the CPU for gloo ranks, even on
     a GPU host -- unless $A2A_TUNE_NVML_RECORDING names a recorded machine: then the gloo ranks
     rehearse that machine's topology (fingerprint, islands, reach, heterogeneity)."""
-    return probe() if device_type == "cuda" or os.environ.get(RECORDING_ENV) else cpu_topology()
+    return probe() if device_type == "cuda" or env_text(RECORDING_ENV) else cpu_topology()
 
 
 def library_versions(device_type: str, topology: Topology) -> dict[str, str | None]:

@@ -27,7 +27,6 @@ default and best knobs and their µs. Rerunning the command adds trials to the s
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +36,7 @@ from optuna.pruners import BasePruner
 from a2a_tune.kernels import BackendEnv, MoEShape, availability_of, get_backend
 
 from .cluster import gather_topology
-from .launch import RankContext, all_ranks_ok, one_line, run_ranks
+from .launch import RankContext, all_ranks_ok, is_rank_zero, one_line, run_ranks
 from .measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
 from .progress import progress_bar
 from .shapes import ModelShape
@@ -110,7 +109,7 @@ def tune_knobs(
 
     if not get_backend(plan.backend).knob_space:
         return []
-    if int(os.environ.get("RANK", "0")) == 0:
+    if is_rank_zero():
         open_store(db_url).close()  # our schema first: a wrong or outdated database fails here, in one line
     results = run_ranks(_tune_rank, world_size, device_type, plan, db_url, progress)
     return next((r for r in results if r is not None), None)

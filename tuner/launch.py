@@ -50,8 +50,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .runtime.environ import env_seconds
-from .runtime.text import one_line  # how a failure is recorded and reported; the rank modules import it from here
+from .runtime.environ import EnvError, env_seconds
+
+# one_line: how a failure is recorded and reported; the rank modules import it from here
+from .runtime.text import one_line, quoted
 
 COLLECTIVE_TIMEOUT_ENV = "A2A_TUNE_COLLECTIVE_TIMEOUT_S"
 RENDEZVOUS_TIMEOUT_ENV = "A2A_TUNE_RENDEZVOUS_TIMEOUT_S"
@@ -243,7 +245,7 @@ def _env_int(name: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise RankFailed(f"{name}={value!r} is not an integer (set by the launcher?)") from None
+        raise RankFailed(f"{name}={quoted(value)} is not an integer (set by the launcher?)") from None
 
 
 def job_rank() -> JobRank | None:
@@ -258,6 +260,16 @@ def job_rank() -> JobRank | None:
         local = _env_int("SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
         return JobRank(_env_int("SLURM_PROCID"), _env_int(tasks), local, "srun")
     return None
+
+
+def is_rank_zero() -> bool:
+    """False only on a non-zero rank of a torchrun/srun job (`job_rank`): the process that
+    reports. EnvError (one line, exit 2) where the launcher's variables are no integers."""
+    try:
+        job = job_rank()
+    except RankFailed as exc:
+        raise EnvError(str(exc)) from None
+    return job is None or job.rank == 0
 
 
 def launched_externally() -> bool:

@@ -529,7 +529,8 @@ def _local_ranks(world: int) -> int:
     else every rank (a2a-tune spawns them all here)."""
     for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
+        # not "²" (a digit to isdigit, yet no int) nor 5,000 digits (beyond int()'s limit)
+        if value.isascii() and value.isdigit() and len(value) < 10 and int(value) > 0:
             return min(int(value), world)
     return world
 

@@ -28,7 +28,6 @@ here too.
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import re
 import socket
@@ -38,8 +37,9 @@ from dataclasses import replace
 from typing import Any
 
 from a2a_tune.tuner.nvml import NvmlQueryError, NvmlSource, record, record_live
+from a2a_tune.tuner.runtime.environ import env_text
 from a2a_tune.tuner.runtime.fingerprint import RECORDING_ENV
-from a2a_tune.tuner.runtime.text import one_line
+from a2a_tune.tuner.runtime.text import one_line, quoted
 from a2a_tune.tuner.topology import (
     TOPOLOGY_SCHEMA,
     DegradedGpu,
@@ -123,15 +123,17 @@ def probe(
 def recorded_source() -> NvmlSource | None:
     """The recording ``$A2A_TUNE_NVML_RECORDING`` names, or None (unset, or unreadable: then
     a warning, and the live NVML answers)."""
-    path = os.environ.get(RECORDING_ENV)
-    if not path:
+    path = env_text(RECORDING_ENV)
+    if path is None:
         return None
     from a2a_tune.tuner.nvml import RecordedNvml
 
     try:
         return RecordedNvml(path)
     except (OSError, ValueError) as exc:
-        _log.warning("%s=%s cannot be replayed (%s); probing the live NVML", RECORDING_ENV, path, exc)
+        _log.warning(
+            "%s=%s cannot be replayed (%s); probing the live NVML", RECORDING_ENV, quoted(path, 200), one_line(exc, 300)
+        )
         return None
 
 

@@ -41,10 +41,13 @@ def unwritable(directory: Path) -> str:
     by writing a file where it would go (its nearest existing ancestor), so a read-only mount
     is seen even by root. For `run`, before a sweep of hours ends in a table it cannot write."""
     existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            return f"{existing} is not a directory"
+    except OSError as exc:  # e.g. a name over the file system's 255 bytes ($A2A_TUNE_PROFILE_DIR)
+        return f"cannot use it ({exc.strerror or exc})"
     try:
         fd, probe = tempfile.mkstemp(prefix=".a2a-tune-write-test-", dir=existing)
     except OSError as exc:

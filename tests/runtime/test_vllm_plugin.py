@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import paths
 import pytest
 import tomllib
+from hostile_env import BLANK, HOSTILE, hostile
 
 from a2a_tune.tuner.runtime import fingerprint as fingerprint_module
 from a2a_tune.tuner.runtime import vllm_plugin
@@ -519,3 +520,48 @@ def test_a_config_fifo_in_argv_never_blocks_the_engine(fake_vllm, monkeypatch, f
     t.join(20)
     assert got, "create_engine_config blocked on a --config FIFO"
     assert got[0].parallel_config.all2all_backend == "deepep_low_latency"
+
+
+PLUGIN_VARS = (
+    "A2A_TUNE_VLLM_PLUGIN",
+    "A2A_TUNE_PHASE",
+    "A2A_TUNE_WORKLOAD",
+    "A2A_TUNE_TPOT_MS",
+    "A2A_TUNE_FINGERPRINT",
+    "A2A_TUNE_PROFILE_DIR",
+    "A2A_TUNE_MAX_WORKSPACE_MIB",
+)
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+@pytest.mark.parametrize("name", PLUGIN_VARS)
+def test_every_variable_the_plugin_reads_survives_hostile_values(name, kind, fake_vllm, monkeypatch, caplog, fifo):
+    """Empty, blank, 1 MB, a newline, terminal escapes, bytes that are not UTF-8, an unknown word,
+    a FIFO, /dev/zero, a directory: the engine starts (at once), every line is one safe line, a
+    blank value is the variable unset, and a value the plugin does not take is said, not
+    silently dropped."""
+    import threading
+
+    value = hostile(kind, fifo, fake_vllm.dir)
+    monkeypatch.setenv(name, value)
+    got = []
+    vllm_plugin.register()
+    t = threading.Thread(target=lambda: got.append(fake_vllm.EngineArgs().create_engine_config()), daemon=True)
+    t.start()
+    t.join(30)
+    assert got, f"{name}={kind} blocked the engine's start-up"
+    recs = lines(caplog)
+    assert recs and all(_safe(m) for _, m in recs), [m[:300] for _, m in recs]
+    said = " ".join(m for _, m in recs)
+    if kind in BLANK:  # unset: nothing is said about it; the fixture's table answers (if still found)
+        assert name not in said and "invalid" not in said and "cannot read" not in said, said
+        if name not in ("A2A_TUNE_FINGERPRINT", "A2A_TUNE_PROFILE_DIR"):  # unset, these find no fixture
+            assert got[0].parallel_config.all2all_backend == "deepep_low_latency", said
+    elif name == "A2A_TUNE_VLLM_PLUGIN":  # not a word it takes: said, and the plugin stays on
+        assert recs[0][0] == "WARNING" and recs[0][1].startswith(f"a2a-tune: {name}="), recs[0]
+        assert "the plugin stays on" in recs[0][1]
+        assert got[0].parallel_config.all2all_backend == "deepep_low_latency"
+    elif name == "A2A_TUNE_TPOT_MS":  # the choice stands; the ignored TPOT is said in its line
+        ((level, msg),) = recs
+        assert level == "WARNING" and f"${name}=" in msg and "ignored: not a positive number of ms" in msg, msg
+        assert got[0].parallel_config.all2all_backend == "deepep_low_latency"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -151,6 +150,7 @@ def check(
 
     from ..check import INTERPRETER_TOKEN_SCALE, render
     from ..check import check as run_check
+    from ..launch import is_rank_zero
     from ..progress import progress_bar
 
     plans = _plans()
@@ -166,7 +166,7 @@ def check(
         token_scale = INTERPRETER_TOKEN_SCALE if virtual and device == "cpu" else 1.0
     shapes = _planned(plans.model_shapes, preset, model_config)
     names = list(dict.fromkeys(backend)) or list_backends()
-    speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun/srun: rank 0 reports
+    speaks = is_rank_zero()  # under torchrun/srun: rank 0 reports
     with progress_bar(progress and speaks, "check") as bar:
         task = bar.add_task("", total=len(names)) if bar else None
         rows = run_check(

@@ -420,11 +420,12 @@ def run(options) -> None:
     from functools import partial
 
     from ..publish import publish_run, table_dir, unwritable
+    from ..runtime.text import one_line
 
     out_dir = str(options.out_dir) if options.out_dir else None
     directory = table_dir(out_dir)
-    if problem := unwritable(directory):  # before the sweep, not after it
-        raise _fail(f"no table could be written to {directory}: {problem}", 2)
+    if problem := unwritable(directory):  # before the sweep, not after it; the path may come from the environment
+        raise _fail(one_line(f"no table could be written to {directory}: {problem}"), 2)
     outcome = _do_sweep(options, after=partial(publish_run, out_dir=out_dir))
     if outcome.status != "completed":
         raise _fail("the sweep did not complete; no table written")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
+from ..runtime.environ import env_text
 from .common import (
     _fail,
     _help,
@@ -170,7 +170,7 @@ def diff(
     if "none" in modes:
         modes = set()
     sources = list(sources or [])
-    if runs and db is None and not os.environ.get("A2A_TUNE_DB"):
+    if runs and db is None and not env_text("A2A_TUNE_DB"):
         raise _fail("--run needs --db URL (or $A2A_TUNE_DB)", 2)
     if len(runs) + len(sources) != 2:
         raise _fail(

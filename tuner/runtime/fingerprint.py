@@ -47,6 +47,7 @@ from __future__ import annotations
 import os
 import re
 
+from a2a_tune.tuner.runtime.environ import env_text, xdg_dir
 from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = [
@@ -137,8 +138,7 @@ class ProbeError(RuntimeError):
 
 
 def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "a2a-tune")
+    return os.path.join(xdg_dir("XDG_CACHE_HOME", ".cache"), "a2a-tune")
 
 
 def _host_key() -> str | None:
@@ -156,13 +156,13 @@ def _host_key() -> str | None:
         gpus = ",".join(sorted(os.listdir(os.path.join(_NVIDIA_PROC, "gpus"))))
     except (OSError, ValueError):
         driver, gpus = "none", ""
-    recording = os.environ.get(RECORDING_ENV) or ""
-    if recording:  # a replayed machine is another machine
+    recording = env_text(RECORDING_ENV) or ""
+    if recording:  # a replayed machine is another machine; ascii(): the key is one line of ASCII
         try:
             st = os.stat(recording)
-            recording = f"{os.path.abspath(recording)}:{st.st_size}:{st.st_mtime_ns}"
-        except OSError:
-            recording += ":?"
+            recording = f"{ascii(os.path.abspath(recording))}:{st.st_size}:{st.st_mtime_ns}"
+        except (OSError, ValueError):
+            recording = f"{ascii(recording)}:?"
     tuner = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = []
     for name in ("probe.py", "nvml.py"):

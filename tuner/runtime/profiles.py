@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from functools import cache
 
+from a2a_tune.tuner.runtime.environ import env_text, xdg_dir
 from a2a_tune.tuner.runtime.fingerprint import (
     HW_CLUSTER,
     HW_EXACT,
@@ -92,17 +93,17 @@ def _packaged_dir() -> str | None:
 
 def user_profile_dir() -> str:
     """Where `a2a-tune select` / `run` write by default: this machine's own measured tables."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return os.path.join(base, "a2a-tune", "profiles")
+    return os.path.join(xdg_dir("XDG_DATA_HOME", ".local", "share"), "a2a-tune", "profiles")
 
 
 def table_dir(out_dir=None):
     """Where this node writes tables (a ``pathlib.Path``): `out_dir`, else the first
     $A2A_TUNE_PROFILE_DIR entry, else the user's profile directory (both searched by lookup on
-    this node). The views write their files under it by default (``plots/``, ``reports/``)."""
+    this node; blank entries are skipped, as the search skips them). The views write their
+    files under it by default (``plots/``, ``reports/``)."""
     from pathlib import Path
 
-    first = os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep)[0]
+    first = next((d for d in os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep) if d.strip()), None)
     return Path(out_dir or first or user_profile_dir()).expanduser()
 
 
@@ -459,7 +460,7 @@ def resolve_fingerprint(fingerprint) -> tuple:
     """(normalised fingerprint, None) or (None, problem): ``fingerprint``, else
     ``$A2A_TUNE_FINGERPRINT``, else this machine's (probed once per process)."""
     if fingerprint is None:
-        fingerprint = os.environ.get(FINGERPRINT_ENV) or None
+        fingerprint = env_text(FINGERPRINT_ENV)  # blank: unset, probed
     if fingerprint is None:
         if not _PROBED:
             from a2a_tune.tuner.runtime.fingerprint import PROBE_TIMEOUT_S, probed_fingerprint

@@ -76,11 +76,14 @@ import sys
 from collections import namedtuple
 
 from a2a_tune.tuner.runtime import engines, savings
-from a2a_tune.tuner.runtime.text import one_line
+from a2a_tune.tuner.runtime.environ import env_text
+from a2a_tune.tuner.runtime.text import one_line, quoted
 
 __all__ = ["DISABLE_ENV", "PHASE_ENV", "WORKLOAD_ENV", "Decision", "decide", "register"]
 
 DISABLE_ENV = "A2A_TUNE_VLLM_PLUGIN"
+_OFF = ("0", "false", "no", "off")
+_ON = ("", "1", "true", "yes", "on")
 PHASE_ENV = "A2A_TUNE_PHASE"
 WORKLOAD_ENV = "A2A_TUNE_WORKLOAD"
 
@@ -112,8 +115,18 @@ def register() -> None:
     Runs in every vLLM process, possibly several times; wraps once. Never raises.
     """
     try:
-        if os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        switch = os.environ.get(DISABLE_ENV, "").strip().lower()
+        if switch in _OFF:
             return
+        if switch not in _ON:  # a word we do not know: say so, and stay as if unset
+            _log(
+                Decision(
+                    None,
+                    f"a2a-tune: {DISABLE_ENV}={quoted(os.environ.get(DISABLE_ENV))} is not one of "
+                    f"{'/'.join(_OFF)} (off) or {'/'.join(_ON[1:])} (on); the plugin stays on",
+                    "warning",
+                )
+            )
         from vllm.engine.arg_utils import EngineArgs  # lazy: only inside vLLM
 
         _install(EngineArgs)
@@ -379,7 +392,7 @@ def _pos_int(obj, name: str) -> int:
 
 def _phase(config) -> tuple:
     """(lookup keyword arguments, phrase) for this engine's token distribution."""
-    workload = os.environ.get(WORKLOAD_ENV)
+    workload = env_text(WORKLOAD_ENV)  # blank: unset
     if workload:
         return {"workload": workload}, f"workload {one_line(workload, 200)} (${WORKLOAD_ENV})"
     phase = os.environ.get(PHASE_ENV, "").strip().lower() or None
@@ -458,11 +471,16 @@ def decide(config, *, explicit: bool = False) -> Decision:
         if literal == current
         else f"sets --all2all-backend {literal} (was {current!r})"
     )
+    tpot, ignored = _tpot_ms()
     saving = savings.sentence(
-        savings.in_engine_units(choice.vs_default, _moe_layers(config.model_config), _tpot_ms()), choice.phase
+        savings.in_engine_units(choice.vs_default, _moe_layers(config.model_config), tpot), choice.phase
     )
-    saving = f"; {saving}" if saving else ""
-    return Decision(literal, f"a2a-tune: {verb} for {what} [hardware {choice.hardware_match}]{saving}: {choice.reason}")
+    saving = "".join(f"; {part}" for part in (saving, ignored) if part)
+    return Decision(
+        literal,
+        f"a2a-tune: {verb} for {what} [hardware {choice.hardware_match}]{saving}: {choice.reason}",
+        "warning" if ignored else "info",
+    )
 
 
 def _moe_layers(model_config):
@@ -476,10 +494,16 @@ def _moe_layers(model_config):
     return None
 
 
-def _tpot_ms():
-    """$A2A_TUNE_TPOT_MS as a positive float, or None (anything else: ignored, said in no log)."""
+def _tpot_ms() -> tuple:
+    """($A2A_TUNE_TPOT_MS as a positive finite float, "") or (None, why a value set is ignored:
+    the decision's line says it, and the saving is not stated as a share of TPOT)."""
+    raw = os.environ.get(savings.TPOT_ENV, "")
+    if not raw.strip():
+        return None, ""
     try:
-        value = float(os.environ.get(savings.TPOT_ENV, ""))
+        value = float(raw)
     except ValueError:
-        return None
-    return value if value > 0 and value == value and value != float("inf") else None
+        value = float("nan")
+    if 0 < value < float("inf"):
+        return value, ""
+    return None, f"${savings.TPOT_ENV}={quoted(raw)} ignored: not a positive number of ms"
