@@ -567,7 +567,7 @@ def test_failed_write_removes_the_temp_file(tmp_path, monkeypatch):
 def test_written_profile_answers_lookup(tmp_path):
     out = write_profile(fixture_profile(), tmp_path)
     c = lookup(profile=out, tokens=1, **SHAPE_B)
-    assert (c.backend, c.vllm_name, c.match) == ("allgather_reducescatter", "allgather_reducescatter", "exact")
+    assert (c.backend, c.engines["vllm"], c.match) == ("allgather_reducescatter", "allgather_reducescatter", "exact")
 
 
 # ----------------------------------------------------------------------------- store

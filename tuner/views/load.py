@@ -149,14 +149,8 @@ def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
         w._replace(backend=c(w.backend), fastest=c(w.fastest), runner_up=w.runner_up and c(w.runner_up))
         for w in entry_winners(entry, preference)
     ]
-    ep, hidden, topk, ne, dtype, routing = entry.shape
     return ShapeView(
-        ep,
-        hidden,
-        topk,
-        ne,
-        c(dtype),
-        c(routing),
+        entry.shape._replace(dtype=c(entry.shape.dtype), routing=c(entry.shape.routing)),
         source=entry.source,
         tokens=list(entry.tokens),
         curves=curves,
