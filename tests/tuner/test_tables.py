@@ -264,3 +264,29 @@ def test_a_table_from_before_schema_4_merged_keeps_its_entries_and_gains_their_f
     assert len(merged["entries"]) == len(old["entries"]) + 1
     assert {e.get("fabric") for e in merged["entries"] if e["hidden"] != 64} == {"island"}
     parse_profile(merged)
+
+
+def test_show_says_which_runs_each_entry_of_a_merged_table_comes_from(tmp_path):
+    """A table across runs: show names each entry's runs, --json carries them per shape; a
+    table from one run says it once, at the top, not per entry."""
+    from tests.support.run_cli import a2a
+
+    first = table(1, "2026-12-01T10:00:00Z", rows(SHAPE, {B[0]: {1: 10.0}, B[1]: {1: 30.0}}))
+    other = dict(SHAPE, ep_size=8, hidden=128)
+    path = write_table(first, str(tmp_path))
+    single = a2a("show", "--profile", str(path))
+    assert single.returncode == 0 and "measured by:" not in single.stdout, single.stdout
+    second = table(2, "2026-12-01T11:00:00Z", rows(other, {B[0]: {1: 11.0}, B[1]: {1: 50.0}}), status="interrupted")
+    path = write_table(second, str(tmp_path))
+    r = a2a("show", "--profile", str(path))
+    assert r.returncode == 0, r.stderr
+    lines = [line.strip() for line in r.stdout.splitlines() if "measured by:" in line]
+    assert lines == [
+        "measured by: run 1 (2026-12-01T10:00:00Z, completed)",
+        "measured by: run 2 (2026-12-01T11:00:00Z, interrupted)",
+    ]
+    shapes = json.loads(a2a("show", "--profile", str(path), "--json").stdout)["shapes"]
+    assert [[(p["run"], p["status"]) for p in s["provenance"]] for s in shapes] == [
+        [(1, "completed")],
+        [(2, "interrupted")],
+    ]

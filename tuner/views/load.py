@@ -157,6 +157,9 @@ def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
         winners=winners,
         failed={c(b): f._replace(kind=c(f.kind), reason=c(f.reason)) for b, f in entry.failed.items()},
         fabric=entry.fabric,
+        provenance=[
+            {k: v if v is None or isinstance(v, int) else c(v) for k, v in p.items()} for p in entry.provenance
+        ],
     )
 
 

@@ -117,6 +117,14 @@ class ShapeView:
     winners: list  # [Winner], ascending tokens
     failed: dict  # backend -> runtime.table.Failed (kind, tokens, reason; str(): one line); never a winner
     fabric: str | None = None  # what its EP groups span (runtime.table.FABRICS); None: not recorded
+    # the runs its measurements come from, newest first: {run, date, facts_hash, status}
+    provenance: list = field(default_factory=list)
+
+    def sources(self) -> str:
+        """Its runs in one line, e.g. "run 5 (2026-12-01, completed), run 3 (...)"."""
+        return ", ".join(
+            f"run {p['run']} ({', '.join(str(p[k]) for k in ('date', 'status') if p.get(k))})" for p in self.provenance
+        )
 
     @property
     def key(self) -> tuple:
