@@ -164,6 +164,25 @@ def test_the_fabric_an_entrys_groups_span_comes_from_the_probe(facts, ep_size, w
     assert fabric_of(facts, ep_size, world) == fabric
 
 
+def test_the_fabric_a_run_recorded_wins_over_the_probes_numbering():
+    """Ranks dealt over two HGX nodes: the run recorded "network" for EP 8, where numbering by
+    rank says "island"; a record naming no known fabric, or not this size, leaves the facts."""
+    facts = _facts(2, 8, [list(range(8)), list(range(8, 16))])
+    assert fabric_of(facts, 8, 16) == "island"
+    assert fabric_of(facts, 8, 16, {"8": "network"}) == "network"
+    assert fabric_of(facts, 8, 16, {"8": "wormhole"}) == fabric_of(facts, 8, 16, {"4": "network"}) == "island"
+    measured = rows(dict(SHAPE, ep_size=8), {B[0]: {1: 10.0}, B[1]: {1: 30.0}})
+    profile = build_profile(
+        measured,
+        [],
+        hardware={"fingerprint": FP, "facts_hash": "0" * 16, "facts": facts},
+        run={"id": 1, "device_type": "cuda", "world_size": 16, "versions": {}},
+        backend_names={},
+        fabrics={"8": "network"},
+    )
+    assert [e["fabric"] for e in profile["entries"]] == ["network"]
+
+
 def test_the_vllm_plugin_and_the_format_lines_follow_the_nearest_larger_ep_size(tmp_path, monkeypatch):
     from types import SimpleNamespace
 

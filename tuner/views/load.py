@@ -285,7 +285,9 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         prof = _parse(table, label, notes)
         shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
         for shape in shapes:  # what select records of each entry
-            shape.fabric = fabric_of(g(hw, "facts"), shape.ep_size, g(run, "world_size"))
+            config = g(run, "config")
+            recorded = config.get("fabrics") if isinstance(config, Mapping) else None
+            shape.fabric = fabric_of(g(hw, "facts"), shape.ep_size, g(run, "world_size"), recorded)
     notes += _other_modes(measurements, shapes)
     _attach_group_us(measurements, shapes)
     fviews = [
