@@ -127,7 +127,7 @@ def make_table(directory: Path) -> Path:
         [],
         hardware={"fingerprint": FP, "facts_hash": "0" * 16, "facts": {"generated": "bench/startup.py"}},
         run={"id": 1, "device_type": "cuda", "world_size": 8, "versions": {}},
-        backend_names={b: {"vllm_name": None, "sglang_name": None} for b in BACKENDS},
+        backend_names={b: {"engines": {}} for b in BACKENDS},
     )
     assert len(profile["entries"]) == 50 and all(
         len(e["tokens"]) == 20 and len(e["backends"]) == 6 for e in profile["entries"]

@@ -29,13 +29,15 @@ from ._nvlink_common import (
     Geometry,
     RankState,
     Workspace,
-    copy_row,
     copy_scales,
     launch_combine_recv,
     launch_combine_send,
     launch_dispatch_send,
+    put_row,
     recv_launch,
     signal_when_last,
+    token_routing,
+    wait_combine,
     wait_flags,
 )
 from .quant import scale_blocks
@@ -62,40 +64,19 @@ def workspace(g: Geometry) -> Workspace:
 
 @triton.jit(do_not_specialize=["n_tokens", "me", "cap"])
 def _dispatch_send_kernel(
-    x_ptr,
-    xs_ptr,
-    ids_ptr,
-    w_ptr,
-    n_tokens,
-    x_ws,
-    xs_ws,
-    meta_ws,
-    flags_ws,
-    d_elem,
-    d_i32,
-    epoch_ptr,
-    done_ptr,
-    me,
-    cap,
-    hidden,
-    n_scales,
-    experts_per_rank,
-    W: tl.constexpr,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    N_HB: tl.constexpr,
-    QUANT: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
+    x_ptr, xs_ptr, ids_ptr, w_ptr, n_tokens, x_ws, xs_ws, meta_ws,  # launch_dispatch_send's order
+    flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden,  # _peer_args
+    n_scales, experts_per_rank,
+    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr, N_HB: tl.constexpr, QUANT: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0)
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr) + 1
     ks = tl.arange(0, BLOCK_K)
     cs = tl.arange(0, 4)
     if t < n_tokens:
-        ids = tl.load(ids_ptr + t * K + ks, mask=ks < K, other=-1).to(tl.int32)
-        wbits = tl.load(w_ptr + t * K + ks, mask=ks < K, other=0.0).to(tl.int32, bitcast=True)
+        ids, wbits = token_routing(ids_ptr, w_ptr, t, ks, K)
         for j in tl.static_range(K):
             e = tl.sum(tl.where(ks == j, ids, 0), axis=0)
             wj = tl.sum(tl.where(ks == j, wbits, 0), axis=0)
@@ -104,8 +85,7 @@ def _dispatch_send_kernel(
                 slot = ((e - d * experts_per_rank) * W + me) * cap + t
                 meta = meta_ws + tl.load(d_i32 + d) + slot * 4
                 tl.store(meta + cs, tl.where(cs == 0, wj, tl.where(cs == 1, epoch, tl.where(cs == 2, j, 0))))
-                dst = x_ws + tl.multiple_of(tl.load(d_elem + d), 16) + slot.to(tl.int64) * hidden
-                copy_row(dst, x_ptr + t.to(tl.int64) * hidden, hidden, BLOCK_H, N_HB)
+                put_row(x_ws, d_elem, d, slot, x_ptr, t, hidden, BLOCK_H, N_HB)
                 if QUANT:
                     copy_scales(xs_ws + tl.load(d_i32 + d) + slot * n_scales, xs_ptr + t * n_scales, n_scales, BLOCK_S)
     signal_when_last(done_ptr, flags_ws, d_i32, me, epoch, n_prog, epoch_ptr, W, True)
@@ -147,22 +127,10 @@ def _dispatch_recv_kernel(
 
 @triton.jit(do_not_specialize=["me", "cap"])
 def _combine_send_kernel(
-    out_ptr,
-    meta_ptr,
-    comb_ws,
-    flags_ws,
-    d_elem,
-    d_i32,
-    epoch_ptr,
-    done_ptr,
-    me,
-    cap,
-    hidden,
-    W: tl.constexpr,
-    K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    N_HB: tl.constexpr,
-):
+    out_ptr, meta_ptr, comb_ws,  # launch_combine_send's order
+    flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden,  # _peer_args
+    W: tl.constexpr, K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
+):  # fmt: skip
     r = tl.program_id(0)  # one received slot: (local expert, source s, token slot t)
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr)
@@ -170,27 +138,16 @@ def _combine_send_kernel(
         t = r % cap
         s = (r // cap) % W
         j = tl.load(meta_ptr + r * 4 + 2)
-        dst = comb_ws + tl.multiple_of(tl.load(d_elem + s), 16) + (t * K + j).to(tl.int64) * hidden
-        copy_row(dst, out_ptr + r.to(tl.int64) * hidden, hidden, BLOCK_H, N_HB)
+        put_row(comb_ws, d_elem, s, t * K + j, out_ptr, r, hidden, BLOCK_H, N_HB)
     signal_when_last(done_ptr + 1, flags_ws + W, d_i32, me, epoch, n_prog, epoch_ptr, W, False)
 
 
 @triton.jit
 def _combine_recv_kernel(
-    y_ptr,
-    comb_ptr,
-    ids_ptr,
-    flags_ptr,
-    epoch_ptr,
-    hidden,
-    W: tl.constexpr,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    t = tl.program_id(0)
-    hb = tl.program_id(1)
-    wait_flags(flags_ptr + W, tl.load(epoch_ptr), epoch_ptr + 1, W)
+    y_ptr, comb_ptr, ids_ptr, flags_ptr, epoch_ptr, hidden,  # launch_combine_recv's order
+    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    t, hb = wait_combine(flags_ptr, epoch_ptr, W)
     ks = tl.arange(0, BLOCK_K)
     ids = tl.load(ids_ptr + t * K + ks, mask=ks < K, other=-1)
     hs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -206,12 +163,9 @@ def _combine_recv_kernel(
 
 
 def dispatch_send(
-    st: RankState,
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
+    st: RankState, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     x_scale: torch.Tensor | None = None,
-) -> None:
+) -> None:  # fmt: skip
     """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S].
     One CTA per token (one for none: it still raises the flags); returns without waiting."""
     launch_dispatch_send(_dispatch_send_kernel, max(x.shape[0], 1), st, x, topk_ids, topk_weights, x_scale)

@@ -251,6 +251,34 @@ def copy_row(dst, src, hidden, BLOCK_H: tl.constexpr, N_HB: tl.constexpr):
 
 
 @triton.jit
+def token_routing(ids_ptr, w_ptr, t, ks, K: tl.constexpr):
+    """Token t's top-k over the lanes `ks` (BLOCK_K >= K): ids as int32 (-1 past K) and weights
+    as int32 bits (0 past K): what the send kernels store into metadata, never converted."""
+    ids = tl.load(ids_ptr + t * K + ks, mask=ks < K, other=-1).to(tl.int32)
+    wbits = tl.load(w_ptr + t * K + ks, mask=ks < K, other=0.0).to(tl.int32, bitcast=True)
+    return ids, wbits
+
+
+@triton.jit
+def put_row(ws, d_elem, d, row, src, i, hidden, BLOCK_H: tl.constexpr, N_HB: tl.constexpr):
+    """Row i of `src` (rows of `hidden` elements) into `row` of rank d's copy of the region `ws`
+    (d_elem: the distances to each rank's workspace in the region's elements)."""
+    # workspaces are 256-byte aligned on every rank: the offset keeps 16-byte vectors
+    dst = ws + tl.multiple_of(tl.load(d_elem + d), 16) + row.to(tl.int64) * hidden
+    copy_row(dst, src + i.to(tl.int64) * hidden, hidden, BLOCK_H, N_HB)
+
+
+@triton.jit
+def wait_combine(flags_ptr, epoch_ptr, W: tl.constexpr):
+    """A combine_recv program (grid: tokens x blocks of H), once every rank's combine flag
+    reached the epoch: its token and its block of H."""
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    wait_flags(flags_ptr + W, tl.load(epoch_ptr), epoch_ptr + 1, W)
+    return t, hb
+
+
+@triton.jit
 def _wait_kernel(flags_ptr, epoch_ptr, W: tl.constexpr):
     wait_flags(flags_ptr, tl.load(epoch_ptr), epoch_ptr + 1, W)
 

@@ -40,13 +40,15 @@ from ._nvlink_common import (
     RankState,
     Workspace,
     block_k,
-    copy_row,
     copy_scales,
     launch_combine_recv,
     launch_combine_send,
     launch_dispatch_send,
     launch_wait,
+    put_row,
     signal_when_last,
+    token_routing,
+    wait_combine,
     wait_flags,
 )
 from .quant import scale_blocks
@@ -81,42 +83,20 @@ def workspace(g: Geometry) -> Workspace:
 
 @triton.jit(do_not_specialize=["n_tokens", "me", "cap"])
 def _dispatch_send_kernel(
-    x_ptr,
-    xs_ptr,
-    ids_ptr,
-    w_ptr,
-    n_tokens,
-    x_ws,
-    xs_ws,
-    meta_ws,
-    flags_ws,
-    d_elem,
-    d_i32,
-    epoch_ptr,
-    done_ptr,
-    me,
-    cap,
-    hidden,
-    n_scales,
-    experts_per_rank,
-    count_ws,
-    W: tl.constexpr,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    N_HB: tl.constexpr,
-    QUANT: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    x_ptr, xs_ptr, ids_ptr, w_ptr, n_tokens, x_ws, xs_ws, meta_ws,  # launch_dispatch_send's order
+    flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden,  # _peer_args
+    n_scales, experts_per_rank, count_ws,
+    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr, N_HB: tl.constexpr, QUANT: tl.constexpr, BLOCK_S: tl.constexpr,
     FUSED_WAIT: tl.constexpr = True,  # False: virtual ranks in phase order (the sweep: True)
-):
+):  # fmt: skip
     t = tl.program_id(0)  # one slot of this rank's capacity: a token, or an empty slot to mark
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr) + 1  # every CTA reads before the last one stores it back
     ks = tl.arange(0, BLOCK_K)
     kmask = ks < K
     if t < n_tokens:
-        ids = tl.load(ids_ptr + t * K + ks, mask=kmask, other=-1).to(tl.int32)
-        wbits = tl.load(w_ptr + t * K + ks, mask=kmask, other=0.0).to(tl.int32, bitcast=True)
+        ids, wbits = token_routing(ids_ptr, w_ptr, t, ks, K)
         owner = tl.where(ids >= 0, ids // experts_per_rank, -1)
         row = me * cap + t
         for d in tl.static_range(W):
@@ -125,9 +105,7 @@ def _dispatch_send_kernel(
             tl.store(meta + ks, tl.where(mine, ids, -1), mask=kmask)
             tl.store(meta + K + ks, wbits, mask=kmask)
             if tl.sum(mine.to(tl.int32), axis=0) > 0:
-                # workspaces are 256-byte aligned on every rank: the offset keeps 16-byte vectors
-                dst = x_ws + tl.multiple_of(tl.load(d_elem + d), 16) + row.to(tl.int64) * hidden
-                copy_row(dst, x_ptr + t.to(tl.int64) * hidden, hidden, BLOCK_H, N_HB)
+                put_row(x_ws, d_elem, d, row, x_ptr, t, hidden, BLOCK_H, N_HB)
                 if QUANT:
                     copy_scales(xs_ws + tl.load(d_i32 + d) + row * n_scales, xs_ptr + t * n_scales, n_scales, BLOCK_S)
     else:  # an empty slot: every rank sees ids of -1 there, so its rows need no count to mask
@@ -148,24 +126,11 @@ def _dispatch_send_kernel(
 
 @triton.jit(do_not_specialize=["me", "cap"])
 def _combine_send_kernel(
-    out_ptr,
-    meta_ptr,
-    comb_ws,
-    flags_ws,
-    d_elem,
-    d_i32,
-    epoch_ptr,
-    done_ptr,
-    me,
-    cap,
-    hidden,
+    out_ptr, meta_ptr, comb_ws,  # launch_combine_send's order
+    flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden,  # _peer_args
     count_ptr,
-    W: tl.constexpr,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    N_HB: tl.constexpr,
-):
+    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
+):  # fmt: skip
     r = tl.program_id(0)  # one received row: source s, slot i
     n_prog = tl.num_programs(0)
     s = r // cap
@@ -175,31 +140,17 @@ def _combine_send_kernel(
     if (i < tl.load(count_ptr + s)) & (s != me):
         ids = tl.load(meta_ptr + r * (2 * K) + ks, mask=ks < K, other=-1)
         if tl.max(ids, axis=0) >= 0:  # the row had an expert here: its partial sum goes back
-            dst = comb_ws + tl.multiple_of(tl.load(d_elem + s), 16) + (me * cap + i).to(tl.int64) * hidden
-            copy_row(dst, out_ptr + r.to(tl.int64) * hidden, hidden, BLOCK_H, N_HB)
+            put_row(comb_ws, d_elem, s, me * cap + i, out_ptr, r, hidden, BLOCK_H, N_HB)
     signal_when_last(done_ptr + 1, flags_ws + W, d_i32, me, tl.load(epoch_ptr), n_prog, epoch_ptr, W, False)
 
 
 @triton.jit(do_not_specialize=["me", "cap"])
 def _combine_recv_kernel(
-    y_ptr,
-    comb_ptr,
-    ids_ptr,
-    flags_ptr,
-    epoch_ptr,
-    hidden,
-    out_ptr,
-    me,
-    cap,
-    experts_per_rank,
-    W: tl.constexpr,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    t = tl.program_id(0)
-    hb = tl.program_id(1)
-    wait_flags(flags_ptr + W, tl.load(epoch_ptr), epoch_ptr + 1, W)
+    y_ptr, comb_ptr, ids_ptr, flags_ptr, epoch_ptr, hidden,  # launch_combine_recv's order
+    out_ptr, me, cap, experts_per_rank,
+    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    t, hb = wait_combine(flags_ptr, epoch_ptr, W)
     ks = tl.arange(0, BLOCK_K)
     ids = tl.load(ids_ptr + t * K + ks, mask=ks < K, other=-1).to(tl.int32)
     owner = tl.where(ids >= 0, ids // experts_per_rank, -1)
@@ -220,12 +171,9 @@ def _combine_recv_kernel(
 
 
 def dispatch_send(
-    st: RankState,
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
+    st: RankState, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     x_scale: torch.Tensor | None = None,
-) -> None:
+) -> None:  # fmt: skip
     """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S].
     One CTA per slot of this step (empty slots get -1 metadata); returns once every source's
     rows arrived (in phase order: without waiting, see `dispatch_recv`)."""

@@ -69,6 +69,27 @@ def _e4m3_code(mag):
     return tl.where(mag > 0x43E80000, 0x7F, tl.where(mag >= 0x3C800000, normal, sub))
 
 
+@triton.jit
+def _load_bits(x_ptr, offs, mask, BF16: tl.constexpr):
+    """float32 bits of x at offs (bf16 loaded as int16: its bits are a float32's upper half).
+
+    One return at the end: the compiler, unlike the interpreter, takes no early return from a
+    constexpr branch (a second return after it is an error)."""
+    if BF16:
+        bits = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32) << 16
+    else:
+        bits = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.int32, bitcast=True)
+    return bits
+
+
+@triton.jit
+def _block_rows(n_blocks, BLOCK_N: tl.constexpr):
+    """This program's BLOCK_N blocks (int64 indices, a block a row of the kernel's view) and
+    which of them exist."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, rows < n_blocks
+
+
 @triton.jit(do_not_specialize=["n_blocks"])  # no variant per token count (BLOCK_N aside)
 def _quantize_fp8_kernel(
     x_ptr,
@@ -82,13 +103,9 @@ def _quantize_fp8_kernel(
     BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < n_blocks
+    rows, rmask = _block_rows(n_blocks, BLOCK_N)
     offs = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    if BF16_BITS:  # bf16 loaded as int16: its bits are a float32's upper half, no cast involved
-        bits = tl.load(x_ptr + offs, mask=rmask[:, None], other=0).to(tl.int32) << 16
-    else:
-        bits = tl.load(x_ptr + offs, mask=rmask[:, None], other=0.0).to(tl.int32, bitcast=True)
+    bits = _load_bits(x_ptr, offs, rmask[:, None], BF16_BITS)  # bf16: no cast involved
     x = bits.to(tl.float32, bitcast=True)
     # amax on the bits of |x|: they order as the values do, and NaN's are the largest, so a NaN
     # propagates as in torch's amax (a float max would drop it, a NaN-propagating one is a
@@ -181,19 +198,6 @@ def quantize_fp8_blocks(
 
 
 @triton.jit
-def _load_bits(x_ptr, offs, mask, BF16: tl.constexpr):
-    """float32 bits of x at offs (bf16 loaded as int16: its bits are a float32's upper half).
-
-    One return at the end: the compiler, unlike the interpreter, takes no early return from a
-    constexpr branch (a second return after it is an error)."""
-    if BF16:
-        bits = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32) << 16
-    else:
-        bits = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.int32, bitcast=True)
-    return bits
-
-
-@triton.jit
 def _to_e4m3(y, HW_CVT: tl.constexpr):
     """fp32 y (|y| <= 448) -> e4m3 code with its sign, uint8 (one return: see _load_bits)."""
     if HW_CVT:
@@ -204,22 +208,22 @@ def _to_e4m3(y, HW_CVT: tl.constexpr):
     return code
 
 
+@triton.jit
+def _store_blocks(q_ptr, s_ptr, rows, rmask, n_scales, q_stride, s_stride, codes, scales, Q_BYTES: tl.constexpr):
+    """Block b's Q_BYTES bytes of codes [BLOCK_N, Q_BYTES] and its scale code (int32, stored as a
+    byte) where they belong: row b // S, at byte (b % S) * Q_BYTES and at scale column b % S."""
+    t = rows // n_scales
+    j = rows % n_scales
+    tl.store(q_ptr + (t * q_stride + j * Q_BYTES)[:, None] + tl.arange(0, Q_BYTES)[None, :], codes, mask=rmask[:, None])
+    tl.store(s_ptr + t * s_stride + j, scales.to(tl.uint8), mask=rmask)
+
+
 @triton.jit(do_not_specialize=["n_blocks", "n_scales", "q_stride", "s_stride"])
 def _quantize_mxfp8_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    n_blocks,
-    n_scales,
-    q_stride,
-    s_stride,
-    TINY: tl.constexpr,
-    BF16: tl.constexpr,
-    HW_CVT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < n_blocks
+    x_ptr, q_ptr, s_ptr, n_blocks, n_scales, q_stride, s_stride,  # _launch_blocks' arguments
+    TINY: tl.constexpr, BF16: tl.constexpr, HW_CVT: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows, rmask = _block_rows(n_blocks, BLOCK_N)
     cols = tl.arange(0, 32)
     bits = _load_bits(x_ptr, rows[:, None] * 32 + cols[None, :], rmask[:, None], BF16)
     x = bits.to(tl.float32, bitcast=True)
@@ -232,10 +236,7 @@ def _quantize_mxfp8_kernel(
     s = tl.where(field == 0, (mant > (1 << 22)).to(tl.int32), normal)  # ceil(log2(r)) + 127
     descale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)  # 2^(s-127)
     code = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(descale[:, None], [BLOCK_N, 32])), HW_CVT)
-    t = rows // n_scales
-    j = rows % n_scales
-    tl.store(q_ptr + (t * q_stride + j * 32)[:, None] + cols[None, :], code, mask=rmask[:, None])
-    tl.store(s_ptr + t * s_stride + j, s.to(tl.uint8), mask=rmask)
+    _store_blocks(q_ptr, s_ptr, rows, rmask, n_scales, q_stride, s_stride, code, s, 32)
 
 
 @triton.jit
@@ -251,22 +252,10 @@ def _e2m1(v):
 
 @triton.jit(do_not_specialize=["n_blocks", "n_scales", "q_stride", "s_stride"])
 def _quantize_nvfp4_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    n_blocks,
-    n_scales,
-    q_stride,
-    s_stride,
-    g,
-    inv_g,
-    INV_FP4_MAX: tl.constexpr,
-    BF16: tl.constexpr,
-    HW_CVT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < n_blocks
+    x_ptr, q_ptr, s_ptr, n_blocks, n_scales, q_stride, s_stride,  # _launch_blocks' arguments
+    g, inv_g, INV_FP4_MAX: tl.constexpr, BF16: tl.constexpr, HW_CVT: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows, rmask = _block_rows(n_blocks, BLOCK_N)
     pairs = tl.arange(0, 8)
     offs = rows[:, None] * 16 + 2 * pairs[None, :]  # element 2i: the low nibble; 2i + 1: the high
     lo_bits = _load_bits(x_ptr, offs, rmask[:, None], BF16)
@@ -286,10 +275,7 @@ def _quantize_nvfp4_kernel(
     lo = tl.minimum(tl.maximum(lo_bits.to(tl.float32, bitcast=True) * inv[:, None], -6.0), 6.0)
     hi = tl.minimum(tl.maximum(hi_bits.to(tl.float32, bitcast=True) * inv[:, None], -6.0), 6.0)
     byte = (_e2m1(lo) | (_e2m1(hi) << 4)).to(tl.uint8)
-    t = rows // n_scales
-    j = rows % n_scales
-    tl.store(q_ptr + (t * q_stride + j * 8)[:, None] + pairs[None, :], byte, mask=rmask[:, None])
-    tl.store(s_ptr + t * s_stride + j, scode.to(tl.uint8), mask=rmask)
+    _store_blocks(q_ptr, s_ptr, rows, rmask, n_scales, q_stride, s_stride, byte, scode, 8)
 
 
 def _launch_blocks(kernel, x, q, scales, block: int, block_n: int | None, hw_cvt: bool | None, **args) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .base import PAYLOADS, MoEShape, torch_dtype
+from .base import PAYLOADS, Dispatched, MoEShape, torch_dtype
 from .quant import quantize_rows, wire_rows
 
 
@@ -51,6 +51,16 @@ def unpack_meta(meta: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tens
 def mask_nonlocal(topk_ids: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """Global ids with every expert outside [lo, hi) replaced by -1."""
     return torch.where((topk_ids >= lo) & (topk_ids < hi), topk_ids, torch.full_like(topk_ids, -1))
+
+
+def as_dispatched(
+    shape: MoEShape, rows: torch.Tensor, meta: torch.Tensor, experts: tuple[int, int], handle
+) -> Dispatched:
+    """What a dispatch returns from the rows and metadata it received: the payload (and its
+    scales), the routing with every expert outside this rank's `experts` range [lo, hi) as -1."""
+    ids, weights = unpack_meta(meta, shape.topk)
+    x, scales = received(shape, rows)
+    return Dispatched(x=x, topk_ids=mask_nonlocal(ids, *experts), topk_weights=weights, handle=handle, x_scale=scales)
 
 
 # torch 2.13 renamed the flat collectives and deprecates the old names; 2.11 (the GPU image) has

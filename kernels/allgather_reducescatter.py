@@ -17,16 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._wire import (
-    all_gather_flat,
-    mask_nonlocal,
-    pack_meta,
-    received,
-    reduce_scatter_flat,
-    row_format,
-    send_rows,
-    unpack_meta,
-)
+from ._wire import all_gather_flat, as_dispatched, pack_meta, reduce_scatter_flat, row_format, send_rows
 from .base import PAYLOADS, All2AllBackend, Dispatched
 from .registry import register_backend
 
@@ -41,9 +32,8 @@ class _Handle:
 @register_backend
 class AllGatherReduceScatter(All2AllBackend):
     name = "allgather_reducescatter"
-    vllm_name = "allgather_reducescatter"
-    sglang_name = None  # SGLang's default (`none`) runs no all2all at all
-    trtllm_name = "ALLGATHER"  # TensorRT-LLM's AllGatherReduceScatter
+    # SGLang's default (`none`) runs no all2all at all; TensorRT-LLM's AllGatherReduceScatter.
+    engine_names = {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
     # Quantized payloads gathered as packed rows (values + scales), quantized inside dispatch:
     # vLLM's naive_dp_ep prepare() quantizes, then all-gathers rows and scales.
     payloads = frozenset(PAYLOADS)
@@ -78,16 +68,7 @@ class AllGatherReduceScatter(All2AllBackend):
                 ]
             )
             rx, meta = rx.index_select(0, valid), meta.index_select(0, valid)
-        rids, rw = unpack_meta(meta, s.topk)
-        lo, hi = self.local_expert_range()
-        rx, scales = received(s, rx)
-        return Dispatched(
-            x=rx,
-            topk_ids=mask_nonlocal(rids, lo, hi),
-            topk_weights=rw,
-            handle=_Handle(tokens, max_tokens, valid),
-            x_scale=scales,
-        )
+        return as_dispatched(s, rx, meta, self.local_expert_range(), _Handle(tokens, max_tokens, valid))
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         h: _Handle = dispatched.handle
@@ -113,7 +94,7 @@ class AllGatherReduceScatterPadded(AllGatherReduceScatter):
     """
 
     name = "allgather_reducescatter_padded"
-    vllm_name = "allgather_reducescatter"  # what vLLM's decode path actually does
+    # Its engine names are the parent's: vLLM's allgather_reducescatter pads this way in decode.
     graph_capturable = True
     capacity_bound = True
     step_sized = True  # vLLM pads to the step's max over DP ranks, not to a fixed capacity
@@ -132,13 +113,4 @@ class AllGatherReduceScatterPadded(AllGatherReduceScatter):
         meta = torch.empty(w * cap, 2 * s.topk, dtype=torch.int32, device=self.device)
         all_gather_flat(rx, x_send, self.group)
         all_gather_flat(meta, pack_meta(ids, weights), self.group)
-        rids, rw = unpack_meta(meta, s.topk)
-        lo, hi = self.local_expert_range()
-        rx, scales = received(s, rx)
-        return Dispatched(
-            x=rx,
-            topk_ids=mask_nonlocal(rids, lo, hi),
-            topk_weights=rw,
-            handle=_Handle(tokens, cap, None),
-            x_scale=scales,
-        )
+        return as_dispatched(s, rx, meta, self.local_expert_range(), _Handle(tokens, cap, None))

@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from a2a_tune.tuner.runtime import point as _point
-from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.point import Shape, check_tokens
 from a2a_tune.tuner.runtime.table import FABRICS
 
@@ -262,28 +261,22 @@ class Dispatched:
 class All2AllBackend(ABC):
     """Base class of every backend; subclasses register with `@register_backend`.
 
-    Subclasses set `name` (our registry name) and the engines' literals the backend stands for:
-    `engine_names = {engine: literal}` keyed by `a2a_tune.tuner.runtime.engines.ENGINES` (None
-    or absent: the engine has no equivalent; then `closest_names = {engine: literal}` names the
-    engine's nearest backend), or, as the shipped backends still do, one `<engine>_name` field
-    per engine (`vllm_name`, `sglang_name`, `trtllm_name`) and `vllm_closest`. Either is derived
-    from the other when the class is made, so the two always agree, and a table records the
-    map. `engine_options` where an engine needs more than the literal.
+    Subclasses set `name` (our registry name) and `engine_names = {engine: literal}`, the engines'
+    literals the backend stands for, keyed by `a2a_tune.tuner.runtime.engines.ENGINES` (None or
+    absent: the engine has no equivalent; then `closest_names = {engine: literal}` may name the
+    engine's nearest backend, written into tables for operators). A table records both maps;
+    `engine_options` where an engine needs more than the literal.
     """
 
     name: ClassVar[str]
-    vllm_name: ClassVar[str | None] = None
-    sglang_name: ClassVar[str | None] = None
-    trtllm_name: ClassVar[str | None] = None  # TensorRT-LLM's all-to-all method (e.g. DEEPEP)
+    # engine -> literal (e.g. {"vllm": "deepep_low_latency", "sglang": "deepep", "trtllm": ...}),
+    # and engine -> the literal of the engine's backend that does the same job, for those
+    # without one (lookup for that engine never returns it in this backend's place).
+    engine_names: ClassVar[dict[str, str | None]] = {}
+    closest_names: ClassVar[dict[str, str]] = {}
     # Options an engine needs beside the literal to run this backend, e.g. SGLang's
     # {"sglang": ("--deepep-mode", "low_latency")}: one literal, two backends.
     engine_options: ClassVar[dict[str, tuple[str, ...]]] = {}
-    # Without a vLLM literal: the literal of the vLLM backend that does the same job, written
-    # into tables for operators (lookup for vLLM never returns it in this backend's place).
-    vllm_closest: ClassVar[str | None] = None
-    # engine -> literal, and engine -> the closest literal (see the class docstring).
-    engine_names: ClassVar[dict[str, str | None]] = {}
-    closest_names: ClassVar[dict[str, str]] = {}
     # Which EP groups the transport can join (REACHES); the default: whatever the process
     # group connects, as the torch.distributed collectives do.
     reach: ClassVar[str] = "anywhere"
@@ -318,15 +311,12 @@ class All2AllBackend(ABC):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "engine_names" in cls.__dict__:  # the map is declared: the per-engine fields follow it
-            for engine in ENGINES:
-                setattr(cls, f"{engine}_name", cls.engine_names.get(engine))
-        else:  # the fields, own or inherited, make the map
-            cls.engine_names = {engine: getattr(cls, f"{engine}_name", None) for engine in ENGINES}
-        if "closest_names" in cls.__dict__:
-            cls.vllm_closest = cls.closest_names.get("vllm")
-        else:
-            cls.closest_names = {"vllm": cls.vllm_closest} if cls.vllm_closest else {}
+        stale = sorted(f for f in ("vllm_name", "sglang_name", "trtllm_name", "vllm_closest") if f in cls.__dict__)
+        if stale:  # the spelling before the maps: refused, or its literals would be lost silently
+            raise TypeError(
+                f"backend class {cls.__name__} declares {', '.join(stale)}: declare "
+                "engine_names = {engine: literal} and closest_names instead"
+            )
 
     def __init__(self, group: dist.ProcessGroup | None, shape: MoEShape, device: torch.device) -> None:
         self.group = group

@@ -49,11 +49,8 @@ MAX_ROW_BYTES = 16368  # half a row plus an 8-byte barrier in one warp's 8 KiB o
 class DeepEPHighThroughput(All2AllBackend):
     name = "deepep_high_throughput"
     reach = "island"  # DeepEP's intranode kernels: NVLink peer access within one node
-    vllm_name = "deepep_high_throughput"
-    sglang_name = "deepep"
-    trtllm_name = "DEEPEP"
+    engine_names = {"vllm": "deepep_high_throughput", "sglang": "deepep", "trtllm": "DEEPEP"}
     engine_options = {"sglang": ("--deepep-mode", "normal")}
-    vllm_closest = None
     # bf16, or FP8 with 128-wide blocks: what DeepEP's kernels take (block-FP8 rows and their scales travel as DeepEP's (x, x_scales));
     # no MXFP8, no NVFP4
     payloads = frozenset({"bf16", "fp8_e4m3"})

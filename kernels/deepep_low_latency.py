@@ -49,9 +49,7 @@ def slots_per_source(capacity: int, world_size: int) -> int:
 class DeepEPLowLatency(All2AllBackend):
     name = "deepep_low_latency"
     reach = "island"  # as wrapped here: NVSHMEM over NVLink peer access (no internode RDMA)
-    vllm_name = "deepep_low_latency"
-    sglang_name = "deepep"
-    trtllm_name = "DEEPEPLOWLATENCY"
+    engine_names = {"vllm": "deepep_low_latency", "sglang": "deepep", "trtllm": "DEEPEPLOWLATENCY"}
     engine_options = {"sglang": ("--deepep-mode", "low_latency")}
     graph_capturable = True
     # bf16, or FP8 with 128-wide blocks: what DeepEP's kernels take (FP8: DeepEP quantizes inside its dispatch kernel);

@@ -57,9 +57,8 @@ def block_size_knobs() -> dict[str, int]:
 @register_backend
 class FlashInferNvlinkOneSided(All2AllBackend):
     name = "flashinfer_nvlink_one_sided"
-    vllm_name = "flashinfer_nvlink_one_sided"
-    sglang_name = "flashinfer"
-    trtllm_name = "NVLINK_ONE_SIDED"  # FlashInfer's one-sided kernels are TensorRT-LLM's MoeAlltoAll
+    # FlashInfer's one-sided kernels are TensorRT-LLM's MoeAlltoAll.
+    engine_names = {"vllm": "flashinfer_nvlink_one_sided", "sglang": "flashinfer", "trtllm": "NVLINK_ONE_SIDED"}
     graph_capturable = True
     # payloads are bytes to FlashInfer: the quantized rows + their scales, quantized in dispatch
     # (vLLM's prepare() quantizes, then dispatches)

@@ -30,9 +30,8 @@ from .registry import register_backend
 @register_backend
 class FlashInferNvlinkTwoSided(All2AllBackend):
     name = "flashinfer_nvlink_two_sided"
-    vllm_name = "flashinfer_nvlink_two_sided"
-    sglang_name = None
-    trtllm_name = "NVLINK_TWO_SIDED"  # TensorRT-LLM's MnnvlMoe two-sided kernels
+    # TensorRT-LLM's MnnvlMoe two-sided kernels.
+    engine_names = {"vllm": "flashinfer_nvlink_two_sided", "sglang": None, "trtllm": "NVLINK_TWO_SIDED"}
     graph_capturable = True
     # the fp8 rows and their fp32 block scales travel as two exchanges (MXFP8 / NVFP4: not yet)
     payloads = frozenset({"bf16", "fp16", "fp32", "fp8_e4m3"})

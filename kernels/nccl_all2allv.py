@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ._wire import mask_nonlocal, pack_meta, received, row_format, send_rows, unpack_meta
+from ._wire import as_dispatched, pack_meta, row_format, send_rows
 from .base import PAYLOADS, All2AllBackend, Dispatched
 from .registry import register_backend
 
@@ -34,9 +34,8 @@ class _Handle:
 @register_backend
 class NcclAll2Allv(All2AllBackend):
     name = "nccl_all2allv"
-    vllm_name = None
-    vllm_closest = "flashinfer_nvlink_two_sided"  # also an all-to-all-v (vLLM once called it flashinfer_all2allv)
-    sglang_name = None
+    # No engine runs it; vLLM's nearest is also an all-to-all-v (vLLM once called it flashinfer_all2allv).
+    closest_names = {"vllm": "flashinfer_nvlink_two_sided"}
     payloads = frozenset(PAYLOADS)  # quantized ones as packed rows (values + scales), quantized in dispatch
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
@@ -61,15 +60,8 @@ class NcclAll2Allv(All2AllBackend):
         dist.all_to_all_single(rx, rows, recv_splits, send_splits, group=self.group)
         meta_send = pack_meta(topk_ids, topk_weights).index_select(0, source_token)
         dist.all_to_all_single(meta, meta_send, recv_splits, send_splits, group=self.group)
-        rids, rw = unpack_meta(meta, s.topk)
-        lo, hi = self.local_expert_range()
-        rx, scales = received(s, rx)
-        return Dispatched(
-            x=rx,
-            topk_ids=mask_nonlocal(rids, lo, hi),
-            topk_weights=rw,
-            handle=_Handle(tokens, source_token, send_splits, recv_splits),
-            x_scale=scales,
+        return as_dispatched(
+            s, rx, meta, self.local_expert_range(), _Handle(tokens, source_token, send_splits, recv_splits)
         )
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:

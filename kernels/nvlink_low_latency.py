@@ -27,9 +27,7 @@ MAX_TOKENS_PER_RANK = 1024  # decode batches; DeepEP's low-latency mode is used 
 @register_backend
 class NvlinkLowLatency(SymmetricMemoryBackend):
     name = "nvlink_low_latency"
-    vllm_name = None  # same semantics as vLLM's deepep_low_latency, not DeepEP's code
-    vllm_closest = "deepep_low_latency"
-    sglang_name = None
+    closest_names = {"vllm": "deepep_low_latency"}  # the same semantics, not DeepEP's code
     kernels = _low_latency_kernels
     # dispatch_recv is a kernel here (it tags each slot): its rows per program are a knob too
     knob_space = {**SymmetricMemoryBackend.knob_space, "recv_block_rows": (16, 32, 64, 128, 256)}

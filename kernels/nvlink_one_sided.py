@@ -31,8 +31,6 @@ from .registry import register_backend
 @register_backend
 class NvlinkOneSided(SymmetricMemoryBackend):
     name = "nvlink_one_sided"
-    vllm_name = None  # same semantics as vLLM's flashinfer_nvlink_one_sided, but not FlashInfer's code
-    vllm_closest = "flashinfer_nvlink_one_sided"
-    sglang_name = None
+    closest_names = {"vllm": "flashinfer_nvlink_one_sided"}  # the same semantics, not FlashInfer's code
     kernels = _one_sided_kernels
     step_sized = True  # slots are source * step + index: the step's size sets every grid

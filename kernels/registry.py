@@ -25,6 +25,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.environ import EnvError
 from a2a_tune.tuner.runtime.environ import env_seconds as _env_seconds
 from a2a_tune.tuner.runtime.text import one_line, quoted
@@ -157,7 +158,7 @@ def engine_names(*, extra: bool = True) -> dict[str, dict[str, Any]]:
         _load_extra_modules()
     return {
         n: {
-            "engines": dict(cls.engine_names),
+            "engines": {**dict.fromkeys(ENGINES), **cls.engine_names},
             "closest": dict(cls.closest_names),
             "engine_options": {engine: list(opts) for engine, opts in cls.engine_options.items()},
         }

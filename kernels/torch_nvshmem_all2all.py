@@ -65,9 +65,7 @@ class TorchNvshmemAll2All(All2AllBackend):
     # Its buffers live in one NVSHMEM heap per process, bootstrapped over every rank of the job,
     # and are grown, never freed, per group: groups side by side are not run with it here.
     sub_group_reason = "its NVSHMEM team spans every rank of the job (NVSHMEM is started on the world)"
-    vllm_name = None
-    vllm_closest = "flashinfer_nvlink_two_sided"  # also an all-to-all-v
-    sglang_name = None
+    closest_names = {"vllm": "flashinfer_nvlink_two_sided"}  # also an all-to-all-v
     graph_capturable = True  # counts stay on the GPU
     # block-FP8 rows and their scales travel in one row of bytes (MXFP8 / NVFP4: not yet)
     payloads = frozenset({"bf16", "fp16", "fp32", "fp8_e4m3"})

@@ -34,9 +34,11 @@ import torch.distributed as dist
 
 from a2a_tune.kernels._flashinfer import flashinfer_version
 
+from .groups import group_ranks
 from .launch import RankContext
 from .probe import RECORDING_ENV, Topology, cpu_topology, merge_nodes, probe
 from .runtime.environ import env_text
+from .runtime.table import FABRICS
 
 # Library versions that must agree across nodes (the driver is a probe fact of each node).
 COMPARED_VERSIONS = ("nccl", "cuda", "torch", "flashinfer")
@@ -142,6 +144,17 @@ class ClusterView:
         if len(island.nodes) > 1:
             return "domain", f"{len(reports)} ranks in one NVLink domain over {where}"
         return "island", f"{len(reports)} ranks in one NVLink island on {where}"
+
+    def widest_span(self, ep_size: int) -> tuple[str, str]:
+        """(kind, text) of the widest of the groups of `ep_size` consecutive ranks
+        (:func:`~a2a_tune.tuner.groups.group_ranks`), by where each rank really runs."""
+        groups = (self.span(group_ranks(ep_size, g)) for g in range(len(self.reports) // ep_size))
+        return max(groups, key=lambda s: FABRICS.index(s[0]))
+
+    def fabrics(self, ep_sizes: Sequence[int]) -> dict[str, str]:
+        """EP size (as text: a JSON key) -> what its groups span (the table's ``fabric``): what
+        a run on GPUs records, so that select need not assume rank r is the probe's GPU r."""
+        return {str(size): self.widest_span(size)[0] for size in ep_sizes}
 
     def summary(self) -> dict[str, Any]:
         """What the run and its table record about the job's nodes (JSON-able)."""

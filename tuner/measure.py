@@ -94,17 +94,11 @@ class Result:
     def measurement(self, key: MeasurementKey) -> Measurement:
         """This measured result as the case `key`'s Measurement: the round trip's statistics,
         its samples to the nanosecond, the knobs and the figures."""
-        stats = self.stats
         return Measurement(
             backend=key.backend,
             point=key.point,
             timing=self.timing,
-            median_us=stats.median_us,
-            p10_us=stats.p10_us,
-            p90_us=stats.p90_us,
-            ci_low_us=stats.ci_low_us,
-            ci_high_us=stats.ci_high_us,
-            n=stats.n,
+            **dataclasses.asdict(self.stats),  # median, p10, p90, the median's CI, n
             host_median_us=summarize(self.host_us).median_us,
             samples=[round(s, 3) for s in self.device_us],
             knobs=self.knobs,

@@ -147,6 +147,7 @@ def build_profile(
     backend_names: Mapping,
     generated_at: _dt.datetime | str | None = None,
     status: str = "completed",
+    fabrics: Mapping | None = None,
 ) -> dict:
     """Build a current-schema profile dict from one run's measurements and failures.
 
@@ -161,7 +162,7 @@ def build_profile(
     maps, one ``<engine>_name`` field each, are read too), in
     registry order (it sets the tie preference); a backend missing there gets nulls (with
     a warning). ``status``: the run's (each entry's ``provenance`` records it; ``fabric``:
-    :func:`fabric_of` the facts).
+    :func:`fabric_of` the run's recorded ``fabrics``, else the facts).
 
     With no usable measurement the result has ``entries == []`` (callers check;
     :func:`write_profile` refuses it). Raises ``ValueError`` for a timing mode other than
@@ -179,7 +180,7 @@ def build_profile(
     }
     for e in entries:
         e["provenance"] = [dict(source)]
-        fabric = fabric_of(_get(hardware, "facts"), e["ep_size"], _get(run, "world_size"))
+        fabric = fabric_of(_get(hardware, "facts"), e["ep_size"], _get(run, "world_size"), fabrics)
         if fabric is not None:
             e["fabric"] = fabric
     backends_out = {b: _engine_names(b, backend_names) for b in sorted(preference)}
@@ -202,11 +203,15 @@ def build_profile(
     }
 
 
-def fabric_of(facts, ep_size: int, world_size) -> str | None:
+def fabric_of(facts, ep_size: int, world_size, recorded=None) -> str | None:
     """What the groups of ``ep_size`` consecutive ranks span (:data:`FABRICS`), the widest over
-    the groups, from the probe's ``facts`` (rank r is GPU r: ranks are numbered node by node,
-    as the probe orders the nodes). None when the facts cannot tell: no GPUs (CPU ranks),
-    or more ranks than GPUs (virtual ranks)."""
+    the groups: as the run ``recorded`` it (its config's ``fabrics``, EP size -> fabric, from
+    where each rank really ran: :meth:`~a2a_tune.tuner.cluster.ClusterView.fabrics`), else from
+    the probe's ``facts``, assuming rank r is GPU r (ranks numbered node by node, as the probe
+    orders the nodes: runs from before the record). None when neither can tell: no GPUs (CPU
+    ranks), or more ranks than GPUs (virtual ranks)."""
+    if isinstance(recorded, Mapping) and recorded.get(str(ep_size)) in FABRICS:
+        return recorded[str(ep_size)]
     gpus = facts.get("gpus") if isinstance(facts, Mapping) else None
     world = world_size if isinstance(world_size, int) else 0
     if not isinstance(gpus, list) or not gpus or not 0 < ep_size <= world <= len(gpus):
@@ -568,6 +573,7 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
         run=run_section,
         backend_names=backend_names,
         status=_get(run, "status") or "completed",
+        fabrics=config.get("fabrics"),
     )
 
 

@@ -44,12 +44,12 @@ from a2a_tune.db import (
     resolve_url,
 )
 from a2a_tune.kernels import BackendEnv, MoEShape, ShapeError, availability_of, engine_names, get_backend
-from a2a_tune.kernels.base import REACH_TEXT, SPANS, reaches
+from a2a_tune.kernels.base import REACH_TEXT, reaches
 
 from . import cluster
 from .adaptive import AdaptiveSearch
 from .cluster import gather_cluster, library_versions
-from .groups import EPGroups, group_ranks
+from .groups import EPGroups
 from .launch import (
     Heartbeat,
     PeerFailed,
@@ -337,7 +337,7 @@ def _usable_backends(ctx: RankContext, plan: SweepPlan, rec: _Recorder, skip: di
     size runs the same backends)."""
     env = BackendEnv.local(size, ctx.device.type)
     groups = ctx.world_size // size
-    span, span_text = max((rec.view.span(group_ranks(size, g)) for g in range(groups)), key=lambda s: SPANS.index(s[0]))
+    span, span_text = rec.view.widest_span(size)
     usable: list[str] = []
     for name in plan.backend_names():
         cls = get_backend(name)
@@ -556,6 +556,8 @@ class _Recorder:
             # every backend's engine literals, in registry order, so that `select` never needs to
             # import the out-of-tree modules (A2A_TUNE_BACKEND_MODULES) to write this run's table
             config["engine_names"] = [[name, spec] for name, spec in engine_names().items()]
+            if device_type == "cuda":  # where the ranks really ran: select's `fabric` per EP size
+                config["fabrics"] = self.view.fabrics(plan.sizes(world))
             summary = self.view.summary()
             if len(summary["nodes"]) > 1 or "mixed" in summary:
                 config["cluster"] = summary  # which node ran which ranks, and any mix (the table shows it)

@@ -100,7 +100,7 @@ def test_engine_literals(name, vllm, sglang, trtllm, mode):
     names = engine_names()[name]
     assert names["engines"] == {"vllm": vllm, "sglang": sglang, "trtllm": trtllm}
     cls = get_backend(name)  # the class's per-engine fields and its map agree
-    assert (cls.vllm_name, cls.sglang_name, cls.trtllm_name) == (vllm, sglang, trtllm)
+    assert tuple(cls.engine_names[e] for e in ("vllm", "sglang", "trtllm")) == (vllm, sglang, trtllm)
     assert names["engine_options"] == {"sglang": ["--deepep-mode", mode]}
 
 

@@ -42,7 +42,7 @@ def no_metadata(monkeypatch):
 def test_registered_after_the_nccl_baselines_with_the_vllm_literals(name):
     names = list_backends()
     assert names.index(name) > names.index("nccl_all2allv")
-    assert get_backend(name).vllm_name == name
+    assert get_backend(name).engine_names["vllm"] == name
 
 
 def test_without_flashinfer_the_reason_says_how_to_install(monkeypatch, no_metadata):

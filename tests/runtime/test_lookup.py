@@ -122,27 +122,31 @@ def test_failed_backend_never_competes(fixture_dir, tokens):
 
 def test_engine_literals_come_from_the_profile(tmp_path, monkeypatch):
     c = lookup(profile=FIXTURE, tokens=1, **B)
-    assert (c.backend, c.vllm_name, c.sglang_name) == ("allgather_reducescatter", "allgather_reducescatter", None)
+    assert (c.backend, c.engines["vllm"], c.engines["sglang"]) == (
+        "allgather_reducescatter",
+        "allgather_reducescatter",
+        None,
+    )
     c = lookup(profile=FIXTURE, tokens=1024, **B)
-    assert (c.backend, c.vllm_name, c.sglang_name) == ("nccl_all2allv", None, None)
+    assert (c.backend, c.engines["vllm"], c.engines["sglang"]) == ("nccl_all2allv", None, None)
 
     data = fixture_data()
     data["backends"]["nccl_all2allv"] = {"engines": {"vllm": "deepep_high_throughput", "sglang": "deepep"}}
     c = lookup(profile=write(tmp_path, data), tokens=1024, **B)
-    assert (c.vllm_name, c.sglang_name) == ("deepep_high_throughput", "deepep")
+    assert (c.engines["vllm"], c.engines["sglang"]) == ("deepep_high_throughput", "deepep")
 
 
 def test_engine_restricts_to_backends_it_can_name(tmp_path, caplog):
     # nvlink_one_sided wins shape A at 64 tokens but vLLM has no literal for it.
     assert lookup(profile=FIXTURE, tokens=64, **A).backend == "nvlink_one_sided"
     c = lookup(profile=FIXTURE, tokens=64, engine="vllm", **A)
-    assert (c.backend, c.vllm_name, c.match) == ("allgather_reducescatter", "allgather_reducescatter", "exact")
+    assert (c.backend, c.engines["vllm"], c.match) == ("allgather_reducescatter", "allgather_reducescatter", "exact")
     assert set(c.expected_us) == {"allgather_reducescatter"}
 
     data = fixture_data()
     data["backends"]["nccl_all2allv"]["engines"]["vllm"] = "deepep_high_throughput"
     c = lookup(profile=write(tmp_path, data), tokens=64, engine="vllm", **A)
-    assert (c.backend, c.vllm_name) == ("nccl_all2allv", "deepep_high_throughput")
+    assert (c.backend, c.engines["vllm"]) == ("nccl_all2allv", "deepep_high_throughput")
 
     # A literal the engine does not accept (a typo, or one from a newer engine) never
     # competes for that engine: `--format vllm` can only print what vLLM accepts.
@@ -170,14 +174,14 @@ def test_trtllm_gets_the_fastest_method_it_has_and_its_rule_for_uneven_experts(t
     data["backends"]["nccl_all2allv"]["engines"]["trtllm"] = "NVLINK_TWO_SIDED"
     path = write(tmp_path, data)
     c = lookup(profile=path, tokens=64, engine="trtllm", **A)
-    assert (c.backend, c.trtllm_name, c.match) == ("nccl_all2allv", "NVLINK_TWO_SIDED", "exact")
+    assert (c.backend, c.engines["trtllm"], c.match) == ("nccl_all2allv", "NVLINK_TWO_SIDED", "exact")
     assert set(c.expected_us) == {"allgather_reducescatter", "nccl_all2allv"}
     assert lookup(profile=path, tokens=64, **A).backend == "nvlink_one_sided"  # without an engine: untouched
     # Experts that do not divide over the ranks: TensorRT-LLM refuses a forced NVLINK_TWO_SIDED.
     even = dict(A, num_experts=A["num_experts"] + 2)  # 258 over 2 ranks: even, answered by A's entry
     assert lookup(profile=path, tokens=64, engine="trtllm", **even).backend == "nccl_all2allv"
     c = lookup(profile=path, tokens=64, engine="trtllm", **dict(A, num_experts=A["num_experts"] + 1))
-    assert (c.backend, c.trtllm_name, c.match) == ("allgather_reducescatter", "ALLGATHER", "nearest-shape")
+    assert (c.backend, c.engines["trtllm"], c.match) == ("allgather_reducescatter", "ALLGATHER", "nearest-shape")
 
 
 def test_engine_options_are_part_of_what_an_engine_accepts(tmp_path):
@@ -186,7 +190,7 @@ def test_engine_options_are_part_of_what_an_engine_accepts(tmp_path):
     data["backends"]["nccl_all2allv"]["engines"]["sglang"] = "deepep"
     data["backends"]["nccl_all2allv"]["engine_options"] = {"sglang": ["--deepep-mode", "normal"]}
     c = lookup(profile=write(tmp_path, data), tokens=64, engine="sglang", **A)
-    assert (c.backend, c.sglang_name, c.engine_options["sglang"]) == (
+    assert (c.backend, c.engines["sglang"], c.engine_options["sglang"]) == (
         "nccl_all2allv",
         "deepep",
         ("--deepep-mode", "normal"),
@@ -259,7 +263,7 @@ def test_nearest_shape_tie_goes_to_larger_hidden(tmp_path):
 @pytest.mark.parametrize("change", [{"ep_size": 8}, {"dtype": "fp8"}])
 def test_other_ep_size_or_dtype_is_not_matched(fixture_dir, caplog, change):
     c = lookup(fingerprint=FP, tokens=64, **{**A, **change})
-    assert (c.backend, c.match, c.vllm_name) == (FALLBACK_BACKEND, "fallback", FALLBACK_BACKEND)
+    assert (c.backend, c.match, c.engines["vllm"]) == (FALLBACK_BACKEND, "fallback", FALLBACK_BACKEND)
     (rec,) = warnings_of(caplog)
     msg = rec.getMessage()
     assert str(FIXTURE) in msg and "no entry for ep_size=" in msg and "table has ep_size=2/dtype=bf16" in msg
@@ -384,7 +388,7 @@ def test_disaggregated_prefill_and_decode_engines_get_different_backends(fixture
     # vLLM cannot express either; for vLLM both engines get the fastest backend it accepts.
     for phase, n in (("decode", 64), ("prefill", 1024)):
         c = lookup(fingerprint=FP, phase=phase, max_tokens=n, engine="vllm", **A)
-        assert (c.backend, c.vllm_name) == ("allgather_reducescatter", "allgather_reducescatter")
+        assert (c.backend, c.engines["vllm"]) == ("allgather_reducescatter", "allgather_reducescatter")
     assert warnings_of(caplog) == []
 
 

@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import pytest
 
+from a2a_tune.tuner.policies import registry_names
 from a2a_tune.tuner.runtime.models import moe_layer_count
 from a2a_tune.tuner.runtime.savings import default_backends, in_engine_units, sentence
-from a2a_tune.tuner.runtime.table import BackendNames
 
-NAMES = {
-    "allgather_reducescatter": BackendNames.of(
-        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
-    ),
-    "allgather_reducescatter_padded": BackendNames.of(
-        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
-    ),
-    "flashinfer_nvlink_one_sided": BackendNames.of(
-        {"vllm": "flashinfer_nvlink_one_sided", "sglang": "flashinfer", "trtllm": "NVLINK_ONE_SIDED"}
-    ),
-    "deepep_low_latency": BackendNames.of(
-        {"vllm": "deepep_low_latency", "sglang": "deepep", "trtllm": "DEEPEPLOWLATENCY"}
-    ),
-    "nvlink_one_sided": BackendNames.of({"vllm": None, "sglang": None, "trtllm": None}),
-}
+NAMES = registry_names()  # backend -> BackendNames: the engines' literals the kernels declare
 
 
 def test_each_engines_default_is_its_own_rule_on_what_ran_here():
-    measured = list(NAMES)
     both = {"allgather_reducescatter", "allgather_reducescatter_padded"}  # one literal, two of ours
+    measured = [*sorted(both), "flashinfer_nvlink_one_sided", "deepep_low_latency", "nvlink_one_sided"]
     assert default_backends("vllm", NAMES, measured, 256, 8) == ("allgather_reducescatter", both)
     assert default_backends("sglang", NAMES, measured, 256, 8)[1] == both  # none: all-gather and reduce
     # TensorRT-LLM: the first of its priority list that ran here

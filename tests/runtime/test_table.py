@@ -40,7 +40,7 @@ def test_bad_table_falls_back_with_exactly_one_warning(case, tmp_path, monkeypat
 
     for tokens in (64, 64, 200):  # repeated and different requests: still one warning
         c = lookup(fingerprint=FP, tokens=tokens, **A)
-        assert (c.backend, c.vllm_name, c.match) == (FALLBACK_BACKEND, FALLBACK_BACKEND, "fallback")
+        assert (c.backend, c.engines["vllm"], c.match) == (FALLBACK_BACKEND, FALLBACK_BACKEND, "fallback")
         assert c.expected_us == {} and c.entry_shape is None
     recs = warnings_of(caplog)
     assert len(recs) == 1, [r.getMessage() for r in recs]

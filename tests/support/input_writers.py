@@ -71,21 +71,25 @@ class ZeroesTheWeights(NcclAll2Allv):
         return torch.zeros(self._tokens, self.shape.hidden, dtype=self.dtype, device=self.device)
 
 
-@register_backend
-class HalvesXAfterGathering(AllGatherReduceScatter):
-    """Really all-gathers, then halves the caller's x after sending and returns half the sum."""
+def _halves_x(base: type, name: str, send: str, receive: str) -> type:
+    """`base` that halves the caller's x once its method `send` has sent it and returns half of
+    what its method `receive` returns: the sum the halved x calls for."""
 
-    name = "planted_halves_x"
-
-    def dispatch(self, x, topk_ids, topk_weights):
-        d = super().dispatch(x, topk_ids, topk_weights)
+    def sends(self, x, topk_ids, topk_weights):
+        out = getattr(base, send)(self, x, topk_ids, topk_weights)
         x.mul_(0.5)
-        return d
+        return out
 
-    def combine(self, expert_out, dispatched):
-        return super().combine(expert_out, dispatched) * 0.5
+    def receives(self, *args):
+        return getattr(base, receive)(self, *args) * 0.5
+
+    doc = f"{base.__name__} that halves x after `{send}` and returns half of what `{receive}` returns."
+    return register_backend(
+        type(f"HalvesX_{base.__name__}", (base,), {"name": name, "__doc__": doc, send: sends, receive: receives})
+    )
 
 
+_halves_x(AllGatherReduceScatter, "planted_halves_x", "dispatch", "combine")  # really all-gathers, then halves x
 WRITERS += ["planted_zero_weights", "planted_halves_x"]
 
 
@@ -104,16 +108,5 @@ class WritesOnceTimed(NcclAll2Allv):
         return d
 
 
-@register_backend
-class VirtualWritesX(NvlinkOneSided):
-    """Virtual ranks: halves x after sending, returns half the sum."""
-
-    name = "planted_virtual_halves_x"
-
-    def dispatch_send(self, x, topk_ids, topk_weights):
-        handle = super().dispatch_send(x, topk_ids, topk_weights)
-        x.mul_(0.5)
-        return handle
-
-    def combine_recv(self, dispatched):
-        return super().combine_recv(dispatched) * 0.5
+# Virtual ranks: halves x after sending, returns half the sum.
+_halves_x(NvlinkOneSided, "planted_virtual_halves_x", "dispatch_send", "combine_recv")

@@ -12,7 +12,6 @@ class IslandOnly(NcclAll2Allv):
     """Stands for a CUDA IPC backend: one NVLink island on one node."""
 
     name = "planted_island_reach"
-    vllm_name = None
     reach = "island"
 
 
@@ -21,5 +20,4 @@ class DomainOnly(NcclAll2Allv):
     """Stands for a fabric-memory backend: one NVLink domain, also across nodes."""
 
     name = "planted_domain_reach"
-    vllm_name = None
     reach = "domain"

@@ -135,6 +135,19 @@ def test_two_h200_nodes_are_islands_joined_by_the_network():
     assert _view((a, {})).span() == ("island", "2 ranks in one NVLink island on one node")
 
 
+def test_the_fabric_a_run_records_follows_where_each_rank_ran_not_its_number():
+    """Two H200 nodes, ranks dealt round-robin (rank 0 on a, 1 on b, ...): every EP-2 group
+    crosses the network, which numbering by rank (rank r = the probe's GPU r) would call one
+    island. The run records what the ranks did (select's `fabric`)."""
+    a = _node(FIXTURES / "h200_nv18x2.json", hostname="h200-a")
+    b = _node(FIXTURES / "h200_nv18x2.json", hostname="h200-b")
+    by_node = _view((a, {}), (b, {}))
+    assert by_node.fabrics([2, 4]) == {"2": "island", "4": "network"}
+    dealt = ClusterView.from_reports([_report(0, 0, a), _report(1, 0, b), _report(2, 1, a), _report(3, 1, b)])
+    assert dealt.fabrics([2, 4]) == {"2": "network", "4": "network"}
+    assert dealt.widest_span(2) == ("network", "2 ranks on 2 nodes joined by the network")
+
+
 def test_ranks_without_nvlink_between_them_span_the_network():
     l40s = _node(FIXTURES / "l40s_pcie4.json")
     assert _view((l40s, {})).span() == ("network", "2 ranks on one node without NVLink between all of them")

@@ -141,7 +141,7 @@ def test_the_table_answers_each_measured_size(eight, tmp_path):
     import planted_backends  # noqa: F401  (tests/support: the ranks load it by env; select names its backends)
 
     url, outcome, _, _ = eight
-    names = {n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in GOOD}
+    names = {n: {"engines": get_backend(n).engine_names} for n in GOOD}
     with open_store(url) as store:
         profile = profile_from_store(store, outcome.run_id, backend_names=names)
     path = write_profile(profile, tmp_path)

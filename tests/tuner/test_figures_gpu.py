@@ -123,13 +123,17 @@ CASES = [
 def test_halves_come_out_in_the_planted_ratio_and_swap_with_it(measured, name, mode):
     added = _planted(measured, name, mode)
     ls, sl = added["long_short"], added["short_long"]
-    assert ls["dispatch"] / ls["combine"] == pytest.approx(LONG / SHORT, rel=0.05), added
-    assert sl["dispatch"] / sl["combine"] == pytest.approx(SHORT / LONG, rel=0.05), added
+    # Replayed, a half is the planted spin within 1%. Eager, the launches' host gaps land in the
+    # dispatch half and vary with the lent machine (BENCHMARKS.md, "Eager halves": up to +12% on
+    # the short dispatch spin). A swapped 3:1 stays far outside either tolerance.
+    rel = 0.05 if mode == "graph" else 0.15
+    assert ls["dispatch"] / ls["combine"] == pytest.approx(LONG / SHORT, rel=rel), added
+    assert sl["dispatch"] / sl["combine"] == pytest.approx(SHORT / LONG, rel=rel), added
     # swapping the durations swaps the figures
-    assert ls["dispatch"] == pytest.approx(sl["combine"], rel=0.05), added
-    assert ls["combine"] == pytest.approx(sl["dispatch"], rel=0.05), added
+    assert ls["dispatch"] == pytest.approx(sl["combine"], rel=rel), added
+    assert ls["combine"] == pytest.approx(sl["dispatch"], rel=rel), added
     # and each half gained what was planted in it (the spin calibrated on this GPU)
-    assert ls["dispatch"] == pytest.approx(LONG, rel=0.05) and ls["combine"] == pytest.approx(SHORT, rel=0.05), added
+    assert ls["dispatch"] == pytest.approx(LONG, rel=rel) and ls["combine"] == pytest.approx(SHORT, rel=rel), added
 
 
 @pytest.mark.parametrize("name, mode", CASES)

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import knob_backends  # noqa: F401  (tests/support: registers knobbed_sleepy here; the ranks load it by env)
 import pytest
+from stored import measured
 
 from a2a_tune.db import open_store
 from a2a_tune.kernels import KnobError, get_backend
 from a2a_tune.kernels._nvlink_common import LaunchKnobs
 from a2a_tune.tuner.knobs import KnobPlan, tune_knobs
 from a2a_tune.tuner.runtime.lookup import lookup
-from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.runtime.table import ProfileError, parse_profile
 from a2a_tune.tuner.select import build_profile, with_knobs, write_profile, write_profile_to
 from a2a_tune.tuner.shapes import ModelShape
@@ -147,23 +147,14 @@ def test_a_backend_without_knobs_is_not_searched():
 
 
 def _table(tmp_path):
-    rows = []
-    for backend, base in (("allgather_reducescatter", 100.0), ("knobbed_sleepy", 50.0)):
-        for t in (4, 16, 64):
-            rows.append(
-                dict(
-                    ENTRY,
-                    backend=backend,
-                    tokens_per_rank=t,
-                    timing="eager",
-                    median_us=base + t,
-                    p10_us=base + t - 1,
-                    p90_us=base + t + 1,
-                )
-            )
+    ms = [
+        measured(ENTRY, backend, t, base + t, base + t - 1, base + t + 1)
+        for backend, base in (("allgather_reducescatter", 100.0), ("knobbed_sleepy", 50.0))
+        for t in (4, 16, 64)
+    ]
     names = {b: {"vllm_name": None, "sglang_name": None} for b in ("allgather_reducescatter", "knobbed_sleepy")}
     profile = build_profile(
-        [Measurement.from_columns(r) for r in rows],
+        ms,
         [],
         hardware={"fingerprint": "cpu-x86_64.node1", "facts_hash": "x", "facts": {}},
         run={"id": 1, "device_type": "cpu", "world_size": 2, "versions": {}},

@@ -11,32 +11,21 @@ import sys
 import paths
 import pytest
 
-from a2a_tune.tuner.policies import Point, default_policies, score_policies, score_table, table_points
+from a2a_tune.tuner.policies import (
+    Point,
+    default_policies,
+    registry_names,
+    score_policies,
+    score_table,
+    table_points,
+)
 from a2a_tune.tuner.runtime.lookup import load_profile
-from a2a_tune.tuner.runtime.table import BackendNames
 
 ROOT = paths.REPO
 SHIPPED = ROOT / "profiles" / "h200.nvl18x2.node1.json"
 SHAPE = (2, 7168, 8, 256, "bf16", "uniform")
 
-NAMES = {
-    "allgather_reducescatter": BackendNames.of(
-        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
-    ),
-    "allgather_reducescatter_padded": BackendNames.of(
-        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"}
-    ),
-    "flashinfer_nvlink_one_sided": BackendNames.of(
-        {"vllm": "flashinfer_nvlink_one_sided", "sglang": "flashinfer", "trtllm": "NVLINK_ONE_SIDED"}
-    ),
-    "flashinfer_nvlink_two_sided": BackendNames.of(
-        {"vllm": "flashinfer_nvlink_two_sided", "sglang": None, "trtllm": "NVLINK_TWO_SIDED"}
-    ),
-    "deepep_low_latency": BackendNames.of(
-        {"vllm": "deepep_low_latency", "sglang": "deepep", "trtllm": "DEEPEPLOWLATENCY"}
-    ),
-    "nvlink_one_sided": BackendNames.of({"vllm": None, "sglang": None, "trtllm": None}),
-}
+NAMES = registry_names()  # backend -> BackendNames: the engines' literals the kernels declare
 
 
 def by_name(scores):

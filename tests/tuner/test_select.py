@@ -19,10 +19,10 @@ from types import SimpleNamespace
 
 import paths
 import pytest
+from stored import measured
 
 from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.lookup import ProfileError, load_profile, lookup, profile_filename
-from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.runtime.table import Failed
 from a2a_tune.tuner.select import build_profile, profile_from_store, upgrade_profile, validate_profile, write_profile
 
@@ -116,24 +116,10 @@ def measurements_from(curves=CURVES, timing=None):
             for t, v in zip(tokens, values):
                 if v is not None:
                     mode = timing or TIMINGS.get(backend, "eager")
-                    out.append(
-                        _measurement(
-                            shape,
-                            backend=backend,
-                            tokens_per_rank=t,
-                            timing=mode,
-                            median_us=float(v),
-                            p10_us=v * 0.98,
-                            p90_us=v * 1.03,
-                            **_figures(shape, backend, t, v),
-                        )
-                    )
+                    figures = _figures(shape, backend, t, v)
+                    # 50 samples, of which only the statistics matter here
+                    out.append(measured(shape, backend, t, float(v), v * 0.98, v * 1.03, timing=mode, n=50, **figures))
     return out
-
-
-def _measurement(shape, **columns) -> Measurement:
-    """A Measurement from the store's columns (50 samples, of which only the statistics matter here)."""
-    return Measurement.from_columns(dict(shape, n=50, samples=[columns["median_us"]] * 50, **columns))
 
 
 FAILURES = [
@@ -341,17 +327,7 @@ def test_backend_that_only_errored_on_a_shape_is_explained():
 
 def test_duplicate_point_keeps_lower_median():
     ms = measurements_from({"X": (SHAPE_B, [1], {"nccl_all2allv": [30]})})
-    ms.append(
-        _measurement(
-            SHAPE_B,
-            backend="nccl_all2allv",
-            tokens_per_rank=1,
-            timing="eager",
-            median_us=25.0,
-            p10_us=24.0,
-            p90_us=26.0,
-        )
-    )
+    ms.append(measured(SHAPE_B, "nccl_all2allv", 1, 25.0, 24.0, 26.0, n=50))
     p = build_profile(ms, [], hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
     assert p["entries"][0]["backends"]["nccl_all2allv"]["median_us"] == [25.0]
 
@@ -567,7 +543,7 @@ def test_failed_write_removes_the_temp_file(tmp_path, monkeypatch):
 def test_written_profile_answers_lookup(tmp_path):
     out = write_profile(fixture_profile(), tmp_path)
     c = lookup(profile=out, tokens=1, **SHAPE_B)
-    assert (c.backend, c.vllm_name, c.match) == ("allgather_reducescatter", "allgather_reducescatter", "exact")
+    assert (c.backend, c.engines["vllm"], c.match) == ("allgather_reducescatter", "allgather_reducescatter", "exact")
 
 
 # ----------------------------------------------------------------------------- store

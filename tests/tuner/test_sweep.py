@@ -105,9 +105,7 @@ def test_a_completed_run_is_not_resumed_but_measured_anew(swept):
 
 def test_profile_from_the_sweep_selects_only_correct_backends(swept, tmp_path):
     url, first, _ = swept
-    names = {
-        n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in BACKENDS[:2]
-    }
+    names = {n: {"engines": get_backend(n).engine_names} for n in BACKENDS[:2]}
     with open_store(url) as store:
         profile = profile_from_store(store, first.run_id, backend_names=names)
     path = write_profile(profile, tmp_path)
@@ -155,9 +153,7 @@ def test_a_sweep_on_four_ranks_writes_an_ep4_table(tmp_path):
     )
     outcome = sweep(plan, device_type="cpu", world_size=4, db_url=url, progress=False)
     assert (outcome.status, outcome.measured) == ("completed", 4)
-    names = {
-        n: {"vllm_name": get_backend(n).vllm_name, "sglang_name": get_backend(n).sglang_name} for n in BACKENDS[:2]
-    }
+    names = {n: {"engines": get_backend(n).engine_names} for n in BACKENDS[:2]}
     with open_store(url) as store:
         assert {m.ep_size for m in store.measurements(outcome.run_id)} == {4}
         profile = profile_from_store(store, outcome.run_id, backend_names=names)

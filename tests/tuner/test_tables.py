@@ -164,6 +164,25 @@ def test_the_fabric_an_entrys_groups_span_comes_from_the_probe(facts, ep_size, w
     assert fabric_of(facts, ep_size, world) == fabric
 
 
+def test_the_fabric_a_run_recorded_wins_over_the_probes_numbering():
+    """Ranks dealt over two HGX nodes: the run recorded "network" for EP 8, where numbering by
+    rank says "island"; a record naming no known fabric, or not this size, leaves the facts."""
+    facts = _facts(2, 8, [list(range(8)), list(range(8, 16))])
+    assert fabric_of(facts, 8, 16) == "island"
+    assert fabric_of(facts, 8, 16, {"8": "network"}) == "network"
+    assert fabric_of(facts, 8, 16, {"8": "wormhole"}) == fabric_of(facts, 8, 16, {"4": "network"}) == "island"
+    measured = rows(dict(SHAPE, ep_size=8), {B[0]: {1: 10.0}, B[1]: {1: 30.0}})
+    profile = build_profile(
+        measured,
+        [],
+        hardware={"fingerprint": FP, "facts_hash": "0" * 16, "facts": facts},
+        run={"id": 1, "device_type": "cuda", "world_size": 16, "versions": {}},
+        backend_names={},
+        fabrics={"8": "network"},
+    )
+    assert [e["fabric"] for e in profile["entries"]] == ["network"]
+
+
 def test_the_vllm_plugin_and_the_format_lines_follow_the_nearest_larger_ep_size(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
@@ -264,3 +283,29 @@ def test_a_table_from_before_schema_4_merged_keeps_its_entries_and_gains_their_f
     assert len(merged["entries"]) == len(old["entries"]) + 1
     assert {e.get("fabric") for e in merged["entries"] if e["hidden"] != 64} == {"island"}
     parse_profile(merged)
+
+
+def test_show_says_which_runs_each_entry_of_a_merged_table_comes_from(tmp_path):
+    """A table across runs: show names each entry's runs, --json carries them per shape; a
+    table from one run says it once, at the top, not per entry."""
+    from tests.support.run_cli import a2a
+
+    first = table(1, "2026-12-01T10:00:00Z", rows(SHAPE, {B[0]: {1: 10.0}, B[1]: {1: 30.0}}))
+    other = dict(SHAPE, ep_size=8, hidden=128)
+    path = write_table(first, str(tmp_path))
+    single = a2a("show", "--profile", str(path))
+    assert single.returncode == 0 and "measured by:" not in single.stdout, single.stdout
+    second = table(2, "2026-12-01T11:00:00Z", rows(other, {B[0]: {1: 11.0}, B[1]: {1: 50.0}}), status="interrupted")
+    path = write_table(second, str(tmp_path))
+    r = a2a("show", "--profile", str(path))
+    assert r.returncode == 0, r.stderr
+    lines = [line.strip() for line in r.stdout.splitlines() if "measured by:" in line]
+    assert lines == [
+        "measured by: run 1 (2026-12-01T10:00:00Z, completed)",
+        "measured by: run 2 (2026-12-01T11:00:00Z, interrupted)",
+    ]
+    shapes = json.loads(a2a("show", "--profile", str(path), "--json").stdout)["shapes"]
+    assert [[(p["run"], p["status"]) for p in s["provenance"]] for s in shapes] == [
+        [(1, "completed")],
+        [(2, "interrupted")],
+    ]

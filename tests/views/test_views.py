@@ -22,9 +22,9 @@ import pytest
 from bad_tables import BAD_TABLES
 from bad_tables import FIXTURE as LOOKUP_FIXTURE
 from run_cli import a2a
+from stored import measured, start_run
 
 from a2a_tune.tuner.runtime.lookup import clear_cache, lookup
-from a2a_tune.tuner.runtime.measurement import Measurement
 from a2a_tune.tuner.views.diff import diff_views
 from a2a_tune.tuner.views.load import load_profile_view, load_run_view, load_view, run_tie_preference
 from a2a_tune.tuner.views.model import ViewError
@@ -201,34 +201,12 @@ def profile_a(tmp_path):
 
 
 def _store_run(store, hw, *, curves, versions, failures=(), spread=0.05):
-    rid = store.start_run(
-        hw,
-        device_type="cuda",
-        world_size=2,
-        versions=versions,
-        git_sha="0123abc",
-        config={"warmup": 10, "iters": 50, "argv": ["run", "--device", "cuda"]},
-        config_hash="h",
-    )
+    config = {"warmup": 10, "iters": 50, "argv": ["run", "--device", "cuda"]}
+    rid = start_run(store, hw, config=config, config_hash="h", versions=versions)
     for shape, tokens, per_backend in curves.values():
         for b, values in per_backend.items():
             for t, v in zip(tokens, values):
-                store.add_measurement(
-                    rid,
-                    Measurement.from_columns(
-                        dict(
-                            backend=b,
-                            tokens_per_rank=t,
-                            timing="eager",
-                            median_us=v,
-                            p10_us=v * (1 - spread),
-                            p90_us=v * (1 + spread),
-                            n=3,
-                            samples=[v] * 3,
-                            **shape,
-                        )
-                    ),
-                )
+                store.add_measurement(rid, measured(shape, b, t, v, v * (1 - spread), v * (1 + spread), n=3))
     for f in failures:
         store.add_failure(rid, **f)
     store.finish_run(rid, "completed")
@@ -434,21 +412,8 @@ def test_views_read_what_select_writes(tmp_path):
     for shape, tokens, per_backend in CURVES.values():
         for b, values in per_backend.items():
             for t, v in zip(tokens, values):
-                ms.append(
-                    Measurement.from_columns(
-                        dict(
-                            shape,
-                            backend=b,
-                            tokens_per_rank=t,
-                            timing="graph" if b == "nccl_all2allv" else "eager",
-                            median_us=float(v),
-                            p10_us=v * 0.95,
-                            p90_us=v * 1.05,
-                            n=1,
-                            samples=[float(v)],
-                        )
-                    )
-                )
+                timing = "graph" if b == "nccl_all2allv" else "eager"
+                ms.append(measured(shape, b, t, float(v), v * 0.95, v * 1.05, timing=timing, n=1))
     fails = [dict(S1, backend="flashinfer_nvlink_one_sided", kind="incorrect", reason=INCORRECT, tokens_per_rank=256)]
     names = {
         b: {"vllm_name": None, "sglang_name": None}
@@ -481,22 +446,7 @@ def test_a_run_timed_in_two_modes_shows_one_curve_per_backend(tmp_path):
         hw = s.get_or_create_hardware("h200.nvl18x2.node1", "x", H200_FACTS)
         rid = _store_run(s, hw, curves={"S2": CURVES["S2"]}, versions={})
     with open_store(str(path)) as s:
-        s.add_measurement(
-            rid,
-            Measurement.from_columns(
-                dict(
-                    backend="nccl_all2allv",
-                    tokens_per_rank=1,
-                    timing="graph",
-                    median_us=5.0,
-                    p10_us=4.9,
-                    p90_us=5.1,
-                    n=3,
-                    samples=[5.0] * 3,
-                    **S2,
-                )
-            ),
-        )
+        s.add_measurement(rid, measured(S2, "nccl_all2allv", 1, 5.0, 4.9, 5.1, timing="graph", n=3))
     view = load_run_view(str(path), rid)
     [shape] = view.shapes
     assert set(shape.curves) == {"allgather_reducescatter", "nccl_all2allv"}

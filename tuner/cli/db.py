@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from .common import (
-    _db_opt,
-    _fail,
-    db_app,
-    out,
-)
+from . import options as opt
+from .common import _fail, db_app, out
 
 
 @db_app.command("upgrade")
-def db_upgrade(db: str | None = _db_opt) -> None:
+def db_upgrade(db: str | None = opt.db) -> None:
     """Migrate a database made by an older a2a-tune to the current schema."""
     from a2a_tune.db import EmptyStoreError, StoreError, display_url, resolve_url, upgrade
 

@@ -7,20 +7,8 @@ from pathlib import Path
 
 import typer
 
-from .common import (
-    _config_opt,
-    _device_opt,
-    _help,
-    _note,
-    _planned,
-    _plans,
-    _preset_opt,
-    _progress_opt,
-    _world_opt,
-    app,
-    err,
-    out,
-)
+from . import options as opt
+from .common import _help, _note, _planned, _plans, app, err, out
 
 # ------------------------------------------------------------------------------- listings
 
@@ -35,7 +23,8 @@ def backends(
     from rich.table import Column
     from rich.text import Text
 
-    from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, availability_of, get_backend, list_backends
+    from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, availability_of, engine_names, get_backend
+    from a2a_tune.tuner.runtime.engines import ENGINES, NAMES
 
     from ..views.layout import print_fitted
 
@@ -43,35 +32,28 @@ def backends(
     world = world or (gpus if device == "cuda" else 2)
     env = BackendEnv.local(world, device)
     listed = []
-    for name in list_backends():
+    for name, names in engine_names().items():
         cls = get_backend(name)
         ok, reason = availability_of(cls, env)
         missing = [d for d in PAYLOAD_DTYPES if d not in cls.payloads]
         listed.append(
-            {
-                "backend": name,
-                "vllm": cls.vllm_name,
-                "vllm_closest": cls.vllm_closest,
-                "sglang": cls.sglang_name,
-                "trtllm": cls.trtllm_name,
-                "reach": cls.reach,
-                "payloads": sorted(cls.payloads),
-                "does_not_carry": missing,
-                "available": ok,
-                "reason": None if ok else reason,
-            }
+            {"backend": name, **names, "reach": cls.reach, "payloads": sorted(cls.payloads)}
+            | {"does_not_carry": missing, "available": ok, "reason": None if ok else reason}
         )
     if as_json:
         print(json.dumps({"device": device, "world_size": world, "backends": listed}, indent=2))
         return
+
+    def literal(b: dict, engine: str) -> Text:
+        closest = b["closest"].get(engine)
+        return Text(b["engines"].get(engine) or (f"- (closest: {closest})" if closest else "-"))
+
     rows = [
         (
             Text(b["backend"]),  # Text: a name is never markup
             Text(b["reach"]),
             Text("available", style="green") if b["available"] else Text(b["reason"], style="yellow"),
-            Text(b["vllm"] or (f"- (closest: {b['vllm_closest']})" if b["vllm_closest"] else "-")),
-            Text(b["sglang"] or "-"),
-            Text(b["trtllm"] or "-"),
+            *(literal(b, engine) for engine in ENGINES),
             Text("all" if not b["does_not_carry"] else "does not carry " + ", ".join(b["does_not_carry"])),
         )
         for b in listed
@@ -80,9 +62,7 @@ def backends(
         Column("backend", no_wrap=True),
         Column("reach", no_wrap=True),
         Column("here"),  # the reason wraps at spaces
-        Column("vLLM"),
-        Column("SGLang", no_wrap=True),
-        Column("TensorRT-LLM", no_wrap=True),
+        *(Column(NAMES[engine], no_wrap=engine != "vllm") for engine in ENGINES),
         Column("payloads"),
     ]
     # Narrow: what runs here, then what the engines call each one and what it carries.
@@ -124,17 +104,17 @@ def check(
         help="Backend to check, repeatable [default: every registered one; those unavailable here are skipped]. "
         "A backend named here that cannot run here FAILs.",
     ),
-    device: str = _device_opt,
-    world: int | None = _world_opt,
-    preset: list[str] = _preset_opt,
-    model_config: list[Path] = _config_opt,
+    device: str = opt.device,
+    world: int | None = opt.world,
+    preset: list[str] = opt.preset,
+    model_config: list[Path] = opt.model_config,
     timeout: float = typer.Option(
         300.0, min=1, help="Seconds one case may make no progress before its ranks are stopped and it FAILs."
     ),
     as_json: bool = typer.Option(
         False, "--json", help="Print the rows and the counts as JSON on standard output (the table goes to stderr)."
     ),
-    progress: bool = _progress_opt,
+    progress: bool = opt.progress,
     virtual: bool = typer.Option(
         False, "--virtual", help="Run the --world ranks as virtual ranks of one device, in one process (see above)."
     ),

@@ -8,35 +8,8 @@ from pathlib import Path
 
 import typer
 
-from .common import (
-    _adaptive_opt,
-    _backend_opt,
-    _capacity_opt,
-    _config_opt,
-    _db_opt,
-    _device_opt,
-    _dtype_opt,
-    _ep_sizes_opt,
-    _fail,
-    _iters_opt,
-    _mixed_opt,
-    _note,
-    _planned,
-    _plans,
-    _preset_opt,
-    _progress_opt,
-    _refine_opt,
-    _resume_opt,
-    _routing_opt,
-    _store_url,
-    _timeout_opt,
-    _tokens_opt,
-    _warmup_opt,
-    _world_opt,
-    app,
-    err,
-    out,
-)
+from . import options as opt
+from .common import _fail, _note, _planned, _plans, _store_url, app, err, out
 
 # ---------------------------------------------------------------------------------- probe
 
@@ -249,25 +222,25 @@ def _stored_so_far(db: str | None, planned: int, run_id: int | None) -> str:
 
 
 _SWEEP_OPTIONS = (
-    ("device", str, _device_opt),
-    ("world", int | None, _world_opt),
-    ("preset", list[str], _preset_opt),
-    ("model_config", list[Path], _config_opt),
-    ("tokens", str | None, _tokens_opt),
-    ("ep_sizes", str | None, _ep_sizes_opt),
-    ("dtype", list[str], _dtype_opt),
-    ("routing", list[str], _routing_opt),
-    ("backend", list[str], _backend_opt),
-    ("warmup", int | None, _warmup_opt),
-    ("iters", int | None, _iters_opt),
-    ("db", str | None, _db_opt),
-    ("resume", bool, _resume_opt),
-    ("progress", bool, _progress_opt),
-    ("case_timeout", float, _timeout_opt),
-    ("adaptive", bool, _adaptive_opt),
-    ("capacity", int | None, _capacity_opt),
-    ("refine", bool | None, _refine_opt),
-    ("allow_mixed", bool, _mixed_opt),
+    ("device", str, opt.device),
+    ("world", int | None, opt.world),
+    ("preset", list[str], opt.preset),
+    ("model_config", list[Path], opt.model_config),
+    ("tokens", str | None, opt.tokens),
+    ("ep_sizes", str | None, opt.ep_sizes),
+    ("dtype", list[str], opt.dtype),
+    ("routing", list[str], opt.routing),
+    ("backend", list[str], opt.backend),
+    ("warmup", int | None, opt.warmup),
+    ("iters", int | None, opt.iters),
+    ("db", str | None, opt.db),
+    ("resume", bool, opt.resume),
+    ("progress", bool, opt.progress),
+    ("case_timeout", float, opt.timeout),
+    ("adaptive", bool, opt.adaptive),
+    ("capacity", int | None, opt.capacity),
+    ("refine", bool | None, opt.refine),
+    ("allow_mixed", bool, opt.allow_mixed),
     (
         "dry_run",
         bool,
@@ -388,7 +361,7 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
 
 @app.command()
 def select(
-    db: str | None = _db_opt,
+    db: str | None = opt.db,
     run: list[int] | None = typer.Option(
         None, help="Run id; repeat to merge several runs of one machine [default: the latest completed run]."
     ),

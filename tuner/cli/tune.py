@@ -6,24 +6,8 @@ from pathlib import Path
 
 import typer
 
-from .common import (
-    _backend_opt,
-    _db_opt,
-    _device_opt,
-    _fail,
-    _iters_opt,
-    _note,
-    _planned,
-    _plans,
-    _progress_opt,
-    _store_url,
-    _timeout_opt,
-    _warmup_opt,
-    _world_opt,
-    app,
-    err,
-    out,
-)
+from . import options as opt
+from .common import _fail, _note, _planned, _plans, _store_url, app, err, out
 
 # ------------------------------------------------------------------------------- evaluate
 
@@ -31,17 +15,17 @@ from .common import (
 @app.command()
 def evaluate(
     profile: Path = typer.Option(..., help="The table to judge (a profile JSON)."),
-    device: str = _device_opt,
-    world: int | None = _world_opt,
-    db: str | None = _db_opt,
+    device: str = opt.device,
+    world: int | None = opt.world,
+    db: str | None = opt.db,
     tokens: str | None = typer.Option(
         None, help="Held-out tokens per rank [default: up to 8 midpoints between the table's, spread over its range]."
     ),
-    warmup: int | None = _warmup_opt,
-    iters: int | None = _iters_opt,
-    progress: bool = _progress_opt,
-    case_timeout: float = _timeout_opt,
-    backend: list[str] = _backend_opt,
+    warmup: int | None = opt.warmup,
+    iters: int | None = opt.iters,
+    progress: bool = opt.progress,
+    case_timeout: float = opt.timeout,
+    backend: list[str] = opt.backend,
     capacity: int | None = typer.Option(
         None, min=1, help="As for `sweep` [default: the capacity the table was measured with (its run.capacity)]."
     ),
@@ -216,9 +200,9 @@ def tune_knobs(
     trials: int = typer.Option(16, min=1, help="Settings measured per token count, the defaults included."),
     dtype: str = typer.Option("bf16", help="Payload dtype."),
     routing: str = typer.Option("uniform", help="Routing: uniform, skewed, local."),
-    device: str = _device_opt,
-    world: int | None = _world_opt,
-    db: str | None = _db_opt,
+    device: str = opt.device,
+    world: int | None = opt.world,
+    db: str | None = opt.db,
     profile: Path | None = typer.Option(
         None,
         help="A table (profile JSON) to write the best knobs into, per token count it has for this shape; "
@@ -236,7 +220,7 @@ def tune_knobs(
         help="Timed samples of the short first measurement that prunes hopeless settings [default: 5 cuda, 2 cpu].",
     ),
     seed: int = typer.Option(0, help="Sampler seed."),
-    progress: bool = _progress_opt,
+    progress: bool = opt.progress,
     capacity: int | None = typer.Option(
         None,
         min=1,

@@ -9,12 +9,7 @@ from pathlib import Path
 import typer
 
 from ..runtime.environ import env_text
-from .common import (
-    _fail,
-    _help,
-    app,
-    out,
-)
+from .common import _fail, _help, app, out
 
 # ------------------------------------------------------------------------------ ops views
 # show / diff / plot / report: read-only views of a table (profile JSON) or of a sweep run

@@ -29,8 +29,9 @@ __all__ = ["Choice", "choose", "fallback", "shape_distance"]
 class Choice:
     """The answer of :func:`lookup`; read-only (answers are cached and shared).
 
-    ``backend``: our name; ``vllm_name`` / ``sglang_name`` / ``trtllm_name``: the engines'
-    literals for it (from the profile) or None; ``engine_options``: engine -> the options
+    ``backend``: our name; ``engines``: engine -> its literal for it (from the profile; every
+    engine of :data:`~a2a_tune.tuner.runtime.engines.ENGINES`, None where it has none; on a
+    fallback vLLM's default and None for the others: keep their own); ``engine_options``: engine -> the options
     that engine needs beside the literal (e.g. SGLang's ``--deepep-mode``); ``match``:
     ``"exact"``, ``"nearest-shape"`` or ``"fallback"`` (the shape rule, or no answer);
     ``hardware_match``: ``"exact"``, ``"cluster"``, ``"same-gpu-domain"``, ``"engine-default"``
@@ -57,9 +58,7 @@ class Choice:
 
     _FIELDS = (
         "backend",
-        "vllm_name",
-        "sglang_name",
-        "trtllm_name",
+        "engines",
         "match",
         "reason",
         "source",
@@ -77,14 +76,22 @@ class Choice:
         "over_budget",
         "vs_default",
     )
-    _MAPPINGS = ("expected_us", "alternatives", "timing", "knobs", "engine_options", "over_budget", "vs_default")
+    _MAPPINGS = (
+        "engines",
+        "expected_us",
+        "alternatives",
+        "timing",
+        "knobs",
+        "engine_options",
+        "over_budget",
+        "vs_default",
+    )
     __slots__ = _FIELDS
 
     def __init__(
         self,
         backend: str,
-        vllm_name,
-        sglang_name,
+        engines,
         match: str,
         reason: str,
         source=None,
@@ -98,7 +105,6 @@ class Choice:
         tie: bool = False,
         timing=None,
         knobs=None,
-        trtllm_name=None,
         engine_options=None,
         over_budget=None,
         vs_default=None,
@@ -135,7 +141,7 @@ class Choice:
         backend; (None, ()) on a fallback or when the engine has no literal for it."""
         if self.match == "fallback":
             return None, ()
-        literal = {"vllm": self.vllm_name, "sglang": self.sglang_name, "trtllm": self.trtllm_name}.get(engine)
+        literal = self.engines.get(engine)
         return literal, tuple(self.engine_options.get(engine, ())) if literal else ()
 
     def to_dict(self) -> dict:
@@ -305,9 +311,7 @@ def choose(
     return Choice(
         vs_default=_vs_default(entry, prof, want, dist, engine, medians[chosen]),
         backend=chosen,
-        vllm_name=names.literal("vllm"),
-        sglang_name=names.literal("sglang"),
-        trtllm_name=names.literal("trtllm"),
+        engines={**dict.fromkeys(engines.ENGINES), **names.literals},
         engine_options=names.engine_options,
         match=match,
         reason=one_line(f"profile {fname}{hw_text}, {shape_text}, {where}: {vs}{budget_text}"),
@@ -388,9 +392,8 @@ def fallback(
     """The documented fallback answer for ``problem`` (the reason says it and the fallback)."""
     return Choice(
         backend=FALLBACK_BACKEND,
-        vllm_name=FALLBACK_BACKEND,
-        sglang_name=None,  # SGLang: keep the engine's own default
-        trtllm_name=None,  # TensorRT-LLM: keep its own priority list
+        # vLLM's default; SGLang and TensorRT-LLM keep their own (None: tell them nothing).
+        engines={**dict.fromkeys(engines.ENGINES), "vllm": FALLBACK_BACKEND},
         match="fallback",
         reason=fallback_message(problem),
         source=source,

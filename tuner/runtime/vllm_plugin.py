@@ -465,7 +465,7 @@ def decide(config, *, explicit: bool = False) -> Decision:
     if choice.match == "fallback":
         reason = choice.reason.split("; using fallback all2all backend")[0]  # we say "keeping" ourselves
         return Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r} for {what}: {reason}", "warning")
-    literal = choice.vllm_name
+    literal = choice.engines["vllm"]
     verb = (
         f"keeps --all2all-backend {literal}"
         if literal == current

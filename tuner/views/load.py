@@ -149,20 +149,17 @@ def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
         w._replace(backend=c(w.backend), fastest=c(w.fastest), runner_up=w.runner_up and c(w.runner_up))
         for w in entry_winners(entry, preference)
     ]
-    ep, hidden, topk, ne, dtype, routing = entry.shape
     return ShapeView(
-        ep,
-        hidden,
-        topk,
-        ne,
-        c(dtype),
-        c(routing),
+        entry.shape._replace(dtype=c(entry.shape.dtype), routing=c(entry.shape.routing)),
         source=entry.source,
         tokens=list(entry.tokens),
         curves=curves,
         winners=winners,
         failed={c(b): f._replace(kind=c(f.kind), reason=c(f.reason)) for b, f in entry.failed.items()},
         fabric=entry.fabric,
+        provenance=[
+            {k: v if v is None or isinstance(v, int) else c(v) for k, v in p.items()} for p in entry.provenance
+        ],
     )
 
 
@@ -288,7 +285,9 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         prof = _parse(table, label, notes)
         shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
         for shape in shapes:  # what select records of each entry
-            shape.fabric = fabric_of(g(hw, "facts"), shape.ep_size, g(run, "world_size"))
+            config = g(run, "config")
+            recorded = config.get("fabrics") if isinstance(config, Mapping) else None
+            shape.fabric = fabric_of(g(hw, "facts"), shape.ep_size, g(run, "world_size"), recorded)
     notes += _other_modes(measurements, shapes)
     _attach_group_us(measurements, shapes)
     fviews = [

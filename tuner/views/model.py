@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from ..figures import LinkBandwidth, gbps, link_bandwidth, link_pct
 from ..runtime.measurement import FIGURE, FIGURES
+from ..runtime.point import Shape
 from ..runtime.table import SHAPE_KEYS
 from ..runtime.text import one_line
 
@@ -106,22 +107,33 @@ FABRIC_WORDS = {
 
 @dataclass
 class ShapeView:
-    ep_size: int
-    hidden: int
-    topk: int
-    num_experts: int
-    dtype: str
-    routing: str
+    """One table entry as the views show it. Its shape's fields read through: ``view.hidden``
+    is ``view.shape.hidden``."""
+
+    shape: Shape
     source: str  # "measured" | "predicted"
     tokens: list
     curves: dict  # backend -> Curve
     winners: list  # [Winner], ascending tokens
     failed: dict  # backend -> runtime.table.Failed (kind, tokens, reason; str(): one line); never a winner
     fabric: str | None = None  # what its EP groups span (runtime.table.FABRICS); None: not recorded
+    # the runs its measurements come from, newest first: {run, date, facts_hash, status}
+    provenance: list = field(default_factory=list)
+
+    def sources(self) -> str:
+        """Its runs in one line, e.g. "run 5 (2026-12-01, completed), run 3 (...)"."""
+        return ", ".join(
+            f"run {p['run']} ({', '.join(str(p[k]) for k in ('date', 'status') if p.get(k))})" for p in self.provenance
+        )
 
     @property
     def key(self) -> tuple:
-        return tuple(getattr(self, k) for k in SHAPE_KEYS)
+        return tuple(self.shape)
+
+    def __getattr__(self, name: str):
+        if name in SHAPE_KEYS:  # only the shape's fields; a missing attribute stays an AttributeError
+            return getattr(self.shape, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass

@@ -285,6 +285,7 @@ def show_data(view: TableView) -> dict:
                 ],
                 "failed": {b: str(f) for b, f in s.failed.items()},
                 "fabric": s.fabric,
+                "provenance": s.provenance,
                 "not_carried": not_carried(s.dtype),
                 "link": _link_data(view, s),
                 "figures": {b: point_figures(c, s.tokens, shape_link(view, s)) for b, c in s.curves.items()},
@@ -361,12 +362,15 @@ def render_show(view: TableView, console) -> None:
         console.print(indented(Text(f"suspect: {suspect_line(found)}", style="bold yellow")))
     if not view.shapes:
         console.print("no shapes in this table", style="yellow")
+    merged = len({s.sources() for s in view.shapes}) > 1  # a table across runs: say each entry's
     for s in view.shapes:
         console.print()
         title = shape_label(s) + ("  (predicted)" if s.source != "measured" else "")
         console.print(Text(title, style="bold cyan"))
         if s.fabric:
             console.print(Text(f"  EP groups span: {FABRIC_WORDS.get(s.fabric, s.fabric)}", style="dim"))
+        if merged and s.provenance:
+            console.print(Text(f"  measured by: {s.sources()}", style="dim"))
         # The runners-up go under the winner, so one column holds the names: 80 columns take the
         # longest names whole (a name is wrapped only at the spaces between names, never cut).
         t = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), show_edge=False, pad_edge=False, collapse_padding=True)
