@@ -29,9 +29,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -287,6 +287,9 @@ def traffic(ctx: RankContext, shape: MoEShape, inputs: Sequence[RankInputs]) -> 
     return traffic_from_pairs(float(per_rank[0]), float(per_rank[1]), shape.dtype, shape.hidden)
 
 
+_T = TypeVar("_T")
+
+
 def gate(backend: All2AllBackend, inputs: RankInputs) -> Result:
     """The invariant on `inputs`: "passed", or "incorrect" / "error" (the backend raised)."""
     check = check_invariant(backend, inputs)
@@ -312,20 +315,13 @@ def time_agreed(
     compares round trips only, leaves them out)."""
     mode = timing or timing_mode(type(backend), ctx.device)
     timer = time_graph_round_trips if mode == "graph" else time_round_trips
-    error = ""
-    device_us: list[float] = []
-    host_us: list[float] = []
-    try:
-        device_us, host_us = timer(backend, inputs, warmup=warmup, iters=iters)
-        if backend.gave_up():  # the samples are garbage
-            error = GAVE_UP
-    except Exception as exc:
-        error = one_line(exc)
+    samples, error = _attempt(backend, lambda: timer(backend, inputs, warmup=warmup, iters=iters))
     knobs: dict[str, Any] = {}
     if not error:  # out-of-tree code too: bounded and caught, agreed with the verdict (kernels.registry)
         knobs, error = knobs_of(backend)
     if not all_ranks_ok(not error, ctx):
         return Result("error", _agreed_reason(ctx, error))
+    device_us, host_us = samples
     measured = Result("measured", timing=mode, device_us=device_us, host_us=host_us, knobs=knobs)
     if not split:
         return measured
@@ -333,6 +329,16 @@ def time_agreed(
     return dataclasses.replace(
         measured, dispatch_us=dispatch_us, combine_us=combine_us, traffic=traffic(ctx, backend.shape, inputs)
     )
+
+
+def _attempt(backend: All2AllBackend, timer: Callable[[], _T]) -> tuple[_T | None, str]:
+    """(`timer()`'s samples, "") on this rank, or (None, why): it raised, or the backend gave up
+    a flag wait (its samples are garbage). The caller agrees on it across ranks."""
+    try:
+        samples = timer()
+    except Exception as exc:
+        return None, one_line(exc)
+    return (None, GAVE_UP) if backend.gave_up() else (samples, "")
 
 
 def _agreed_reason(ctx: RankContext, error: str) -> str:
@@ -349,15 +355,8 @@ def _halves(
 ) -> tuple[list[float], list[float]]:
     """Dispatch and combine samples (`timing.time_halves`), or ([], []) when cutting the chain
     failed on any rank: the round trip already measured stands alone, as in stores from before."""
-    ok = True
-    try:
-        halves = time_halves(backend, inputs, warmup=warmup, iters=iters, graph=graph)
-        ok = not backend.gave_up()
-    except Exception:
-        ok = False
-    if not all_ranks_ok(ok, ctx):
-        return [], []
-    return halves
+    halves, error = _attempt(backend, lambda: time_halves(backend, inputs, warmup=warmup, iters=iters, graph=graph))
+    return halves if all_ranks_ok(not error, ctx) else ([], [])
 
 
 def measure(
