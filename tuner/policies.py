@@ -35,7 +35,6 @@ from .runtime import engines
 from .runtime.savings import default_backends
 from .runtime.table import BackendNames
 
-ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 #: GPU models on which vLLM PR 54268 makes the one-sided FlashInfer kernels the default.
 ONE_SIDED_SKUS = frozenset({"gb200", "gb300"})
 _NO_NAMES = BackendNames.of()
@@ -233,7 +232,7 @@ def render_scores(scores: list, console, title: str) -> None:
     rows = []
     for s in scores:
         r = s.summary()
-        label = ENGINE_LABEL[s.policy.engine]
+        label = engines.NAMES[s.policy.engine]
         choice = s.policy.name.removeprefix(f"{label} ")  # the engine column says whose
         if not r["points"]:
             rows.append((label, choice, *["-"] * 5, "0", str(r["unscored"])))
@@ -269,7 +268,7 @@ def render_scores(scores: list, console, title: str) -> None:
     for s in scores:  # once per engine: every policy of an engine shares the table's answers
         if s.defaulted and s.policy.engine not in said:
             said.add(s.policy.engine)
-            label = ENGINE_LABEL[s.policy.engine]
+            label = engines.NAMES[s.policy.engine]
             console.print(
                 indented(
                     Text(

@@ -32,13 +32,18 @@ def test_engine_literal_table():
     )
     assert engines.engine_flag("trtllm", "NVLINK_ONE_SIDED") == "TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED"
     assert engines.engine_flag("trtllm", None) == ""  # TensorRT-LLM keeps its own choice
-    assert engines.env_lines("x y", None, "deepep", "exact")[0] == "export A2A_TUNE_BACKEND='x y'"
+    assert engines.env_lines("x y", "exact", {"sglang": ("deepep", ())})[0] == "export A2A_TUNE_BACKEND='x y'"
     assert set(engines.VERSIONS) == set(engines.ENGINES) == set(engines.DEFAULT)
 
 
 def test_every_engine_has_a_name_a_default_a_flag_and_a_version():
     assert (
-        set(engines.NAMES) == set(engines.DEFAULT) == set(engines.FLAG) == set(engines.VERSIONS) == set(engines.ENGINES)
+        set(engines.NAMES)
+        == set(engines.DEFAULT)
+        == set(engines.FLAG)
+        == set(engines.VERSIONS)
+        == set(engines.ENV_VARS)
+        == set(engines.ENGINES)
     )
     for engine, default in engines.DEFAULT.items():
         assert default is None or engines.accepts(engine, default)  # a default the engine takes
@@ -75,7 +80,11 @@ def test_an_unaccepted_literal_prints_the_engines_default():
 
 
 def test_env_lines_are_shell_safe_and_name_tensorrt_llm_only_with_a_method():
-    lines = engines.env_lines("we'ird $(x)", "deepep_low_latency", "deepep", "exact", None, ("--deepep-mode", "normal"))
+    lines = engines.env_lines(
+        "we'ird $(x)",
+        "exact",
+        {"vllm": ("deepep_low_latency", ()), "sglang": ("deepep", ("--deepep-mode", "normal")), "trtllm": (None, ())},
+    )
     assert lines == [
         "export A2A_TUNE_BACKEND='we'\"'\"'ird $(x)'",
         "export A2A_TUNE_VLLM_ALL2ALL_BACKEND=deepep_low_latency",
@@ -87,7 +96,7 @@ def test_env_lines_are_shell_safe_and_name_tensorrt_llm_only_with_a_method():
         ["sh", "-c", "\n".join(lines) + '\nprintf %s "$A2A_TUNE_BACKEND"'], capture_output=True, text=True
     ).stdout
     assert out == "we'ird $(x)"  # the value, never run
-    with_trtllm = engines.env_lines("x", "bogus", None, "exact", "NCCL_EP")
+    with_trtllm = engines.env_lines("x", "exact", {"vllm": ("bogus", ()), "trtllm": ("NCCL_EP", ())})
     assert with_trtllm[1] == "export A2A_TUNE_VLLM_ALL2ALL_BACKEND=allgather_reducescatter"  # vLLM's default
     assert with_trtllm[-1] == "export TRTLLM_FORCE_COMM_METHOD=NCCL_EP"
     assert shlex.split(with_trtllm[3]) == ["export", "A2A_TUNE_SGLANG_ARGS=--moe-a2a-backend none"]

@@ -204,9 +204,9 @@ def lookup(
     elif fmt == "env":
         # Each engine gets the fastest backend it can be told (asked separately; an engine
         # that can be told none of the table's backends keeps its default: not worth a warning).
-        vllm, sglang, trtllm = (ask(e, quiet=True).engine_args(e) for e in ("vllm", "sglang", "trtllm"))
+        answers = {e: ask(e, quiet=True).engine_args(e) for e in engines.ENGINES}
         backend = one_line(choice.backend)  # a name from the table: one line in the shell too
-        for line in engines.env_lines(backend, vllm[0], sglang[0], choice.match, trtllm[0], sglang[1]):
+        for line in engines.env_lines(backend, choice.match, answers):
             print(line)
     else:
         print(one_line(choice.backend))

@@ -43,6 +43,7 @@ __all__ = [
     "ACCEPTED",
     "DEFAULT",
     "ENGINES",
+    "ENV_VARS",
     "NAMES",
     "OPTION_CHOICES",
     "TRTLLM_PRIORITY",
@@ -110,6 +111,14 @@ DEFAULT = {"vllm": "allgather_reducescatter", "sglang": "none", "trtllm": None}
 #: engine -> its command-line option (TensorRT-LLM: the environment variable).
 FLAG = {"vllm": "--all2all-backend", "sglang": "--moe-a2a-backend", "trtllm": "TRTLLM_FORCE_COMM_METHOD"}
 
+#: engine -> the variable ``--format env`` sets to its literal, and the one it sets to the whole
+#: option line, if any (:func:`env_lines`).
+ENV_VARS = {
+    "vllm": ("A2A_TUNE_VLLM_ALL2ALL_BACKEND", None),
+    "sglang": ("A2A_TUNE_SGLANG_MOE_A2A_BACKEND", "A2A_TUNE_SGLANG_ARGS"),
+    "trtllm": ("TRTLLM_FORCE_COMM_METHOD", None),
+}
+
 ENGINES = tuple(ACCEPTED)
 #: engine -> how messages name it.
 NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
@@ -151,24 +160,27 @@ def engine_flag(engine: str, literal, options=()) -> str:
     return " ".join((FLAG[engine], literal, *options))
 
 
-def env_lines(backend: str, vllm_literal, sglang_literal, match: str, trtllm_literal=None, sglang_options=()) -> list:
-    """Shell lines for ``eval "$(a2a-tune lookup ... --format env)"``.
+def env_lines(backend: str, match: str, answers) -> list:
+    """Shell lines for ``eval "$(a2a-tune lookup ... --format env)"``; ``answers``: engine ->
+    (literal, options) the lookup answered for it (an engine left out: none).
 
     Neither vLLM nor SGLang reads an environment variable for its all2all backend (see the
-    module docstring), so these are a2a-tune's own names, for launch scripts:
-    ``vllm serve ... --all2all-backend "$A2A_TUNE_VLLM_ALL2ALL_BACKEND"``. TensorRT-LLM's
-    own variable is exported only when the table has a method for it.
+    module docstring), so theirs are a2a-tune's own names (:data:`ENV_VARS`), for launch scripts:
+    ``vllm serve ... --all2all-backend "$A2A_TUNE_VLLM_ALL2ALL_BACKEND"``, each its engine's
+    default when the table has nothing it accepts. An engine without a default reads its own
+    variable (TensorRT-LLM's), exported only when the table has a value for it.
     """
     import shlex  # only the CLI needs it; keeps the lookup's import lean
 
-    sglang_ok = accepts("sglang", sglang_literal, sglang_options)
-    values = {
-        "A2A_TUNE_BACKEND": backend,
-        "A2A_TUNE_VLLM_ALL2ALL_BACKEND": vllm_literal if accepts("vllm", vllm_literal) else DEFAULT["vllm"],
-        "A2A_TUNE_SGLANG_MOE_A2A_BACKEND": sglang_literal if sglang_ok else DEFAULT["sglang"],
-        "A2A_TUNE_SGLANG_ARGS": engine_flag("sglang", sglang_literal, sglang_options),
-        "A2A_TUNE_MATCH": match,
-    }
-    if accepts("trtllm", trtllm_literal):
-        values["TRTLLM_FORCE_COMM_METHOD"] = trtllm_literal
-    return [f"export {k}={shlex.quote(str(v))}" for k, v in values.items()]
+    values, overrides = {"A2A_TUNE_BACKEND": backend}, {}
+    for engine, (var, args_var) in ENV_VARS.items():
+        literal, options = answers.get(engine, (None, ()))
+        ok = accepts(engine, literal, options)
+        if DEFAULT[engine] is None:
+            overrides.update({var: literal} if ok else {})
+            continue
+        values[var] = literal if ok else DEFAULT[engine]
+        if args_var:
+            values[args_var] = engine_flag(engine, literal, options)
+    values["A2A_TUNE_MATCH"] = match
+    return [f"export {k}={shlex.quote(str(v))}" for k, v in {**values, **overrides}.items()]
