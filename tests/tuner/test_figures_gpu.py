@@ -123,17 +123,20 @@ CASES = [
 def test_halves_come_out_in_the_planted_ratio_and_swap_with_it(measured, name, mode):
     added = _planted(measured, name, mode)
     ls, sl = added["long_short"], added["short_long"]
-    # Replayed, a half is the planted spin within 1%. Eager, the launches' host gaps land in the
-    # dispatch half and vary with the lent machine (BENCHMARKS.md, "Eager halves": up to +12% on
-    # the short dispatch spin). A swapped 3:1 stays far outside either tolerance.
-    rel = 0.05 if mode == "graph" else 0.15
-    assert ls["dispatch"] / ls["combine"] == pytest.approx(LONG / SHORT, rel=rel), added
-    assert sl["dispatch"] / sl["combine"] == pytest.approx(SHORT / LONG, rel=rel), added
+    # Replayed, a half is the planted spin within 1%. Eager, the launches' host gaps add to the
+    # dispatch half a few hundred µs that vary with the lent machine (BENCHMARKS.md, "Eager
+    # halves": up to +260 µs seen), whatever the spin: 5% of the spin, plus 300 µs eagerly.
+    # A swap (4800 against 1600) stays far outside either.
+    near = {"rel": 0.05, "abs": 0.0 if mode == "graph" else 300.0}
+    if mode == "graph":
+        assert ls["dispatch"] / ls["combine"] == pytest.approx(LONG / SHORT, rel=0.05), added
+        assert sl["dispatch"] / sl["combine"] == pytest.approx(SHORT / LONG, rel=0.05), added
     # swapping the durations swaps the figures
-    assert ls["dispatch"] == pytest.approx(sl["combine"], rel=rel), added
-    assert ls["combine"] == pytest.approx(sl["dispatch"], rel=rel), added
+    assert ls["dispatch"] == pytest.approx(sl["combine"], **near), added
+    assert ls["combine"] == pytest.approx(sl["dispatch"], **near), added
     # and each half gained what was planted in it (the spin calibrated on this GPU)
-    assert ls["dispatch"] == pytest.approx(LONG, rel=rel) and ls["combine"] == pytest.approx(SHORT, rel=rel), added
+    assert ls["dispatch"] == pytest.approx(LONG, **near) and ls["combine"] == pytest.approx(SHORT, **near), added
+    assert sl["dispatch"] == pytest.approx(SHORT, **near) and sl["combine"] == pytest.approx(LONG, **near), added
 
 
 @pytest.mark.parametrize("name, mode", CASES)
