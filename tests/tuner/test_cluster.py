@@ -51,6 +51,22 @@ def test_a_backend_with_an_unknown_reach_is_refused_at_registration():
         register_backend(Everywhere)
 
 
+def test_a_backend_declaring_one_field_per_engine_is_refused_when_its_class_is_made():
+    """The engines' literals are one map; the older spelling would lose them silently."""
+    with pytest.raises(TypeError, match="declares sglang_name, vllm_name: declare engine_names"):
+
+        class OldStyle(NcclAll2Allv):
+            name = "test_old_style"
+            vllm_name = "nixl_ep"
+            sglang_name = None
+
+    class NewStyle(NcclAll2Allv):
+        name = "test_new_style"
+        engine_names = {"vllm": "nixl_ep"}
+
+    assert NewStyle.engine_names == {"vllm": "nixl_ep"} and NcclAll2Allv.engine_names == {}
+
+
 # ------------------------------------------------------------------------------ the launchers
 
 
