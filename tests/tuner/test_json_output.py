@@ -33,12 +33,13 @@ def test_presets_backends_and_evaluate_print_json():
     listed = invoke_json("backends", "--device", "cpu")
     assert listed["device"] == "cpu" and listed["world_size"] == 2
     ag = next(b for b in listed["backends"] if b["backend"] == "allgather_reducescatter")
-    assert (ag["vllm"], ag["trtllm"], ag["available"], ag["reason"]) == (
-        "allgather_reducescatter",
-        "ALLGATHER",
+    assert (ag["engines"], ag["available"], ag["reason"]) == (
+        {"vllm": "allgather_reducescatter", "sglang": None, "trtllm": "ALLGATHER"},
         True,
         None,
     )
+    ours = next(b for b in listed["backends"] if b["backend"] == "nvlink_one_sided")
+    assert ours["closest"] == {"vllm": "flashinfer_nvlink_one_sided"} and not any(ours["engines"].values())
     ev = invoke_json("evaluate", "--profile", str(H200), "--table-points")
     assert ev["points"] == ev["policies"]["table"]["points"] > 0
     assert {e["engine"] for e in ev["engines"]} == {"vllm", "sglang", "trtllm"}
