@@ -284,7 +284,14 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         }
         prof = _parse(table, label, notes)
         shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
+        source = {  # each entry's provenance, as select writes it for this run
+            "run": g(run, "id"),
+            "date": iso_timestamp(g(run, "started_at")),
+            "facts_hash": g(hw, "facts_hash"),
+            "status": g(run, "status") or "completed",
+        }
         for shape in shapes:  # what select records of each entry
+            shape.provenance = [{k: v if v is None or isinstance(v, int) else clean(v) for k, v in source.items()}]
             config = g(run, "config")
             recorded = config.get("fabrics") if isinstance(config, Mapping) else None
             shape.fabric = fabric_of(g(hw, "facts"), shape.ep_size, g(run, "world_size"), recorded)
