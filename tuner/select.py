@@ -172,12 +172,7 @@ def build_profile(
     entries, preference = select_entries(
         measurements, failures, order=backend_names if isinstance(backend_names, Mapping) else ()
     )
-    source = {
-        "run": _get(run, "id"),
-        "date": iso_timestamp(_get(run, "started_at")),
-        "facts_hash": _get(hardware, "facts_hash"),
-        "status": status,
-    }
+    source = provenance_of(run, hardware, status)
     for e in entries:
         e["provenance"] = [dict(source)]
         fabric = fabric_of(_get(hardware, "facts"), e["ep_size"], _get(run, "world_size"), fabrics)
@@ -200,6 +195,16 @@ def build_profile(
         "backends": backends_out,
         "tie_preference": preference,
         "entries": entries,
+    }
+
+
+def provenance_of(run, hardware, status: str) -> dict:
+    """One entry's provenance from ``run`` (a mapping or object): {run, date, facts_hash, status}."""
+    return {
+        "run": _get(run, "id"),
+        "date": iso_timestamp(_get(run, "started_at")),
+        "facts_hash": _get(hardware, "facts_hash"),
+        "status": status,
     }
 
 

@@ -37,7 +37,7 @@ from ..runtime.table import (
     entry_winners,
     parse_profile,
 )
-from ..select import fabric_of, iso_timestamp, select_entries
+from ..select import fabric_of, iso_timestamp, provenance_of, select_entries
 from .model import Curve, FailureView, ShapeView, TableView, ViewError, clean, shape_label
 
 __all__ = [
@@ -157,10 +157,13 @@ def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
         winners=winners,
         failed={c(b): f._replace(kind=c(f.kind), reason=c(f.reason)) for b, f in entry.failed.items()},
         fabric=entry.fabric,
-        provenance=[
-            {k: v if v is None or isinstance(v, int) else c(v) for k, v in p.items()} for p in entry.provenance
-        ],
+        provenance=[_clean_provenance(p) for p in entry.provenance],
     )
+
+
+def _clean_provenance(p: Mapping) -> dict:
+    """A provenance record with its text escaped for the terminal (run ids stay numbers)."""
+    return {k: v if v is None or isinstance(v, int) else clean(v) for k, v in p.items()}
 
 
 def _normalise_run(run: Mapping) -> dict:
@@ -284,16 +287,11 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         }
         prof = _parse(table, label, notes)
         shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
-        source = {  # each entry's provenance, as select writes it for this run
-            "run": g(run, "id"),
-            "date": iso_timestamp(g(run, "started_at")),
-            "facts_hash": g(hw, "facts_hash"),
-            "status": g(run, "status") or "completed",
-        }
+        source = _clean_provenance(provenance_of(run, hw, g(run, "status") or "completed"))
+        config = g(run, "config")
+        recorded = config.get("fabrics") if isinstance(config, Mapping) else None
         for shape in shapes:  # what select records of each entry
-            shape.provenance = [{k: v if v is None or isinstance(v, int) else clean(v) for k, v in source.items()}]
-            config = g(run, "config")
-            recorded = config.get("fabrics") if isinstance(config, Mapping) else None
+            shape.provenance = [source]
             shape.fabric = fabric_of(g(hw, "facts"), shape.ep_size, g(run, "world_size"), recorded)
     notes += _other_modes(measurements, shapes)
     _attach_group_us(measurements, shapes)
