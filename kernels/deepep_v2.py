@@ -80,9 +80,11 @@ class _DeepEPV2(All2AllBackend):
         self._ep = import_deepep_v2()
         import torch.distributed as dist
 
-        s = shape
+        s, pg = shape, group if group is not None else dist.group.WORLD
+        # V2 reuses torch's NCCL communicator: make sure it exists (torch creates it lazily).
+        dist.all_reduce(torch.zeros(1, device=device), group=pg)
         self._buffer = self._ep.ElasticBuffer(
-            group if group is not None else dist.group.WORLD,
+            pg,
             num_max_tokens_per_rank=s.max_tokens_per_rank,
             hidden=s.hidden,
             num_topk=s.topk,

@@ -48,7 +48,7 @@ _VERSION = re.compile(rb"NCCL version (\d+)\.(\d+)\.(\d+)")
 def _nccl_version_of(path: str, _mtime: int, _size: int) -> tuple[int, int, int] | None:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         found = _VERSION.search(m)
-    return tuple(int(v) for v in found.groups()) if found else None
+        return tuple(int(v) for v in found.groups()) if found else None
 
 
 def nccl_version(path: Path) -> tuple[int, int, int] | None:
@@ -91,7 +91,7 @@ def nccl_requirement(what: str) -> str:
     if version is None or version < NCCL_MIN:
         seen = ".".join(map(str, version)) if version else "of unknown version"
         return (
-            f"{what} needs NCCL >= 2.30 in the process; torch would load NCCL {seen} ({lib}): "
+            f"{what} needs NCCL >= 2.30 in the process; it would load NCCL {seen} ({lib}): "
             "preload a newer one (LD_PRELOAD=<staged>/nvidia/nccl/lib/libnccl.so.2)"
         )
     return ""

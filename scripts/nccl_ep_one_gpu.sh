@@ -18,10 +18,9 @@ step "machine"
 step "two NCCLs: torch with the staged one preloaded; both mapped in one process; nccl.ep without the preload"
 timeout 120 python3 scripts/nccl_two_libraries.py "$LIB" "$SITE" 2>&1 | tee -a "$LOG"
 step "DeepEP V2: building deep_ep._C in the background"
-( cd .ncclep/deepep-src && LD_PRELOAD=$LIB PYTHONPATH=$SITE:/tmp/site timeout 300 python3 ../../scripts/stage_nccl_ep.py \
-  --out .. --build-deepep --jobs 12 >/tmp/deepep-v2-build.txt 2>&1; echo "build exit $?" >>/tmp/deepep-v2-build.txt ) &
+( PYTHONPATH=/tmp/site timeout 300 python3 scripts/stage_nccl_ep.py --out .ncclep --build-deepep --jobs 12 >/tmp/deepep-v2-build.txt 2>&1; echo "build exit $?" >>/tmp/deepep-v2-build.txt ) &
 BUILD=$!
-export LD_PRELOAD=$LIB PYTHONPATH=$SITE:/tmp/site:$PWD/tests/support NCCL_EP_JIT_CACHE_DIR=/tmp/ncclep-jit EP_JIT_CACHE_DIR=/tmp/deepep-jit
+export LD_PRELOAD=$LIB NCCL_HOME=$SITE/nvidia/nccl PYTHONPATH=$SITE:/tmp/site:$PWD/tests/support NCCL_EP_JIT_CACHE_DIR=/tmp/ncclep-jit EP_JIT_CACHE_DIR=/tmp/deepep-jit
 P="python3 scripts/peers_one_rank.py --limit ${LIMIT:-150}"
 step "NCCL EP at one rank (LL, HT), T = 1, 128"
 PYTHONPATH=$PYTHONPATH $P --backend nccl_ep_low_latency --backend nccl_ep_high_throughput --json $OUT/peers_nccl_ep.json 2>&1 | tail -25 | tee -a "$LOG"

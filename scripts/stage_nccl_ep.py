@@ -16,8 +16,8 @@ library is committed):
                          byte-identical; the driver never reads an entry for another family), and
                          the packed file is small. STAGED records both sha256 sums.
   OUT/site/nccl/         nccl4py (`nccl.core`) and nccl-extensions' `nccl.ep`, installed --no-deps
-                         (its [cu13] extra pins NCCL 2.30.7, which the index does not serve); the
-                         m2n libraries and the CUDA 12 builds are left out.
+                         (its [cu13] extra pins NCCL 2.30.7, which the index does not serve), with
+                         cuda-core 1.x; the m2n libraries and the CUDA 12 builds are left out.
   OUT/deepep-src/        DeepEP V2's tree (`ElasticBuffer`) with fmt's headers, built on the GPU
                          machine by --build-deepep into OUT/site/deep_ep (its kernels are JIT).
 
@@ -40,7 +40,14 @@ import zipfile
 from pathlib import Path
 
 NCCL_VERSION = "2.32.6"
-WHEELS = {"nvidia-nccl-cu13": NCCL_VERSION, "nccl-extensions": "0.1.0", "nccl4py": "0.6.0"}
+# nccl4py needs cuda-core 1.x (its `cuda.core` API), newer than some images carry.
+WHEELS = {
+    "nvidia-nccl-cu13": NCCL_VERSION,
+    "nccl-extensions": "0.1.0",
+    "nccl4py": "0.6.0",
+    "cuda-core": "1.2.2",
+    "cuda-pathfinder": "1.9.1",
+}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64")
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
@@ -110,10 +117,14 @@ def prune_fatbins(lib: bytearray, keep_arch: int) -> dict[str, dict[str, int]]:
                     continue
                 raise ValueError(f"{name}: no fatbin header at +{pos - off:#x}")
             entry, stop = pos + head, pos + head + body
+            if stop > end:
+                raise ValueError(f"{name}: a fatbin at +{pos - off:#x} runs past the section")
             while entry < stop:
                 _kind, _unk, ehead, payload = struct.unpack_from("<HHIQ", lib, entry)
                 arch = struct.unpack_from("<I", lib, entry + 28)[0]
                 start = entry + ehead
+                if ehead < 32 or start + payload > stop:
+                    raise ValueError(f"{name}: an entry at +{entry - off:#x} runs past its fatbin")
                 if arch == keep_arch:
                     kept += payload
                 else:
@@ -150,7 +161,7 @@ def stage(out: Path, arch: str, python_version: str) -> dict:
     site.mkdir(parents=True)
     wheels = {n: wheel(n, v, python_version) for n, v in WHEELS.items()}
     extract(wheels["nvidia-nccl-cu13"], site, lambda f: "libnccl_device" not in f)
-    for name in ("nccl4py", "nccl-extensions"):
+    for name in ("nccl4py", "nccl-extensions", "cuda-core", "cuda-pathfinder"):
         extract(wheels[name], site, lambda f: not any(s in f for s in SKIP))
     lib_path = site / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
     lib = bytearray(lib_path.read_bytes())

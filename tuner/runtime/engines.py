@@ -33,8 +33,10 @@ print a value the engine would reject.
   checked yet (the repository was too large to fetch here). By the pull requests that
   brought them, NCCL_EP (NVIDIA/TensorRT-LLM#15597) and the refusal for uneven experts
   (#13888) came after it: on v1.2.1 expect NVLINK_ONE_SIDED, NVLINK_TWO_SIDED, DEEPEP,
-  DEEPEPLOWLATENCY, ALLGATHER. No backend here maps to NCCL_EP, so no table tells v1.2.1 a
-  method it lacks.
+  DEEPEPLOWLATENCY, ALLGATHER. ``nccl_ep_low_latency`` maps to NCCL_EP (TensorRT-LLM's NcclEP
+  runs NCCL EP's low-latency algorithm, rank-major): a table may name it to main, never to v1.2.1.
+* vLLM 0.33's ``deepep_v2`` stands for both ``deepep_v2_*`` backends (vLLM picks decode or prefill
+  mode itself); it has no ``nccl_ep`` literal yet (vLLM PR 46889, unreleased).
 """
 
 from __future__ import annotations
