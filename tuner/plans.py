@@ -199,6 +199,24 @@ def estimate_seconds(rows: Sequence[SizePlan], device: str, world: int, iters: i
     return START_SECONDS[device] * world + sum(r.cases * r.ep_size for r in rows) * per_case
 
 
+def plan_difference(stored: dict[str, Any], plan: SweepPlan, device: str, world: int) -> str:
+    """What differs between a stored run's config and `plan` on `world` `device` ranks (one line)."""
+    now = json.loads(json.dumps({**plan.to_dict(), "device_type": device, "world_size": world}))  # as stored
+    said = []
+    for key in [*now, *(k for k in ("ep_sizes", "capacity", "refine_ratio") if k not in now)]:
+        was, is_ = stored.get(key), now.get(key)
+        if was != is_:
+            if key == "shapes":
+                was, is_ = ([m.get("name") for m in v or ()] for v in (was, is_))
+            said.append(f"{key} {_short(is_)} here, {_short(was)} there")
+    return "; ".join(said) or "its plan hashes otherwise (written by another a2a-tune version?)"
+
+
+def _short(value: Any) -> str:
+    text = "-" if value is None else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class PlanError(ValueError):
     """Options that give no plan, or a plan no rank could run (one line)."""
 
@@ -233,14 +251,15 @@ class SweepOptions:
 
 
 def _integers(text: str, option: str) -> list[int]:
-    """Comma-separated integers, sorted and deduplicated; PlanError naming `option` otherwise."""
+    """Comma-separated integers of ASCII digits (not `2_0`, `٢` or an empty `1,,8`), sorted and
+    deduplicated; PlanError naming `option` otherwise."""
+    items = [v.strip() for v in text.split(",")]
     try:
-        values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
-    except ValueError:
-        values = []
-    if not values:
-        raise PlanError(f"{option} must be comma-separated integers, got {quoted(text)}")
-    return values
+        if all(v.isascii() and v.isdigit() for v in items):
+            return sorted({int(v) for v in items})
+    except ValueError:  # beyond int()'s digits
+        pass
+    raise PlanError(f"{option} must be comma-separated integers (digits 0-9), got {quoted(text)}")
 
 
 def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
@@ -409,6 +428,23 @@ def check_fraction(value: float, option: str) -> float:
     return float(value)
 
 
+def once(shapes: Sequence[ModelShape], options: SweepOptions) -> tuple[list[ModelShape], dict[str, tuple], str | None]:
+    """Each shape, dtype, routing and backend once (first kept): two presets of one shape, or a
+    repeated option, would measure one case twice. The note says what was folded, in one line."""
+    kept: dict[tuple[int, int, int], ModelShape] = {}
+    said = []
+    for model in shapes:
+        first = kept.setdefault((model.num_experts, model.topk, model.hidden), model)
+        if first is not model:
+            said.append(f"{model.name} (the shape of {first.name})")
+    values = {}
+    for option in ("dtype", "routing", "backend"):
+        given = tuple(getattr(options, option))
+        values[option] = tuple(dict.fromkeys(given))
+        said += [f"--{option} {v} (repeated)" for v in values[option] if given.count(v) > 1]
+    return list(kept.values()), values, (f"note: measured once: {', '.join(said)}" if said else None)
+
+
 def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = None):
     """(plan, device, world) for `options`, checked whole (:func:`check_plan`): PlanError
     when there is none, before any rank starts. `note`: where a note on the way goes
@@ -420,14 +456,16 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
 
     check_seconds(options.case_timeout, "--case-timeout")
     device, world = resolve_ranks(options.device, options.world, note=note)
-    shapes = model_shapes(options.preset, options.model_config)
-    for d in options.dtype:
+    shapes, given, folded = once(model_shapes(options.preset, options.model_config), options)
+    if folded and note is not None:
+        note(folded)
+    for d in given["dtype"]:
         if d not in PAYLOAD_DTYPES:
             raise PlanError(f"unknown --dtype {quoted(d)}; choose from {', '.join(PAYLOAD_DTYPES)}")
-    for r in options.routing:
+    for r in given["routing"]:
         if r not in ROUTINGS:
             raise PlanError(f"unknown --routing {quoted(r)}; choose from {', '.join(ROUTINGS)}")
-    check_backends(options.backend, options.dtype)
+    check_backends(given["backend"], given["dtype"])
     token_counts = parse_tokens(options.tokens) if options.tokens else DEFAULT_TOKENS[device]
     check_capacity(options.capacity, token_counts)
     default_warmup, default_iters = DEFAULT_ITERS[device]
@@ -436,9 +474,9 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
     plan = SweepPlan(
         shapes=tuple(shapes),
         tokens=token_counts,
-        dtypes=tuple(options.dtype) or ("bf16",),
-        routings=tuple(options.routing) or ("uniform",),
-        backends=tuple(options.backend),
+        dtypes=given["dtype"] or ("bf16",),
+        routings=given["routing"] or ("uniform",),
+        backends=given["backend"],
         warmup=default_warmup if options.warmup is None else options.warmup,
         iters=default_iters if options.iters is None else options.iters,
         adaptive=options.adaptive,

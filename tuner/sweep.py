@@ -62,7 +62,7 @@ from .launch import (
     run_ranks,
 )
 from .measure import Backends, Result, input_sets, measure_case
-from .plans import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan
+from .plans import DEFAULT_ITERS, DEFAULT_TOKENS, SweepPlan, plan_difference
 from .progress import progress_bar
 from .runtime.point import Point, Shape
 
@@ -107,6 +107,10 @@ DEFAULT_CASE_TIMEOUT_S = 600.0  # one case: gate + warm-up + timing (first cases
 MAX_RESTARTS = 8
 # Failure kinds of a case that lost its ranks (its backend is left out of the rest of the run).
 LOST = {"timeout": "timed out", "crashed": "crashed"}
+
+
+class ResumeRefused(ValueError):
+    """--resume found an unfinished run here planned otherwise (one line: which, what differs)."""
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -543,11 +547,14 @@ class _Recorder:
         hw = self.store.get_or_create_hardware(topo.fingerprint, topo.facts_hash, topo.to_dict())
         config_hash = plan.config_hash(device_type, world)
         run_id = target.run_id
+        resuming_none = None  # --resume found no run of this plan: why, said once the new run is open
         if run_id is None and target.resume:
             run_id = self.store.find_resumable_run(hw, config_hash)
             if run_id is None and (finished := self._completed_run(topo.fingerprint, hw, config_hash)) is not None:
                 # --resume of a plan whose latest run completed: nothing to continue, nothing to write
                 return {"run_id": finished, "completed": True, "done": self.store.done_keys(finished)}
+            if run_id is None:
+                resuming_none = self._nothing_to_resume(plan, device_type, world, topo.fingerprint, hw)
         if run_id is not None:
             self.store.claim_run(run_id, self.writer)  # refuses a run another live sweep holds
         else:
@@ -571,6 +578,8 @@ class _Recorder:
                 config_hash=config_hash,
                 writer=self.writer,
             )
+            if resuming_none is not None:
+                print(f"--resume: {resuming_none}; started run {run_id}", file=sys.stderr, flush=True)
         failures = self.store.failures(run_id)
         recorded = {(f.backend, f.kind, f.ep_size) for f in failures if f.key is None}
         medians = {m.key: m.median_us for m in self.store.measurements(run_id)}
@@ -584,6 +593,22 @@ class _Recorder:
             "medians": medians,
             "lost": lost,
         }
+
+    def _nothing_to_resume(self, plan: SweepPlan, device_type: str, world: int, fingerprint: str, hw: int) -> str:
+        """--resume with no run of this plan here: ResumeRefused when this machine's latest run is
+        unfinished (it is the run the operator meant, planned otherwise: resuming it needs its
+        own options, and a new run would measure its stored points again); else why a new run
+        starts (no run here, or the latest completed)."""
+        latest = next((r for r in self.store.runs(fingerprint) if r.hardware_id == hw), None)
+        if latest is None:
+            return "no run on this machine to resume"
+        if latest.status == "completed":
+            return f"no unfinished run of this plan on this machine (the latest, run {latest.id}, completed)"
+        why = plan_difference(latest.config, plan, device_type, world)
+        raise ResumeRefused(
+            f"--resume: this machine's latest run, run {latest.id} ({latest.status}), has another plan: {why}; "
+            "rerun with its options to resume it, or without --resume to start a new run"
+        )
 
     def _completed_run(self, fingerprint: str, hardware_id: int, config_hash: str) -> int | None:
         """The latest run of this plan on this hardware when it is completed, else None."""
