@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 from run_cli import a2a
 
-from a2a_tune.tuner.plans import PlanError, SweepOptions, build_plan, parse_ep_sizes, parse_tokens
+from a2a_tune.tuner.plans import PlanError, SweepOptions, SweepPlan, build_plan, parse_ep_sizes, parse_tokens
 from a2a_tune.tuner.shapes import ModelShape, preset
 
 TINY = ModelShape("tiny", 16, 2, 16)
@@ -34,7 +34,7 @@ def test_two_presets_of_one_shape_and_repeated_options_are_measured_once_said_in
         "note: measured once: qwen3.5-122b-a10b (the shape of minimax-m2), minimax-m2 (the shape of minimax-m2), "
         "--dtype bf16 (repeated), --routing uniform (repeated), --backend allgather_reducescatter (repeated)"
     ]
-    keys = [(shape, b) for s in plan.sizes(2) for _, shape in plan.shapes_at(s) for b in plan.backend_names()]
+    keys = [(c.shape, b) for c in plan.cases() for b in c.backends]
     assert len(keys) == len(set(keys))
 
 
@@ -104,3 +104,19 @@ def test_same_shape_presets_sweep_and_resume_counts_and_a_changed_plan_is_named(
         in r.stderr
     )
     assert "run 2 (completed)" in r.stdout and "2 measured, 0 already stored" in r.stdout
+
+
+def test_plans_hash_as_before_the_world_was_spelled_out():
+    """Compatibility rule (SweepPlan.config_hash): the plan states its EP sizes, the world's
+    too; a plan of the world alone hashes without them, as runs stored before did, so they
+    resume. The hashes below are what the code before this rule gave."""
+    common = dict(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), backends=(AR,), warmup=3, iters=15)
+    world_alone = SweepPlan(**common, ep_sizes=(2,))
+    assert world_alone.to_dict()["ep_sizes"] == [2]  # no sentinel: stored as measured
+    assert world_alone.config_hash("cpu", 2) == "b4114932eea5f175"
+    assert SweepPlan(**common, ep_sizes=(4, 2)).config_hash("cpu", 4) == "b9a5f4ee93523d18"
+    assert SweepPlan(**common, ep_sizes=(2,)).config_hash("cpu", 4) != "b4114932eea5f175"
+    plan, _, world = build_plan(
+        SweepOptions(device="cpu", world=2, preset=["mixtral-8x7b"], tokens="1,8", backend=[AR])
+    )
+    assert plan.ep_sizes == (2,) and plan.config_hash("cpu", world) == "b4114932eea5f175"
