@@ -320,7 +320,7 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
     from rich.table import Column
     from rich.text import Text
 
-    from .layout import indented, print_fitted
+    from ..console import indented, print_fitted
     from .show import labelled
 
     def side(v: TableView) -> str:
