@@ -70,6 +70,8 @@ def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> li
     for r in rows:
         for line in r.skipped:
             console.print(f"  skipped: {line}", highlight=False, markup=False, soft_wrap=True)
+    if (left_out := plans.world_left_out(plan, world)) is not None:
+        console.print(f"  {left_out}", highlight=False, markup=False, soft_wrap=True)
     if any(r.unavailable for r in rows):
         console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
     cases = sum(r.cases for r in rows)
