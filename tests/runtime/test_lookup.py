@@ -953,6 +953,8 @@ def test_lookup_takes_the_deployment_as_keywords():
     assert "flashinfer_nvlink_one_sided" not in (choice.engines["vllm"],)
     bad = lookup(lora="yes", quiet=True, **shipped)
     assert bad.match == "fallback" and "invalid lookup argument lora='yes'" in bad.reason
-    assert lookup(missing_packages=["flashinfer"], **shipped).excluded["flashinfer_nvlink_one_sided"].startswith(
-        "package: flashinfer not importable"
+    assert (
+        lookup(missing_packages=["flashinfer"], **shipped)
+        .excluded["flashinfer_nvlink_one_sided"]
+        .startswith("package: flashinfer not importable")
     )

@@ -264,7 +264,11 @@ def test_lookup_engine_formats_on_the_shipped_table(fmt, expected):
         (("--platform", "rocm"), "vllm", "--all2all-backend allgather_reducescatter"),
         (("--moe-runner", "triton"), "sglang", "--moe-a2a-backend none"),
         (("--moe-tp-size", "2"), "trtllm", ""),
-        (("--platform", "cuda:9.0", "--no-lora", "--pipeline-size", "2"), "vllm", "--all2all-backend flashinfer_nvlink_one_sided"),
+        (
+            ("--platform", "cuda:9.0", "--no-lora", "--pipeline-size", "2"),
+            "vllm",
+            "--all2all-backend flashinfer_nvlink_one_sided",
+        ),
     ],
 )
 def test_lookup_knows_the_deployment(facts, fmt, expected):
@@ -296,6 +300,14 @@ SHIPPED_LINES = {
 def test_lookup_refuses_a_bad_deployment_fact_in_one_line(facts, words):
     r = a2a("lookup", *DSV3_DECODE, *facts, env_extra=SHIPPED)
     assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_backends_states_what_each_engine_can_start_with():
+    r = a2a("backends", "--device", "cpu", "--json")
+    rules = json.loads(r.stdout)["engine_rules"]
+    assert {"vllm", "sglang", "trtllm"} == {x["engine"] for x in rules}
+    lora = next(x for x in rules if x["rule"] == "lora_ep")
+    assert "flashinfer_nvlink_one_sided" in lora["backends"] and lora["source"].endswith("FusedMoEWithLoRA._ep_check")
 
 
 def test_lookup_env_format_is_shell_lines(tmp_path):

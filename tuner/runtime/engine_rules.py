@@ -31,6 +31,8 @@ __all__ = [
     "Cite",
     "Deployment",
     "Rule",
+    "describe",
+    "describe_line",
     "nearest_version",
     "platform_parts",
     "reason",
@@ -327,7 +329,7 @@ RULES = (
         "ubatching",
         _VLLM_ALL - {"deepep_high_throughput", "deepep_low_latency", "nixl_ep"},
         "micro-batching (--enable-dbo) on CUDA (ROCm adds allgather_reducescatter)",
-        "vLLM's micro-batching runs only DeepEP and NIXL EP",
+        "vLLM's micro-batching refuses them: it runs only DeepEP and NIXL EP",
         (Cite("vllm/config/vllm.py", "VllmConfig.__post_init__", "Microbatching currently only supports"),),
         "states",
     ),
@@ -488,6 +490,32 @@ def reason(rule: Rule, engine: str, literal: str) -> str:
     if rule.name == "package":
         return f"package: {PACKAGES[engine][literal]} {rule.why}"
     return f"{rule.name}: {rule.why}"
+
+
+def describe(backends=None) -> list:
+    """One dict per rule (``engine``, ``version``, ``rule``, ``kind``, ``backends`` -- those of
+    ``backends`` when given, an iterable of engine literals --, ``when``, ``why``, ``source``:
+    "file:function" of its first citation), for ``a2a-tune backends`` and ``report``."""
+    keep = None if backends is None else set(backends)
+    out = []
+    for r in RULES:
+        names = sorted(r.backends if keep is None else r.backends & keep)
+        if names:
+            first = r.cites[0]
+            out.append(
+                {"engine": r.engine, "version": r.version, "rule": r.name, "kind": r.kind, "backends": names}
+                | {"when": r.when, "why": r.why, "source": f"{first.file}:{first.function}", "function": first.function}
+            )
+    return out
+
+
+def describe_line(d: dict) -> str:
+    """A :func:`describe` row as one line of text."""
+    verb = "cannot start with" if d["kind"] == "refuses" else "note for"
+    return (
+        f"{engines.NAMES[d['engine']]} {d['version']}: {verb} {', '.join(d['backends'])} "
+        f"when {d['when']} ({d['why']}; {d['function']})"
+    )
 
 
 def nearest_version(engine: str, version: str | None) -> tuple:
