@@ -573,15 +573,14 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> Profile:
     )
 
 
-def with_stored_knobs(profile: Profile, url: str) -> tuple[Profile, int]:
-    """`profile` with the launch knobs `tune-knobs` stored in the database `url` for its
+def with_stored_knobs(profile: Profile, store) -> tuple[Profile, int]:
+    """`profile` with the launch knobs `tune-knobs` stored in `store` (an open Store) for its
     hardware, wherever the table has that shape, backend and token count: (profile, tuned
-    points kept). The database is only read (:func:`a2a_tune.tuner.studies.stored_knobs`).
-    Raises what reading the studies raises."""
-    found = stored_knobs(url, profile.fingerprint, profile.capacity)
+    points kept). The store is only read (:func:`a2a_tune.tuner.studies.stored_knobs`)."""
+    found = stored_knobs(store, profile.fingerprint, profile.capacity)
     kept = 0
-    for shape, backend, tokens, knobs in found:
-        profile, notes = with_knobs(profile, shape, backend, {tokens: knobs})
+    for key, knobs in found:
+        profile, notes = with_knobs(profile, key.point.shape._asdict(), key.backend, {key.tokens_per_rank: knobs})
         kept += not notes
     return profile, kept
 
@@ -629,11 +628,10 @@ def profile_for_run(url: str | None, run_id: int | None, *, partial: bool = Fals
                 "pass --partial to write it anyway, marked partial"
             )
         profile = profile_from_store(store, run_id, backend_names=run_engine_names(run.config))
-        url = store.url
-    if not profile.entries:
-        raise ValueError(f"run {run_id} has no measurements to select from")
-    try:
-        profile, kept = with_stored_knobs(profile, url)
-    except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
-        return profile, 0, f"tuned knobs not read ({one_line(exc)})"
+        if not profile.entries:
+            raise ValueError(f"run {run_id} has no measurements to select from")
+        try:
+            profile, kept = with_stored_knobs(profile, store)
+        except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
+            return profile, 0, f"tuned knobs not read ({one_line(exc)})"
     return profile, kept, None

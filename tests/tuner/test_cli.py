@@ -558,3 +558,21 @@ def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, to
         choice.match == "fallback"
         and f"invalid lookup argument tokens={tokens} (tokens per rank {said})" in choice.reason
     )
+
+
+def test_runs_closing_hint_is_a_lookup_the_table_answers(tmp_path):
+    """Issue 37: `run --ep-sizes 2 --world 4 --preset mixtral-8x7b` ended with `lookup --ep-size 4
+    --hidden H --topk K --experts E --tokens T`: an EP size not measured (following it gave the
+    fallback), placeholders though the run had one preset. The hint is now a command that runs."""
+    args = "run --device cpu --world 4 --ep-sizes 2 --preset mixtral-8x7b --tokens 1,8 --warmup 1 --iters 3"
+    backends = ["--backend", "allgather_reducescatter", "--backend", "nccl_all2allv", "--no-progress"]
+    r = a2a(*args.split(), *backends, "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "p"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (hint,) = [line for line in r.stdout.splitlines() if line.startswith("look it up: ")]
+    words = hint.removeprefix("look it up: ").split()
+    assert words[:4] == ["a2a-tune", "lookup", "--ep-size", "2"] and "--preset" in words, hint
+    assert not {"H", "K", "E", "T"} & set(words), hint
+    found = a2a(*words[1:], cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() in {"allgather_reducescatter", "nccl_all2allv"}, found.stdout
+    assert found.stderr.startswith("exact") and "fallback" not in found.stderr, found.stderr

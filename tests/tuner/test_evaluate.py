@@ -122,7 +122,7 @@ def test_the_held_out_plan_measures_the_tables_shapes_between_its_token_counts(t
     path = Path(_table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0, 64: 200.0}}))
     table = load_profile(path)
     plan = held_out_plan(table, path, device="cpu", world=2)
-    assert [(s.name, s.num_experts, s.topk, s.hidden) for s in plan.shapes] == [("E8-k2-H64", 8, 2, 64)]
+    assert [(s.name, s.num_experts, s.topk, s.hidden) for s in plan.shapes] == [("E=8 k=2 H=64", 8, 2, 64)]
     assert (plan.tokens, plan.dtypes, plan.routings, plan.backends) == ((4, 32), ("bf16",), ("uniform",), ())
     assert (plan.warmup, plan.iters, plan.capacity) == (*DEFAULT_ITERS["cpu"], None)
     given = held_out_plan(

@@ -734,43 +734,84 @@ TUNED = {"chunk": 2}
 
 
 def tuned_store(path: Path) -> None:
-    """store_with_a_completed_run, plus the study tune-knobs leaves for nccl_all2allv at 64
+    """store_with_a_completed_run, plus the row tune-knobs leaves for nccl_all2allv at 64
     tokens per rank on that machine (and one of another machine, which must not count)."""
     from databases import store_with_a_completed_run
 
     store_with_a_completed_run(path)
-    add_studies(f"sqlite:///{path}")
+    add_tuned(f"sqlite:///{path}")
 
 
-def add_studies(url: str) -> None:
-    import optuna
-
-    from a2a_tune.tuner.studies import study_name
-
-    label = SimpleNamespace(label=lambda: "E64-k8-H7168-bf16")
-    attrs = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, routing="uniform")
-    for fingerprint in ("h200.nvl18x2.node1", "other.machine.node1"):
-        name = study_name(fingerprint, "nccl_all2allv", label, 2, 64, "uniform")
-        study = optuna.create_study(study_name=name, storage=url)
-        for key, value in {**attrs, "backend": "nccl_all2allv", "tokens_per_rank": 64, "best_knobs": TUNED}.items():
-            study.set_user_attr(key, value)
+TUNED_KEY = ("nccl_all2allv", 2, 7168, 8, 64, "bf16", "uniform", 64)
 
 
-def test_the_knob_studies_are_read_from_any_store_url(db_url):
-    import sqlalchemy
+def add_tuned(url: str) -> None:
+    from a2a_tune.db import KnobsRecord, MeasurementKey, open_store
 
+    with open_store(url) as store:
+        for fingerprint in ("h200.nvl18x2.node1", "other.machine.node1"):
+            store.put_knobs(KnobsRecord(fingerprint, MeasurementKey(*TUNED_KEY), TUNED, best_us=30.0))
+
+
+def test_the_tuned_knobs_are_read_from_any_store_url(db_url):
     from a2a_tune.db import open_store
     from a2a_tune.tuner.studies import stored_knobs
 
     open_store(db_url).close()
-    assert stored_knobs(db_url, "h200.nvl18x2.node1") == []  # no study yet: nothing read, nothing created
-    engine = sqlalchemy.create_engine(db_url)
-    assert not sqlalchemy.inspect(engine).has_table("studies")
-    engine.dispose()
-    add_studies(db_url)
-    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
-    assert stored_knobs(db_url, "h200.nvl18x2.node1") == [(shape, "nccl_all2allv", 64, TUNED)]
-    assert stored_knobs(db_url, "h200.nvl18x2.node") == []  # a fingerprint is matched whole
+    with open_store(db_url, readonly=True) as store:
+        assert stored_knobs(store, "h200.nvl18x2.node1") == []
+    add_tuned(db_url)
+    with open_store(db_url, readonly=True) as store:
+        assert stored_knobs(store, "h200.nvl18x2.node1") == [(TUNED_KEY, TUNED)]
+        assert stored_knobs(store, "h200.nvl18x2.node") == []  # a fingerprint is matched whole
+
+
+def old_tuned_store(path: Path) -> None:
+    """A store as a2a-tune left it before knobs were rows of ours (schema 0004_ep): the best
+    setting only in the user attributes of Optuna's studies, named as tune-knobs named them."""
+    import optuna
+    from alembic import command
+
+    from a2a_tune.db.engine import alembic_config
+    from a2a_tune.tuner.studies import study_name
+
+    tuned_store(path)
+    url = f"sqlite:///{path}"
+    command.downgrade(alembic_config(url), "0004_ep")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from a2a_tune.db import MeasurementKey
+
+    key = MeasurementKey(*TUNED_KEY)
+    for fingerprint, knobs in (("h200.nvl18x2.node1", {"chunk": 1}), ("h200.nvl18x2.node1", TUNED), ("other.m", {})):
+        study = optuna.create_study(study_name=study_name(fingerprint, key), storage=url, load_if_exists=True)
+        attrs = {**key.point._asdict(), "backend": key.backend, "fingerprint": fingerprint, "timing": "eager"}
+        for k, v in {**attrs, "capacity": None, "default_knobs": {"chunk": 4}, "best_knobs": knobs}.items():
+            study.set_user_attr(k, v)  # a rerun's study: the newer best setting replaces the older
+    optuna.create_study(study_name="someone else's study", storage=url)
+
+
+def test_a_store_tuned_before_keeps_its_knobs_through_the_migration(tmp_path):
+    from a2a_tune.db import StoreOutdatedError, open_store, upgrade
+    from a2a_tune.tuner.select import profile_for_run
+
+    db = tmp_path / "old.db"
+    old_tuned_store(db)
+    with pytest.raises(StoreOutdatedError, match="db upgrade"):
+        profile_for_run(str(db), None)
+    assert upgrade(str(db)) == ("0004_ep", "0005_tuned_knobs")
+    with open_store(str(db), readonly=True) as store:
+        (record,) = store.tuned_knobs("h200.nvl18x2.node1")
+    assert (tuple(record.key), dict(record.best), dict(record.default), record.timing) == (
+        TUNED_KEY,
+        TUNED,
+        {"chunk": 4},
+        "eager",
+    )
+    assert record.study.startswith("a2a-tune knobs: h200.nvl18x2.node1 nccl_all2allv E64-k8-H7168-bf16 ep2 T64")
+    profile, kept, note = profile_for_run(str(db), None)
+    assert (kept, note) == (1, None)
+    (entry,) = profile["entries"]
+    assert entry["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED]
 
 
 def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_changes_nothing(tmp_path):
@@ -793,7 +834,7 @@ def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_ch
     assert {p.name: p.read_bytes() for p in shelf.iterdir()} == before  # byte-identical, no new files
 
 
-def test_reading_the_knob_studies_needs_no_optuna_and_writes_nothing(tmp_path):
+def test_reading_the_tuned_knobs_needs_no_optuna_and_writes_nothing(tmp_path):
     import subprocess
     import sys
 
@@ -802,14 +843,15 @@ def test_reading_the_knob_studies_needs_no_optuna_and_writes_nothing(tmp_path):
     before = (db.read_bytes(), sorted(tmp_path.iterdir()))
     code = (
         "import sys\n"
+        "from a2a_tune.db import open_store\n"
         "from a2a_tune.tuner.studies import stored_knobs\n"
-        f"print(stored_knobs({f'sqlite:///{db}'!r}, 'h200.nvl18x2.node1'))\n"
+        f"with open_store({str(db)!r}, readonly=True) as store:\n"
+        "    print([(tuple(k), v) for k, v in stored_knobs(store, 'h200.nvl18x2.node1')])\n"
         "print('optuna' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
-    assert r.stdout.splitlines() == [str([(shape, "nccl_all2allv", 64, TUNED)]), "False"]
+    assert r.stdout.splitlines() == [str([(TUNED_KEY, TUNED)]), "False"]
     assert (db.read_bytes(), sorted(tmp_path.iterdir())) == before  # SQLite's shared-memory index aside
 
 

@@ -26,7 +26,7 @@ def backends(
     from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, availability_of, engine_names, get_backend
     from a2a_tune.tuner.runtime.engines import ENGINES, NAMES
 
-    from ..views.layout import print_fitted
+    from ..console import print_fitted
 
     device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)

@@ -70,6 +70,8 @@ def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> li
     for r in rows:
         for line in r.skipped:
             console.print(f"  skipped: {line}", highlight=False, markup=False, soft_wrap=True)
+    if (left_out := plans.world_left_out(plan, world)) is not None:
+        console.print(f"  {left_out}", highlight=False, markup=False, soft_wrap=True)
     if any(r.unavailable for r in rows):
         console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
     cases = sum(r.cases for r in rows)
@@ -422,9 +424,42 @@ def run(options) -> None:
         )
     if published["errors"]:
         raise _fail("no table written on " + "; ".join(f"{h}: {why}" for h, why in published["errors"].items()))
-    human.print(
-        f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+    if hint := _lookup_hint(options, published["tables"], outcome.run_id):
+        human.print(f"look it up: {hint}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _lookup_hint(options, tables: dict, run_id: int) -> str | None:
+    """A lookup the table just written answers exactly: an EP size, a shape, a payload and a
+    token count of an entry this run measured (the --preset by name when the run had one),
+    with --profile when the table is not where lookup looks by default; None without one."""
+    from ..publish import table_dir
+    from ..runtime.files import read_json
+    from ..shapes import presets
+
+    paths = list(tables.values())
+    if not paths:
+        return None
+    try:
+        entries = [e for e in read_json(paths[0])["entries"] if e.get("tokens")]
+    except Exception:  # noqa: BLE001 - a hint, never a failure of the run
+        return None
+    ours = [e for e in entries if any(p.get("run") == run_id for p in e.get("provenance", []))] or entries
+    named = {(m.num_experts, m.topk, m.hidden): name for name, m in presets().items() if name in options.preset}
+    ours.sort(
+        key=lambda e: ((e["num_experts"], e["topk"], e["hidden"]) not in named, e["ep_size"], e["dtype"] != "bf16")
     )
+    if not ours:
+        return None
+    e = ours[0]
+    key = (e["num_experts"], e["topk"], e["hidden"])
+    shape = (
+        f"--preset {named[key]}" if key in named else f"--hidden {e['hidden']} --topk {e['topk']} --experts {key[0]}"
+    )
+    words = [f"a2a-tune lookup --ep-size {e['ep_size']} {shape} --tokens {max(e['tokens'])}"]
+    if e["dtype"] != "bf16":
+        words.append(f"--dtype {e['dtype']}")
+    if e["routing"] != "uniform":
+        words.append(f"--routing {e['routing']}")
+    if Path(paths[0]).parent.resolve() != table_dir(None).resolve():
+        words.append(f"--profile {paths[0]}")
+    return " ".join(words)

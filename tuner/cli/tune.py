@@ -118,7 +118,8 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
     from rich.table import Column, Table
     from rich.text import Text
 
-    from ..views.layout import indented, print_fitted
+    from ..console import indented, print_fitted
+    from ..runtime.point import shape_label
 
     if not ev.points:
         raise _fail(f"{title}: no measured point of a shape the table has ({ev.outside} of other shapes)", 1)
@@ -168,7 +169,7 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
         columns = [
-            Column("shape", no_wrap=True),
+            Column("shape"),  # wraps between its parts
             Column("tokens", justify="right", no_wrap=True),
             Column("regret", justify="right", no_wrap=True),
             Column("table's pick", no_wrap=True),
@@ -177,7 +178,7 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
         rows = []
         for pt in worst:
             ep, hidden, topk, experts, dtype, routing = pt["shape"]
-            shape = f"E{experts}-k{topk}-H{hidden} {dtype} ep{ep}" + ("" if routing == "uniform" else f" {routing}")
+            shape = shape_label(experts, topk, hidden, dtype, routing, ep)
             rows.append(
                 (shape, str(pt["tokens"]), f"{100 * pt['table']:.1f}%", Text(pt["table_backend"]), Text(pt["best"]))
             )
@@ -318,7 +319,7 @@ def tune_knobs(
     from rich.table import Column
     from rich.text import Text
 
-    from ..views.layout import print_fitted
+    from ..console import print_fitted
 
     columns = [
         Column("tokens/rank", justify="right", no_wrap=True),

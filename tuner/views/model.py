@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from ..figures import LinkBandwidth, gbps, link_bandwidth, link_pct
 from ..runtime.measurement import FIGURE, FIGURES
 from ..runtime.point import Shape
+from ..runtime.point import shape_label as point_label
 from ..runtime.table import SHAPE_KEYS
 from ..runtime.text import one_line
 
@@ -338,20 +339,25 @@ def token_range(lo: int, hi: int) -> str:
 
 
 def _preset_names() -> dict:
+    """(experts, top-k, hidden) -> the names of every preset of that shape (two may share one:
+    deepseek-v3 and deepseek-v3.2), in the presets' order."""
     try:
         from ..shapes import presets
 
-        return {(p.num_experts, p.topk, p.hidden): name for name, p in presets().items()}
+        names: dict = {}
+        for name, p in presets().items():
+            names.setdefault((p.num_experts, p.topk, p.hidden), []).append(name)
+        return {k: tuple(v) for k, v in names.items()}
     except Exception:  # the view works without preset names
         return {}
 
 
 def shape_label(shape, *, with_model: bool = True) -> str:
-    """``deepseek-v3 E=256 k=8 H=7168 · bf16 · uniform · EP 2`` (model name when a preset matches)."""
+    """``deepseek-v3/deepseek-v3.2 E=256 k=8 H=7168 · bf16 · uniform · EP 2``: the shape named
+    by every preset of it (a table does not say which of them was run)."""
     ep, hidden, topk, ne, dtype, routing = shape.key if hasattr(shape, "key") else shape
-    model = _preset_names().get((ne, topk, hidden)) if with_model else None
-    core = f"E={ne} k={topk} H={hidden}"
-    return f"{model + ' ' if model else ''}{core} · {dtype} · {routing} · EP {ep}"
+    models = _preset_names().get((ne, topk, hidden), ()) if with_model else ()
+    return point_label(ne, topk, hidden, dtype, routing, ep, models=models)
 
 
 def shape_slug(shape) -> str:

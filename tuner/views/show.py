@@ -337,7 +337,7 @@ def labelled(rows):
     from rich.table import Column, Table
     from rich.text import Text
 
-    from .layout import indented
+    from ..console import indented
 
     grid = Table.grid(Column(no_wrap=True, style="dim"), Column(overflow="fold"), padding=(0, 1))
     for label, value in rows:
@@ -351,7 +351,7 @@ def render_show(view: TableView, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from .layout import indented
+    from ..console import indented
 
     kind = "table" if view.kind == "profile" else "run"
     console.print(Text(f"a2a-tune {kind}: {view.fingerprint or 'unknown hardware'}", style="bold"))
