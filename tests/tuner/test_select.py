@@ -810,8 +810,8 @@ def test_a_store_tuned_before_keeps_its_knobs_through_the_migration(tmp_path):
     assert record.study.startswith("a2a-tune knobs: h200.nvl18x2.node1 nccl_all2allv E64-k8-H7168-bf16 ep2 T64")
     profile, kept, note = profile_for_run(str(db), None)
     assert (kept, note) == (1, None)
-    (entry,) = profile["entries"]
-    assert entry["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED]
+    (entry,) = profile.entries
+    assert [k and dict(k) for k in entry.knobs["nccl_all2allv"]] == [None, TUNED]
 
 
 def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_changes_nothing(tmp_path):
