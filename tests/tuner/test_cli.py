@@ -256,6 +256,60 @@ def test_lookup_engine_formats_on_the_shipped_table(fmt, expected):
     assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
 
 
+@pytest.mark.parametrize(
+    "facts, fmt, expected",
+    [
+        (("--lora",), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--platform", "cuda:8.9", "--quantization", "none"), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--platform", "rocm"), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--moe-runner", "triton"), "sglang", "--moe-a2a-backend none"),
+        (("--moe-tp-size", "2"), "trtllm", ""),
+        (
+            ("--platform", "cuda:9.0", "--no-lora", "--pipeline-size", "2"),
+            "vllm",
+            "--all2all-backend flashinfer_nvlink_one_sided",
+        ),
+    ],
+)
+def test_lookup_knows_the_deployment(facts, fmt, expected):
+    """A backend the engine cannot start with in the deployment never competes (engine_rules)."""
+    r = a2a("lookup", *DSV3_DECODE, *facts, "--format", fmt, env_extra=SHIPPED)
+    assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
+    r = a2a("lookup", *DSV3_DECODE, *facts, "--format", "json", env_extra=SHIPPED)
+    excluded = json.loads(r.stdout)["excluded"]
+    assert set(excluded) == {"vllm", "sglang", "trtllm"}
+    if expected != SHIPPED_LINES[fmt]:  # each refused literal is listed with its rule
+        assert excluded[fmt] and all(set(v) == {"rule", "why"} for v in excluded[fmt].values())
+
+
+SHIPPED_LINES = {
+    "vllm": "--all2all-backend flashinfer_nvlink_one_sided",
+    "sglang": "--moe-a2a-backend flashinfer",
+    "trtllm": "TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED",
+}
+
+
+@pytest.mark.parametrize(
+    "facts, words",
+    [
+        (("--platform", "gpu"), "--platform must be cuda or cuda:MAJOR.MINOR or rocm or cpu, got 'gpu'"),
+        (("--quantization", "int3"), "--quantization must be none or fp8_block"),
+        (("--pipeline-size", "0"), "--pipeline-size must be >= 1, got 0"),
+    ],
+)
+def test_lookup_refuses_a_bad_deployment_fact_in_one_line(facts, words):
+    r = a2a("lookup", *DSV3_DECODE, *facts, env_extra=SHIPPED)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_backends_states_what_each_engine_can_start_with():
+    r = a2a("backends", "--device", "cpu", "--json")
+    rules = json.loads(r.stdout)["engine_rules"]
+    assert {"vllm", "sglang", "trtllm"} == {x["engine"] for x in rules}
+    lora = next(x for x in rules if x["rule"] == "lora_ep")
+    assert "flashinfer_nvlink_one_sided" in lora["backends"] and lora["source"].endswith("FusedMoEWithLoRA._ep_check")
+
+
 def test_lookup_env_format_is_shell_lines(tmp_path):
     r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "env", env_extra=FIXTURE_ENV)
     assert r.returncode == 0, r.stderr
