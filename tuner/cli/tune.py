@@ -253,7 +253,7 @@ def tune_knobs(
     from ..knobs import tune_knobs as run_search
     from ..launch import SIGNAL_EXIT, RankFailed
     from ..runtime.lookup import ProfileError, load_profile
-    from ..select import with_knobs_from_file, write_profile_to
+    from ..select import write_knobs_into
 
     try:
         cls = get_backend(backend)
@@ -371,16 +371,12 @@ def tune_knobs(
         return
     values = shape.at(world, dtype, routing)._asdict()
     found = {r.tokens: r.best_knobs for r in results if r.best_knobs}
-    try:
-        updated, notes = with_knobs_from_file(profile, values, backend, found)
+    try:  # read, add and write under the table's lock: a `select` or `run` at once loses nothing
+        notes = write_knobs_into(profile, values, backend, found)
     except ProfileError as exc:
         raise _fail(str(exc)) from None
-    except (OSError, ValueError) as exc:
-        raise _fail(f"{profile}: not a readable profile ({exc})") from None
+    except OSError as exc:
+        raise _fail(f"cannot write the profile: {exc}") from None
     for note in notes:
         out.print(f"  not written: {note}", highlight=False, markup=False)
-    try:
-        write_profile_to(updated, profile)
-    except (ProfileError, OSError) as exc:
-        raise _fail(f"cannot write the profile: {exc}") from None
     out.print(f"wrote the best knobs into {profile}", highlight=False, markup=False)
