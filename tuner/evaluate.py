@@ -86,7 +86,6 @@ def held_out_plan(
     return SweepPlan(
         shapes=tuple(sorted(shapes, key=lambda s: s.name)),
         tokens=held,
-        ep_sizes=(world,),
         dtypes=tuple(sorted({s.dtype for s in here})),
         routings=tuple(sorted({s.routing for s in here})),
         backends=tuple(backends),
