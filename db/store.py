@@ -1,33 +1,24 @@
 """The measurement store: read and write hardware, runs, measurements, failures and tuned knobs.
 
 :func:`open_store` opens one by URL (``engine.py``: URLs, engines, read-only opening, the
-schema's migrations); a run's one writer and its heartbeat are ``lease.py``.
+schema's migrations); a run's one writer and its heartbeat are ``lease.py``. Guarantees:
 
-Guarantees
-----------
-- **Every write commits before it returns.** A sweep killed at any point keeps every
+- **Every write commits before it returns**: a sweep killed at any point keeps every
   measurement and failure whose ``add_*`` call returned.
-- **Plain values out.** Writes return integer ids; reads return frozen dataclasses
-  (:class:`HardwareRecord`, :class:`RunRecord`, :class:`FailureRecord`), snapshots detached
-  from any session; a measurement is written and read back as one
-  :class:`~a2a_tune.tuner.runtime.measurement.Measurement`. Unknown ids raise
+- **Plain values out**: writes return integer ids, reads frozen dataclasses detached from any
+  session (a measurement comes back as the one written); unknown ids raise
   :class:`NotFoundError`; "nothing yet" answers are ``None`` or an empty list.
-- **Errors are one line.** Driver and SQLAlchemy errors become :class:`StoreError` with a
-  one-line message; the original is chained (``__cause__``). A server that went away
-  (refused, closed, timed out) is :class:`ConnectionLostError`.
-- **Nothing written to no file.** An SQLite store checks, before and after each
-  transaction, that its path still names the file it opened (device and inode): once that
-  file was deleted, moved away or replaced, every call raises :class:`StoreFileLostError`
-  instead of writing on into a file nobody can open.
-- **Threads and processes.** Each call uses its own short session, so one Store may be
-  shared by threads. Do not carry an open Store across ``fork``; open it in the process
-  that writes (rank 0).
-- **One writer per run.** Every write to a run is fenced by the run's lease (``lease.py``):
-  a process that lost the run writes nothing (:class:`LeaseLostError`).
-
-Duplicate measurements: ``add_measurement`` with a key already stored for the run raises
-:class:`DuplicateMeasurementError` (nothing is overwritten); the sweep consults
-``done_keys`` first, so a duplicate means a bug worth hearing about.
+- **Errors are one line** (:class:`StoreError`, the original chained); a server that went
+  away is :class:`ConnectionLostError`.
+- **Nothing written to no file**: an SQLite store checks before and after each transaction
+  that its path still names the file it opened; once not, every call raises
+  :class:`StoreFileLostError`.
+- **Threads, not fork**: each call uses its own short session, so threads may share a Store;
+  open it in the process that writes (rank 0).
+- **One writer per run**: every write to a run is fenced by its lease (``lease.py``); a
+  process that lost the run writes nothing (:class:`LeaseLostError`).
+- **No duplicate**: ``add_measurement`` of a key the run holds raises
+  :class:`DuplicateMeasurementError`, nothing overwritten (the sweep consults ``done_keys``).
 """
 
 from __future__ import annotations
