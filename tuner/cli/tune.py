@@ -49,7 +49,7 @@ def evaluate(
     """
     from a2a_tune.db import StoreError, open_store
 
-    from ..evaluate import EvaluationError, held_out_plan, table_measurements
+    from ..evaluate import EvaluationError, held_out_plan, left_out_note, sizes_measurable, table_measurements
     from ..evaluate import evaluate as run_evaluation
     from ..launch import SIGNAL_EXIT, RankFailed
     from ..runtime.lookup import ProfileError, load_profile
@@ -96,6 +96,9 @@ def evaluate(
     except EvaluationError as exc:
         raise _fail(str(exc), 2) from None
     _planned(plans.check_plan, plan, device, world)
+    _, left_out = sizes_measurable(table, world)
+    if left_out:  # said before the sweep and with the scores: never a silent subset
+        (err if as_json else out).print(left_out_note(left_out, world), highlight=False)
     (err if as_json else out).print(
         f"evaluating {profile.name} at {len(plan.tokens)} held-out token counts x {len(plan.shapes)} shape(s)",
         highlight=False,
@@ -111,6 +114,8 @@ def evaluate(
         raise _fail(f"evaluation interrupted ({by}); its run is kept", SIGNAL_EXIT.get(by, 130)) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
+    if left_out:
+        ev.notes.append(left_out_note(left_out, world))
     _print_evaluation(ev, f"run {outcome.run_id}", as_json)
 
 
@@ -135,6 +140,7 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
             "failed": ev.failed,
             "unscored": ev.unscored,
             "outside": ev.outside,
+            "notes": ev.notes,
             "engines": scores_data(ev.engines),
             "worst": ev.worst(5),
         }
@@ -162,6 +168,8 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
         )
     if ev.outside:
         out.print(indented(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", 0))
+    for note in ev.notes:
+        out.print(indented(note, 0))
     if ev.engines:
         from ..policies import render_scores
 
