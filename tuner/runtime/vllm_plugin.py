@@ -465,7 +465,7 @@ def _deployment(config, dtype: str, note: str) -> tuple:
     facts = {
         "lora": getattr(config, "lora_config", None) is not None,
         "pipeline_size": getattr(par, "pipeline_parallel_size", 1) or 1,
-        "quantization": _rules_quantization(config.model_config, dtype, note),
+        "quantization": _rules_quantization(config, dtype, note),
         "platform": platform,
         "missing_packages": _missing_packages(),
     }
@@ -505,8 +505,11 @@ def _version_note() -> str:
     return engine_rules.nearest_version("vllm", running)[1]
 
 
-def _rules_quantization(model_config, dtype: str, note: str) -> str:
-    """The checkpoint's quantization in the rules' words (engine_rules.QUANTIZATIONS)."""
+def _rules_quantization(config, dtype: str, note: str) -> str:
+    """The checkpoint's quantization in the rules' words (engine_rules.QUANTIZATIONS). vLLM 0.33
+    runs compressed-tensors W4A16 with ``--moe-backend flydsl`` through a MoE method without its
+    modular kernel (compressed_tensors_moe.py, ``CompressedTensorsMoEMethod.get_moe_method``)."""
+    model_config = config.model_config
     if note == _PER_TENSOR_NOTE:
         return "fp8_per_tensor"
     if dtype == "fp8_e4m3":
@@ -516,6 +519,11 @@ def _rules_quantization(model_config, dtype: str, note: str) -> str:
     method = str(getattr(model_config, "quantization", None) or _quant_config(model_config).get("quant_method") or "")
     if not method:
         return "none"
+    if (
+        method == "compressed-tensors"
+        and getattr(getattr(config, "kernel_config", None), "moe_backend", None) == "flydsl"
+    ):
+        return "ct_w4a16_flydsl"
     return "mxfp4" if method == "mxfp4" else "weight_only"
 
 
