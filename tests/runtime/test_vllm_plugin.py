@@ -141,6 +141,7 @@ def fake_vllm(monkeypatch, caplog, tmp_path):
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "deepseek-ai/DeepSeek-V3"])
     # vLLM's environment with every backend's package importable (the tests that lack one say so)
     monkeypatch.setattr(vllm_plugin, "_missing_packages", lambda: [])
+    monkeypatch.setattr(vllm_plugin, "_ONCE", {})  # a fresh vLLM process: its version read again
     for var in (
         "A2A_TUNE_VLLM_PLUGIN",
         "A2A_TUNE_PHASE",

@@ -448,7 +448,7 @@ def decide(config, *, explicit: bool = False) -> Decision:
 
 
 def _excluded_text(excluded) -> str:
-    """ "; <why>: excluded a, b" per start-up rule that dropped a backend (choice.excluded)."""
+    """The words ``; <why>: excluded a, b`` per start-up rule that dropped a backend (choice.excluded)."""
     by_why: dict = {}
     for backend, text in sorted(excluded.items()):
         by_why.setdefault(text.split(": ", 1)[-1], []).append(backend)  # "<rule>: <why>"
@@ -486,23 +486,31 @@ def _platform_of() -> str | None:
     return None
 
 
+# What a process finds once (packages, vLLM's version) holds for every engine config it builds.
+_ONCE: dict = {}
+
+
 def _missing_packages() -> list:
     """The backends' packages vLLM's process cannot import (found without importing them)."""
-    from importlib.util import find_spec
+    if "missing" not in _ONCE:
+        from importlib.util import find_spec
 
-    names = sorted(set(engine_rules.PACKAGES["vllm"].values()))
-    return [n for n in names if find_spec(n) is None]
+        names = sorted(set(engine_rules.PACKAGES["vllm"].values()))
+        _ONCE["missing"] = [n for n in names if find_spec(n) is None]
+    return _ONCE["missing"]
 
 
 def _version_note() -> str:
-    """ "" for the vLLM version the rules were read from; else a note that the nearest is used."""
-    try:
-        from importlib.metadata import version
+    """Empty for the vLLM version the rules were read from; else a note that the nearest is used."""
+    if "version" not in _ONCE:
+        try:
+            from importlib.metadata import version
 
-        running = version("vllm")
-    except Exception:
-        running = None
-    return engine_rules.nearest_version("vllm", running)[1]
+            running = version("vllm")
+        except Exception:
+            running = None
+        _ONCE["version"] = engine_rules.nearest_version("vllm", running)[1]
+    return _ONCE["version"]
 
 
 def _rules_quantization(config, dtype: str, note: str) -> str:
