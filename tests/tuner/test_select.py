@@ -865,3 +865,21 @@ def test_knobs_go_into_a_table_file_judged_as_lookup_judges_it(tmp_path):
         with_knobs_from_file(tmp_path / "not.json", SHAPE_B, "nccl_all2allv", {64: TUNED})
     with pytest.raises(ProfileError, match="missing.json: cannot read"):  # the lookup's reader (issue 31.3)
         with_knobs_from_file(tmp_path / "missing.json", SHAPE_B, "nccl_all2allv", {64: TUNED})
+
+
+def test_show_reads_the_tuned_knobs_from_the_store_and_from_the_table_select_wrote(tmp_path):
+    from run_cli import a2a
+
+    from a2a_tune.tuner.views.load import load_run_view
+    from a2a_tune.tuner.views.show import show_data
+
+    db = tmp_path / "runs.db"
+    tuned_store(db)
+    line = "tuned knobs: nccl_all2allv at 64: chunk=2"
+    run = a2a("show", "--db", str(db))
+    assert run.returncode == 0 and line in run.stdout, run.stdout + run.stderr
+    data = show_data(load_run_view(str(db)))  # show --json
+    assert data["shapes"][0]["knobs"] == {"nccl_all2allv": [None, TUNED]}
+    assert a2a("select", "--db", str(db), "--out", str(tmp_path / "out")).returncode == 0
+    (table,) = (tmp_path / "out").glob("*.json")
+    assert line in a2a("show", "--profile", str(table)).stdout

@@ -38,6 +38,7 @@ from ..runtime.table import (
     parse_profile,
 )
 from ..select import fabric_of, iso_timestamp, provenance_of, select_entries
+from ..studies import stored_knobs
 from .model import Curve, FailureView, ShapeView, TableView, ViewError, clean, shape_label
 
 __all__ = [
@@ -142,6 +143,7 @@ def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
             list(entry.p10_us[b]),
             list(entry.p90_us[b]),
             {k: list(v) for k, v in entry.figures.get(b, {}).items()},
+            knobs=[None if k is None else dict(k) for k in entry.knobs.get(b, ())],
         )
         for b in entry.median_us
     }
@@ -254,9 +256,23 @@ def load_run_view(db: str | None, run_id: int | None = None) -> TableView:
             hw = store.hardware_for_run(run.id)
             measurements = store.measurements(run.id)
             failures = store.failures(run.id)
+            capacity = run.config.get("capacity") if isinstance(run.config, Mapping) else None
+            tuned = stored_knobs(store, hw.fingerprint, capacity)
     except StoreError as exc:
         raise ViewError(str(exc)) from None
-    return view_from_records(run, hw, measurements, failures, label=f"{shown} run {run.id}")
+    view = view_from_records(run, hw, measurements, failures, label=f"{shown} run {run.id}")
+    _attach_knobs(tuned, view.shapes)
+    return view
+
+
+def _attach_knobs(tuned, shapes: list) -> None:
+    """Each curve's tuned setting per token count, from the store's rows ((key, knobs) each,
+    :func:`a2a_tune.tuner.studies.stored_knobs`), where a shape, backend and token count match."""
+    by_point = {(key.point.shape, key.backend, key.tokens_per_rank): knobs for key, knobs in tuned}
+    for s in shapes:
+        for backend, curve in s.curves.items():
+            found = [by_point.get((s.shape, backend, t)) for t in s.tokens]
+            curve.knobs = found if any(k is not None for k in found) else []
 
 
 def run_tie_preference(config: Mapping | None) -> tuple:

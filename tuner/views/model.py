@@ -78,6 +78,9 @@ class Curve:
     figures: dict = field(default_factory=dict)  # schema 3: figure name -> list aligned with tokens
     # runs: each EP group's median per token count (None where not stored; tuner.groups)
     group_us: list = field(default_factory=list)
+    # the tuned launch setting per token count (None: the backend's defaults): the table's
+    # ``knobs``, or for a run what tune-knobs stored for its machine
+    knobs: list = field(default_factory=list)
 
     def at(self, j: int) -> tuple:
         """(median, p10, p90) at token index j, each None when missing."""
