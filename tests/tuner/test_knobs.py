@@ -18,7 +18,7 @@ from a2a_tune.db import open_store
 from a2a_tune.kernels import KnobError, get_backend
 from a2a_tune.kernels._nvlink_common import LaunchKnobs
 from a2a_tune.tuner.knobs import KnobPlan, tune_knobs
-from a2a_tune.tuner.runtime.lookup import lookup
+from a2a_tune.tuner.runtime.lookup import load_profile, lookup
 from a2a_tune.tuner.runtime.table import ProfileError, parse_profile
 from a2a_tune.tuner.select import build_profile, with_knobs, write_profile, write_profile_to
 from a2a_tune.tuner.shapes import ModelShape
@@ -167,7 +167,7 @@ def test_best_knobs_are_written_into_the_table_and_lookup_returns_them(searched,
     _, (r,) = searched
     path = _table(tmp_path)
     shape = ENTRY
-    updated, notes = with_knobs(json.loads(path.read_text()), shape, "knobbed_sleepy", {4: r.best_knobs, 8: FAST})
+    updated, notes = with_knobs(load_profile(path), shape, "knobbed_sleepy", {4: r.best_knobs, 8: FAST})
     assert notes == ["8 tokens/rank is not one of the entry's token counts (4, 16, 64)"]
     write_profile_to(updated, path)
     assert json.loads(path.read_text())["entries"][0]["backends"]["knobbed_sleepy"]["knobs"] == [FAST, None, None]
@@ -219,11 +219,10 @@ def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
         (record,) = store.tuned_knobs(fp)
         assert record.study == r.study_name and record.best_us == pytest.approx(r.best_us)
         assert record.default == r.default_knobs and record.timing == "eager" and record.capacity is None
-        profile = json.loads(_table(tmp_path).read_text())
-        profile["hardware"]["fingerprint"] = fp
+        profile = load_profile(_table(tmp_path))._replace(fingerprint=fp)
         kept_profile, kept = with_stored_knobs(profile, store)
     assert kept == 1
-    assert kept_profile["entries"][0]["backends"]["knobbed_sleepy"]["knobs"] == [FAST, None, None]
+    assert [k and dict(k) for k in kept_profile.entries[0].knobs["knobbed_sleepy"]] == [FAST, None, None]
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     with open_store(empty) as store:
         assert with_stored_knobs(profile, store) == (profile, 0)

@@ -1,6 +1,6 @@
 """Selection: measurements -> profile dict -> validated, atomically written JSON.
 
-CPU only, no database: build_profile works on plain mappings. The packaged test
+CPU only, no database: build_profile works on plain values. The packaged test
 fixture tests/fixtures/profiles/test.fixture.node1.json is exactly what
 ``fixture_profile()`` builds (regenerate: ``write_profile(fixture_profile(), FIXTURES)``);
 schema1/ and schema2/ hold the same table as the releases before wrote it.
@@ -21,10 +21,26 @@ import paths
 import pytest
 from stored import measured
 
+from a2a_tune.tuner import select
 from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.lookup import ProfileError, load_profile, lookup, profile_filename
-from a2a_tune.tuner.runtime.table import Failed
-from a2a_tune.tuner.select import build_profile, profile_from_store, upgrade_profile, validate_profile, write_profile
+from a2a_tune.tuner.runtime.table import Failed, to_dict
+from a2a_tune.tuner.select import FailureRow, upgrade_profile, validate_profile
+
+
+def build_profile(*args, **kwargs) -> dict:
+    """select's Profile as the object its file holds: what these tests inspect and change."""
+    return to_dict(select.build_profile(*args, **kwargs))
+
+
+def profile_from_store(*args, **kwargs) -> dict:
+    return to_dict(select.profile_from_store(*args, **kwargs))
+
+
+def write_profile(table: dict, directory):
+    """Write a table object as select writes a Profile, read first as a file is read."""
+    return select.write_profile(validate_profile(table), directory)
+
 
 FIXTURES = paths.FIXTURES / "profiles"
 FIXTURE_FP = "test.fixture.node1"
@@ -123,22 +139,22 @@ def measurements_from(curves=CURVES, timing=None):
 
 
 FAILURES = [
-    dict(
-        SHAPE_A,
+    FailureRow(
+        **SHAPE_A,
         backend="flashinfer_nvlink_one_sided",
         kind="incorrect",
         tokens_per_rank=256,
         reason="max abs error 0.5 > tol 0.016 (bf16)",
     ),
-    dict(
-        SHAPE_A,
+    FailureRow(
+        **SHAPE_A,
         backend="nvlink_one_sided",
         kind="timeout",
         tokens_per_rank=1024,
         reason="no completion flag after 10 s",
     ),
-    dict(
-        NO_SHAPE,
+    FailureRow(
+        **NO_SHAPE,
         backend="deepep_low_latency",
         kind="unavailable",
         tokens_per_rank=None,
@@ -315,7 +331,9 @@ def test_timeout_leaves_a_null_point_only():
 
 
 def test_backend_that_only_errored_on_a_shape_is_explained():
-    fails = [dict(SHAPE_B, backend="nvlink_one_sided", kind="error", tokens_per_rank=64, reason="CUDA OOM\nat alloc")]
+    fails = [
+        FailureRow(**SHAPE_B, backend="nvlink_one_sided", kind="error", tokens_per_rank=64, reason="CUDA OOM\nat alloc")
+    ]
     p = build_profile(measurements_from(), fails, hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
     assert entry(p, hidden=4096)["failed"]["nvlink_one_sided"] == {
         "kind": "error",
@@ -387,8 +405,10 @@ def test_upgrade_schema1_to_the_current_schema():
     # Failure text becomes structure, read once on load (the one upgrade path).
     assert {b: str(Failed(**f)) for b, f in a["failed"].items()} == v1["entries"][1]["failed"]
     assert upgrade_profile(v2) == v2  # the current schema: a copy
-    with pytest.raises(ProfileError, match="^schema: unsupported version 7"):
+    with pytest.raises(ProfileError, match="^schema: version 7 is from a newer a2a-tune .*; upgrade a2a-tune"):
         upgrade_profile({**v1, "schema": 7})
+    with pytest.raises(ProfileError, match="^schema: unsupported version 0 .*regenerate the table"):
+        upgrade_profile({**v1, "schema": 0})
 
 
 def failure_of(text: str) -> tuple:
@@ -558,7 +578,7 @@ class FakeStore:
         return measurements_from()
 
     def failures(self, run_id):
-        return [SimpleNamespace(**f) for f in FAILURES]
+        return [SimpleNamespace(**f._asdict()) for f in FAILURES]
 
     def get_run(self, run_id):
         return SimpleNamespace(
@@ -569,6 +589,7 @@ class FakeStore:
             started_at=dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.timezone.utc),
             finished_at=None,
             status="done",
+            config={},
         )
 
     def hardware_for_run(self, run_id):
@@ -789,8 +810,8 @@ def test_a_store_tuned_before_keeps_its_knobs_through_the_migration(tmp_path):
     assert record.study.startswith("a2a-tune knobs: h200.nvl18x2.node1 nccl_all2allv E64-k8-H7168-bf16 ep2 T64")
     profile, kept, note = profile_for_run(str(db), None)
     assert (kept, note) == (1, None)
-    (entry,) = profile["entries"]
-    assert entry["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED]
+    (entry,) = profile.entries
+    assert [k and dict(k) for k in entry.knobs["nccl_all2allv"]] == [None, TUNED]
 
 
 def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_changes_nothing(tmp_path):
@@ -841,7 +862,7 @@ def test_select_of_the_latest_completed_run_names_it(tmp_path):
     db = tmp_path / "runs.db"
     tuned_store(db)
     profile, kept, note = profile_for_run(str(db), None)
-    assert (profile["run"]["id"], kept, note) == (1, 1, None)
+    assert (profile.meta["run"]["id"], kept, note) == (1, 1, None)
     empty = tmp_path / "empty.db"
     open_store(str(empty)).close()
     with pytest.raises(NotFoundError, match="no completed run"):
@@ -854,7 +875,7 @@ def test_knobs_go_into_a_table_file_judged_as_lookup_judges_it(tmp_path):
     path = write_profile(fixture_profile(), tmp_path)
     updated, notes = with_knobs_from_file(path, SHAPE_B, "nccl_all2allv", {64: TUNED, 5: TUNED})
     assert notes == ["5 tokens/rank is not one of the entry's token counts (1, 64, 1024)"]
-    assert entry(updated, **SHAPE_B)["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED, None]
+    assert entry(to_dict(updated), **SHAPE_B)["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED, None]
     assert "knobs" not in entry(json.loads(path.read_text()), **SHAPE_B)["backends"]["nccl_all2allv"]  # a copy
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({**fixture_profile(), "schema": 99}))

@@ -24,13 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.files import FileRefused, read_head
-from ..runtime.fingerprint import normalize_fingerprint
 from ..runtime.measurement import Measurement
 from ..runtime.profiles import parse_table_json, read_table_bytes
 from ..runtime.table import (
     FALLBACK_BACKEND,
     GRAPH_WORDS,
-    SCHEMA_VERSION,
     SHAPE_KEYS,
     ProfileEntry,
     ProfileError,
@@ -294,16 +292,10 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         raise ViewError(f"{label}: {exc}") from None
     shapes = []
     if entries:
-        table = {
-            "schema": SCHEMA_VERSION,
-            "hardware": {"fingerprint": _fingerprint_or_placeholder(g(hw, "fingerprint"))},
-            "backends": {b: {} for b in preference},
-            "tie_preference": preference,
-            "entries": entries,
-        }
-        prof = _parse(table, label, notes)
-        shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
-        source = _clean_provenance(provenance_of(run, hw, g(run, "status") or "completed"))
+        shapes = [_shape_view(e, tuple(preference)) for e in entries]
+        source = _clean_provenance(
+            provenance_of(g(run, "id"), g(run, "started_at"), g(hw, "facts_hash"), g(run, "status") or "completed")
+        )
         config = g(run, "config")
         recorded = config.get("fabrics") if isinstance(config, Mapping) else None
         for shape in shapes:  # what select records of each entry
@@ -372,14 +364,6 @@ def _attach_group_us(measurements: list[Measurement], shapes: list) -> None:
         if not curve.group_us:
             curve.group_us = [None] * len(shape.tokens)
         curve.group_us[shape.tokens.index(tokens)] = list(per_group)
-
-
-def _fingerprint_or_placeholder(fp) -> str:
-    """The run's fingerprint for the table reader (the view shows the store's own)."""
-    try:
-        return normalize_fingerprint(fp)
-    except ValueError:
-        return "unknown"
 
 
 def _other_modes(measurements: list, shapes: list) -> list:
