@@ -206,9 +206,21 @@ def test_lookup_preset_fills_the_shape_and_vs_default_is_in_the_engines_units():
     """--preset deepseek-v3: hidden 7168, top-k 8, 256 experts, 58 MoE layers. The fixture's decode
     answer (nvlink_one_sided 26.502 us) against vLLM's default (allgather_reducescatter 41.791 us)."""
     r = a2a(
-        "lookup", "--ep-size", "2", "--preset", "deepseek-v3", "--phase", "decode", "--max-batch", "64",
-        "--tpot-ms", "29.2", "--format", "json", env_extra=FIXTURE_ENV,
-    )  # fmt: skip
+        "lookup",
+        "--ep-size",
+        "2",
+        "--preset",
+        "deepseek-v3",
+        "--phase",
+        "decode",
+        "--max-batch",
+        "64",
+        "--tpot-ms",
+        "29.2",
+        "--format",
+        "json",
+        env_extra=FIXTURE_ENV,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["entry_shape"]["hidden"] == 7168 and out["backend"] == "nvlink_one_sided"
@@ -570,9 +582,21 @@ def test_impossible_shapes_are_refused_in_one_line_before_any_rank_starts(tmp_pa
     config.write_text(json.dumps({"model_type": "test_moe", **numbers}))
     db = tmp_path / "t.db"
     r = _capped(
-        "sweep", "--device", "cpu", "--world", "2", "--model-config", str(config), "--tokens", tokens,
-        "--backend", "allgather_reducescatter", "--db", str(db), "--no-progress",
-    )  # fmt: skip
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "2",
+        "--model-config",
+        str(config),
+        "--tokens",
+        tokens,
+        "--backend",
+        "allgather_reducescatter",
+        "--db",
+        str(db),
+        "--no-progress",
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "plan:" not in r.stdout and not db.exists()  # no rank started, no run opened
@@ -599,7 +623,27 @@ def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, to
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={}, config_hash="c"
         )
         with pytest.raises(ValueError, match=said.replace(".", r"\.")):
-            store.add_measurement(run, Measurement.from_columns(dict(backend="nccl_all2allv", ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform", tokens_per_rank=tokens, timing="eager", median_us=1.0, p10_us=1.0, p90_us=1.0, n=1, samples=[1.0])))  # fmt: skip
+            store.add_measurement(
+                run,
+                Measurement.from_columns(
+                    dict(
+                        backend="nccl_all2allv",
+                        ep_size=2,
+                        hidden=64,
+                        topk=2,
+                        num_experts=8,
+                        dtype="bf16",
+                        routing="uniform",
+                        tokens_per_rank=tokens,
+                        timing="eager",
+                        median_us=1.0,
+                        p10_us=1.0,
+                        p90_us=1.0,
+                        n=1,
+                        samples=[1.0],
+                    )
+                ),
+            )
 
     table = fixture_data()
     table["entries"][0]["tokens"][0] = tokens
