@@ -486,7 +486,7 @@ def refused(engine: str, literal: str, deployment: Deployment, shape=None) -> Ru
 
 
 def reason(rule: Rule, engine: str, literal: str) -> str:
-    """ "<rule>: <why>" for a backend ``rule`` refused (the package rule names the package)."""
+    """The words ``<rule>: <why>`` for a backend ``rule`` refused (the package rule names the package)."""
     if rule.name == "package":
         return f"package: {PACKAGES[engine][literal]} {rule.why}"
     return f"{rule.name}: {rule.why}"
