@@ -151,9 +151,7 @@ def make_table(directory: Path) -> Path:
         run={"id": 1, "device_type": "cuda", "world_size": 8, "versions": {}},
         backend_names={b: {"engines": {}} for b in BACKENDS},
     )
-    assert len(profile["entries"]) == 50 and all(
-        len(e["tokens"]) == 20 and len(e["backends"]) == 6 for e in profile["entries"]
-    )
+    assert len(profile.entries) == 50 and all(len(e.tokens) == 20 and len(e.median_us) == 6 for e in profile.entries)
     return write_profile(profile, directory)
 
 

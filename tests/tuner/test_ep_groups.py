@@ -131,8 +131,22 @@ def test_sizes_that_do_not_divide_are_refused_and_a_default_one_is_skipped_for_t
 
 def test_a_size_that_does_not_divide_the_world_is_refused_before_any_rank_starts(tmp_path):
     db = tmp_path / "t.db"
-    r = a2a("sweep", "--device", "cpu", "--world", "4", "--preset", "mixtral-8x7b", "--tokens", "1",
-            "--ep-sizes", "2,3", "--db", str(db), "--no-progress")  # fmt: skip
+    r = a2a(
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "4",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1",
+        "--ep-sizes",
+        "2,3",
+        "--db",
+        str(db),
+        "--no-progress",
+    )
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: --ep-sizes 3: an EP size must be at least 2 and divide the 4 ranks"
     )
@@ -227,9 +241,30 @@ def test_a_killed_multi_size_run_resumes_and_measures_nothing_twice(tmp_path):
         "A2A_TUNE_TEST_GATE": str(gate),
         "A2A_TUNE_TEST_GATE_SIZE": "4",
     }
-    args = ["sweep", "--device", "cpu", "--world", "4", "--ep-sizes", "2,4", "--preset", "mixtral-8x7b",
-            "--tokens", "1,4", "--backend", "allgather_reducescatter", "--backend", "planted_gate_at_size",
-            "--iters", "2", "--warmup", "0", "--db", str(db), "--no-progress"]  # fmt: skip
+    args = [
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "4",
+        "--ep-sizes",
+        "2,4",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1,4",
+        "--backend",
+        "allgather_reducescatter",
+        "--backend",
+        "planted_gate_at_size",
+        "--iters",
+        "2",
+        "--warmup",
+        "0",
+        "--db",
+        str(db),
+        "--no-progress",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
         env=env,

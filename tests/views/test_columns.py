@@ -148,7 +148,7 @@ def test_a_table_too_wide_for_any_layout_is_squeezed_not_looped():
 
     from rich.table import Column
 
-    from a2a_tune.tuner.views.layout import fit
+    from a2a_tune.tuner.console import fit
 
     console = Console(file=StringIO(), width=30)
     columns = [Column("a", no_wrap=True), Column("b", no_wrap=True), Column("c", no_wrap=True)]

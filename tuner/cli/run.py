@@ -340,7 +340,7 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
     from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError
     from a2a_tune.db.damage import DamagedRowError
 
-    from ..publish import write_table
+    from ..publish import merge_into_table
     from ..runtime.lookup import ProfileError
     from ..select import UnfinishedRunError, profile_for_run
     from ..tables import merge
@@ -361,28 +361,26 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
             raise _fail(str(exc), 2 if isinstance(exc, DamagedRowError) else 1) from None
         if note:
             err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
-        if profile is not None and table["hardware"]["fingerprint"] != profile["hardware"]["fingerprint"]:
+        if profile is not None and table.fingerprint != profile.fingerprint:
             raise _fail(
-                f"run {run_id} is of {table['hardware']['fingerprint']}, run {profile['run']['id']} of "
-                f"{profile['hardware']['fingerprint']}: one table holds one fingerprint's runs",
+                f"run {run_id} is of {table.fingerprint}, run {profile.meta['run']['id']} of "
+                f"{profile.fingerprint}: one table holds one fingerprint's runs",
                 2,
             )
         profile = table if profile is None else merge(profile, table)
         kept_total += kept
     try:
-        path = write_table(profile, str(out_dir) if out_dir else None)
+        written = merge_into_table(profile, str(out_dir) if out_dir else None)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
+    path = Path(written.path)
     knobs_note = f", with the knobs of {kept_total} tuned case(s)" if kept_total else ""
-    written = json.loads(path.read_text())
-    partial_note = ""
-    if any(p["status"] != "completed" for e in written["entries"] for p in e.get("provenance", [])):
-        partial_note = "; PARTIAL: from a run that did not complete"
-    ids = ", ".join(str(r) for r in runs) if runs else str(profile["run"]["id"])
-    before = len(written["entries"]) - len(profile["entries"])
+    partial_note = "; PARTIAL: from a run that did not complete" if written.partial_runs() else ""
+    ids = ", ".join(str(r) for r in runs) if runs else str(profile.meta["run"]["id"])
+    before = len(written.entries) - len(profile.entries)
     kept_note = f"; kept {before} shape(s) of the table there that it did not measure" if before else ""
     out.print(
-        f"wrote {path} ({len(written['entries'])} shape(s)) from run {ids}{knobs_note}{kept_note}{partial_note}",
+        f"wrote {path} ({len(written.entries)} shape(s)) from run {ids}{knobs_note}{kept_note}{partial_note}",
         highlight=False,
         markup=False,
         soft_wrap=True,
