@@ -316,6 +316,7 @@ def test_a_cpu_rehearsal_never_blames_a_gpu_link_or_nic_for_a_slow_group(tmp_pat
     from a2a_tune.tuner.cli import app
 
     db = shutil.copy(FIXTURES / "db" / "cpu_world4_ep2.db", tmp_path / "s.db")
+    assert CliRunner().invoke(app, ["db", "upgrade", "--db", str(db)]).exit_code == 0  # stored at 0004_ep
     data = show_data(load_view(db=str(db)))
     assert data["suspect_groups"] and {f["cause"] for f in data["suspect_groups"]} == {"shared cores"}
     for width in ("80", "200"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from ..views.layout import indented
+from ..console import indented
 from . import options as opt
 from .common import _fail, _note, _planned, _plans, _store_url, app, err, out
 
@@ -156,7 +156,7 @@ def _print_outcome(outcome, seconds: float, out=out) -> None:
     if rows:  # a table: the reasons wrap at spaces beside whole names, at 80 columns too
         from rich.table import Column
 
-        from ..views.layout import print_fitted
+        from ..console import print_fitted
 
         columns = [Column("backend", no_wrap=True), Column("not measured here")]
         print_fitted(out, columns, rows, box=None, padding=(0, 1, 0, 2), show_header=False)

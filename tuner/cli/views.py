@@ -256,6 +256,6 @@ def report(
     out.print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)  # a path: whole, to copy
     from rich.text import Text
 
-    from ..views.layout import indented
+    from ..console import indented
 
     out.print(indented(Text(f"{len(view.shapes)} shape(s){note}")))  # wrapped at spaces, at 80 columns too
