@@ -65,14 +65,16 @@ def reread(profile: Profile) -> Profile:
 
 
 def test_reselecting_a_run_keeps_the_other_runs_points():
-    """35.3: --tokens 1 then --tokens 8 into one store; select run 1, run 2, then run 1 again."""
+    """35.3: --tokens 1 then --tokens 8 into one store; select run 1, run 2, then a plain
+    select (run 2 again, the newest), and run 1 again."""
     one = table(1, "2026-12-01T10:00:00Z", {B[0]: {1: 10.0}})
     two = table(2, "2026-12-01T11:00:00Z", {B[0]: {8: 20.0}})
     merged = reread(merge(reread(one), two))
-    again = reread(merge(merged, one))
-    assert curve(again) == {1: 10.0, 8: 20.0}
-    assert runs(again) == [(2, "2026"), (1, "2026")]
-    assert again.entries == merged.entries  # re-selecting a run changes nothing of the others
+    for selected in (two, one):
+        again = reread(merge(merged, selected))
+        assert curve(again) == {1: 10.0, 8: 20.0}
+        assert runs(again) == [(2, "2026"), (1, "2026")]
+        assert again.entries == merged.entries  # re-selecting a run changes nothing of the others
 
 
 def test_run_1_of_another_store_is_another_run():

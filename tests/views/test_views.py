@@ -868,3 +868,14 @@ def test_report_states_the_saving_against_vllms_default_in_decode(tmp_path):
     for key, line in lines.items():
         assert "vs vLLM&#x27;s default (allgather_reducescatter)" in line and "decode 1.." in line, line
         assert ("ms per decode step" in line) == (key[1:4] == (7168, 8, 256))  # DeepSeek-V3: a preset
+
+
+def test_report_states_what_each_engine_can_start_with(tmp_path):
+    """The engines section lists the start-up rules that concern this table's backends."""
+    from a2a_tune.tuner.views.load import load_profile_view
+    from a2a_tune.tuner.views.report import _engines_section
+
+    p = make_profile()
+    p["backends"]["flashinfer_nvlink_one_sided"]["vllm_name"] = "flashinfer_nvlink_one_sided"
+    text = _engines_section(load_profile_view(write(tmp_path / "a.json", p)))
+    assert "vllm/lora/layers/fused_moe.py:FusedMoEWithLoRA._ep_check" in text and "LoRA with expert parallelism" in text
