@@ -841,9 +841,15 @@ def test_report_says_a_cpu_rank_table_is_a_rehearsal_and_when_its_plots_are_left
     out = tmp_path / "r.html"
     r = a2a("report", "--profile", str(_cpu_profile(tmp_path)), "--out", str(out), env_extra=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == (
-        f"wrote {out} (2 shape(s); without plots: plotting needs matplotlib: pip install 'a2a-tune[plot]')"
+    lines = r.stdout.splitlines()  # the path whole on its line, then the rest (issue 37: 93 columns)
+    assert lines[0] == f"wrote {out}"
+    assert " ".join(" ".join(lines[1:]).split()) == (
+        "2 shape(s); without plots: plotting needs matplotlib: pip install 'a2a-tune[plot]'"
     )
+    narrow = a2a(
+        "report", "--profile", str(_cpu_profile(tmp_path)), "--out", str(out), env_extra={**env, "COLUMNS": "80"}
+    )
+    assert [line for line in narrow.stdout.splitlines()[1:] if len(line) > 80] == []
     assert "a rehearsal of the flow" in out.read_text()
 
 
