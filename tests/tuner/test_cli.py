@@ -529,7 +529,7 @@ def test_backends_at_80_columns_shows_every_name_whole():
 
 def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_path):
     """Captured at 80 columns (a log, CI): the announcement counts what runs here, and a
-    backend's one-line reason stays on its line."""
+    backend's reason wraps at spaces beside its whole name: no line over 80 (issue 37: 108)."""
     backends = ("allgather_reducescatter", "flashinfer_nvlink_one_sided", "deepep_low_latency")
     r = small_sweep(tmp_path / "s.db", *backends, iters=1, env_extra={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
@@ -541,8 +541,11 @@ def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_pa
     from a2a_tune.kernels import BackendEnv, get_backend
 
     _, why = get_backend("flashinfer_nvlink_one_sided").availability(BackendEnv.local(2, "cpu"))
-    assert len(f"  flashinfer_nvlink_one_sided: unavailable: {why}") > 80  # what a log would have broken
-    assert f"  flashinfer_nvlink_one_sided: unavailable: {why}" in lines
+    assert len(f"  flashinfer_nvlink_one_sided: unavailable: {why}") > 80  # what one line would have been
+    assert not [line for line in lines if len(line) > 80], [line for line in lines if len(line) > 80]
+    (at,) = [i for i, line in enumerate(lines) if line.split()[:1] == ["flashinfer_nvlink_one_sided"]]
+    said = " ".join(" ".join(lines[at : at + 3]).split()[1:])  # the reason, over its lines
+    assert said.startswith(" ".join(f"unavailable: {why}".split()[:6])), said
 
 
 # --------------------------------------------------------------- refused before any rank

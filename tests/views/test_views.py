@@ -841,9 +841,15 @@ def test_report_says_a_cpu_rank_table_is_a_rehearsal_and_when_its_plots_are_left
     out = tmp_path / "r.html"
     r = a2a("report", "--profile", str(_cpu_profile(tmp_path)), "--out", str(out), env_extra=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == (
-        f"wrote {out} (2 shape(s); without plots: plotting needs matplotlib: pip install 'a2a-tune[plot]')"
+    lines = r.stdout.splitlines()  # the path whole on its line, then the rest (issue 37: 93 columns)
+    assert lines[0] == f"wrote {out}"
+    assert " ".join(" ".join(lines[1:]).split()) == (
+        "2 shape(s); without plots: plotting needs matplotlib: pip install 'a2a-tune[plot]'"
     )
+    narrow = a2a(
+        "report", "--profile", str(_cpu_profile(tmp_path)), "--out", str(out), env_extra={**env, "COLUMNS": "80"}
+    )
+    assert [line for line in narrow.stdout.splitlines()[1:] if len(line) > 80] == []
     assert "a rehearsal of the flow" in out.read_text()
 
 
@@ -862,3 +868,14 @@ def test_report_states_the_saving_against_vllms_default_in_decode(tmp_path):
     for key, line in lines.items():
         assert "vs vLLM&#x27;s default (allgather_reducescatter)" in line and "decode 1.." in line, line
         assert ("ms per decode step" in line) == (key[1:4] == (7168, 8, 256))  # DeepSeek-V3: a preset
+
+
+def test_report_states_what_each_engine_can_start_with(tmp_path):
+    """The engines section lists the start-up rules that concern this table's backends."""
+    from a2a_tune.tuner.views.load import load_profile_view
+    from a2a_tune.tuner.views.report import _engines_section
+
+    p = make_profile()
+    p["backends"]["flashinfer_nvlink_one_sided"]["vllm_name"] = "flashinfer_nvlink_one_sided"
+    text = _engines_section(load_profile_view(write(tmp_path / "a.json", p)))
+    assert "vllm/lora/layers/fused_moe.py:FusedMoEWithLoRA._ep_check" in text and "LoRA with expert parallelism" in text

@@ -253,4 +253,9 @@ def report(
 
     missing = plots_unavailable() if view.shapes else None  # the report says so too; say it here
     note = f"; without plots: {missing}" if missing else ", plots embedded" if view.shapes else ""
-    out.print(f"wrote {path} ({len(view.shapes)} shape(s){note})", highlight=False, markup=False, soft_wrap=True)
+    out.print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)  # a path: whole, to copy
+    from rich.text import Text
+
+    from ..console import indented
+
+    out.print(indented(Text(f"{len(view.shapes)} shape(s){note}")))  # wrapped at spaces, at 80 columns too
