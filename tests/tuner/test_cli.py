@@ -677,3 +677,16 @@ def test_runs_closing_hint_is_a_lookup_the_table_answers(tmp_path):
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() in {"allgather_reducescatter", "nccl_all2allv"}, found.stdout
     assert found.stderr.startswith("exact") and "fallback" not in found.stderr, found.stderr
+
+
+def test_dry_run_help_says_what_it_prints(tmp_path):
+    """Issue 37: `run --help` said --dry-run prints shapes, token counts and backends; it prints
+    how many of each. The help names what the plan's table shows, and the table shows it."""
+    r = a2a("run", "--help", env_extra={"COLUMNS": "200"})
+    said = " ".join(r.stdout.split())
+    assert "how many shapes, token counts, backends" in said, said
+    plan = a2a("run", "--device", "cpu", "--dry-run", "--db", str(tmp_path / "s.db"), env_extra={"COLUMNS": "80"})
+    assert plan.returncode == 0, plan.stderr
+    header = next(line for line in plan.stdout.splitlines() if "EP size" in line).split()
+    assert header == ["EP", "size", "groups", "shapes", "tokens", "backends", "cases"]
+    assert "estimated" in plan.stdout

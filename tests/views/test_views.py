@@ -602,8 +602,8 @@ def test_plot_writes_one_png_per_shape(tmp_path, profile_a):
     paths = [Path(p) for p in r.stdout.split()]
     assert len(paths) == 2 and sorted(paths) == sorted(out.glob("*.png"))
     assert {p.name for p in paths} == {
-        "h200.nvl18x2.node1.ep2_e256_k8_h7168_bf16_uniform.png",
-        "h200.nvl18x2.node1.ep2_e8_k2_h4096_bf16_uniform.png",
+        "h200.nvl18x2.node1.a.ep2_e256_k8_h7168_bf16_uniform.png",  # .a: the table file's name
+        "h200.nvl18x2.node1.a.ep2_e8_k2_h4096_bf16_uniform.png",
     }
     for p in paths:
         data = p.read_bytes()
@@ -618,6 +618,18 @@ def test_plot_from_a_database_run(tmp_path, two_run_db):
     assert r.returncode == 0, r.stderr
     pngs = sorted((tmp_path / "p").glob("*.png"))
     assert len(pngs) == 2 and all(png_header(p.read_bytes())[:1] == (1155,) for p in pngs)
+
+
+@needs_matplotlib
+def test_plots_of_two_sources_into_one_folder_keep_both(tmp_path, two_run_db):
+    """Issue 37: `plot` named its files by fingerprint and shape only, so plotting a second run (or
+    another table) of the machine overwrote the first one's PNGs."""
+    out = tmp_path / "p"
+    for run in ("1", "2"):
+        r = a2a("plot", "--db", str(two_run_db), "--run", run, "--out", str(out))
+        assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in out.glob("*.png"))
+    assert len(names) == 4 and {n.split(".")[-3] for n in names} == {"run1", "run2"}, names
 
 
 def test_copy_bound_takes_nvlink_bandwidth_from_the_probe_facts(profile_a):

@@ -278,8 +278,9 @@ _SWEEP_OPTIONS = (
         typer.Option(
             False,
             "--dry-run",
-            help="Print the plan (shapes, token counts, the backends that can run here) and stop: no rank starts, "
-            "nothing is stored.",
+            help="Print the plan and stop: per EP size its groups and how many shapes, token counts, backends "
+            "(those that can run here) and cases, and the estimated time; no rank starts, nothing is stored. "
+            "With --json: the plan itself (shapes, token counts, backends).",
         ),
     ),
     (
