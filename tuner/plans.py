@@ -68,7 +68,9 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"EP {self.ep_size} {self.model} {self.shape.dtype} {self.shape.routing}"
+        """The progress bar's (+ T=: one line of the bar at 80 columns; uniform routing unsaid)."""
+        routing = "" if self.shape.routing == "uniform" else f" {self.shape.routing}"
+        return f"EP {self.ep_size} {self.model} {self.shape.dtype}{routing}"
 
 
 @dataclass(frozen=True)
