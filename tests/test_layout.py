@@ -4,6 +4,7 @@ the layering rule (docs/architecture.md, "Layering") holds for every import stat
 import ast
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -184,3 +185,43 @@ def test_the_layering_check_finds_a_planted_import_wherever_it_stands(tmp_path, 
         "tuner/runtime/planted.py:4: numpy",
         "tuner/runtime/planted.py:5: a2a_tune.tuner.plans",
     ]
+
+
+# The views stand on the tuner, never the reverse: no module of tuner/ outside views/ and the
+# command line (cli/, which wires everything) imports a view. What both need to print to the
+# console lives below them (tuner/console.py).
+VIEWS = "a2a_tune.tuner.views"
+ABOVE_VIEWS = ("views", "cli")
+
+
+def view_imports(path: Path) -> list[str]:
+    """The imports of a view in the file at `path` (``path:line: name`` each)."""
+    found = _imports(path.read_text(), _module_name(path), path.name == "__init__.py")
+    return [f"{path.relative_to(ROOT)}:{line}: {n}" for line, n in found if n == VIEWS or n.startswith(VIEWS + ".")]
+
+
+def test_the_tuner_imports_no_view():
+    files = [
+        f for f in sorted((ROOT / "tuner").rglob("*.py")) if f.relative_to(ROOT / "tuner").parts[0] not in ABOVE_VIEWS
+    ]
+    assert len(files) > 20
+    breaks = [b for f in files for b in view_imports(f)]
+    assert breaks == [], f"tuner/ imports the views, which import tuner/ (docs/architecture.md): {breaks}"
+
+
+def test_the_view_check_finds_a_planted_import(tmp_path, monkeypatch):
+    planted = tmp_path / "tuner" / "planted.py"
+    planted.parent.mkdir()
+    planted.write_text("from .console import fit\ndef f():\n    from .views.layout import fit\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert view_imports(planted) == ["tuner/planted.py:3: a2a_tune.tuner.views.layout.fit"]
+
+
+def test_no_code_of_ours_reads_optunas_tables():
+    """Tuned knobs are rows of ours (db/knobs.py): Optuna keeps its trials in its own tables,
+    which only Optuna's API reads (the 0005 revision's one-time copy included)."""
+    files = [p for folder in ("tuner", "db", "kernels") for p in sorted((ROOT / folder).rglob("*.py"))]
+    theirs = re.compile(r"study_user_attributes|trial_params|trial_values|(?<!has_)table\(\"studies\"|FROM studies")
+    reads = [f"{p.relative_to(ROOT)}: {m.group()}" for p in files for m in theirs.finditer(p.read_text())]
+    assert reads == []
+    assert theirs.search('studies = table("studies", column("study_id"))')  # what tuner/studies.py had

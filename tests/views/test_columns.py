@@ -148,9 +148,48 @@ def test_a_table_too_wide_for_any_layout_is_squeezed_not_looped():
 
     from rich.table import Column
 
-    from a2a_tune.tuner.views.layout import fit
+    from a2a_tune.tuner.console import fit
 
     console = Console(file=StringIO(), width=30)
     columns = [Column("a", no_wrap=True), Column("b", no_wrap=True), Column("c", no_wrap=True)]
     tables = fit(console, columns, [("x" * 20, "y" * 20, "z" * 20)], stack=(2, 1))
     assert [len(t.columns) for t in tables] == [2, 2]  # each keeps the key and one column of its own
+
+
+QUICKSTART = FIXTURES / "diff" / "quickstart_a.json", FIXTURES / "diff" / "quickstart_b.json"
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_diff_of_two_quick_start_tables_keeps_its_prose_readable_at_80_columns(terminal):
+    """Issue 37: two CPU tables of the Quick start (`a2a-tune run` on a 2-core machine, twice),
+    diffed at 80 columns: the "in B" column beside two long backend names wrapped to two
+    characters a line, 18 lines a row. Its words stay whole now, and the diff no longer than
+    twice the one-line-a-row output at 200 columns."""
+    r = invoke(("diff", *map(str, QUICKSTART)), 80, terminal)
+    assert r.exit_code == 0, r.output
+    plain = check_lines(r.stdout, 80, names_of(*QUICKSTART))
+    words = set(re.findall(r"[A-Za-z()]+", plain))
+    assert {"within", "noise", "overlap"} <= words and "(spreads" in plain
+    assert not {"wi", "th", "no", "is"} & words, "prose split inside its words"
+    wide = ANSI.sub("", invoke(("diff", *map(str, QUICKSTART)), 200, False).stdout).splitlines()
+    assert len(plain.splitlines()) <= 2 * len(wide), (len(plain.splitlines()), len(wide))
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_sweeps_progress_bar_is_one_line_at_80_columns(terminal):
+    """Issue 37: `T=256` wrapped onto a line of its own at 80 columns. The sweep's description of
+    a point (EP size, model, payload, tokens; the routing when not uniform) fits beside the bar."""
+    from io import StringIO
+
+    from a2a_tune.tuner.progress import progress_bar
+    from a2a_tune.tuner.shapes import presets
+
+    longest = max(presets(), key=len)
+    for description in (f"EP 64 {longest} fp8_e4m3 T=16384", f"EP 8 {longest} nvfp4 skewed T=256"):
+        bar = progress_bar(True, "sweep")
+        task = bar.add_task("", total=1440)
+        bar.update(task, advance=800, description=description)
+        console = Console(file=StringIO(), width=80, force_terminal=terminal)
+        console.print(bar.make_tasks_table(bar.tasks))
+        lines = ANSI.sub("", console.file.getvalue()).rstrip("\n").splitlines()
+        assert len(lines) == 1 and cell_len(lines[0]) <= 80, lines

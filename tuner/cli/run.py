@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from ..console import indented
 from . import options as opt
 from .common import _fail, _note, _planned, _plans, _store_url, app, err, out
 
@@ -74,18 +75,32 @@ def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> li
         console.print(f"  {left_out}", highlight=False, markup=False, soft_wrap=True)
     if any(r.unavailable for r in rows):
         console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
+    from .. import cost
+
     cases = sum(r.cases for r in rows)
-    seconds = plans.estimate_seconds(rows, device, world, plan.warmup + plan.iters)
+    seconds, source = cost.seconds(cost.load(device), cost.plan_cases(plan, rows), device, world)
     refine = " before refinements" if plan.refine_ratio is not None else ""
-    per = "per case" if device == "cuda" else "per case and rank of its group"
-    console.print(
-        f"  {cases} cases; estimated {_duration(seconds)}{refine} (a rough guide: {plans.SECONDS_PER_CASE[device]} s "
-        f"{per} on {device}; every group of a size runs at once)",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )
+    console.print(indented(f"{cases} cases; estimated {_duration(seconds)}{refine} ({source})"))
     return rows
+
+
+def _learn_cost(db: str, outcome, plan, device: str, world: int) -> None:
+    """Fit the cost model (tuner.cost) to the run just measured and keep it for the next plan's
+    estimate; quietly nothing when it cannot (a cache, never the run's failure)."""
+    from a2a_tune.db import open_store
+
+    from .. import cost
+
+    try:
+        if outcome.skipped:  # a resumed run: its gaps hold the pause, not a case
+            return
+        with open_store(db, readonly=True) as store:
+            times = store.case_times(outcome.run_id)
+        fitted = cost.fit(times, plan.warmup + plan.iters, device, world, outcome.seconds)
+    except Exception:  # noqa: BLE001 - the estimate of a later run is not worth failing this one
+        return
+    if fitted:
+        cost.remember(device, fitted)
 
 
 def _duration(seconds: float) -> str:
@@ -127,12 +142,24 @@ def _print_outcome(outcome, seconds: float, out=out) -> None:
         markup=False,
         soft_wrap=True,
     )
-    for name, reason in outcome.unavailable.items():
-        out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False, soft_wrap=True)
-    for name, reason in outcome.not_applicable.items():
-        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False, soft_wrap=True)
-    for name, reason in outcome.infeasible.items():
-        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False, soft_wrap=True)
+    from rich.text import Text
+
+    rows = [
+        (Text(name), Text(f"{kind}: {reason}"))
+        for kind, found in (
+            ("unavailable", outcome.unavailable),
+            ("not applicable", outcome.not_applicable),
+            ("some cases skipped", outcome.infeasible),
+        )
+        for name, reason in found.items()
+    ]
+    if rows:  # a table: the reasons wrap at spaces beside whole names, at 80 columns too
+        from rich.table import Column
+
+        from ..console import print_fitted
+
+        columns = [Column("backend", no_wrap=True), Column("not measured here")]
+        print_fitted(out, columns, rows, box=None, padding=(0, 1, 0, 2), show_header=False)
 
 
 def _do_sweep(options, *, after=None):
@@ -184,7 +211,7 @@ def _do_sweep(options, *, after=None):
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
-        planned = sum(r.cases for r in rows) if rows else plan.total(world)  # the cases that can run here
+        planned = sum(r.cases for r in rows) if rows else plan.total()  # the cases that can run here
         raise _fail(
             f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, planned, run_id)}",
             SIGNAL_EXIT.get(by, 130),
@@ -192,6 +219,8 @@ def _do_sweep(options, *, after=None):
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
     outcome.seconds = time.perf_counter() - start
+    if outcome.status == "completed":
+        _learn_cost(db, outcome, plan, device, world)
     _print_outcome(outcome, outcome.seconds, human)
     if outcome.adaptive_saved:
         human.print(
@@ -249,8 +278,9 @@ _SWEEP_OPTIONS = (
         typer.Option(
             False,
             "--dry-run",
-            help="Print the plan (shapes, token counts, the backends that can run here) and stop: no rank starts, "
-            "nothing is stored.",
+            help="Print the plan and stop: per EP size its groups and how many shapes, token counts, backends "
+            "(those that can run here) and cases, and the estimated time; no rank starts, nothing is stored. "
+            "With --json: the plan itself (shapes, token counts, backends).",
         ),
     ),
     (
@@ -311,7 +341,7 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
     from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError
     from a2a_tune.db.damage import DamagedRowError
 
-    from ..publish import write_table
+    from ..publish import merge_into_table
     from ..runtime.lookup import ProfileError
     from ..select import UnfinishedRunError, profile_for_run
     from ..tables import merge
@@ -332,28 +362,26 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
             raise _fail(str(exc), 2 if isinstance(exc, DamagedRowError) else 1) from None
         if note:
             err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
-        if profile is not None and table["hardware"]["fingerprint"] != profile["hardware"]["fingerprint"]:
+        if profile is not None and table.fingerprint != profile.fingerprint:
             raise _fail(
-                f"run {run_id} is of {table['hardware']['fingerprint']}, run {profile['run']['id']} of "
-                f"{profile['hardware']['fingerprint']}: one table holds one fingerprint's runs",
+                f"run {run_id} is of {table.fingerprint}, run {profile.meta['run']['id']} of "
+                f"{profile.fingerprint}: one table holds one fingerprint's runs",
                 2,
             )
         profile = table if profile is None else merge(profile, table)
         kept_total += kept
     try:
-        path = write_table(profile, str(out_dir) if out_dir else None)
+        written = merge_into_table(profile, str(out_dir) if out_dir else None)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
+    path = Path(written.path)
     knobs_note = f", with the knobs of {kept_total} tuned case(s)" if kept_total else ""
-    written = json.loads(path.read_text())
-    partial_note = ""
-    if any(p["status"] != "completed" for e in written["entries"] for p in e.get("provenance", [])):
-        partial_note = "; PARTIAL: from a run that did not complete"
-    ids = ", ".join(str(r) for r in runs) if runs else str(profile["run"]["id"])
-    before = len(written["entries"]) - len(profile["entries"])
+    partial_note = "; PARTIAL: from a run that did not complete" if written.partial_runs() else ""
+    ids = ", ".join(str(r) for r in runs) if runs else str(profile.meta["run"]["id"])
+    before = len(written.entries) - len(profile.entries)
     kept_note = f"; kept {before} shape(s) of the table there that it did not measure" if before else ""
     out.print(
-        f"wrote {path} ({len(written['entries'])} shape(s)) from run {ids}{knobs_note}{kept_note}{partial_note}",
+        f"wrote {path} ({len(written.entries)} shape(s)) from run {ids}{knobs_note}{kept_note}{partial_note}",
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -426,9 +454,42 @@ def run(options) -> None:
         )
     if published["errors"]:
         raise _fail("no table written on " + "; ".join(f"{h}: {why}" for h, why in published["errors"].items()))
-    human.print(
-        f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+    if hint := _lookup_hint(options, published["tables"], outcome.run_id):
+        human.print(f"look it up: {hint}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _lookup_hint(options, tables: dict, run_id: int) -> str | None:
+    """A lookup the table just written answers exactly: an EP size, a shape, a payload and a
+    token count of an entry this run measured (the --preset by name when the run had one),
+    with --profile when the table is not where lookup looks by default; None without one."""
+    from ..publish import table_dir
+    from ..runtime.files import read_json
+    from ..shapes import presets
+
+    paths = list(tables.values())
+    if not paths:
+        return None
+    try:
+        entries = [e for e in read_json(paths[0])["entries"] if e.get("tokens")]
+    except Exception:  # noqa: BLE001 - a hint, never a failure of the run
+        return None
+    ours = [e for e in entries if any(p.get("run") == run_id for p in e.get("provenance", []))] or entries
+    named = {(m.num_experts, m.topk, m.hidden): name for name, m in presets().items() if name in options.preset}
+    ours.sort(
+        key=lambda e: ((e["num_experts"], e["topk"], e["hidden"]) not in named, e["ep_size"], e["dtype"] != "bf16")
     )
+    if not ours:
+        return None
+    e = ours[0]
+    key = (e["num_experts"], e["topk"], e["hidden"])
+    shape = (
+        f"--preset {named[key]}" if key in named else f"--hidden {e['hidden']} --topk {e['topk']} --experts {key[0]}"
+    )
+    words = [f"a2a-tune lookup --ep-size {e['ep_size']} {shape} --tokens {max(e['tokens'])}"]
+    if e["dtype"] != "bf16":
+        words.append(f"--dtype {e['dtype']}")
+    if e["routing"] != "uniform":
+        words.append(f"--routing {e['routing']}")
+    if Path(paths[0]).parent.resolve() != table_dir(None).resolve():
+        words.append(f"--profile {paths[0]}")
+    return " ".join(words)

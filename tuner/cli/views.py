@@ -116,8 +116,10 @@ def _min_effect() -> float:
         "Inputs: two profiles (diff old.json new.json), two SQLite databases (their latest completed runs), "
         "two runs of one database (diff --db URL --run 3 --run 5), or a run and a profile "
         "(diff --db URL --run 3 new.json).",
-        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90, B's median is above "
-        "A's by more than either run's p10–p90 spread, and by more than --tolerance (10% by default: two "
+        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90, then B's median is above "
+        "A's by more than either run's p10–p90 spread, or the gap between the two (B's p10 / A's p90) is wider "
+        "than the narrower run's own p90 / p10 (a slower run is often a noisier one), and B is slower by more "
+        "than --tolerance (10% by default: two "
         "back-to-back runs of one plan on one machine do not trip it, a 20% slowdown does); the ratio of the "
         "medians is reported. A backend that ran cleanly in A and fails in B counts as a regression. A winner "
         "change is 'within noise' when B's spreads of the old and the new winner overlap; those never fail "
@@ -200,7 +202,7 @@ def diff(
         "physical limit as a dashed line when the link bandwidth is known: the bytes each rank sends in "
         "dispatch + combine over --link-gbs or the NVLink bandwidth in the probe facts. Each figure states "
         "what the line assumes.",
-        "Files: OUT/<fingerprint>.<shape>.png, one path printed per line; OUT defaults to plots/ in the "
+        "Files: OUT/<fingerprint>.<source>.<shape>.png (source: run<id> for a run, else the table file's name), one path printed per line; OUT defaults to plots/ in the "
         "directory tables are written to ($A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles), never "
         "the current directory unasked. A CPU rehearsal's figures say so. Needs matplotlib "
         "(pip install 'a2a-tune[plot]').",
@@ -251,4 +253,9 @@ def report(
 
     missing = plots_unavailable() if view.shapes else None  # the report says so too; say it here
     note = f"; without plots: {missing}" if missing else ", plots embedded" if view.shapes else ""
-    out.print(f"wrote {path} ({len(view.shapes)} shape(s){note})", highlight=False, markup=False, soft_wrap=True)
+    out.print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)  # a path: whole, to copy
+    from rich.text import Text
+
+    from ..console import indented
+
+    out.print(indented(Text(f"{len(view.shapes)} shape(s){note}")))  # wrapped at spaces, at 80 columns too

@@ -17,9 +17,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..figures import LinkBandwidth, gbps, link_bandwidth, link_pct
+from ..figures import LinkBandwidth, gbps, is_cpu, link_bandwidth, link_pct
 from ..runtime.measurement import FIGURE, FIGURES
 from ..runtime.point import Shape
+from ..runtime.point import shape_label as point_label
 from ..runtime.table import SHAPE_KEYS
 from ..runtime.text import one_line
 
@@ -77,6 +78,9 @@ class Curve:
     figures: dict = field(default_factory=dict)  # schema 3: figure name -> list aligned with tokens
     # runs: each EP group's median per token count (None where not stored; tuner.groups)
     group_us: list = field(default_factory=list)
+    # the tuned launch setting per token count (None: the backend's defaults): the table's
+    # ``knobs``, or for a run what tune-knobs stored for its machine
+    knobs: list = field(default_factory=list)
 
     def at(self, j: int) -> tuple:
         """(median, p10, p90) at token index j, each None when missing."""
@@ -233,6 +237,7 @@ def suspect_groups(view: TableView) -> list:
                     if f["worst"] is None or slower > f["worst"][0]:
                         f["worst"] = (slower, c.backend, s.tokens[j], shape_label(s))
     hosts = rank_hosts(view)
+    cpu = is_cpu(view.facts)
     out = []
     for (ep, g), f in sorted(found.items()):
         ranks = group_ranks(ep, g)
@@ -248,20 +253,25 @@ def suspect_groups(view: TableView) -> list:
                 "worst_pct": round(100 * slower, 1),
                 "worst_at": {"backend": backend, "tokens": tokens, "shape": label},
                 "threshold_pct": round(100 * (SLOW_GROUP_RATIO - 1)),
+                # CPU ranks share the host's cores: a slow group there is load, never a GPU, link or NIC
+                "cause": "shared cores" if cpu else "hardware",
             }
         )
     return out
 
 
 def suspect_line(found: dict) -> str:
-    """One suspect group in one line, for people."""
+    """One slow group in one line, for people, prefixed with what it suggests: "suspect:" a GPU,
+    link or NIC; on CPU ranks, which share the host's cores, "note:" (load, not hardware)."""
     r = found["ranks"]
     where = f" on {', '.join(found['hosts'])}" if found["hosts"] else ""
     w = found["worst_at"]
-    return (
+    cpu = found.get("cause") == "shared cores"
+    why = "CPU ranks share the host's cores: load, not a GPU, link or NIC" if cpu else "suspect a GPU, link or NIC"
+    return ("note: " if cpu else "suspect: ") + (
         f"EP {found['ep_size']} group {found['group']} (ranks {r[0]}-{r[-1]}{where}) is more than "
         f"{found['threshold_pct']}% slower than the median group in {found['slow_cases']} of {found['cases']} cases "
-        f"(worst +{found['worst_pct']:.0f}%: {w['backend']} at {w['tokens']} tokens/rank): suspect a GPU, link or NIC"
+        f"(worst +{found['worst_pct']:.0f}%: {w['backend']} at {w['tokens']} tokens/rank): {why}"
     )
 
 
@@ -338,20 +348,25 @@ def token_range(lo: int, hi: int) -> str:
 
 
 def _preset_names() -> dict:
+    """(experts, top-k, hidden) -> the names of every preset of that shape (two may share one:
+    deepseek-v3 and deepseek-v3.2), in the presets' order."""
     try:
         from ..shapes import presets
 
-        return {(p.num_experts, p.topk, p.hidden): name for name, p in presets().items()}
+        names: dict = {}
+        for name, p in presets().items():
+            names.setdefault((p.num_experts, p.topk, p.hidden), []).append(name)
+        return {k: tuple(v) for k, v in names.items()}
     except Exception:  # the view works without preset names
         return {}
 
 
 def shape_label(shape, *, with_model: bool = True) -> str:
-    """``deepseek-v3 E=256 k=8 H=7168 · bf16 · uniform · EP 2`` (model name when a preset matches)."""
+    """``deepseek-v3/deepseek-v3.2 E=256 k=8 H=7168 · bf16 · uniform · EP 2``: the shape named
+    by every preset of it (a table does not say which of them was run)."""
     ep, hidden, topk, ne, dtype, routing = shape.key if hasattr(shape, "key") else shape
-    model = _preset_names().get((ne, topk, hidden)) if with_model else None
-    core = f"E={ne} k={topk} H={hidden}"
-    return f"{model + ' ' if model else ''}{core} · {dtype} · {routing} · EP {ep}"
+    models = _preset_names().get((ne, topk, hidden), ()) if with_model else ()
+    return point_label(ne, topk, hidden, dtype, routing, ep, models=models)
 
 
 def shape_slug(shape) -> str:
