@@ -129,7 +129,9 @@ def cuda_library_availability(env: BackendEnv, what: str, installed: str) -> Ava
     if why:
         return Availability(False, why)
     if env.world_size < 2:  # what one rank does: BENCHMARKS.md, "NCCL EP and DeepEP V2 at one rank"
-        return Availability(False, f"needs at least 2 ranks (a sweep never times {what} at one rank)")
+        return Availability(
+            False, f"needs at least 2 ranks ({what} not yet timed at 2+: BENCHMARKS.md, 'NCCL EP and DeepEP V2')"
+        )
     return Availability(True)
 
 
