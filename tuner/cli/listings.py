@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from . import options as opt
-from .common import _help, _note, _planned, _plans, app, err, out
+from .common import _help, _note, _planned, _plans, app, emit_json, err, json_output, out
 
 # ------------------------------------------------------------------------------- listings
 
 
 @app.command()
+@json_output(lambda o: o.get("as_json"))
 def backends(
     device: str = typer.Option("auto", help="Judge availability for cuda or cpu ranks."),
     world: int | None = typer.Option(None, help="Ranks [default: every GPU; 2 on cpu]."),
@@ -41,7 +41,7 @@ def backends(
             | {"does_not_carry": missing, "available": ok, "reason": None if ok else reason}
         )
     if as_json:
-        print(json.dumps({"device": device, "world_size": world, "backends": listed}, indent=2))
+        emit_json({"device": device, "world_size": world, "backends": listed})
         return
 
     def literal(b: dict, engine: str) -> Text:
@@ -177,11 +177,12 @@ def check(
         from dataclasses import asdict
 
         data = {"device": device, "world_size": world, "virtual": virtual, "token_scale": token_scale}
-        print(json.dumps({**data, **counts, "rows": [asdict(r) for r in rows]}, indent=1))
+        emit_json({**data, **counts, "rows": [asdict(r) for r in rows]})
     raise typer.Exit(1 if counts["FAIL"] else 0)
 
 
 @app.command()
+@json_output(lambda o: o.get("as_json"))
 def presets(as_json: bool = typer.Option(False, "--json", help="Print the presets as JSON.")) -> None:
     """List the model shape presets."""
     from ..shapes import presets as all_presets
@@ -197,7 +198,7 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print the preset
             }
             for p in all_presets().values()
         ]
-        print(json.dumps({"presets": shapes}, indent=2))
+        emit_json({"presets": shapes})
         return
     for p in all_presets().values():
         layers = f"{p.moe_layers:>3}" if p.moe_layers is not None else "  -"

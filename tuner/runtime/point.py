@@ -31,6 +31,9 @@ __all__ = [
     "MAX_EP_SIZE",
     "MAX_EXPERTS",
     "MAX_HIDDEN",
+    "MAX_MOE_LAYERS",
+    "MAX_TPOT_MS",
+    "MIN_TPOT_MS",
     "MAX_TOKENS_PER_RANK",
     "MAX_TOPK",
     "POINT_FIELDS",
@@ -42,6 +45,7 @@ __all__ = [
     "Shape",
     "check_count",
     "check_tokens",
+    "check_tpot_ms",
 ]
 
 #: The fields that identify a table entry, in the one order used everywhere.
@@ -60,6 +64,10 @@ MAX_EXPERTS = 1 << 12
 MAX_TOPK = 64
 #: Ranks in one EP group: a GB200 NVL72 domain is 72; 1024 leaves room for larger domains.
 MAX_EP_SIZE = 1024
+#: MoE layers of one model (the saving per step): 10x the deepest published (Qwen3-235B: 94).
+MAX_MOE_LAYERS = 1024
+#: A time per output token in ms (the saving as a share of it): 1 us to 1000 s.
+MIN_TPOT_MS, MAX_TPOT_MS = 1e-3, 1e6
 
 
 class Payload(NamedTuple):
@@ -139,6 +147,16 @@ def check_count(value, name: str, upper: int) -> int:
 def check_tokens(value, name: str = "tokens per rank") -> int:
     """A token count per rank in ``1..MAX_TOKENS_PER_RANK``."""
     return check_count(value, name, MAX_TOKENS_PER_RANK)
+
+
+def check_tpot_ms(value, name: str = "TPOT") -> float:
+    """A time per output token in ms, a number in ``MIN_TPOT_MS..MAX_TPOT_MS`` (never 0, inf or
+    nan: a share of it must be a finite JSON number), or :class:`PointError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PointError(f"{name} must be a number of ms, got {_short(value)}")
+    if not MIN_TPOT_MS <= value <= MAX_TPOT_MS:  # nan fails both
+        raise PointError(f"{name} must be {MIN_TPOT_MS:g}..{MAX_TPOT_MS:g} ms, got {_short(value)}")
+    return float(value)
 
 
 _SHAPE_BOUNDS = (("ep_size", MAX_EP_SIZE), ("hidden", MAX_HIDDEN), ("topk", MAX_TOPK), ("num_experts", MAX_EXPERTS))

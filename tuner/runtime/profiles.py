@@ -129,8 +129,8 @@ class table_lock:  # noqa: N801 - used as a context manager, like open()
         self.fd = None
 
 
-def replace_file(target, text: str) -> str:
-    """Atomically replace ``target`` with ``text``: a temporary file in the same directory,
+def replace_file(target, text: str | bytes) -> str:
+    """Atomically replace ``target`` with ``text`` (or bytes): a temporary file in the same directory,
     flushed to disk, made world-readable (engines often run as another user than the tuner)
     and renamed over it, so a reader sees the old file or the new one, never a partial one.
     Returns the path; raises OSError."""
@@ -141,7 +141,7 @@ def replace_file(target, text: str) -> str:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
