@@ -23,7 +23,7 @@ def backends(
     from rich.table import Column
     from rich.text import Text
 
-    from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, availability_of, engine_names, get_backend
+    from a2a_tune.kernels import PAYLOADS, BackendEnv, availability_of, engine_names, get_backend
     from a2a_tune.tuner.runtime.engines import ENGINES, NAMES
 
     from ..views.layout import print_fitted
@@ -35,7 +35,7 @@ def backends(
     for name, names in engine_names().items():
         cls = get_backend(name)
         ok, reason = availability_of(cls, env)
-        missing = [d for d in PAYLOAD_DTYPES if d not in cls.payloads]
+        missing = [d for d in PAYLOADS if d not in cls.payloads]
         listed.append(
             {"backend": name, **names, "reach": cls.reach, "payloads": sorted(cls.payloads)}
             | {"does_not_carry": missing, "available": ok, "reason": None if ok else reason}

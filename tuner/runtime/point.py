@@ -84,6 +84,7 @@ class Payload(NamedTuple):
     scale_bytes: int = 0  # bytes of one scale
     scale_format: str = ""  # what a scale is: fp32, e4m3, e8m0
     exact_blocks: bool = False  # hidden must be a multiple of `block` (else: a short last block)
+    wire: str | None = None  # torch dtype name a quantized row travels as; None: as `activation`
 
     @property
     def quantized(self) -> bool:
@@ -122,11 +123,11 @@ PAYLOADS = {
         Payload("fp16", "float16", 16),
         Payload("fp32", "float32", 32),
         # block-FP8 (DeepSeek-V3's activations): e4m3 values, one fp32 scale per 1 x 128
-        Payload("fp8_e4m3", "bfloat16", 8, 128, 4, "fp32"),
+        Payload("fp8_e4m3", "bfloat16", 8, 128, 4, "fp32", wire="float8_e4m3fn"),
         # OCP MX FP8: e4m3 values, one E8M0 (power of two) scale per 32
-        Payload("mxfp8", "bfloat16", 8, 32, 1, "e8m0", exact_blocks=True),
+        Payload("mxfp8", "bfloat16", 8, 32, 1, "e8m0", exact_blocks=True, wire="float8_e4m3fn"),
         # NVFP4: e2m1 values two per byte, one E4M3 scale per 16, one FP32 global scale
-        Payload("nvfp4", "bfloat16", 4, 16, 1, "e4m3", exact_blocks=True),
+        Payload("nvfp4", "bfloat16", 4, 16, 1, "e4m3", exact_blocks=True, wire="uint8"),
     )
 }
 
@@ -192,6 +193,8 @@ class Shape(NamedTuple):
             return problem
         if not measuring:
             return None
+        if payload is None:
+            return f"unknown payload dtype {_short(self.dtype)}; choose from {', '.join(PAYLOADS)}"
         if self.num_experts % self.ep_size:
             return f"{self.num_experts} experts do not divide over {self.ep_size} ranks"
         if self.routing == "local" and self.topk > self.num_experts // self.ep_size:
@@ -199,6 +202,27 @@ class Shape(NamedTuple):
                 f"'local' routing needs topk {self.topk} <= the {self.num_experts // self.ep_size} experts of one rank"
             )
         return None
+
+    @staticmethod
+    def plain(ep_size, hidden, topk, num_experts, dtype, routing) -> bool:
+        """True when these values are a shape :meth:`problem` finds nothing wrong with (any
+        shape, not ``measuring``): the same bounds, without building a message -- the engines'
+        start-up path asks this first and :meth:`problem` only to say why not."""
+        return (
+            type(ep_size) is int
+            and type(hidden) is int
+            and type(topk) is int
+            and type(num_experts) is int
+            and 1 <= ep_size <= MAX_EP_SIZE
+            and 1 <= hidden <= MAX_HIDDEN
+            and 1 <= topk <= MAX_TOPK
+            and topk <= num_experts <= MAX_EXPERTS
+            and type(dtype) is str
+            and dtype != ""
+            and type(routing) is str
+            and routing != ""
+            and (dtype not in PAYLOADS or PAYLOADS[dtype].problem(hidden) is None)
+        )
 
     def checked(self, *, measuring: bool = False) -> Shape:
         """This shape, or :class:`PointError` saying why it is impossible (see :meth:`problem`)."""
