@@ -54,6 +54,7 @@ from .errors import (
     StoreFileLostError,
     StoreOutdatedError,
 )
+from .knobs import KnobsRecord
 from .lease import LEASE_STALE_S, LeaseHeartbeat, Writer
 from .store import (
     FailureRecord,
@@ -73,6 +74,7 @@ __all__ = [
     "EmptyStoreError",
     "FailureRecord",
     "HardwareRecord",
+    "KnobsRecord",
     "LeaseHeartbeat",
     "LeaseLostError",
     "MeasurementKey",

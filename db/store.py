@@ -1,4 +1,4 @@
-"""The measurement store: read and write hardware, runs, measurements and failures.
+"""The measurement store: read and write hardware, runs, measurements, failures and tuned knobs.
 
 :func:`open_store` opens one by URL (``engine.py``: URLs, engines, read-only opening, the
 schema's migrations); a run's one writer and its heartbeat are ``lease.py``.
@@ -51,6 +51,7 @@ from a2a_tune.tuner.runtime.text import one_line
 from .damage import DamagedRowError, damaged, measurement_problem, read_one, read_rows, run_problem, warn, where_damaged
 from .engine import _one_line, _sqlite_file, connection_lost, display_url, open_engine, resolve_url
 from .errors import ConnectionLostError, DuplicateMeasurementError, NotFoundError, StoreError, StoreFileLostError
+from .knobs import KnobRows
 from .lease import LEASE_STALE_S, Writer, claim, fence, lease_values
 from .models import (
     DEVICE_TYPES,
@@ -269,8 +270,8 @@ def _one_line_reason(reason: str) -> str:
 # --------------------------------------------------------------------------- store
 
 
-class Store:
-    """Reads and writes runs, measurements and failures. Obtain one with :func:`open_store`;
+class Store(KnobRows):
+    """Reads and writes runs, measurements and failures (and tuned knobs: ``knobs.py``). Obtain one with :func:`open_store`;
     see the module docstring for the guarantees. Usable as a context manager."""
 
     def __init__(self, engine: Engine, url: str) -> None:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from a2a_tune.tuner.runtime import point as _point
-from a2a_tune.tuner.runtime.point import Shape, check_tokens
+from a2a_tune.tuner.runtime.point import Shape, check_tokens, shape_label
 from a2a_tune.tuner.runtime.table import FABRICS
 
 from .errors import KnobError, ShapeError
@@ -130,7 +130,7 @@ class MoEShape:
         return self.num_experts // world_size
 
     def label(self) -> str:
-        return f"E{self.num_experts}-k{self.topk}-H{self.hidden}-{self.dtype}"
+        return shape_label(self.num_experts, self.topk, self.hidden, self.dtype)
 
 
 def case_bytes(cls: type[All2AllBackend], shape: MoEShape, world_size: int, tokens: int, *, input_sets: int = 1) -> int:

@@ -469,7 +469,7 @@ def render(rows: Sequence[Row], console, title: str | None = None) -> None:
     from rich.table import Column
     from rich.text import Text
 
-    from .views.layout import print_fitted
+    from .console import print_fitted
 
     style = {"ok": "green", "FAIL": "bold red", "skip": "dim"}
     columns = [

@@ -216,7 +216,7 @@ def render_scores(scores: list, console, title: str) -> None:
     from rich.table import Column
     from rich.text import Text
 
-    from .views.layout import indented, print_fitted
+    from .console import indented, print_fitted
 
     columns = [
         Column("engine", no_wrap=True),

@@ -256,6 +256,60 @@ def test_lookup_engine_formats_on_the_shipped_table(fmt, expected):
     assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
 
 
+@pytest.mark.parametrize(
+    "facts, fmt, expected",
+    [
+        (("--lora",), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--platform", "cuda:8.9", "--quantization", "none"), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--platform", "rocm"), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--moe-runner", "triton"), "sglang", "--moe-a2a-backend none"),
+        (("--moe-tp-size", "2"), "trtllm", ""),
+        (
+            ("--platform", "cuda:9.0", "--no-lora", "--pipeline-size", "2"),
+            "vllm",
+            "--all2all-backend flashinfer_nvlink_one_sided",
+        ),
+    ],
+)
+def test_lookup_knows_the_deployment(facts, fmt, expected):
+    """A backend the engine cannot start with in the deployment never competes (engine_rules)."""
+    r = a2a("lookup", *DSV3_DECODE, *facts, "--format", fmt, env_extra=SHIPPED)
+    assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
+    r = a2a("lookup", *DSV3_DECODE, *facts, "--format", "json", env_extra=SHIPPED)
+    excluded = json.loads(r.stdout)["excluded"]
+    assert set(excluded) == {"vllm", "sglang", "trtllm"}
+    if expected != SHIPPED_LINES[fmt]:  # each refused literal is listed with its rule
+        assert excluded[fmt] and all(set(v) == {"rule", "why"} for v in excluded[fmt].values())
+
+
+SHIPPED_LINES = {
+    "vllm": "--all2all-backend flashinfer_nvlink_one_sided",
+    "sglang": "--moe-a2a-backend flashinfer",
+    "trtllm": "TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED",
+}
+
+
+@pytest.mark.parametrize(
+    "facts, words",
+    [
+        (("--platform", "gpu"), "--platform must be cuda or cuda:MAJOR.MINOR or rocm or cpu, got 'gpu'"),
+        (("--quantization", "int3"), "--quantization must be none or fp8_block"),
+        (("--pipeline-size", "0"), "--pipeline-size must be >= 1, got 0"),
+    ],
+)
+def test_lookup_refuses_a_bad_deployment_fact_in_one_line(facts, words):
+    r = a2a("lookup", *DSV3_DECODE, *facts, env_extra=SHIPPED)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_backends_states_what_each_engine_can_start_with():
+    r = a2a("backends", "--device", "cpu", "--json")
+    rules = json.loads(r.stdout)["engine_rules"]
+    assert {"vllm", "sglang", "trtllm"} == {x["engine"] for x in rules}
+    lora = next(x for x in rules if x["rule"] == "lora_ep")
+    assert "flashinfer_nvlink_one_sided" in lora["backends"] and lora["source"].endswith("FusedMoEWithLoRA._ep_check")
+
+
 def test_lookup_env_format_is_shell_lines(tmp_path):
     r = a2a("lookup", *SHAPE_A, "--tokens", "64", "--format", "env", env_extra=FIXTURE_ENV)
     assert r.returncode == 0, r.stderr
@@ -558,3 +612,21 @@ def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, to
         choice.match == "fallback"
         and f"invalid lookup argument tokens={tokens} (tokens per rank {said})" in choice.reason
     )
+
+
+def test_runs_closing_hint_is_a_lookup_the_table_answers(tmp_path):
+    """Issue 37: `run --ep-sizes 2 --world 4 --preset mixtral-8x7b` ended with `lookup --ep-size 4
+    --hidden H --topk K --experts E --tokens T`: an EP size not measured (following it gave the
+    fallback), placeholders though the run had one preset. The hint is now a command that runs."""
+    args = "run --device cpu --world 4 --ep-sizes 2 --preset mixtral-8x7b --tokens 1,8 --warmup 1 --iters 3"
+    backends = ["--backend", "allgather_reducescatter", "--backend", "nccl_all2allv", "--no-progress"]
+    r = a2a(*args.split(), *backends, "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "p"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (hint,) = [line for line in r.stdout.splitlines() if line.startswith("look it up: ")]
+    words = hint.removeprefix("look it up: ").split()
+    assert words[:4] == ["a2a-tune", "lookup", "--ep-size", "2"] and "--preset" in words, hint
+    assert not {"H", "K", "E", "T"} & set(words), hint
+    found = a2a(*words[1:], cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() in {"allgather_reducescatter", "nccl_all2allv"}, found.stdout
+    assert found.stderr.startswith("exact") and "fallback" not in found.stderr, found.stderr

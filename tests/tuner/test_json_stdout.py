@@ -52,6 +52,9 @@ def test_sweep_json_is_one_document_when_every_rank_prints(tmp_path):
         (["show", "--profile", "/nonexistent/table.json", "--json"], 2, "/nonexistent/table.json"),
         (["sweep", "--device", "cpu", "--tokens", "0", "--json"], 2, "tokens"),
         (["sweep", "--device", "cpu", "--world", "x", "--json"], 2, None),
+        (["check", "--device", "cpu", "--backend", "no_such_backend", "--json"], 2, "no_such_backend"),
+        (["evaluate", "--profile", "/nonexistent/t.json", "--table-points", "--json"], 2, "/nonexistent/t.json"),
+        (["diff", "/nonexistent/a.json", "/nonexistent/b.json", "--json"], 2, "/nonexistent/a.json"),
     ],
 )
 def test_a_failing_json_command_prints_the_error_as_its_document(args, code, words):
