@@ -18,6 +18,7 @@ from sqlalchemy import select
 from a2a_tune.tuner.runtime.measurement import KEY_FIELDS, MeasurementKey
 
 from .models import TunedKnobs, utcnow
+from .values import _finite, _int, _json, _str, _tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +45,6 @@ class KnobRows:
 
     def put_knobs(self, record: KnobsRecord) -> int:
         """Store `record`, replacing the row of its fingerprint, key and capacity; its row id."""
-        from .store import _finite, _int, _json, _str, _tokens
-
         key = MeasurementKey(*record.key)
         values = {
             "fingerprint": _str("fingerprint", record.fingerprint),

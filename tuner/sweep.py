@@ -324,7 +324,8 @@ def _sweep_size(plan: SweepPlan, rec: _Recorder, groups: EPGroups, usable: list[
                 if backends is not None:
                     backends.close()
                 backends = Backends(groups.ctx, built_for, capacity=plan.capacity)
-            label = f"EP {groups.ep_size} {name} {shape.dtype} {shape.routing}"
+            routing = "" if shape.routing == "uniform" else f" {shape.routing}"  # the default goes unsaid
+            label = f"EP {groups.ep_size} {name} {shape.dtype}{routing}"  # + T=: one line of the bar at 80 columns
             _sweep_group(plan, rec, groups, backends, label, shape, usable, progress)
     finally:
         if backends is not None:

@@ -18,11 +18,9 @@ revert, each with vLLM's own code under the platform it needs (emulated around t
 forcing ``flashinfer_nvlink_one_sided`` fails with vLLM's message, and the backend the
 plugin's :func:`decide` answers passes the same check. One JSON line per case.
 
-``python engines_driver.py sglang ARGS.json``: SGLang's argument parser: the choices of
-``--moe-a2a-backend`` and ``--deepep-mode``, and for each argument list in ARGS.json what
-the parser made of it.
-
 Only the standard library besides the engines; never imported by the test process.
+
+Design notes: docs/architecture.md, "Module notes", `tests/support/engines_driver.py`.
 """
 
 from __future__ import annotations

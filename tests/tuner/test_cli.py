@@ -206,9 +206,21 @@ def test_lookup_preset_fills_the_shape_and_vs_default_is_in_the_engines_units():
     """--preset deepseek-v3: hidden 7168, top-k 8, 256 experts, 58 MoE layers. The fixture's decode
     answer (nvlink_one_sided 26.502 us) against vLLM's default (allgather_reducescatter 41.791 us)."""
     r = a2a(
-        "lookup", "--ep-size", "2", "--preset", "deepseek-v3", "--phase", "decode", "--max-batch", "64",
-        "--tpot-ms", "29.2", "--format", "json", env_extra=FIXTURE_ENV,
-    )  # fmt: skip
+        "lookup",
+        "--ep-size",
+        "2",
+        "--preset",
+        "deepseek-v3",
+        "--phase",
+        "decode",
+        "--max-batch",
+        "64",
+        "--tpot-ms",
+        "29.2",
+        "--format",
+        "json",
+        env_extra=FIXTURE_ENV,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["entry_shape"]["hidden"] == 7168 and out["backend"] == "nvlink_one_sided"
@@ -517,7 +529,7 @@ def test_backends_at_80_columns_shows_every_name_whole():
 
 def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_path):
     """Captured at 80 columns (a log, CI): the announcement counts what runs here, and a
-    backend's one-line reason stays on its line."""
+    backend's reason wraps at spaces beside its whole name: no line over 80 (issue 37: 108)."""
     backends = ("allgather_reducescatter", "flashinfer_nvlink_one_sided", "deepep_low_latency")
     r = small_sweep(tmp_path / "s.db", *backends, iters=1, env_extra={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
@@ -529,8 +541,11 @@ def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_pa
     from a2a_tune.kernels import BackendEnv, get_backend
 
     _, why = get_backend("flashinfer_nvlink_one_sided").availability(BackendEnv.local(2, "cpu"))
-    assert len(f"  flashinfer_nvlink_one_sided: unavailable: {why}") > 80  # what a log would have broken
-    assert f"  flashinfer_nvlink_one_sided: unavailable: {why}" in lines
+    assert len(f"  flashinfer_nvlink_one_sided: unavailable: {why}") > 80  # what one line would have been
+    assert not [line for line in lines if len(line) > 80], [line for line in lines if len(line) > 80]
+    (at,) = [i for i, line in enumerate(lines) if line.split()[:1] == ["flashinfer_nvlink_one_sided"]]
+    said = " ".join(" ".join(lines[at : at + 3]).split()[1:])  # the reason, over its lines
+    assert said.startswith(" ".join(f"unavailable: {why}".split()[:6])), said
 
 
 # --------------------------------------------------------------- refused before any rank
@@ -570,9 +585,21 @@ def test_impossible_shapes_are_refused_in_one_line_before_any_rank_starts(tmp_pa
     config.write_text(json.dumps({"model_type": "test_moe", **numbers}))
     db = tmp_path / "t.db"
     r = _capped(
-        "sweep", "--device", "cpu", "--world", "2", "--model-config", str(config), "--tokens", tokens,
-        "--backend", "allgather_reducescatter", "--db", str(db), "--no-progress",
-    )  # fmt: skip
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "2",
+        "--model-config",
+        str(config),
+        "--tokens",
+        tokens,
+        "--backend",
+        "allgather_reducescatter",
+        "--db",
+        str(db),
+        "--no-progress",
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "plan:" not in r.stdout and not db.exists()  # no rank started, no run opened
@@ -599,7 +626,27 @@ def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, to
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={}, config_hash="c"
         )
         with pytest.raises(ValueError, match=said.replace(".", r"\.")):
-            store.add_measurement(run, Measurement.from_columns(dict(backend="nccl_all2allv", ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform", tokens_per_rank=tokens, timing="eager", median_us=1.0, p10_us=1.0, p90_us=1.0, n=1, samples=[1.0])))  # fmt: skip
+            store.add_measurement(
+                run,
+                Measurement.from_columns(
+                    dict(
+                        backend="nccl_all2allv",
+                        ep_size=2,
+                        hidden=64,
+                        topk=2,
+                        num_experts=8,
+                        dtype="bf16",
+                        routing="uniform",
+                        tokens_per_rank=tokens,
+                        timing="eager",
+                        median_us=1.0,
+                        p10_us=1.0,
+                        p90_us=1.0,
+                        n=1,
+                        samples=[1.0],
+                    )
+                ),
+            )
 
     table = fixture_data()
     table["entries"][0]["tokens"][0] = tokens
@@ -630,3 +677,16 @@ def test_runs_closing_hint_is_a_lookup_the_table_answers(tmp_path):
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() in {"allgather_reducescatter", "nccl_all2allv"}, found.stdout
     assert found.stderr.startswith("exact") and "fallback" not in found.stderr, found.stderr
+
+
+def test_dry_run_help_says_what_it_prints(tmp_path):
+    """Issue 37: `run --help` said --dry-run prints shapes, token counts and backends; it prints
+    how many of each. The help names what the plan's table shows, and the table shows it."""
+    r = a2a("run", "--help", env_extra={"COLUMNS": "200"})
+    said = " ".join(r.stdout.split())
+    assert "how many shapes, token counts, backends" in said, said
+    plan = a2a("run", "--device", "cpu", "--dry-run", "--db", str(tmp_path / "s.db"), env_extra={"COLUMNS": "80"})
+    assert plan.returncode == 0, plan.stderr
+    header = next(line for line in plan.stdout.splitlines() if "EP size" in line).split()
+    assert header == ["EP", "size", "groups", "shapes", "tokens", "backends", "cases"]
+    assert "estimated" in plan.stdout

@@ -131,8 +131,22 @@ def test_sizes_that_do_not_divide_are_refused_and_a_default_one_is_skipped_for_t
 
 def test_a_size_that_does_not_divide_the_world_is_refused_before_any_rank_starts(tmp_path):
     db = tmp_path / "t.db"
-    r = a2a("sweep", "--device", "cpu", "--world", "4", "--preset", "mixtral-8x7b", "--tokens", "1",
-            "--ep-sizes", "2,3", "--db", str(db), "--no-progress")  # fmt: skip
+    r = a2a(
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "4",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1",
+        "--ep-sizes",
+        "2,3",
+        "--db",
+        str(db),
+        "--no-progress",
+    )
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: --ep-sizes 3: an EP size must be at least 2 and divide the 4 ranks"
     )
@@ -227,9 +241,30 @@ def test_a_killed_multi_size_run_resumes_and_measures_nothing_twice(tmp_path):
         "A2A_TUNE_TEST_GATE": str(gate),
         "A2A_TUNE_TEST_GATE_SIZE": "4",
     }
-    args = ["sweep", "--device", "cpu", "--world", "4", "--ep-sizes", "2,4", "--preset", "mixtral-8x7b",
-            "--tokens", "1,4", "--backend", "allgather_reducescatter", "--backend", "planted_gate_at_size",
-            "--iters", "2", "--warmup", "0", "--db", str(db), "--no-progress"]  # fmt: skip
+    args = [
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "4",
+        "--ep-sizes",
+        "2,4",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1,4",
+        "--backend",
+        "allgather_reducescatter",
+        "--backend",
+        "planted_gate_at_size",
+        "--iters",
+        "2",
+        "--warmup",
+        "0",
+        "--db",
+        str(db),
+        "--no-progress",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
         env=env,
@@ -267,3 +302,25 @@ def test_a_killed_multi_size_run_resumes_and_measures_nothing_twice(tmp_path):
         after = [m.key for m in store.measurements(run.id)]
     assert len(after) == len(set(after)) == 8 and before <= set(after)
     assert {(k.ep_size, k.tokens_per_rank) for k in after} == {(s, t) for s in (2, 4) for t in (1, 4)}
+
+
+def test_a_cpu_rehearsal_never_blames_a_gpu_link_or_nic_for_a_slow_group(tmp_path):
+    """Issue 37: `run --device cpu --world 4 --ep-sizes 2` (stored: 2 groups of 2 ranks on 2 loaded
+    cores) made show warn "suspect a GPU, link or NIC" for a group that was slower only because
+    the ranks share the host's cores. It says so, as a note, and no hardware is suspected."""
+    import shutil
+
+    from paths import FIXTURES
+    from typer.testing import CliRunner
+
+    from a2a_tune.tuner.cli import app
+
+    db = shutil.copy(FIXTURES / "db" / "cpu_world4_ep2.db", tmp_path / "s.db")
+    assert CliRunner().invoke(app, ["db", "upgrade", "--db", str(db)]).exit_code == 0  # stored at 0004_ep
+    data = show_data(load_view(db=str(db)))
+    assert data["suspect_groups"] and {f["cause"] for f in data["suspect_groups"]} == {"shared cores"}
+    for width in ("80", "200"):
+        r = CliRunner().invoke(app, ["show", "--db", str(db)], env={"COLUMNS": width})
+        assert r.exit_code == 0, r.output
+        text = " ".join(r.stdout.split())
+        assert "suspect" not in text and "GPU, link or NIC" in text and "share the host's cores" in text

@@ -192,7 +192,11 @@ def test_the_vllm_plugin_and_the_format_lines_follow_the_nearest_larger_ep_size(
 
     from run_cli import a2a
 
+    from a2a_tune.tuner.runtime import vllm_plugin
     from a2a_tune.tuner.runtime.vllm_plugin import decide
+
+    monkeypatch.setattr(vllm_plugin, "_platform_of", lambda: "cuda:9.0")  # vLLM's environment on an H200:
+    monkeypatch.setattr(vllm_plugin, "_missing_packages", lambda: [])  # flashinfer and the rest importable
 
     model = dict(hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
     measured = rows(dict(model, ep_size=4), {B[0]: {64: 10.0, 512: 20.0}, B[1]: {64: 50.0, 512: 60.0}})

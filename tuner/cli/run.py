@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from ..console import indented
 from . import options as opt
 from .common import _fail, _note, _planned, _plans, _store_url, app, emit_json, err, json_output, out
 
@@ -75,18 +76,32 @@ def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> li
         console.print(f"  {left_out}", highlight=False, markup=False, soft_wrap=True)
     if any(r.unavailable for r in rows):
         console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
+    from .. import cost
+
     cases = sum(r.cases for r in rows)
-    seconds = plans.estimate_seconds(rows, device, world, plan.warmup + plan.iters)
+    seconds, source = cost.seconds(cost.load(device), cost.plan_cases(plan, rows), device, world)
     refine = " before refinements" if plan.refine_ratio is not None else ""
-    per = "per case" if device == "cuda" else "per case and rank of its group"
-    console.print(
-        f"  {cases} cases; estimated {_duration(seconds)}{refine} (a rough guide: {plans.SECONDS_PER_CASE[device]} s "
-        f"{per} on {device}; every group of a size runs at once)",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )
+    console.print(indented(f"{cases} cases; estimated {_duration(seconds)}{refine} ({source})"))
     return rows
+
+
+def _learn_cost(db: str, outcome, plan, device: str, world: int) -> None:
+    """Fit the cost model (tuner.cost) to the run just measured and keep it for the next plan's
+    estimate; quietly nothing when it cannot (a cache, never the run's failure)."""
+    from a2a_tune.db import open_store
+
+    from .. import cost
+
+    try:
+        if outcome.skipped:  # a resumed run: its gaps hold the pause, not a case
+            return
+        with open_store(db, readonly=True) as store:
+            times = store.case_times(outcome.run_id)
+        fitted = cost.fit(times, plan.warmup + plan.iters, device, world, outcome.seconds)
+    except Exception:  # noqa: BLE001 - the estimate of a later run is not worth failing this one
+        return
+    if fitted:
+        cost.remember(device, fitted)
 
 
 def _duration(seconds: float) -> str:
@@ -128,12 +143,24 @@ def _print_outcome(outcome, seconds: float, out=out) -> None:
         markup=False,
         soft_wrap=True,
     )
-    for name, reason in outcome.unavailable.items():
-        out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False, soft_wrap=True)
-    for name, reason in outcome.not_applicable.items():
-        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False, soft_wrap=True)
-    for name, reason in outcome.infeasible.items():
-        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False, soft_wrap=True)
+    from rich.text import Text
+
+    rows = [
+        (Text(name), Text(f"{kind}: {reason}"))
+        for kind, found in (
+            ("unavailable", outcome.unavailable),
+            ("not applicable", outcome.not_applicable),
+            ("some cases skipped", outcome.infeasible),
+        )
+        for name, reason in found.items()
+    ]
+    if rows:  # a table: the reasons wrap at spaces beside whole names, at 80 columns too
+        from rich.table import Column
+
+        from ..console import print_fitted
+
+        columns = [Column("backend", no_wrap=True), Column("not measured here")]
+        print_fitted(out, columns, rows, box=None, padding=(0, 1, 0, 2), show_header=False)
 
 
 def _do_sweep(options, *, after=None):
@@ -195,6 +222,8 @@ def _do_sweep(options, *, after=None):
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
     outcome.seconds = time.perf_counter() - start
+    if outcome.status == "completed":
+        _learn_cost(db, outcome, plan, device, world)
     _print_outcome(outcome, outcome.seconds, human)
     if outcome.adaptive_saved:
         human.print(
@@ -252,8 +281,9 @@ _SWEEP_OPTIONS = (
         typer.Option(
             False,
             "--dry-run",
-            help="Print the plan (shapes, token counts, the backends that can run here) and stop: no rank starts, "
-            "nothing is stored.",
+            help="Print the plan and stop: per EP size its groups and how many shapes, token counts, backends "
+            "(those that can run here) and cases, and the estimated time; no rank starts, nothing is stored. "
+            "With --json: the plan itself (shapes, token counts, backends).",
         ),
     ),
     (

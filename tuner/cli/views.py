@@ -203,7 +203,7 @@ def diff(
         "physical limit as a dashed line when the link bandwidth is known: the bytes each rank sends in "
         "dispatch + combine over --link-gbs or the NVLink bandwidth in the probe facts. Each figure states "
         "what the line assumes.",
-        "Files: OUT/<fingerprint>.<shape>.png, one path printed per line; OUT defaults to plots/ in the "
+        "Files: OUT/<fingerprint>.<source>.<shape>.png (source: run<id> for a run, else the table file's name), one path printed per line; OUT defaults to plots/ in the "
         "directory tables are written to ($A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles), never "
         "the current directory unasked. A CPU rehearsal's figures say so. Needs matplotlib "
         "(pip install 'a2a-tune[plot]').",
@@ -254,4 +254,9 @@ def report(
 
     missing = plots_unavailable() if view.shapes else None  # the report says so too; say it here
     note = f"; without plots: {missing}" if missing else ", plots embedded" if view.shapes else ""
-    out.print(f"wrote {path} ({len(view.shapes)} shape(s){note})", highlight=False, markup=False, soft_wrap=True)
+    out.print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)  # a path: whole, to copy
+    from rich.text import Text
+
+    from ..console import indented
+
+    out.print(indented(Text(f"{len(view.shapes)} shape(s){note}")))  # wrapped at spaces, at 80 columns too

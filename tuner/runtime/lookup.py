@@ -51,9 +51,8 @@ from a2a_tune.tuner.runtime.table import (
 )
 from a2a_tune.tuner.runtime.text import one_line
 
-# The names below were all importable from this module before profiles.py, request.py and
-# choice.py split off; engines and tools import them from here (``a2a_tune.tuner.lookup``
-# is this module).
+# The lookup's public names, whichever module defines them (profiles.py, request.py, choice.py):
+# engines and tools import them from here (``a2a_tune.tuner.lookup`` is this module).
 __all__ = [
     "FALLBACK_BACKEND",
     "SCHEMA_VERSION",

@@ -3,32 +3,7 @@
 Both sides are read as the lookup reads them (:mod:`.load`): a table the lookup refuses is
 refused here too, so a candidate on which every engine would fall back never passes.
 
-Rules (:func:`diff_views`):
-
-* **Regression**: a backend at a (shape, tokens) point whose two distributions separate,
-  by more than the run-to-run scatter, and beyond the minimum effect: B's p10 > A's p90
-  (the inner spreads do not overlap); then either the shift B's median - A's median is
-  larger than the wider p10..p90 spread, or the gap between the two (B's p10 / A's p90,
-  in log) is wider than the narrower run's own spread (p90 / p10, in log); and B's
-  median / A's median > 1 + ``min_effect`` (:data:`MIN_EFFECT`, ``--tolerance``).
-  Without p10/p90 on either side the medians alone are compared (marked so). The gap
-  rule finds a slowdown the slower run's own noise would hide (a backend 4.7x slower
-  with a spread wider than the shift: a slower run is usually a noisier one); requiring
-  the gap to clear a run's spread keeps a loaded machine's outliers out (a CPU point
-  whose p10..p90 spans 1-4x its median moves 3x between two back-to-back runs, its
-  inner spreads just apart); the minimum effect keeps out what the spreads of one run do
-  not show: run-to-run drift of a few per cent (BENCHMARKS.md, "diff: change or noise").
-* **Improvement**: the mirror image (B's p90 < A's p10, by the same two measures).
-* **Winner change**: the winner at a (shape, tokens) point differs. It is "within
-  noise" when B's tie pairs the two backends, or when in B the old winner's spread
-  overlaps the new winner's (B's old-winner p10 <= new-winner p90). Only B decides: a
-  tie in A that B settles clearly is a real change.
-* **New failure**: a backend failed for a shape in B but not in A (counts as a
-  regression: a backend that now fails its correctness check is worse than slow).
-* Points whose timing mode differs between A and B (eager vs graph) are not compared;
-  the diff says so.
-* Where both sides timed dispatch and combine apart (schema 3), a changed point also says
-  how each half moved (``dispatch_ratio``, ``combine_ratio``: B / A): which half got slower.
+Design notes: docs/architecture.md, "Module notes", `tuner/views/diff.py`.
 """
 
 from __future__ import annotations

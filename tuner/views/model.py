@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..figures import LinkBandwidth, gbps, link_bandwidth, link_pct
+from ..figures import LinkBandwidth, gbps, is_cpu, link_bandwidth, link_pct
 from ..runtime.measurement import FIGURE, FIGURES
 from ..runtime.point import Shape
 from ..runtime.point import shape_label as point_label
@@ -265,6 +265,7 @@ def suspect_groups(view: TableView) -> list:
                     if f["worst"] is None or slower > f["worst"][0]:
                         f["worst"] = (slower, c.backend, s.tokens[j], shape_label(s))
     hosts = rank_hosts(view)
+    cpu = is_cpu(view.facts)
     out = []
     for (ep, g), f in sorted(found.items()):
         ranks = group_ranks(ep, g)
@@ -280,20 +281,25 @@ def suspect_groups(view: TableView) -> list:
                 "worst_pct": round(100 * slower, 1),
                 "worst_at": {"backend": backend, "tokens": tokens, "shape": label},
                 "threshold_pct": round(100 * (SLOW_GROUP_RATIO - 1)),
+                # CPU ranks share the host's cores: a slow group there is load, never a GPU, link or NIC
+                "cause": "shared cores" if cpu else "hardware",
             }
         )
     return out
 
 
 def suspect_line(found: dict) -> str:
-    """One suspect group in one line, for people."""
+    """One slow group in one line, for people, prefixed with what it suggests: "suspect:" a GPU,
+    link or NIC; on CPU ranks, which share the host's cores, "note:" (load, not hardware)."""
     r = found["ranks"]
     where = f" on {', '.join(found['hosts'])}" if found["hosts"] else ""
     w = found["worst_at"]
-    return (
+    cpu = found.get("cause") == "shared cores"
+    why = "CPU ranks share the host's cores: load, not a GPU, link or NIC" if cpu else "suspect a GPU, link or NIC"
+    return ("note: " if cpu else "suspect: ") + (
         f"EP {found['ep_size']} group {found['group']} (ranks {r[0]}-{r[-1]}{where}) is more than "
         f"{found['threshold_pct']}% slower than the median group in {found['slow_cases']} of {found['cases']} cases "
-        f"(worst +{found['worst_pct']:.0f}%: {w['backend']} at {w['tokens']} tokens/rank): suspect a GPU, link or NIC"
+        f"(worst +{found['worst_pct']:.0f}%: {w['backend']} at {w['tokens']} tokens/rank): {why}"
     )
 
 

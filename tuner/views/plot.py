@@ -15,20 +15,16 @@ dispatch + combine round trip, over the bandwidth one rank can send at::
     remote   = (W - 1) x (1 - C(E - E/W, k) / C(E, k))   # expected other ranks a token
                                                         # has an expert on (uniform routing)
 
-The bandwidth is ``--link-gbs`` when given, else from the probe facts
-(:func:`a2a_tune.tuner.figures.link_bandwidth`): the NVLink island holding W GPUs, its fewest
-active links per GPU x the per-link speed (an H200 NV18 pair: 18 x 26.562 GB/s = 478 GB/s),
-else on one node the GPUs' PCIe generation x width. Neither known (ranks across nodes, a CPU
-run, no PCIe numbers) or routing other than uniform -> no line, and the figure says why. Every figure
-states the bound's assumptions in its footnote.
-
 matplotlib (``pip install a2a-tune[plot]``) is imported lazily, with the Agg backend.
+
+Design notes: docs/architecture.md, "Module notes", `tuner/views/plot.py`.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import re
 from pathlib import Path
 
 from ..figures import link_bandwidth, row_bytes
@@ -394,6 +390,16 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
     return buf.getvalue()
 
 
+def source_tag(view: TableView) -> str:
+    """What names a view's source in its file names: ``run<id>`` for a run of a store, the
+    table file's name for a table (``table`` when it is the fingerprint's own): another run or
+    another table of one machine plotted into one folder never overwrites these."""
+    if view.kind == "run":
+        return f"run{view.run.get('id', '')}"
+    stem = Path(view.label).name.removesuffix(".json")
+    return "table" if stem == view.fingerprint else re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip(".-") or "table"
+
+
 def plot_view(view: TableView, out_dir, *, link_gbs: float | None = None) -> list:
     """Write one PNG per shape into ``out_dir``; returns the paths, in table order."""
     if not view.shapes:
@@ -404,7 +410,7 @@ def plot_view(view: TableView, out_dir, *, link_gbs: float | None = None) -> lis
     except OSError as exc:
         raise ViewError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
     colors = backend_colors(c.backend for s in view.shapes for c in s.curves.values())
-    prefix = (view.fingerprint or "unknown").replace("/", "-")
+    prefix = f"{view.fingerprint or 'unknown'}.{source_tag(view)}".replace("/", "-")
     paths = []
     for s in view.shapes:
         data = render_png(view, s, link_gbs=link_gbs, colors=colors)

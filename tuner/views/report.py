@@ -360,7 +360,7 @@ def render_report(view: TableView, *, link_gbs: float | None = None, plots: bool
                 f'src="data:image/png;base64,{png}"></figure>'
             )
     notes = "".join(f'<div class="note">{_e(n)}</div>' for n in view.notes)
-    notes += "".join(f'<div class="note">suspect: {_e(suspect_line(f))}</div>' for f in suspect_groups(view))
+    notes += "".join(f'<div class="note">{_e(suspect_line(f))}</div>' for f in suspect_groups(view))
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     what = "selection table" if view.kind == "profile" else "sweep run"
     title = f"a2a-tune report: {view.fingerprint or 'unknown hardware'}"
