@@ -109,8 +109,11 @@ def test_report_and_plot_refuse_a_fifo_at_once_and_leave_no_partial_file(tmp_pat
         os.mkfifo(target)
         args = ["--out", str(target)]
     else:
+        pytest.importorskip("matplotlib")
+        first = a2a("plot", "--profile", str(SHIPPED), "--out", str(tmp_path / "first"))
+        assert first.returncode == 0, first.stderr
         target.mkdir()
-        os.mkfifo(target / "h200.nvl18x2.node1.ep2_e256_k8_h7168_bf16_uniform.png")  # one of the names it writes
+        os.mkfifo(target / Path(first.stdout.split()[0]).name)  # one of the names it writes
         args = ["--out", str(target)]
     pytest.importorskip("matplotlib")
     r = subprocess.run(
