@@ -212,7 +212,7 @@ def _do_sweep(options, *, after=None):
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
-        planned = sum(r.cases for r in rows) if rows else plan.total(world)  # the cases that can run here
+        planned = sum(r.cases for r in rows) if rows else plan.total()  # the cases that can run here
         code, seconds = SIGNAL_EXIT.get(by, 130), time.perf_counter() - start
         message = f"interrupted ({by}) after {seconds:.0f} s; {_stored_so_far(db, planned, run_id)}"
         if options.as_json:  # which run to resume, for a program
