@@ -37,7 +37,8 @@ def test_the_plan_refuses_it():
     from a2a_tune.tuner.shapes import ModelShape
     from a2a_tune.tuner.sweep import SweepPlan
 
-    plan = SweepPlan(shapes=(ModelShape("m", 8, 2, 4096),), tokens=(1,), backends=("nccl_all2allv",), dtypes=("fp99",))
+    shapes, backends = (ModelShape("m", 8, 2, 4096),), ("nccl_all2allv",)
+    plan = SweepPlan(shapes=shapes, tokens=(1,), ep_sizes=(2,), backends=backends, dtypes=("fp99",))
     with pytest.raises(PlanError) as info:
         check_plan(plan, "cpu", 2, budget=(None, ""))
     assert_one_clean_line(str(info.value))
