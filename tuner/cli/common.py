@@ -147,7 +147,7 @@ def _plans():
 
 def _note(line: str) -> None:
     """A note the plan's rules say on the way (one line on stderr; not an error)."""
-    err.print(line, highlight=False, markup=False)
+    err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _help(*paragraphs: str) -> str:

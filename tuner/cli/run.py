@@ -211,7 +211,7 @@ def _do_sweep(options, *, after=None):
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
-        planned = sum(r.cases for r in rows) if rows else plan.total(world)  # the cases that can run here
+        planned = sum(r.cases for r in rows) if rows else plan.total()  # the cases that can run here
         raise _fail(
             f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, planned, run_id)}",
             SIGNAL_EXIT.get(by, 130),
