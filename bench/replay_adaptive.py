@@ -66,7 +66,11 @@ def replay(a: argparse.Namespace, names: dict) -> None:
                         missing += 1  # a refinement count the full run did not refine: counts as failed
         base = profile_from_store(store, a.run, backend_names=names)  # hardware and run sections
         profile = build_profile(
-            kept, store.failures(a.run), hardware=base["hardware"], run=base["run"], backend_names=names
+            kept,
+            store.failures(a.run),
+            hardware={**base.meta["hardware"], "fingerprint": base.fingerprint},
+            run=base.meta["run"],
+            backend_names=names,
         )
         path = write_profile(profile, a.out)
         print(

@@ -12,7 +12,8 @@ at an empty directory), for machines that forbid writing bytecode.
 (a) import: wall time of ``import a2a_tune.tuner.runtime.lookup`` inside a fresh interpreter
     (perf_counter around the import; the interpreter's own start is not counted), median
     of ``--runs`` interpreters; and the heavy modules it loaded (must be none of torch,
-    sqlalchemy, pynvml, jsonschema, rich, numpy, a2a_tune.kernels, a2a_tune.db).
+    sqlalchemy, pynvml, jsonschema, rich, numpy, a2a_tune.kernels, a2a_tune.db,
+    importlib.metadata, email).
 (b) warm lookup: µs per call once the table is loaded and the answer cached; best of 5
     batches of 20000 calls (tokens=, phase="decode", workload=), per child, median over
     children.
@@ -27,6 +28,9 @@ at an empty directory), for machines that forbid writing bytecode.
     the bench directory, so the answer is the fallback: the cost measured is finding out.
 (e) ``a2a-tune probe --json``: wall time and peak RSS of the command's own process (the
     NVML child not included), median over ``--probe-runs`` runs.
+
+Each row also shows the earlier figure where there is one (``EARLIER``: the 1xH200 host,
+2026-12-01), side by side with today's. On a GPU host: ``python bench/startup.py``.
 
 Targets (issues 6 and 17): import < 30 ms and no heavy import, warm < 50 µs, cold < 20 ms,
 first lookup with a cached fingerprint < 20 ms, ``a2a-tune probe`` < 1.5 s and < 200 MB.
@@ -47,7 +51,18 @@ import tempfile
 import time
 from pathlib import Path
 
-HEAVY = ["torch", "sqlalchemy", "pynvml", "jsonschema", "rich", "numpy", "a2a_tune.kernels", "a2a_tune.db"]
+HEAVY = [
+    "torch",
+    "sqlalchemy",
+    "pynvml",
+    "jsonschema",
+    "rich",
+    "numpy",
+    "a2a_tune.kernels",
+    "a2a_tune.db",
+    "importlib.metadata",
+    "email",
+]
 FP = "bench.startup.node1"
 BACKENDS = [
     "allgather_reducescatter",
@@ -58,6 +73,13 @@ BACKENDS = [
     "flashinfer_nvlink_two_sided",
 ]
 TOKENS = [2**i for i in range(20)]  # 1 .. 524288: 20 buckets
+#: The figures before (1xH200 host, 2026-12-01), by row: import, warm lookups, cold lookup.
+EARLIER_HOST = "1xH200 host, 2026-12-01"
+EARLIER = {
+    "import": "4.05 ms",
+    "warm": "13-18 us",
+    "cold": "11 ms",
+}
 ASK = dict(ep_size=8, hidden=7168, topk=8, num_experts=256)  # one of the 50 shapes
 
 CHILD = r"""
@@ -129,9 +151,7 @@ def make_table(directory: Path) -> Path:
         run={"id": 1, "device_type": "cuda", "world_size": 8, "versions": {}},
         backend_names={b: {"engines": {}} for b in BACKENDS},
     )
-    assert len(profile["entries"]) == 50 and all(
-        len(e["tokens"]) == 20 and len(e["backends"]) == 6 for e in profile["entries"]
-    )
+    assert len(profile.entries) == 50 and all(len(e.tokens) == 20 and len(e.median_us) == 6 for e in profile.entries)
     return write_profile(profile, directory)
 
 
@@ -214,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "import a2a_tune.tuner.runtime.lookup",
             f"{ms([r['import_s'] for r in runs]):.2f} ms",
+            EARLIER["import"],
             f"{min(r['import_s'] for r in runs) * 1e3:.2f} .. {max(r['import_s'] for r in runs) * 1e3:.2f} ms",
             "< 30 ms",
             ms([r["import_s"] for r in runs]) < 30,
@@ -229,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "warm lookup, tokens=200",
             f"{us([r['warm_s']['tokens'] for r in runs]):.2f} us",
+            EARLIER["warm"],
             "",
             "< 50 us",
             us([r["warm_s"]["tokens"] for r in runs]) < 50,
@@ -236,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "warm lookup, phase=decode max_tokens=256",
             f"{us([r['warm_s']['decode'] for r in runs]):.2f} us",
+            EARLIER["warm"],
             "",
             "< 50 us",
             us([r["warm_s"]["decode"] for r in runs]) < 50,
@@ -243,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "warm lookup, workload file (12 points)",
             f"{us([r['warm_s']['workload'] for r in runs]):.2f} us",
+            EARLIER["warm"],
             "",
             "< 50 us",
             us([r["warm_s"]["workload"] for r in runs]) < 50,
@@ -250,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             f"cold lookup, 50x20x6 table ({size_kb:.0f} KiB), clear_cache() + 1 lookup",
             f"{ms([r['cold_s'] for r in runs]):.2f} ms",
+            EARLIER["cold"],
             "",
             "< 20 ms",
             ms([r["cold_s"] for r in runs]) < 20,
@@ -296,10 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{platform.platform()}, Python {platform.python_version()}  ({args.runs} fresh interpreters)"
     )
     print()
-    print("| measurement | median | range | target | met |")
-    print("|---|---:|---:|---:|:---:|")
-    for name, value, spread, target, ok in rows:
-        print(f"| {name} | {value} | {spread} | {target} | {'yes' if ok else 'NO'} |")
+    rows = [row if len(row) == 6 else (*row[:2], "", *row[2:]) for row in rows]  # (name, value, earlier, ...)
+    print(f"| measurement | median | earlier ({EARLIER_HOST}) | range | target | met |")
+    print("|---|---:|---:|---:|---:|:---:|")
+    for name, value, earlier, spread, target, ok in rows:
+        print(f"| {name} | {value} | {earlier} | {spread} | {target} | {'yes' if ok else 'NO'} |")
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -12,22 +12,7 @@ one_line), and nothing else of a2a_tune.tuner, nor a2a_tune.kernels or torch
       migrations/  Alembic env + versions/, run by engine.py; own the schema
     errors.py      StoreError and friends (one-line messages)
 
-Typical use::
-
-    from a2a_tune.db import open_store
-    with open_store(url) as store:          # url None -> $A2A_TUNE_DB -> sqlite:///a2a_tune.db
-        me = Writer.this_process()          # the run's one writer (its lease)
-        hw = store.get_or_create_hardware(fingerprint, facts_hash, facts)
-        run = store.find_resumable_run(hw, config_hash)
-        if run is not None:
-            store.claim_run(run, me)        # RunBusyError while another live process holds it
-        else:
-            run = store.start_run(hw, ..., writer=me)
-        done = store.done_keys(run)
-        with LeaseHeartbeat(store, run, me):
-            ...
-            store.add_measurement(run, m, writer=me)   # a Measurement, committed on return
-        store.finish_run(run, "completed", summary, writer=me)
+Design notes: docs/architecture.md, "Module notes", `db/__init__.py`.
 """
 
 from .engine import (
@@ -54,6 +39,7 @@ from .errors import (
     StoreFileLostError,
     StoreOutdatedError,
 )
+from .knobs import KnobsRecord
 from .lease import LEASE_STALE_S, LeaseHeartbeat, Writer
 from .store import (
     FailureRecord,
@@ -73,6 +59,7 @@ __all__ = [
     "EmptyStoreError",
     "FailureRecord",
     "HardwareRecord",
+    "KnobsRecord",
     "LeaseHeartbeat",
     "LeaseLostError",
     "MeasurementKey",

@@ -1,31 +1,21 @@
 """Opening a store's database: URLs, engines, read-only opening, the schema's migrations.
 
-Guarantees
-----------
 - **Any SQLAlchemy URL.** SQLite by default (``sqlite:///a2a_tune.db``, relative to the
-  working directory); PostgreSQL (or any SQLAlchemy dialect) for a cluster-wide store:
-  ``postgresql://user:password@host/db`` goes through psycopg 3 (``pip install
-  'a2a-tune[postgres]'``) and gives up connecting after ``PG_CONNECT_TIMEOUT_S``.
-  Dialect-specific settings live in one place (``_create_engine`` / ``_migrate``).
-- **Schema by migrations only.** A new or empty database is brought to the head revision
-  by the packaged Alembic revisions (never ``create_all``). A database at an older
-  revision raises :class:`StoreOutdatedError` naming ``a2a-tune db upgrade --db <url>``;
-  one at a revision this code does not know raises :class:`StoreError`. Alembic's version
-  table is kept under our own name (``models.VERSION_TABLE``) so Optuna, which shares the
-  URL and uses the default ``alembic_version``, never collides with us.
-- **Readers and writers side by side (SQLite).** WAL journal and a busy timeout
-  (``SQLITE_BUSY_TIMEOUT_MS``): ``a2a-tune show`` can read while a sweep writes, and the
-  sweep's commits do not wait for readers. (WAL needs a local filesystem; for a store on
-  NFS, use PostgreSQL.) A writer switches the file to WAL only after its schema check
-  passed: a store refused for its schema is left byte for byte as it was.
-- **Read-only opening.** ``open_engine(url, readonly=True)`` never creates, migrates or
-  writes, and leaves no file behind: SQLite files open with ``mode=ro``, and ``immutable=1``
-  while no writer has them open (:func:`readonly_url`); PostgreSQL sessions are READ ONLY.
-  A database in a read-only directory or on a read-only mount can be read.
-- **Errors are one line.** Driver, SQLAlchemy and Alembic errors become :class:`StoreError`
-  with a one-line message; the original is chained (``__cause__``).
-- **Secrets stay out of messages.** A URL's password is shown as ``***`` in every error
-  and in :func:`display_url`, also for URLs that do not parse.
+  working directory); PostgreSQL through psycopg 3 (``pip install 'a2a-tune[postgres]'``),
+  giving up connecting after ``PG_CONNECT_TIMEOUT_S``. Dialect settings live in
+  ``_create_engine`` / ``_migrate`` alone.
+- **Schema by migrations only.** A new or empty database is brought to head by the packaged
+  Alembic revisions (never ``create_all``); an older one raises :class:`StoreOutdatedError`
+  naming ``a2a-tune db upgrade --db <url>``, an unknown one :class:`StoreError`. Our version
+  table has its own name (``models.VERSION_TABLE``): Optuna's ``alembic_version`` shares the URL.
+- **Readers beside writers (SQLite).** WAL journal and a busy timeout: ``show`` reads while a
+  sweep writes (WAL needs a local filesystem; on NFS use PostgreSQL). A writer switches to WAL
+  only after its schema check passed: a refused store is left byte for byte as it was.
+- **Read-only opening.** ``open_engine(url, readonly=True)`` never creates, migrates or writes,
+  and leaves no file behind (SQLite ``mode=ro``, ``immutable=1`` while no writer has it open:
+  :func:`readonly_url`; PostgreSQL READ ONLY sessions); read-only mounts can be read.
+- **Errors are one line** (:class:`StoreError`, the original chained), and a URL's password
+  is ``***`` in every message and in :func:`display_url`, also for URLs that do not parse.
 """
 
 from __future__ import annotations

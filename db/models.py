@@ -1,16 +1,18 @@
 """ORM models of the measurement store (SQLAlchemy 2 declarative).
 
-Four tables, one direction of reference::
+Five tables, one direction of reference::
 
     hardware  <- runs <- measurements
                       <- failures
+    tuned_knobs (by hardware fingerprint)
 
 ``hardware`` is one probed machine/cluster (fingerprint + hash of the full probe facts);
 ``runs`` is one sweep on it (versions, sweep plan, status); ``measurements`` holds one
 timed case (backend, shape, dtype, routing, token count) in one timing mode with its
 statistics and raw samples; ``failures`` records why a backend was not timed (unavailable, incorrect
 result, error, timeout, a rank's process that died in it, not applicable to the run's EP group),
-with the shape when the failure is shape-specific.
+with the shape when the failure is shape-specific. ``tuned_knobs`` holds the best launch setting
+the knob search found per machine, backend, point and capacity.
 
 The schema is owned by the Alembic revisions in ``migrations/versions``: a change here
 needs a new revision there (``tests/db/test_models.py`` compares the two). Columns use only
@@ -147,7 +149,21 @@ class Run(Base):
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
-class Measurement(Base):
+class _CaseKey:
+    """The columns of a case's key (:data:`KEY_FIELDS`): the backend and the point ("uniform",
+    "skewed", ... routing)."""
+
+    backend: Mapped[str] = mapped_column(String(64))
+    num_experts: Mapped[int] = mapped_column(Integer)
+    topk: Mapped[int] = mapped_column(Integer)
+    hidden: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(32))
+    ep_size: Mapped[int] = mapped_column(Integer)
+    tokens_per_rank: Mapped[int] = mapped_column(Integer)
+    routing: Mapped[str] = mapped_column(String(64))
+
+
+class Measurement(_CaseKey, Base):
     """One timed case (``a2a_tune.tuner.runtime.measurement.Measurement``, column for column).
     Times are microseconds per dispatch+combine round trip measured on the device;
     ``host_median_us`` is host wall time per round trip; ``samples`` the raw per-iteration
@@ -162,14 +178,6 @@ class Measurement(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
-    backend: Mapped[str] = mapped_column(String(64))
-    num_experts: Mapped[int] = mapped_column(Integer)
-    topk: Mapped[int] = mapped_column(Integer)
-    hidden: Mapped[int] = mapped_column(Integer)
-    dtype: Mapped[str] = mapped_column(String(32))
-    ep_size: Mapped[int] = mapped_column(Integer)
-    tokens_per_rank: Mapped[int] = mapped_column(Integer)
-    routing: Mapped[str] = mapped_column(String(64))  # "uniform", "skewed", ...
     timing: Mapped[str] = mapped_column(String(16))  # "eager", "graph", ...
     median_us: Mapped[float] = mapped_column(Double)
     p10_us: Mapped[float] = mapped_column(Double)
@@ -216,3 +224,25 @@ class Failure(Base):
     tokens_per_rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
     routing: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class TunedKnobs(_CaseKey, Base):
+    """The best launch setting `tune-knobs` found for one backend at one point on one machine
+    (``fingerprint``), for fixed-capacity backends at one ``capacity`` (NULL: each load's own, or
+    a backend without one). ``default_*`` is the backend's default setting and its µs, ``best_*``
+    the fastest correct one (the default when nothing beat it); ``study`` names the Optuna study
+    that searched it (Optuna keeps the trials in its own tables)."""
+
+    __tablename__ = "tuned_knobs"
+    __table_args__ = (UniqueConstraint("fingerprint", *KEY_FIELDS, "capacity", name="uq_tuned_knobs_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(200), index=True)
+    capacity: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    timing: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    default_knobs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    default_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    best_knobs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    best_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    study: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

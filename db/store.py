@@ -1,40 +1,30 @@
-"""The measurement store: read and write hardware, runs, measurements and failures.
+"""The measurement store: read and write hardware, runs, measurements, failures and tuned knobs.
 
 :func:`open_store` opens one by URL (``engine.py``: URLs, engines, read-only opening, the
-schema's migrations); a run's one writer and its heartbeat are ``lease.py``.
+schema's migrations); a run's one writer and its heartbeat are ``lease.py``. Guarantees:
 
-Guarantees
-----------
-- **Every write commits before it returns.** A sweep killed at any point keeps every
+- **Every write commits before it returns**: a sweep killed at any point keeps every
   measurement and failure whose ``add_*`` call returned.
-- **Plain values out.** Writes return integer ids; reads return frozen dataclasses
-  (:class:`HardwareRecord`, :class:`RunRecord`, :class:`FailureRecord`), snapshots detached
-  from any session; a measurement is written and read back as one
-  :class:`~a2a_tune.tuner.runtime.measurement.Measurement`. Unknown ids raise
+- **Plain values out**: writes return integer ids, reads frozen dataclasses detached from any
+  session (a measurement comes back as the one written); unknown ids raise
   :class:`NotFoundError`; "nothing yet" answers are ``None`` or an empty list.
-- **Errors are one line.** Driver and SQLAlchemy errors become :class:`StoreError` with a
-  one-line message; the original is chained (``__cause__``). A server that went away
-  (refused, closed, timed out) is :class:`ConnectionLostError`.
-- **Nothing written to no file.** An SQLite store checks, before and after each
-  transaction, that its path still names the file it opened (device and inode): once that
-  file was deleted, moved away or replaced, every call raises :class:`StoreFileLostError`
-  instead of writing on into a file nobody can open.
-- **Threads and processes.** Each call uses its own short session, so one Store may be
-  shared by threads. Do not carry an open Store across ``fork``; open it in the process
-  that writes (rank 0).
-- **One writer per run.** Every write to a run is fenced by the run's lease (``lease.py``):
-  a process that lost the run writes nothing (:class:`LeaseLostError`).
-
-Duplicate measurements: ``add_measurement`` with a key already stored for the run raises
-:class:`DuplicateMeasurementError` (nothing is overwritten); the sweep consults
-``done_keys`` first, so a duplicate means a bug worth hearing about.
+- **Errors are one line** (:class:`StoreError`, the original chained); a server that went
+  away is :class:`ConnectionLostError`.
+- **Nothing written to no file**: an SQLite store checks before and after each transaction
+  that its path still names the file it opened; once not, every call raises
+  :class:`StoreFileLostError`.
+- **Threads, not fork**: each call uses its own short session, so threads may share a Store;
+  open it in the process that writes (rank 0).
+- **One writer per run**: every write to a run is fenced by its lease (``lease.py``); a
+  process that lost the run writes nothing (:class:`LeaseLostError`).
+- **No duplicate**: ``add_measurement`` of a key the run holds raises
+  :class:`DuplicateMeasurementError`, nothing overwritten (the sweep consults ``done_keys``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,12 +35,12 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from a2a_tune.tuner.runtime.measurement import FIGURES, MEASUREMENT_COLUMNS, Measurement, MeasurementKey
-from a2a_tune.tuner.runtime.point import check_tokens
 from a2a_tune.tuner.runtime.text import one_line
 
 from .damage import DamagedRowError, damaged, measurement_problem, read_one, read_rows, run_problem, warn, where_damaged
 from .engine import _one_line, _sqlite_file, connection_lost, display_url, open_engine, resolve_url
 from .errors import ConnectionLostError, DuplicateMeasurementError, NotFoundError, StoreError, StoreFileLostError
+from .knobs import KnobRows
 from .lease import LEASE_STALE_S, Writer, claim, fence, lease_values
 from .models import (
     DEVICE_TYPES,
@@ -63,6 +53,7 @@ from .models import (
     utcnow,
 )
 from .models import Measurement as MeasurementRow
+from .values import _figure, _finite, _int, _json, _positive, _str, _tokens
 
 MAX_REASON_CHARS = 2000
 # The timing label of samples taken on virtual ranks (a2a_tune.kernels.virtual.VIRTUAL_TIMING).
@@ -167,73 +158,6 @@ def _file_identity(path: str) -> tuple[int, int] | None:
 # --------------------------------------------------------------------------- validation
 
 
-def _json(name: str, value: Any) -> Any:
-    """Refuse values that would not survive a JSON column on every backend (numpy
-    scalars, NaN/inf: PostgreSQL rejects them) with a clear error, before any SQL."""
-    import json
-
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} is not storable as JSON: {exc}") from None
-    return value
-
-
-def _finite(name: str, value: Any, *, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(out):
-        raise ValueError(f"{name} must be finite, got {out}")
-    return out
-
-
-def _positive(name: str, value: Any) -> float:
-    """A time: finite and > 0 (a 0 µs round trip is a broken timer, and every ratio divides by it)."""
-    out = _finite(name, value)
-    if not out > 0:
-        raise ValueError(f"{name} must be more than 0 µs, got {out}")
-    return out
-
-
-def _int(name: str, value: Any, *, optional: bool = False, minimum: int = 0) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    out = int(value.__index__())
-    if out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
-    return out
-
-
-def _tokens(value: Any, *, optional: bool = False) -> int | None:
-    """A token count per rank: the point's one bound (1..2^20), numpy/torch ints converted."""
-    if value is None and optional:
-        return None
-    return check_tokens(_int("tokens_per_rank", value), "tokens_per_rank")
-
-
-def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _figure(name: str, value: Any, *, integer: bool, many: bool) -> Any:
-    """A figure's checked column value (``runtime.measurement.Figure``; None: not measured)."""
-    if value is None:
-        return None
-    if many:
-        return [_figure(f"{name}[]", v, integer=integer, many=False) for v in value]
-    return _int(name, value) if integer else _finite(name, value)
-
-
 def _columns(m: Measurement) -> dict[str, Any]:
     """The checked columns of measurement ``m`` (numpy/torch scalars converted)."""
     c = m.columns()
@@ -269,8 +193,8 @@ def _one_line_reason(reason: str) -> str:
 # --------------------------------------------------------------------------- store
 
 
-class Store:
-    """Reads and writes runs, measurements and failures. Obtain one with :func:`open_store`;
+class Store(KnobRows):
+    """Reads and writes runs, measurements and failures (and tuned knobs: ``knobs.py``). Obtain one with :func:`open_store`;
     see the module docstring for the guarantees. Usable as a context manager."""
 
     def __init__(self, engine: Engine, url: str) -> None:

@@ -64,12 +64,32 @@ def workspace(g: Geometry) -> Workspace:
 
 @triton.jit(do_not_specialize=["n_tokens", "me", "cap"])
 def _dispatch_send_kernel(
-    x_ptr, xs_ptr, ids_ptr, w_ptr, n_tokens, x_ws, xs_ws, meta_ws,  # launch_dispatch_send's order
-    flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden,  # _peer_args
-    n_scales, experts_per_rank,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr, N_HB: tl.constexpr, QUANT: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    xs_ptr,
+    ids_ptr,
+    w_ptr,
+    n_tokens,
+    x_ws,
+    xs_ws,
+    meta_ws,  # launch_dispatch_send's order
+    flags_ws,
+    d_elem,
+    d_i32,
+    epoch_ptr,
+    done_ptr,
+    me,
+    cap,
+    hidden,  # _peer_args
+    n_scales,
+    experts_per_rank,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    N_HB: tl.constexpr,
+    QUANT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     t = tl.program_id(0)
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr) + 1
@@ -127,10 +147,22 @@ def _dispatch_recv_kernel(
 
 @triton.jit(do_not_specialize=["me", "cap"])
 def _combine_send_kernel(
-    out_ptr, meta_ptr, comb_ws,  # launch_combine_send's order
-    flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden,  # _peer_args
-    W: tl.constexpr, K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
-):  # fmt: skip
+    out_ptr,
+    meta_ptr,
+    comb_ws,  # launch_combine_send's order
+    flags_ws,
+    d_elem,
+    d_i32,
+    epoch_ptr,
+    done_ptr,
+    me,
+    cap,
+    hidden,  # _peer_args
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    N_HB: tl.constexpr,
+):
     r = tl.program_id(0)  # one received slot: (local expert, source s, token slot t)
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr)
@@ -144,9 +176,17 @@ def _combine_send_kernel(
 
 @triton.jit
 def _combine_recv_kernel(
-    y_ptr, comb_ptr, ids_ptr, flags_ptr, epoch_ptr, hidden,  # launch_combine_recv's order
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-):  # fmt: skip
+    y_ptr,
+    comb_ptr,
+    ids_ptr,
+    flags_ptr,
+    epoch_ptr,
+    hidden,  # launch_combine_recv's order
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     t, hb = wait_combine(flags_ptr, epoch_ptr, W)
     ks = tl.arange(0, BLOCK_K)
     ids = tl.load(ids_ptr + t * K + ks, mask=ks < K, other=-1)
@@ -163,9 +203,12 @@ def _combine_recv_kernel(
 
 
 def dispatch_send(
-    st: RankState, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    st: RankState,
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
     x_scale: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S].
     One CTA per token (one for none: it still raises the flags); returns without waiting."""
     launch_dispatch_send(_dispatch_send_kernel, max(x.shape[0], 1), st, x, topk_ids, topk_weights, x_scale)

@@ -17,16 +17,11 @@ Every rank owns one symmetric workspace (`workspace()`; shared machinery in
                     ranks each token went to (and our own from expert_out) in fp32; a rank
                     with no tokens still waits (one CTA), which keeps the ordering below
 
-Flags carry an epoch held on the device (incremented by dispatch_send), so calls need no
-host synchronisation and a captured CUDA graph replays correctly. Two hazards are ordered
-by the flags themselves: a peer's next dispatch_send can only start after its
-combine_recv saw our combine flag (raised after our expert compute read the dispatch
-buffer), and a peer's combine_send only after its dispatch_send saw our dispatch flag
-(raised after our previous combine_recv read the combine buffer).
-
 The kernels only copy and compare (no bf16 arithmetic), so they run under Triton's
 interpreter too (TRITON_INTERPRET=1): the tests run the backends on CPU processes whose
 workspaces are shared files (tests/support/emulate_nvlink.py).
+
+Design notes: docs/architecture.md, "Module notes", `kernels/_one_sided_kernels.py`.
 """
 
 from __future__ import annotations
@@ -83,13 +78,34 @@ def workspace(g: Geometry) -> Workspace:
 
 @triton.jit(do_not_specialize=["n_tokens", "me", "cap"])
 def _dispatch_send_kernel(
-    x_ptr, xs_ptr, ids_ptr, w_ptr, n_tokens, x_ws, xs_ws, meta_ws,  # launch_dispatch_send's order
-    flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden,  # _peer_args
-    n_scales, experts_per_rank, count_ws,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr, N_HB: tl.constexpr, QUANT: tl.constexpr, BLOCK_S: tl.constexpr,
+    x_ptr,
+    xs_ptr,
+    ids_ptr,
+    w_ptr,
+    n_tokens,
+    x_ws,
+    xs_ws,
+    meta_ws,  # launch_dispatch_send's order
+    flags_ws,
+    d_elem,
+    d_i32,
+    epoch_ptr,
+    done_ptr,
+    me,
+    cap,
+    hidden,  # _peer_args
+    n_scales,
+    experts_per_rank,
+    count_ws,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    N_HB: tl.constexpr,
+    QUANT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     FUSED_WAIT: tl.constexpr = True,  # False: virtual ranks in phase order (the sweep: True)
-):  # fmt: skip
+):
     t = tl.program_id(0)  # one slot of this rank's capacity: a token, or an empty slot to mark
     n_prog = tl.num_programs(0)
     epoch = tl.load(epoch_ptr) + 1  # every CTA reads before the last one stores it back
@@ -126,11 +142,24 @@ def _dispatch_send_kernel(
 
 @triton.jit(do_not_specialize=["me", "cap"])
 def _combine_send_kernel(
-    out_ptr, meta_ptr, comb_ws,  # launch_combine_send's order
-    flags_ws, d_elem, d_i32, epoch_ptr, done_ptr, me, cap, hidden,  # _peer_args
+    out_ptr,
+    meta_ptr,
+    comb_ws,  # launch_combine_send's order
+    flags_ws,
+    d_elem,
+    d_i32,
+    epoch_ptr,
+    done_ptr,
+    me,
+    cap,
+    hidden,  # _peer_args
     count_ptr,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, N_HB: tl.constexpr,
-):  # fmt: skip
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    N_HB: tl.constexpr,
+):
     r = tl.program_id(0)  # one received row: source s, slot i
     n_prog = tl.num_programs(0)
     s = r // cap
@@ -146,10 +175,21 @@ def _combine_send_kernel(
 
 @triton.jit(do_not_specialize=["me", "cap"])
 def _combine_recv_kernel(
-    y_ptr, comb_ptr, ids_ptr, flags_ptr, epoch_ptr, hidden,  # launch_combine_recv's order
-    out_ptr, me, cap, experts_per_rank,
-    W: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-):  # fmt: skip
+    y_ptr,
+    comb_ptr,
+    ids_ptr,
+    flags_ptr,
+    epoch_ptr,
+    hidden,  # launch_combine_recv's order
+    out_ptr,
+    me,
+    cap,
+    experts_per_rank,
+    W: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     t, hb = wait_combine(flags_ptr, epoch_ptr, W)
     ks = tl.arange(0, BLOCK_K)
     ids = tl.load(ids_ptr + t * K + ks, mask=ks < K, other=-1).to(tl.int32)
@@ -171,9 +211,12 @@ def _combine_recv_kernel(
 
 
 def dispatch_send(
-    st: RankState, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    st: RankState,
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
     x_scale: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """x: activations, or quantized rows (any 1-byte dtype) with their fp32 `x_scale` [T, S].
     One CTA per slot of this step (empty slots get -1 metadata); returns once every source's
     rows arrived (in phase order: without waiting, see `dispatch_recv`)."""

@@ -20,27 +20,7 @@ The invariant (checked by `a2a_tune.kernels.reference.check_invariant` before an
 for every source token t on every rank, y[t] == sum_j topk_weights[t,j] * f(topk_ids[t,j], x[t])
 within the payload dtype's tolerance, whatever the backend's internal layout.
 
-A backend's `availability(env)` is a classmethod that does no collective work and never
-raises, so the sweep knows which backends can run before any rank starts one. Its `reach`
-says which EP groups its transport can join at all (REACHES): one NVLink island on one node
-(CUDA IPC / peer access), one NVLink domain also across nodes (fabric memory: GB200 NVL72),
-or anywhere torch.distributed connects ranks (NCCL over the network, gloo). The sweep
-compares it with what joins the group's ranks (the group's span, SPANS): a backend the group
-leaves is recorded as not applicable, with the reason, and never started.
-
-Memory: `case_bytes` bounds what one rank allocates for one case (inputs, the rows a backend
-receives -- `received_rows`, which a layout with more slots than W x capacity overrides --,
-their expert outputs and what combine returns), so a case that cannot fit is refused before
-any rank allocates (`a2a_tune.tuner.plans`).
-
-Knobs: a backend may declare launch parameters that change its speed but never its results
-(`knob_space`: name -> allowed values; `knob_defaults`: what it runs with unless told).
-`set_knobs(...)` applies a setting to the following dispatch/combine calls; `knobs()` says
-what is in effect (recorded with each measurement). `a2a_tune.tuner.knobs` searches the
-space per shape and token count, gating every setting with the invariant. Settings a
-library reads once per process from the environment (FlashInfer's block sizes) or at
-communicator creation (NCCL_PROTO / NCCL_ALGO) cannot change between trials in one
-process: such backends declare no space and report what they run with through `knobs()`.
+Design notes: docs/architecture.md, "Module notes", `kernels/base.py`.
 """
 
 from __future__ import annotations
@@ -51,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from a2a_tune.tuner.runtime import point as _point
-from a2a_tune.tuner.runtime.point import Shape, check_tokens
+from a2a_tune.tuner.runtime.point import Shape, check_tokens, shape_label
 from a2a_tune.tuner.runtime.table import FABRICS
 
 from .errors import KnobError, ShapeError
@@ -141,7 +121,7 @@ class MoEShape:
         return self.num_experts // world_size
 
     def label(self) -> str:
-        return f"E{self.num_experts}-k{self.topk}-H{self.hidden}-{self.dtype}"
+        return shape_label(self.num_experts, self.topk, self.hidden, self.dtype)
 
 
 def case_bytes(cls: type[All2AllBackend], shape: MoEShape, world_size: int, tokens: int, *, input_sets: int = 1) -> int:

@@ -20,10 +20,7 @@ wheel); symmetric memory then uses NVSHMEM for the whole process, so this backen
 share a process with the NVLink backends once they have allocated (CUDA backend), nor the
 other way round: run it in a sweep of its own (`--backend torch_nvshmem_all2all`).
 
-Workspaces: the symmetric buffers are process-wide per group and role, grown (never freed:
-NVSHMEM frees are collective) and reused by the next instance: one live instance per group.
-Rows received: at most W x capacity x min(k, experts per rank), plus one padding row per
-empty expert group (the kernel gives an empty group one row).
+Design notes: docs/architecture.md, "Module notes", `kernels/torch_nvshmem_all2all.py`.
 """
 
 from __future__ import annotations

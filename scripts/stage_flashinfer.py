@@ -7,15 +7,6 @@ dependencies. The two backends need only the NVLink MoE all2all path: `flashinfe
 trtllm_moe_alltoall` (one-sided, `MoeAlltoAll`) and `flashinfer.comm.trtllm_alltoall`
 (two-sided, `MnnvlMoe`). This script, from the wheels:
 
-  1. extracts flashinfer's Python files into a scratch tree and builds the two JIT modules
-     there ahead of time for the chosen CUDA arch (with FlashInfer's own JIT builder and the
-     local nvcc), so nothing needs compiling on the GPU machine;
-  2. writes into OUT (an ignored folder, default `.flashinfer/`) only the modules reachable
-     by import from those two entry points, with `flashinfer/__init__.py` and
-     `flashinfer/comm/__init__.py` replaced by minimal ones, the built `.so` files under
-     FlashInfer's AOT folder (`flashinfer/data/aot/<module>/<module>.so`, which FlashInfer
-     loads before trying to JIT), and apache-tvm-ffi (its runtime) for the target Python.
-
 Nothing of FlashInfer is ever committed: OUT is in .gitignore. Use OUT as PYTHONPATH
 (`PYTHONPATH=.flashinfer/site`); scripts/device_run.sh does when it finds it.
 
@@ -25,6 +16,8 @@ Nothing of FlashInfer is ever committed: OUT is in .gitignore. Use OUT as PYTHON
 Needs here: pip (to fetch wheels unless --wheel-dir has them), nvcc >= 12.8 and ninja, and the
 cuBLAS headers (TensorRT-LLM's common header includes cublasLt.h): taken from --cublas-include,
 CUDA's own include folder, or the nvidia-cublas wheel's headers (downloaded, ~420 MB, once).
+
+Design notes: docs/architecture.md, "Module notes", `scripts/stage_flashinfer.py`.
 """
 
 from __future__ import annotations

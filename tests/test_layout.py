@@ -184,3 +184,33 @@ def test_the_layering_check_finds_a_planted_import_wherever_it_stands(tmp_path, 
         "tuner/runtime/planted.py:4: numpy",
         "tuner/runtime/planted.py:5: a2a_tune.tuner.plans",
     ]
+
+
+# The views stand on the tuner, never the reverse: no module of tuner/ outside views/ and the
+# command line (cli/, which wires everything) imports a view. What both need to print to the
+# console lives below them (tuner/console.py).
+VIEWS = "a2a_tune.tuner.views"
+ABOVE_VIEWS = ("views", "cli")
+
+
+def view_imports(path: Path) -> list[str]:
+    """The imports of a view in the file at `path` (``path:line: name`` each)."""
+    found = _imports(path.read_text(), _module_name(path), path.name == "__init__.py")
+    return [f"{path.relative_to(ROOT)}:{line}: {n}" for line, n in found if n == VIEWS or n.startswith(VIEWS + ".")]
+
+
+def test_the_tuner_imports_no_view():
+    files = [
+        f for f in sorted((ROOT / "tuner").rglob("*.py")) if f.relative_to(ROOT / "tuner").parts[0] not in ABOVE_VIEWS
+    ]
+    assert len(files) > 20
+    breaks = [b for f in files for b in view_imports(f)]
+    assert breaks == [], f"tuner/ imports the views, which import tuner/ (docs/architecture.md): {breaks}"
+
+
+def test_the_view_check_finds_a_planted_import(tmp_path, monkeypatch):
+    planted = tmp_path / "tuner" / "planted.py"
+    planted.parent.mkdir()
+    planted.write_text("from .console import fit\ndef f():\n    from .views.layout import fit\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert view_imports(planted) == ["tuner/planted.py:3: a2a_tune.tuner.views.layout.fit"]

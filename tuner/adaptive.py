@@ -13,23 +13,11 @@ gaps there, and the lookup never picks a backend where it has none. The risk: a 
 change that reverses inside one coarse interval is missed; the race rule below bounds it
 for close races, and the `evaluate` command measures held-out points to bound the rest.
 
-**Refinement beyond the grid** (``refine_ratio``; on by default for GPU sweeps, full grid or
-adaptive): where neighbouring measured counts still disagree on the winner and are more
-than ``refine_ratio`` apart, the search measures the contenders at a token count between
-them (their geometric mean, rounded to a coarse multiple: 320 between 256 and 384), and
-again inside the half that still disagrees. A backend's cost can step between grid counts
-(FlashInfer's one-sided round trip does: BENCHMARKS.md), and interpolation cannot see a
-step; bisection pins it to within ``refine_ratio``. Where neighbouring grid counts agree but
-the top two are within ``contest_margin`` (the tie cap, 3%) at both, the table's choice in
-between rests on the tie rule and on interpolation, so the racers are measured between them
-too, down to ``refine_ratio`` (a coarse interval counts as a race up to 3% × (1 + log2 of
-the grid intervals it spans): it has more room to hide a reversal). A step just past a grid
-count where two backends tie is what this catches. Elsewhere nothing is refined: a few
-measurements per crossover or close race, not per grid count.
-
 Pure logic: the caller measures. `next_points()` says which cases (token count, backend) to
 measure next; `observe()` takes the medians back. All ranks run the same search on the
 same (all-reduced) numbers, so they take the same decisions without talking.
+
+Design notes: docs/architecture.md, "Module notes", `tuner/adaptive.py`.
 """
 
 from __future__ import annotations

@@ -21,21 +21,7 @@ Cases, per backend and model shape (rank r holds the r-th count of `tokens`, cyc
     graph-replays  64, 5 replays     one CUDA-graph capture replayed with fresh inputs
                                      (graph-capturable backends; CUDA only)
 
-Virtual ranks (`virtual=True`, `a2a_tune.kernels.virtual`): the W ranks of each case run in one
-process on one device, each a region of one allocation, in phase order: on a machine with fewer
-GPUs than W, or on CPU under Triton's interpreter. Only backends that reach their peers through
-memory they map (`virtual_ranks`: the symmetric-memory ones) run so; the others are skipped.
-`token_scale` shrinks every case's counts (the interpreter runs each program in Python). On
-virtual ranks every case is also sized to the device's free memory before anything is
-allocated: W ranks' bytes (`kernels.base.case_bytes` each) at the case's counts, else at half of
-them, a quarter... (the row says so), else the case is skipped saying the bytes it needs. A case
-whose routing the shape cannot take at W ("local" with top-k beyond one rank's experts) is
-skipped with the reason, so the EP size is limited by memory alone.
-
-A case is "ok" (the invariant held on every rank and call), "FAIL" (wrong results, a crash,
-a failed construction, or no progress for `timeout` seconds: a hung backend is stopped and
-reported, and the next backend runs), or "skip" with the reason (the backend declares the
-shape infeasible, or the case needs what this run lacks).
+Design notes: docs/architecture.md, "Module notes", `tuner/check.py`.
 """
 
 from __future__ import annotations
@@ -469,7 +455,7 @@ def render(rows: Sequence[Row], console, title: str | None = None) -> None:
     from rich.table import Column
     from rich.text import Text
 
-    from .views.layout import print_fitted
+    from .console import print_fitted
 
     style = {"ok": "green", "FAIL": "bold red", "skip": "dim"}
     columns = [

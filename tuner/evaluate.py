@@ -59,16 +59,20 @@ def held_out_plan(
     iters: int | None = None,
     capacity: int | None = None,
 ):
-    """The sweep plan that measures the table's shapes at EP size `world` at `tokens` (None:
-    :func:`held_out_tokens` of the table's token counts at that EP size). The backends default
-    to every one, and warm-up and iterations to the sweep's for `device`. Without `capacity`,
-    the table's ``run.capacity`` applies, so the points are measured as the table's own were.
-    Raises :class:`EvaluationError`."""
+    """The sweep plan that measures the table's shapes at each of its EP sizes that `world`
+    ranks hold (:func:`sizes_measurable`: each on groups of consecutive ranks) at `tokens`
+    (None: :func:`held_out_tokens` of the table's token counts at those sizes). The backends
+    default to every one, and warm-up and iterations to the sweep's for `device`. Without
+    `capacity`, the table's ``run.capacity`` applies, so the points are measured as the
+    table's own were. Raises :class:`EvaluationError`."""
     from .plans import DEFAULT_ITERS, PlanError, SweepPlan, check_capacity
 
-    entries = [e for e in table.entries if e.shape.ep_size == world]
-    if not entries:
-        raise EvaluationError(f"{path} has no entries for EP size {world}")
+    sizes, left_out = sizes_measurable(table, world)
+    if not sizes:
+        raise EvaluationError(
+            f"{path} has no entries for an EP size {world} ranks hold (its sizes: {', '.join(map(str, left_out))})"
+        )
+    entries = [e for e in table.entries if e.shape.ep_size in sizes]
     here = [e.shape for e in entries]
     shapes = {ModelShape.of(s) for s in here}
     held = tokens or held_out_tokens(t for e in entries for t in e.tokens)
@@ -88,7 +92,23 @@ def held_out_plan(
         warmup=default_warmup if warmup is None else warmup,
         iters=default_iters if iters is None else iters,
         capacity=capacity,
+        ep_sizes=sizes,
     )
+
+
+def sizes_measurable(table: Profile, world: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the table's EP sizes that `world` ranks hold: each divides it, so its groups tile the
+    ranks; the table's other sizes), each ascending: what an evaluation on `world` ranks scores,
+    and what it leaves out (said, never silently)."""
+    table_sizes = sorted({e.shape.ep_size for e in table.entries})
+    held = tuple(s for s in table_sizes if s <= world and world % s == 0)
+    return held, tuple(s for s in table_sizes if s not in held)
+
+
+def left_out_note(sizes: tuple[int, ...], world: int) -> str:
+    """The line an evaluation on `world` ranks says of the table's EP `sizes` it does not score."""
+    where = ", ".join(f"EP {s}" for s in sizes)
+    return f"not scored: the table's {where} entries (sizes that do not divide the {world} ranks here)"
 
 
 @dataclass
@@ -103,6 +123,7 @@ class Evaluation:
     failed: dict[str, int] = field(default_factory=dict)
     outside: int = 0  # measured points of shapes the table has no entry for: not scored
     engines: list = field(default_factory=list)  # [policies.PolicyScore]: each engine's rule vs the table
+    notes: list = field(default_factory=list)  # what a reader must know to read the scores, one line each
 
     def summary(self) -> dict[str, dict[str, float]]:
         return self.policies
@@ -181,7 +202,27 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
         if regrets:
             ev.policies[policy] = {"mean": sum(regrets) / len(regrets), "worst": max(regrets), "points": len(regrets)}
     ev.engines = _engine_scores(by_point, profile)
+    if f"always {FALLBACK_BACKEND}" in ev.policies and (why := _default_note(profile)):
+        ev.notes.append(why)
     return ev
+
+
+def _default_note(profile: str) -> str | None:
+    """Why "always allgather_reducescatter" and the engines' default (below it) score apart:
+    the engines' literal runs more than that one backend of ours (vLLM's allgather_reducescatter:
+    our eager backend and its padded, graph-captured twin), and a policy is given the fastest."""
+    from .policies import registry_names
+
+    names = {**registry_names(), **load_profile(profile).backends}
+    mine = names.get(FALLBACK_BACKEND)
+    literal = mine.literal("vllm") if mine is not None else None
+    twins = sorted(b for b, n in names.items() if b != FALLBACK_BACKEND and literal and n.literal("vllm") == literal)
+    if not twins:
+        return None
+    return (
+        f"always {FALLBACK_BACKEND}: that backend of ours alone; the engines' defaults below run "
+        f"vLLM's {literal!r}, scored as the faster of {', '.join([FALLBACK_BACKEND, *twins])} at each point"
+    )
 
 
 def _engine_scores(by_point: dict, profile: str) -> list:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,10 +31,13 @@ if TYPE_CHECKING:
 SLOW_GROUP_RATIO = 1.10
 
 
-def default_ep_sizes(world: int) -> tuple[int, ...]:
-    """Every power of two from 2 up to the world, and the world itself when it is not one."""
-    sizes = {2**i for i in range(1, world.bit_length()) if 2**i <= world}
-    return tuple(sorted(sizes | {world}))
+def default_ep_sizes(world: int, experts: Iterable[int] = ()) -> tuple[int, ...]:
+    """The powers of two from 2 that divide the world, and the world itself; with `experts`
+    (each model's expert count), only the sizes at least one of those counts divides (a model
+    is measured at the sizes its own experts divide)."""
+    sizes = {2**i for i in range(1, world.bit_length()) if world % 2**i == 0} | {world}
+    counts = set(experts)
+    return tuple(s for s in sorted(sizes) if not counts or any(e % s == 0 for e in counts))
 
 
 def group_ranks(ep_size: int, index: int) -> range:

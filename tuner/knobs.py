@@ -17,11 +17,11 @@ the backend built, gated and timed as the sweep does it (`tuner.measure`):
 
 A setting asked for again (the sampler may) reuses the stored outcome instead of running.
 
-Studies live in the measurement database (same URL, Optuna's RDBStorage; our schema keeps
-its Alembic history in its own version table, so both coexist), so `optuna-dashboard <url>`
-shows them. Study name: ``a2a-tune knobs: <fingerprint> <backend> <shape> ep<W> T<tokens>``
-(:mod:`a2a_tune.tuner.studies`, which `select` reads them back with); its user attrs hold the
-default and best knobs and their µs. Rerunning the command adds trials to the same studies.
+Optuna samples and keeps its trials in its own tables in the measurement database (same URL;
+our schema keeps its Alembic history in its own version table), so `optuna-dashboard <url>`
+shows them; rerunning the command adds trials to the same studies (named by
+:mod:`a2a_tune.tuner.studies`). Each point's best setting is stored as a row of ours
+(``Store.put_knobs``), which `select` reads.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from .cluster import gather_topology
 from .launch import RankContext, all_ranks_ok, is_rank_zero, one_line, run_ranks
 from .measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
 from .progress import progress_bar
+from .runtime.measurement import MeasurementKey
 from .shapes import ModelShape
 from .studies import study_name
 from .timing import summarize
@@ -138,8 +139,10 @@ def _tune_point(ctx, plan: KnobPlan, fingerprint: str, tokens: int, owner, bar, 
     m = plan.shape
     # built as the sweep builds it: fixed-capacity backends for the load being timed, or for
     # the engine's capacity when one is given
-    shape = MoEShape.of(m.at(ctx.world_size, plan.dtype, plan.routing), max(plan.tokens))
-    name = study_name(fingerprint, plan.backend, shape, ctx.world_size, tokens, plan.routing, plan.tuned_capacity())
+    point = m.at(ctx.world_size, plan.dtype, plan.routing)
+    shape = MoEShape.of(point, max(plan.tokens))
+    key = MeasurementKey.of(plan.backend, point.at(tokens))
+    name = study_name(fingerprint, key, plan.tuned_capacity())
     cls = get_backend(plan.backend)
     result = KnobResult(plan.backend, tokens, name, default_knobs=dict(cls.knob_defaults))
 
@@ -167,7 +170,7 @@ def _tune_point(ctx, plan: KnobPlan, fingerprint: str, tokens: int, owner, bar, 
                 advance(1, f"best {result.best_us:.1f} us" if result.best_us else "searching")
         advance(plan.trials - (result.trials - result.repeats), f"done, best {result.best_us or 0:.1f} us")
         if owner is not None:
-            owner.finish(study, result)
+            owner.finish(study, result, fingerprint, key)
     return result
 
 
@@ -233,13 +236,15 @@ def _first_settings(knob_space: dict[str, tuple], defaults: dict[str, Any], plan
 
 
 class _StudyOwner:
-    """Rank 0's side: the Optuna storage and one study per token count."""
+    """Rank 0's side: the Optuna storage and one study per token count, and our store, where
+    each point's best setting is kept (Optuna samples; the store is what `select` reads)."""
 
     def __init__(self, url: str, plan: KnobPlan) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # the summary says what matters
         self.storage = optuna.storages.RDBStorage(url)
+        self.url = url
         self.plan = plan
 
     def study(self, name: str, result: KnobResult, fingerprint: str, world: int) -> _Study:
@@ -258,6 +263,7 @@ class _StudyOwner:
             if not any(t.params == setting for t in study.trials):
                 study.enqueue_trial(setting)
         p = self.plan
+        # for people reading the study (optuna-dashboard); a2a-tune reads the store's row
         for key, value in {
             "backend": p.backend,
             **p.shape.at(world, p.dtype, p.routing).at(result.tokens)._asdict(),
@@ -270,11 +276,29 @@ class _StudyOwner:
             study.set_user_attr(key, value)
         return _Study(study, result)
 
-    def finish(self, study: _Study, result: KnobResult) -> None:
+    def finish(self, study: _Study, result: KnobResult, fingerprint: str, key: MeasurementKey) -> None:
+        """Keep the point's best setting in the store (the default when nothing beat it)."""
+        from a2a_tune.db import KnobsRecord, open_store
+
         s = study.study
         s.set_user_attr("default_us", result.default_us)
         s.set_user_attr("best_knobs", result.best_knobs)
         s.set_user_attr("best_us", result.best_us)
+        if not result.best_knobs:
+            return  # nothing completed: no setting to keep
+        record = KnobsRecord(
+            fingerprint,
+            key,
+            result.best_knobs,
+            capacity=self.plan.tuned_capacity(),
+            best_us=result.best_us,
+            default=result.default_knobs,
+            default_us=result.default_us,
+            timing=result.timing or None,
+            study=s.study_name,
+        )
+        with open_store(self.url) as store:
+            store.put_knobs(record)
 
 
 class _Study:

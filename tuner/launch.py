@@ -14,17 +14,7 @@ Spawned ranks are supervised by the process that spawned them (the operator's `a
   collected for a moment and a peer's "connection closed" (or a `PeerFailed`) is reported
   only when no rank said anything better.
 
-A job started by a launcher (:func:`job_rank`): torchrun sets RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR, MASTER_PORT; srun sets SLURM_PROCID, SLURM_NTASKS (SLURM_STEP_NUM_TASKS) and
-SLURM_LOCALID, and the rendezvous is MASTER_ADDR / MASTER_PORT when set, else the first host
-of the step's node list on port 20000 + job id % 10000 (:func:`rendezvous_address`). Bounds:
-a rank that cannot join the rendezvous fails after rendezvous_timeout() in one line; once
-joined, a rank whose peer is gone (its process or node died) fails as soon as the transport
-notices (gloo / NCCL see the connection close: seconds), at the latest after
-collective_timeout() (a peer that hangs, or a node cut off without a word), with `PeerLost`;
-every rank dies with its launcher (the parent-death signal), so killing one node's torchrun
-agent stops that node's ranks and, through them, the job; SIGTERM (torchrun stopping the
-survivors) is `Terminated`, so the run is recorded as interrupted.
+Design notes: docs/architecture.md, "Module notes", `tuner/launch.py`.
 """
 
 from __future__ import annotations

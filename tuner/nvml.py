@@ -15,27 +15,7 @@ Three pieces:
   as a JSON-serialisable dict - the fixture format. A user on a new machine records it once
   and contributes the file; the probe then behaves on CI exactly as on that machine.
 
-Recording format (``"format": "a2a-tune/nvml-record"``, ``"version": 1``)::
-
-    {"format": ..., "version": 1,
-     "hostname": "...", "machine": "x86_64",          # host identity (not NVML, but replayed)
-     "driver_version": "580.159.04", "device_count": 2,
-     "devices": [{"index": 0, "name": "NVIDIA H200", "compute_capability": [9, 0],
-                  "memory_total_bytes": ..., "pci_bus_id": "00000000:18:00.0",
-                  "uuid": "GPU-...",
-                  "fabric_info": {"cluster_uuid": "...", "clique_id": 0,
-                                  "state": "completed", "status": "Success"},
-                  "nvlinks": [{"state": true, "version": 6,
-                               "remote_pci_bus_id": "...", "remote_device_type": "gpu",
-                               "speed_mbps": 26562},
-                              {"state": {"error": "InvalidArgument"}}, ...],
-                  "pcie_link": [5, 16]}]}                  # max PCIe generation, width
-
-Any answer may be replaced by ``{"error": "<NVML error name>"}``. A link whose state query
-failed records only its state: the probe asks nothing more about it. An optional top-level
-``"init": {"error": ...}`` replays a host where NVML could not start. Keys starting with
-``_`` are free-form notes and are ignored. One file describes one host; a multi-node
-recording is one file per node (see tests/fixtures/nvml/gb200_nvl72_slice/).
+Design notes: docs/architecture.md, "Module notes", `tuner/nvml.py`.
 """
 
 from __future__ import annotations

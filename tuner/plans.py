@@ -180,6 +180,15 @@ def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
     return rows
 
 
+def world_left_out(plan: SweepPlan, world: int) -> str | None:
+    """Why the plan does not measure EP = the world (one line) when no model's experts divide
+    over it; None when it does, or leaves it out only because --ep-sizes did."""
+    counts = sorted({model.num_experts for model in plan.shapes}, reverse=True)
+    if world in plan.sizes(world) or any(c % world == 0 for c in counts):
+        return None
+    return f"EP {world} (the world): not measured, no model's experts ({', '.join(map(str, counts))}) divide over it"
+
+
 def estimate_seconds(rows: Sequence[SizePlan], device: str, world: int, iters: int | None = None) -> float:
     """A rough cost of the cases `rows` count on `world` ranks (see SECONDS_PER_CASE), scaled by
     the round trips per case (warm-up + timed) against the default."""
@@ -247,12 +256,14 @@ def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
 
 def parse_ep_sizes(text: str | None, world: int, shapes: Sequence[ModelShape]) -> tuple[int, ...]:
     """--ep-sizes: comma-separated EP sizes, each dividing the world and every model's experts;
-    without it the default (tuner.groups.default_ep_sizes), where a size a model's experts do not
-    divide is skipped for that model (`SweepPlan.skipped_at`)."""
+    without it the default (tuner.groups.default_ep_sizes): the sizes that divide the world and
+    some model's experts, each model skipped at those its experts do not divide
+    (`SweepPlan.skipped_at`)."""
     from .groups import default_ep_sizes
 
     if text is None:
-        return default_ep_sizes(world)
+        # none: the world alone, which check_plan refuses naming the model, before any rank starts
+        return default_ep_sizes(world, [model.num_experts for model in shapes]) or (world,)
     sizes = _integers(text, "--ep-sizes")
     for size in sizes:
         if size < 2 or world % size:

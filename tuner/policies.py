@@ -18,11 +18,7 @@ An engine literal can stand for more than one of our backends (vLLM's
 ``allgather_reducescatter`` is our eager one and the padded, graph-captured one its decode
 runs): a policy is given the fastest of them at each point, the engine's best case.
 
-Beside each policy, the table *for that engine*: what ``a2a-tune lookup --engine E``
-answers there (the fastest backend the engine can be told; where the table cannot answer,
-the engine keeps its default). Per point, regret = time / fastest measured time - 1 (the
-fastest of every backend, the engine's or not); the speedup of the table over a policy is
-the geometric mean over points of policy time / table time.
+Design notes: docs/architecture.md, "Module notes", `tuner/policies.py`.
 """
 
 from __future__ import annotations
@@ -216,7 +212,7 @@ def render_scores(scores: list, console, title: str) -> None:
     from rich.table import Column
     from rich.text import Text
 
-    from .views.layout import indented, print_fitted
+    from .console import indented, print_fitted
 
     columns = [
         Column("engine", no_wrap=True),

@@ -20,9 +20,7 @@ Interpretation rules:
   present* (GB200 answers InvalidArgument for indices >= 18; PCIe GPUs answer NotSupported
   for all). A present link answering active=False is inactive; other errors leave it unknown.
 
-The facts' types, the rules that derive islands, domains and health from them, and the
-fingerprint grammar are in :mod:`a2a_tune.tuner.topology`; the names are importable from
-here too.
+Design notes: docs/architecture.md, "Module notes", `tuner/probe.py`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ only its own node, and the pointer leads it to the cluster's table.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -23,10 +22,15 @@ import torch.distributed as dist
 
 from .launch import RankContext, one_line
 from .probe import Topology
-from .runtime.files import MAX_TABLE_BYTES, read_capped
-from .runtime.fingerprint import normalize_fingerprint
-from .runtime.profiles import add_cluster_pointer, profile_filename, table_dir, table_lock
-from .runtime.table import upgrade
+from .runtime.profiles import (
+    add_cluster_pointer,
+    parse_table_json,
+    profile_filename,
+    read_table_bytes,
+    table_dir,
+    table_lock,
+)
+from .runtime.table import Profile, ProfileError, parse_profile, to_dict
 from .select import profile_for_run, write_profile_to
 from .tables import merge
 
@@ -39,7 +43,9 @@ if TYPE_CHECKING:
 def unwritable(directory: Path) -> str:
     """Why no table could be written into `directory` (created if missing), or "": checked
     by writing a file where it would go (its nearest existing ancestor), so a read-only mount
-    is seen even by root. For `run`, before a sweep of hours ends in a table it cannot write."""
+    is seen even by root, and by opening the tables' lock files there as the writer will
+    (:class:`~a2a_tune.tuner.runtime.profiles.table_lock`). For `run`, before a sweep of
+    hours ends in a table it cannot write."""
     existing = directory
     try:
         while not existing.exists() and existing != existing.parent:
@@ -54,36 +60,64 @@ def unwritable(directory: Path) -> str:
         return f"cannot write in {existing} ({exc.strerror or exc})"
     os.close(fd)
     os.unlink(probe)
+    for lock in sorted(existing.glob(".*.json.lock")) if existing == directory else []:
+        try:
+            os.close(os.open(lock, os.O_RDONLY))  # as table_lock opens it
+        except OSError as exc:
+            return f"cannot open the lock file {lock} ({exc.strerror or exc})"
     return ""
 
 
-def write_table(profile: dict, out_dir: str | None, node_fingerprint: str | None = None) -> Path:
-    """Validate `profile` and write it into :func:`~a2a_tune.tuner.runtime.profiles.table_dir`,
-    merged with the table already there (:func:`a2a_tune.tuner.tables.merge`: a new run never
-    drops the shapes and EP sizes it did not measure), under the directory's lock for that
-    fingerprint, so two writers at once merge one after the other. Given this node's
-    fingerprint, also point it at the table when the table is a cluster's. Raises ProfileError
-    or OSError. A table on disk that does not load is never overwritten unread: it is moved to
-    ``<name>.unreadable`` with a warning, and the new table written alone."""
+def write_table(profile: Profile, out_dir: str | None, node_fingerprint: str | None = None) -> Path:
+    """Write `profile` into :func:`~a2a_tune.tuner.runtime.profiles.table_dir` (:func:`merge_into_table`)
+    and return the file's path."""
+    return Path(merge_into_table(profile, out_dir, node_fingerprint).path)
+
+
+def merge_into_table(profile: Profile, out_dir: str | None, node_fingerprint: str | None = None) -> Profile:
+    """Write `profile` into :func:`~a2a_tune.tuner.runtime.profiles.table_dir`, merged with the
+    table already there (:func:`a2a_tune.tuner.tables.merge`: a new run never drops the points,
+    shapes and EP sizes it did not measure), under the directory's lock for that fingerprint,
+    so two writers at once merge one after the other. Given this node's fingerprint, also
+    point it at the table when the table is a cluster's. Returns the table written (its
+    ``path`` the file). Raises ProfileError or OSError. A table on disk that does not load is
+    never overwritten unread: it is moved to a name of its own (:func:`_set_aside`) with a
+    warning, and the new table written alone."""
     directory = table_dir(out_dir)
-    cluster = profile["hardware"]["fingerprint"]
+    cluster = profile.fingerprint
     target = Path(directory) / profile_filename(cluster)
     with table_lock(directory, cluster):
         if os.path.lexists(target):
             try:
-                old = upgrade(json.loads(read_capped(str(target), MAX_TABLE_BYTES).decode("utf-8")))
-                if old["hardware"]["fingerprint"] != normalize_fingerprint(cluster):
-                    raise ValueError(f"it holds the table of {old['hardware']['fingerprint']}")
+                old = parse_profile(parse_table_json(read_table_bytes(target), target), str(target))
+                if old.fingerprint != cluster:
+                    raise ValueError(f"it holds the table of {old.fingerprint}")
             except (OSError, ValueError) as exc:  # ProfileError and JSON errors are ValueErrors
-                kept = target.with_name(f"{target.name}.unreadable")
-                os.replace(target, kept)
+                if isinstance(exc, ProfileError):
+                    exc.path = None  # the warning names the file
+                kept = _set_aside(target)
                 log.warning("a2a-tune: %s does not load (%s); moved to %s, not merged", target, one_line(exc), kept)
             else:
                 profile = merge(old, profile)
         path = write_profile_to(profile, target)
     if node_fingerprint is not None and cluster != node_fingerprint:
         add_cluster_pointer(directory, node_fingerprint, cluster)
-    return path
+    return profile._replace(path=str(path))
+
+
+def _set_aside(target: Path) -> Path:
+    """Move the table `target` (through a symlink: its file) to the first free
+    ``<name>.unreadable[.N]`` beside it, never over an earlier one. Returns the new name."""
+    real = Path(os.path.realpath(target))
+    for n in range(1000):
+        kept = real.with_name(f"{real.name}.unreadable" + (f".{n}" if n else ""))
+        try:
+            os.link(real, kept)  # fails if the name is taken: nothing is overwritten
+        except FileExistsError:
+            continue
+        os.unlink(real)
+        return kept
+    raise OSError(f"{real}: 1000 unreadable tables beside it already; remove some")
 
 
 def publish_run(ctx: RankContext, run: CompletedRun, out_dir: str | None = None) -> dict:
@@ -95,7 +129,7 @@ def publish_run(ctx: RankContext, run: CompletedRun, out_dir: str | None = None)
     if ctx.rank == 0:
         try:
             profile, kept, note = profile_for_run(run.db_url, run.run_id)
-            payload[0] = {"profile": profile, "kept": kept, "note": note}
+            payload[0] = {"profile": to_dict(profile), "kept": kept, "note": note}
         except Exception as exc:  # every rank must learn of it, or they wait forever
             payload[0] = {"error": one_line(exc)}
     dist.broadcast_object_list(payload, src=0, group=ctx.group)
@@ -106,7 +140,7 @@ def publish_run(ctx: RankContext, run: CompletedRun, out_dir: str | None = None)
     elif ctx.local_rank == 0:
         node = Topology.from_dict(run.view.reports[ctx.rank].topology).fingerprint
         try:
-            answer = (True, str(write_table(built["profile"], out_dir, node)))
+            answer = (True, str(write_table(parse_profile(built["profile"]), out_dir, node)))
         except Exception as exc:
             answer = (False, one_line(exc))
     answers: list[Any] = [None] * ctx.world_size

@@ -1,57 +1,22 @@
-"""Selection: turn one sweep run's measurements into a profile (the default-selection table).
+"""Selection: turn one sweep run's measurements into a typed table (:class:`Profile`).
 
-Flow position: probe -> sweep -> store -> **select** -> lookup. This module works on
-:class:`~a2a_tune.tuner.runtime.measurement.Measurement` values and plain failure records
-(mappings, or objects with the same attribute names) so it is testable without a database;
-:func:`profile_from_store` at the bottom is the thin adapter to ``a2a_tune.db``.
+Flow position: probe -> sweep -> store -> **select** -> lookup. :func:`select_entries` builds
+one :class:`~a2a_tune.tuner.runtime.table.ProfileEntry` per shape (ep_size, hidden, topk,
+num_experts, dtype, routing) from :class:`~a2a_tune.tuner.runtime.measurement.Measurement`
+values and failure records (:class:`FailureRow`, or the store's records: the same
+attributes), so it is testable without a database; :func:`build_profile` adds the run's
+provenance and names; :func:`profile_from_store` is the thin adapter to ``a2a_tune.db``.
 
-Rules:
+What it guarantees: a backend that failed the correctness check or crashed at any token
+count of a shape is listed in ``failed`` and never wins there; each backend keeps one timing
+mode per entry; a median outside [MIN_US, MAX_US] is left out with a warning; a point
+measured twice in one mode keeps the lower median; winners follow the one tie rule
+(:func:`a2a_tune.tuner.runtime.estimate.winners`). The rules in full, and why, are in
+docs/architecture.md ("Selection table").
 
-* One entry per shape (ep_size, hidden, topk, num_experts, dtype, routing). Its
-  ``tokens`` are every token count per rank measured for that shape; each backend's
-  ``median_us`` / ``p10_us`` / ``p90_us`` arrays align with them, null where the backend
-  has no measurement (an "error" / "timeout" at that point, or never run there).
-* A backend that failed the correctness check ("incorrect") at ANY token count of a
-  shape is listed in that entry's ``failed`` and is never a winner for that shape --
-  a backend that gives wrong answers is never selected. Its timings stay in the table
-  for inspection; lookup ignores them too.
-* "unavailable" and "not_applicable" (the run's EP group is beyond the backend's reach)
-  failures without a shape go into every entry's ``failed``; with a (partial) shape, into
-  the matching entries (a None shape key matches anything).
-* A backend with no measurement at all for a shape and only "error"/"timeout"
-  failures there is listed in ``failed`` as well, so the table says why it is absent.
-* A backend that killed a rank's process ("crashed") at any token count of a shape is
-  listed in that entry's ``failed``, like an incorrect one: an engine must never start it.
-* ``winners``: per token count, among the non-failed backends, the ``fastest`` by
-  median, the ``runner_up``, ``margin = runner_up / fastest - 1`` and ``tie``: whether the
-  fastest's p10..p90 spread (capped at 3%) holds another backend's median. Without a tie
-  the winner (``backend``) is the fastest; with one it is the most preferred backend inside
-  that spread (:func:`a2a_tune.tuner.runtime.estimate.winners`, the rule lookup and the views
-  apply too) in the order written as ``tie_preference``: the engine default
-  ``allgather_reducescatter`` first (a difference the measurement cannot resolve is no
-  reason to leave the engine's default), then the order of ``backend_names`` (the
-  registry's order: registered first, preferred first), then any other backend by name.
-* Times are stored to the nanosecond; a measurement whose median lies outside the range a
-  table may hold (:data:`~a2a_tune.tuner.runtime.table.MIN_US` ..
-  :data:`~a2a_tune.tuner.runtime.table.MAX_US`) is left out with a warning.
-* A point measured twice in one timing mode (e.g. a resumed sweep) keeps the lower median.
-* Schema 3's figures (every :data:`~a2a_tune.tuner.runtime.measurement.FIGURES` with a table
-  key, under that key) come from the same measurement as the median kept: its dispatch and
-  combine medians, its byte counts and its workspace (bytes -> MiB), as each figure declares;
-  a backend gets only the figure arrays that hold a value somewhere, so tables of runs from
-  before them carry the round trip alone.
-* Timing modes may differ between backends (schema 2: ``timing`` per backend per entry;
-  capturable backends are timed under CUDA-graph replay, as engines run them in decode).
-  One backend keeps ONE mode per entry, so its curve is never a patchwork: the mode that
-  covers more of the entry's token counts, ``graph`` on a draw.
-
-* A failure is written as structure, ``{kind, tokens, reason}``
-  (:class:`~a2a_tune.tuner.runtime.table.Failed`); each entry records its ``provenance`` (this
-  run: id, start, facts hash, status) and the ``fabric`` its EP groups span (:func:`fabric_of`).
-
-The file is ``profile_filename(fingerprint)`` from :mod:`a2a_tune.tuner.runtime.profiles` -- the
-one key function shared with the reader -- written through the reader's model
-(:func:`~a2a_tune.tuner.runtime.table.to_json`), atomically. Merging it into the table already
+The file is ``profile_filename(fingerprint)``, written from the Profile by
+:func:`write_profile_to`: checked once against the published JSON Schema, then written
+through :func:`~a2a_tune.tuner.runtime.table.to_dict` atomically. Merging it into the table
 on disk is :func:`a2a_tune.tuner.publish.write_table`'s (:mod:`a2a_tune.tuner.tables`).
 """
 
@@ -63,9 +28,10 @@ import logging
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
+from types import MappingProxyType
+from typing import NamedTuple
 
 from a2a_tune.tuner.runtime.engines import ENGINES
-from a2a_tune.tuner.runtime.estimate import winners
 from a2a_tune.tuner.runtime.measurement import FIGURES, Figure, Measurement
 from a2a_tune.tuner.runtime.profiles import profile_filename, replace_file
 from a2a_tune.tuner.runtime.table import (
@@ -78,23 +44,31 @@ from a2a_tune.tuner.runtime.table import (
     SCHEMA_VERSION,
     SHAPE_KEYS,
     TIMING_MODES,
+    BackendNames,
     Failed,
+    Profile,
+    ProfileEntry,
     ProfileError,
+    Shape,
+    json_text,
     parse_profile,
     round_us,
-    to_json,
+    to_dict,
     upgrade,
 )
+from a2a_tune.tuner.runtime.table_fields import knobs_at
 from a2a_tune.tuner.runtime.text import one_line
 
 from .studies import stored_knobs
 
 __all__ = [
+    "FailureRow",
     "build_profile",
     "select_entries",
     "validate_profile",
     "with_knobs",
     "with_knobs_from_file",
+    "write_knobs_into",
     "with_stored_knobs",
     "profile_for_run",
     "write_profile",
@@ -111,11 +85,20 @@ log = logging.getLogger("a2a_tune")
 _FAILURE_RANK = {"incorrect": 0, "crashed": 1, "unavailable": 2, "not_applicable": 2, "error": 3, "timeout": 4}
 
 
-def _get(obj, key, default=None):
-    """Mapping lookup with an attribute fallback (ORM rows, dataclasses)."""
-    if isinstance(obj, Mapping):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
+class FailureRow(NamedTuple):
+    """Why a backend was not timed, as select reads it (the store's ``FailureRecord`` has the
+    same attributes): a shape key or ``tokens_per_rank`` of None matches any."""
+
+    backend: str
+    kind: str
+    reason: str | None = None
+    tokens_per_rank: int | None = None
+    ep_size: int | None = None
+    hidden: int | None = None
+    topk: int | None = None
+    num_experts: int | None = None
+    dtype: str | None = None
+    routing: str | None = None
 
 
 def _version() -> str:
@@ -148,64 +131,66 @@ def build_profile(
     generated_at: _dt.datetime | str | None = None,
     status: str = "completed",
     fabrics: Mapping | None = None,
-) -> dict:
-    """Build a current-schema profile dict from one run's measurements and failures.
+) -> Profile:
+    """The :class:`Profile` of one run's measurements and failures.
 
     ``measurements``: the run's :class:`Measurement` values (timing "eager" | "graph";
-    "cuda_graph" is read as "graph", None as "eager"). ``failures``: backend, kind
-    ("incorrect" | "crashed" | "unavailable" | "not_applicable" | "error" | "timeout"), reason, and shape keys /
-    tokens_per_rank, any of which may be None. ``hardware``: fingerprint, facts_hash,
-    facts. ``run``: id, device_type, world_size, versions, started_at, finished_at (extra
-    keys kept; a schema-1 style ``timing`` key is dropped: the mode is per backend now).
-    ``backend_names``: backend -> {engines, closest, engine_options} (mapping or object;
-    :func:`a2a_tune.kernels.registry.engine_names`; a run's recorded names from before the
-    maps, one ``<engine>_name`` field each, are read too), in
-    registry order (it sets the tie preference); a backend missing there gets nulls (with
-    a warning). ``status``: the run's (each entry's ``provenance`` records it; ``fabric``:
-    :func:`fabric_of` the run's recorded ``fabrics``, else the facts).
+    "cuda_graph" is read as "graph", None as "eager"). ``failures``: :class:`FailureRow`
+    values or the store's records. ``hardware``: fingerprint, facts_hash, facts. ``run``:
+    id, device_type, world_size, versions, started_at, finished_at (extra keys kept; a
+    schema-1 style ``timing`` key is dropped: the mode is per backend now).
+    ``backend_names``: backend -> {engines, closest, engine_options}
+    (:func:`a2a_tune.kernels.registry.engine_names`; a run's recorded names from before the
+    maps, one ``<engine>_name`` field each, are read too), in registry order (it sets the tie
+    preference); a backend missing there gets nulls (with a warning). ``status``: the run's
+    (each entry's ``provenance`` records it; ``fabric``: :func:`fabric_of` the run's recorded
+    ``fabrics``, else the facts).
 
-    With no usable measurement the result has ``entries == []`` (callers check;
+    With no usable measurement the result has no entries (callers check;
     :func:`write_profile` refuses it). Raises ``ValueError`` for a timing mode other than
-    eager / graph. The result is not validated; :func:`write_profile` does that.
+    eager / graph, :class:`ProfileError` for a fingerprint a table cannot hold.
     """
-    failures = list(failures)
-    entries, preference = select_entries(
-        measurements, failures, order=backend_names if isinstance(backend_names, Mapping) else ()
-    )
-    source = provenance_of(run, hardware, status)
-    for e in entries:
-        e["provenance"] = [dict(source)]
-        fabric = fabric_of(_get(hardware, "facts"), e["ep_size"], _get(run, "world_size"), fabrics)
-        if fabric is not None:
-            e["fabric"] = fabric
-    backends_out = {b: _engine_names(b, backend_names) for b in sorted(preference)}
+    from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
 
+    entries, preference = select_entries(measurements, failures, order=backend_names)
+    source = (
+        MappingProxyType(provenance_of(run.get("id"), run.get("started_at"), hardware.get("facts_hash"), status)),
+    )
+    world = run.get("world_size")
+    entries = [
+        e._replace(provenance=source, fabric=fabric_of(hardware.get("facts"), e.shape.ep_size, world, fabrics))
+        for e in entries
+    ]
+    try:
+        fingerprint = normalize_fingerprint(str(hardware.get("fingerprint")))
+    except ValueError as exc:
+        raise ProfileError(str(exc), field="hardware.fingerprint") from None
     if generated_at is None:
         generated_at = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
-    return {
-        "schema": SCHEMA_VERSION,
-        "generated_by": f"a2a-tune {_version()}",
-        "generated_at": iso_timestamp(generated_at),
-        "hardware": {
-            "fingerprint": _get(hardware, "fingerprint"),
-            "facts_hash": _get(hardware, "facts_hash"),
-            "facts": _get(hardware, "facts"),
-        },
-        "run": _run_section(run),
-        "backends": backends_out,
-        "tie_preference": preference,
-        "entries": entries,
-    }
+    run_out = _run_section(run)
+    return Profile(
+        path=None,
+        schema=SCHEMA_VERSION,
+        fingerprint=fingerprint,
+        backends=MappingProxyType({b: _engine_names(b, backend_names) for b in sorted(preference)}),
+        tie_preference=tuple(preference),
+        entries=tuple(entries),
+        by_shape=MappingProxyType({e.shape: e for e in entries}),
+        capacity=run_out.get("capacity"),
+        meta=MappingProxyType(
+            {
+                "generated_by": f"a2a-tune {_version()}",
+                "generated_at": iso_timestamp(generated_at),
+                "hardware": {"facts_hash": hardware.get("facts_hash"), "facts": hardware.get("facts")},
+                "run": run_out,
+            }
+        ),
+    )
 
 
-def provenance_of(run, hardware, status: str) -> dict:
-    """One entry's provenance from ``run`` (a mapping or object): {run, date, facts_hash, status}."""
-    return {
-        "run": _get(run, "id"),
-        "date": iso_timestamp(_get(run, "started_at")),
-        "facts_hash": _get(hardware, "facts_hash"),
-        "status": status,
-    }
+def provenance_of(run_id, started_at, facts_hash, status: str) -> dict:
+    """One entry's provenance record of a run: {run, date, facts_hash, status}."""
+    return {"run": run_id, "date": iso_timestamp(started_at), "facts_hash": facts_hash, "status": status}
 
 
 def fabric_of(facts, ep_size: int, world_size, recorded=None) -> str | None:
@@ -237,49 +222,51 @@ def fabric_of(facts, ep_size: int, world_size, recorded=None) -> str | None:
     return FABRICS[widest]
 
 
-def _engine_names(backend: str, backend_names) -> dict:
+def _engine_names(backend: str, backend_names: Mapping) -> BackendNames:
     """A table's ``backends.<b>``: the engines map (every engine, null where it has no
     literal), the closest literals and the engine options, from the registry's names."""
-    spec = backend_names.get(backend) if isinstance(backend_names, Mapping) else None
+    spec = backend_names.get(backend)
     if spec is None:
         log.warning("a2a-tune select: no engine names for backend %r; writing null literals", backend)
-    given, closest = {}, {}
-    if spec is not None:  # the registry's maps, or a run recorded before them (one field per engine)
-        given = dict(_get(spec, "engines") or {e: _get(spec, f"{e}_name") for e in ENGINES})
-        closest = dict(_get(spec, "closest") or {"vllm": _get(spec, "vllm_closest")})
-    out = {"engines": {e: given.get(e) for e in (*ENGINES, *sorted(set(given) - set(ENGINES)))}}
+        spec = {}
+    # The registry's maps, or a run recorded before them (one field per engine).
+    given = dict(spec.get("engines") or {e: spec.get(f"{e}_name") for e in ENGINES})
+    closest = dict(spec.get("closest") or {"vllm": spec.get("vllm_closest")})
+    literals = {e: given.get(e) for e in (*ENGINES, *sorted(set(given) - set(ENGINES)))}
     closest = {e: v for e, v in closest.items() if v and not given.get(e)}
-    if closest:
-        out["closest"] = closest
-    options = _get(spec, "engine_options") if spec is not None else None
-    if options:
-        out["engine_options"] = {engine: list(opts) for engine, opts in options.items()}
-    return out
+    return BackendNames.of(literals, closest, spec.get("engine_options") or None)
 
 
 def select_entries(
     measurements: Iterable[Measurement], failures: Iterable, *, order: Iterable = ()
 ) -> tuple[list, list]:
-    """(entries, tie preference) of one run's measurements and failures, by the rules of the
-    module docstring: what :func:`build_profile` writes, and what the views show of a run.
+    """(entries, tie preference) of one run's measurements and failures, by the rules of
+    docs/architecture.md ("Selection table"): what :func:`build_profile` writes, and what the
+    views show of a run. Entries are :class:`ProfileEntry` values without provenance.
 
     ``order``: backend names in registry order (after the engine default, they rank first in
     the tie preference); the preference lists every backend measured or failed.
     """
-    # shape -> backend -> timing mode -> tokens -> (median, p10, p90)
+    # shape -> backend -> timing mode -> tokens -> (median, p10, p90, figures)
     points: dict = {}
     seen_backends = set()
     for m in measurements:
-        backend, shape, t, med = m.backend, tuple(m.point.shape), m.point.tokens_per_rank, m.median_us
+        backend, shape, t, med = m.backend, Shape(*m.point.shape), m.point.tokens_per_rank, m.median_us
         if not isinstance(t, int) or isinstance(t, bool) or t < 1:
-            raise ValueError(f"measurement of {backend} at {shape}: tokens_per_rank={t!r} is not a positive integer")
+            raise ValueError(
+                f"measurement of {backend} at {tuple(shape)}: tokens_per_rank={t!r} is not a positive integer"
+            )
         if not _in_range(med):
-            log.warning("a2a-tune select: ignoring %s %s at %s tokens/rank: median_us=%r", backend, shape, t, med)
+            log.warning(
+                "a2a-tune select: ignoring %s %s at %s tokens/rank: median_us=%r", backend, tuple(shape), t, med
+            )
             continue
         timing = m.timing or "eager"
         timing = "graph" if str(timing).lower() in GRAPH_WORDS else timing
         if timing not in TIMING_MODES:
-            raise ValueError(f"measurement of {backend} at {shape}: timing={timing!r} is not one of {TIMING_MODES}")
+            raise ValueError(
+                f"measurement of {backend} at {tuple(shape)}: timing={timing!r} is not one of {TIMING_MODES}"
+            )
         seen_backends.add(backend)
         stats = _stats(float(med), _opt_us(m.p10_us), _opt_us(m.p90_us)) + (_table_figures(m),)
         per_t = points.setdefault(shape, {}).setdefault(backend, {}).setdefault(timing, {})
@@ -287,9 +274,9 @@ def select_entries(
             per_t[t] = stats
 
     failures = list(failures)
-    seen_backends.update(_get(f, "backend") for f in failures)
+    seen_backends.update(f.backend for f in failures)
     preference = _tie_preference(seen_backends, order)
-    entries = [_build_entry(shape, points[shape], failures, preference) for shape in sorted(points, key=shape_sort_key)]
+    entries = [_build_entry(shape, points[shape], failures) for shape in sorted(points, key=shape_sort_key)]
     return entries, preference
 
 
@@ -346,13 +333,10 @@ def shape_sort_key(shape: tuple) -> tuple:
     return (ep, str(dtype), hidden, topk, ne, str(routing))
 
 
-def _run_section(run) -> dict:
-    out = {}
-    if isinstance(run, Mapping):
-        out.update(run)  # keep extra keys (git sha, status, ...)
+def _run_section(run: Mapping) -> dict:
+    out = dict(run)  # keep extra keys (git sha, status, ...)
     for key in ("id", "device_type", "world_size", "versions", "started_at", "finished_at"):
-        if key not in out:
-            out[key] = _get(run, key)
+        out.setdefault(key, None)
     out.pop("timing", None)  # schema 2: per backend per entry
     out["versions"] = {str(k): (None if v is None else str(v)) for k, v in dict(out.get("versions") or {}).items()}
     for key, value in out.items():
@@ -361,14 +345,14 @@ def _run_section(run) -> dict:
     return out
 
 
-def _failure_applies(f, shape: tuple) -> bool:
-    return all(_get(f, k) is None or _get(f, k) == v for k, v in zip(SHAPE_KEYS, shape))
+def _failure_applies(f, shape: Shape) -> bool:
+    return all(getattr(f, k) is None or getattr(f, k) == v for k, v in zip(SHAPE_KEYS, shape))
 
 
-def _failure_of(f) -> dict:
+def _failure_of(f) -> Failed:
     """A table's ``failed.<b>``: the store's failure as structure (:class:`~a2a_tune.tuner.runtime.table.Failed`)."""
-    reason = one_line(_get(f, "reason") or "no reason recorded", None)  # the store bounds it
-    return Failed(_get(f, "kind") or "error", _get(f, "tokens_per_rank"), reason)._asdict()
+    reason = one_line(f.reason or "no reason recorded", None)  # the store bounds it
+    return Failed(f.kind or "error", f.tokens_per_rank, reason)
 
 
 def _pick_mode(per_mode: dict) -> str:
@@ -376,56 +360,50 @@ def _pick_mode(per_mode: dict) -> str:
     return max(per_mode, key=lambda mode: (len(per_mode[mode]), mode == "graph"))
 
 
-def table_winners(tokens: list, backends: dict, failed, preference: list) -> list:
-    """The entry's ``winners`` array (the one rule: :func:`~a2a_tune.tuner.runtime.estimate.winners`)."""
-    curves = {key: {b: c[key] for b, c in backends.items()} for key in ("median_us", "p10_us", "p90_us")}
-    return [
-        w._asdict()
-        for w in winners(tokens, curves["median_us"], curves["p10_us"], curves["p90_us"], failed, preference)
-    ]
-
-
-def _build_entry(shape: tuple, per_backend: dict, failures: list, preference: list) -> dict:
+def _build_entry(shape: Shape, per_backend: dict, failures: list) -> ProfileEntry:
     per_backend = {b: (mode, modes[mode]) for b, modes in per_backend.items() for mode in [_pick_mode(modes)]}
-    tokens = sorted({t for _, per_t in per_backend.values() for t in per_t})
+    tokens = tuple(sorted({t for _, per_t in per_backend.values() for t in per_t}))
 
-    failed: dict = {}  # backend -> (rank, text)
+    failed: dict = {}  # backend -> (rank, Failed)
     for f in failures:
         if not _failure_applies(f, shape):
             continue
-        b, kind = _get(f, "backend"), _get(f, "kind")
-        if kind in ("error", "timeout") and b in per_backend:
+        if f.kind in ("error", "timeout") and f.backend in per_backend:
             continue  # just a null at that point
-        rank = _FAILURE_RANK.get(kind, len(_FAILURE_RANK))
-        if b not in failed or rank < failed[b][0]:
-            failed[b] = (rank, _failure_of(f))
+        rank = _FAILURE_RANK.get(f.kind, len(_FAILURE_RANK))
+        if f.backend not in failed or rank < failed[f.backend][0]:
+            failed[f.backend] = (rank, _failure_of(f))
 
-    backends = {}
+    medians, p10s, p90s, timings, figures = {}, {}, {}, {}, {}
     for b in sorted(per_backend):
         mode, per_t = per_backend[b]
         cols = [per_t.get(t) for t in tokens]
-        backends[b] = {
-            "timing": mode,
-            "median_us": [None if c is None else round_us(c[0]) for c in cols],
-            "p10_us": [None if c is None or c[1] is None else round_us(c[1]) for c in cols],
-            "p90_us": [None if c is None or c[2] is None else round_us(c[2]) for c in cols],
-        }
+        timings[b] = mode
+        medians[b] = tuple(None if c is None else round_us(c[0]) for c in cols)
+        p10s[b] = tuple(None if c is None or c[1] is None else round_us(c[1]) for c in cols)
+        p90s[b] = tuple(None if c is None or c[2] is None else round_us(c[2]) for c in cols)
+        rows = {}
         for key in (f.table for f in FIGURES if f.table):
-            row = [None if c is None else c[3].get(key) for c in cols]
+            row = tuple(None if c is None else c[3].get(key) for c in cols)
             if any(v is not None for v in row):
-                backends[b][key] = row
+                rows[key] = row
+        if rows:
+            figures[b] = MappingProxyType(rows)
 
-    winners = table_winners(tokens, backends, failed, preference)
-
-    entry = dict(zip(SHAPE_KEYS, shape))
-    entry.update(
+    return ProfileEntry(
+        shape=shape,
         source="measured",
         tokens=tokens,
-        backends=backends,
-        winners=winners,
-        failed={b: text for b, (_, text) in sorted(failed.items())},
+        median_us=MappingProxyType(medians),
+        p10_us=MappingProxyType(p10s),
+        p90_us=MappingProxyType(p90s),
+        timing=MappingProxyType(timings),
+        failed=MappingProxyType({b: why for b, (_, why) in sorted(failed.items())}),
+        knobs=MappingProxyType({}),
+        figures=MappingProxyType(figures),
+        provenance=(),
+        fabric=None,
     )
-    return entry
 
 
 # ----------------------------------------------------------------- validate / write
@@ -451,25 +429,28 @@ def _json_path(parts) -> str:
     return out or "top level"
 
 
-def validate_profile(profile: dict) -> None:
-    """Check ``profile`` against its published schema (profiles/schema-v<N>.json, N = 1, 2
-    or 3, by its ``schema`` field), then the reader's own checks.
-
-    Raises :class:`ProfileError` naming the JSON path of the first error, e.g.
-    ``entries[0].backends.nccl_all2allv.median_us[2]: -1.0 is not valid under any of the given schemas``.
-    """
+def _check_schema(table: dict) -> None:
+    """``table`` (a current-schema object, or one a file holds) against its published JSON
+    Schema: :class:`ProfileError` naming the JSON path of the first error."""
     from jsonschema.exceptions import best_match
 
-    version = profile.get("schema") if isinstance(profile, Mapping) else None
+    version = table.get("schema") if isinstance(table, Mapping) else None
     if type(version) is not int or version not in READABLE_SCHEMAS:
         # Let the reader word it: one line naming the field `schema`.
-        parse_profile(profile)
-    err = best_match(_validator(version).iter_errors(profile))
+        parse_profile(table)
+    err = best_match(_validator(version).iter_errors(table))
     if err is not None:
         raise ProfileError(one_line(err.message), field=_json_path(err.absolute_path))
-    # Cross-field rules JSON Schema cannot state (array lengths, known backends...):
-    # whatever is written must load in lookup.
-    parse_profile(profile)
+
+
+def validate_profile(profile: dict) -> Profile:
+    """A table object from outside (a file's JSON, schema 1 to 4), checked against its
+    published schema (profiles/schema-v<N>.json), then read (the rules JSON Schema cannot
+    state): the :class:`Profile`. Raises :class:`ProfileError` naming the JSON path of the
+    first error, e.g. ``entries[0].backends.nccl_all2allv.median_us[2]: -1.0 is not valid
+    under any of the given schemas``."""
+    _check_schema(profile)
+    return parse_profile(profile)
 
 
 def upgrade_profile(profile: dict) -> dict:
@@ -479,118 +460,127 @@ def upgrade_profile(profile: dict) -> dict:
     return upgrade(profile)
 
 
-def write_profile(profile: dict, directory: Path) -> Path:
-    """Validate, then atomically write ``directory / profile_filename(fingerprint)``
-    (:func:`write_profile_to`)."""
-    return write_profile_to(profile, Path(directory) / profile_filename(profile["hardware"]["fingerprint"]))
+def write_profile(profile: Profile, directory: Path) -> Path:
+    """Atomically write ``directory / profile_filename(fingerprint)`` (:func:`write_profile_to`)."""
+    return write_profile_to(profile, Path(directory) / profile_filename(profile.fingerprint))
 
 
-def write_profile_to(profile: dict, target: Path) -> Path:
-    """Validate ``profile`` (its JSON Schema, then the reader), then atomically replace the file
-    ``target`` with the reader's model of it written back (:func:`~a2a_tune.tuner.runtime.table.to_json`):
-    a reader (an engine starting up) sees the old file or the new one, never a partial one."""
-    validate_profile(profile)
+def write_profile_to(profile: Profile, target: Path) -> Path:
+    """Write ``profile`` into the file ``target``: its current-schema object
+    (:func:`~a2a_tune.tuner.runtime.table.to_dict`) checked once against the published JSON
+    Schema, then atomically replacing the file (a reader, an engine starting up, sees the old
+    file or the new one, never a partial one; a symlink is written through to its target).
+    Raises :class:`ProfileError` (an empty table included) or OSError."""
+    if not profile.entries:
+        raise ProfileError("empty table (no entries)", field="entries")
+    table = to_dict(profile)
+    _check_schema(table)
     try:
-        text = to_json(parse_profile(profile))
-    except ValueError as exc:  # NaN / inf slipped past validation
+        text = json_text(table)
+    except ValueError as exc:  # NaN / inf slipped past the schema
         raise ProfileError(str(exc)) from None
     return Path(replace_file(target, text))
 
 
 def with_knobs(
-    profile: dict, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]
-) -> tuple[dict, list[str]]:
-    """A copy of ``profile`` whose entry for ``shape`` (the :data:`SHAPE_KEYS`) holds
-    ``knobs_by_tokens`` (token count -> knob setting) in ``backend``'s ``knobs`` array, which
-    is aligned with the entry's ``tokens``. Returns (the copy, one line per token count or
-    shape that could not be written: not in the table)."""
-    import copy
-
-    out = copy.deepcopy(profile)
-    want = tuple(shape[k] for k in SHAPE_KEYS)
-    entry = next((e for e in out.get("entries", []) if tuple(e.get(k) for k in SHAPE_KEYS) == want), None)
+    profile: Profile, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]
+) -> tuple[Profile, list[str]]:
+    """``profile`` whose entry for ``shape`` (the :data:`SHAPE_KEYS`) holds ``knobs_by_tokens``
+    (token count -> knob setting) in ``backend``'s ``knobs``, aligned with the entry's
+    ``tokens``. Returns (the new profile, one line per token count or shape that could not be
+    written: not in the table). Raises ProfileError for a setting a table cannot hold."""
+    want = Shape(*(shape[k] for k in SHAPE_KEYS))
+    entry = profile.by_shape.get(want)
     where = ", ".join(f"{k}={v}" for k, v in zip(SHAPE_KEYS, want))
     if entry is None:
-        return out, [f"the table has no entry for {where}"]
-    curve = entry.get("backends", {}).get(backend)
-    if curve is None:
-        return out, [f"the entry for {where} has no {backend} curve"]
-    tokens = entry["tokens"]
-    row = list(curve.get("knobs") or [None] * len(tokens))
+        return profile, [f"the table has no entry for {where}"]
+    if backend not in entry.median_us:
+        return profile, [f"the entry for {where} has no {backend} curve"]
+    tokens = entry.tokens
+    row = [None if k is None else dict(k) for k in entry.knobs.get(backend, (None,) * len(tokens))]
     notes = []
     for t, setting in sorted(knobs_by_tokens.items()):
         if t not in tokens:
             notes.append(f"{t} tokens/rank is not one of the entry's token counts ({', '.join(map(str, tokens))})")
             continue
         row[tokens.index(t)] = dict(setting)
-    curve["knobs"] = row
-    return out, notes
+    knobs = {**entry.knobs, backend: knobs_at(row, len(tokens), f"knobs of {backend} at {where}")}
+    return replace_entry(profile, entry._replace(knobs=MappingProxyType(knobs))), notes
+
+
+def replace_entry(profile: Profile, entry: ProfileEntry) -> Profile:
+    """``profile`` with its entry of ``entry.shape`` replaced by ``entry``."""
+    entries = tuple(entry if e.shape == entry.shape else e for e in profile.entries)
+    return profile._replace(entries=entries, by_shape=MappingProxyType({e.shape: e for e in entries}))
 
 
 def with_knobs_from_file(
     path: Path, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]
-) -> tuple[dict, list[str]]:
+) -> tuple[Profile, list[str]]:
     """:func:`with_knobs` on the table in file `path` (`tune-knobs --profile`), which is first
-    read and judged as lookup reads and judges it. Write the copy back with
-    :func:`write_profile_to`. Raises ProfileError (one line naming the file) for a file the
-    lookup would refuse, unreadable or not JSON included."""
+    read and judged as lookup reads and judges it. Write it back with
+    :func:`write_profile_to`, or do both under the table's lock with :func:`write_knobs_into`.
+    Raises ProfileError (one line naming the file) for a file the lookup would refuse,
+    unreadable or not JSON included."""
     from .runtime.profiles import parse_table_json, read_table_bytes
 
-    table = parse_table_json(read_table_bytes(path), path)  # read as the lookup reads it
-    parse_profile(table, str(path))
+    table = parse_profile(parse_table_json(read_table_bytes(path), path), str(path))  # as the lookup reads it
     return with_knobs(table, shape, backend, knobs_by_tokens)
+
+
+def write_knobs_into(path: Path, shape: Mapping, backend: str, knobs_by_tokens: Mapping[int, Mapping]) -> list[str]:
+    """Read the table in file `path`, add the knobs (:func:`with_knobs_from_file`) and write
+    it back, all under the lock of its directory and fingerprint that `select` and `run` take
+    (:func:`~a2a_tune.tuner.runtime.profiles.table_lock`), so no writer's entries are lost in
+    between. Returns the lines of what could not be written; raises ProfileError or OSError."""
+    from .runtime.profiles import table_lock
+
+    with table_lock(None, file=path):
+        updated, notes = with_knobs_from_file(path, shape, backend, knobs_by_tokens)
+        write_profile_to(updated, path)
+    return notes
 
 
 # ------------------------------------------------------------------ store adapter
 # Kept apart on purpose: the only place that knows the store's API (a2a_tune.db).
 
 
-def profile_from_store(store, run_id, *, backend_names: Mapping) -> dict:
-    """Build the profile for ``run_id`` from a store.
-
-    Assumes ``store.measurements(run_id)``, ``store.failures(run_id)``,
-    ``store.get_run(run_id)`` and ``store.hardware_for_run(run_id)`` returning objects
-    (or mappings) whose attribute names are the keys :func:`build_profile` documents.
-    """
+def profile_from_store(store, run_id, *, backend_names: Mapping) -> Profile:
+    """Build the profile for ``run_id`` from a store: its ``get_run``, ``hardware_for_run``,
+    ``measurements`` and ``failures`` (the store's records)."""
     run = store.get_run(run_id)
     hw = store.hardware_for_run(run_id)
-    config = _get(run, "config") or {}
+    config = run.config or {}
     capacity = config.get("capacity")
     run_section = {
         **({"capacity": capacity} if capacity is not None else {}),  # fixed-capacity backends' size
         **({"cluster": config["cluster"]} if config.get("cluster") else {}),  # a multi-node or mixed job's nodes
-        "id": _get(run, "id", run_id),
-        "device_type": _get(run, "device_type"),
-        "world_size": _get(run, "world_size"),
-        "versions": _get(run, "versions") or {},
-        "started_at": _get(run, "started_at"),
-        "finished_at": _get(run, "finished_at"),
-    }
-    hardware = {
-        "fingerprint": _get(hw, "fingerprint"),
-        "facts_hash": _get(hw, "facts_hash"),
-        "facts": _get(hw, "facts"),
+        "id": run.id,
+        "device_type": run.device_type,
+        "world_size": run.world_size,
+        "versions": run.versions or {},
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
     }
     return build_profile(
         store.measurements(run_id),
         store.failures(run_id),
-        hardware=hardware,
+        hardware={"fingerprint": hw.fingerprint, "facts_hash": hw.facts_hash, "facts": hw.facts},
         run=run_section,
         backend_names=backend_names,
-        status=_get(run, "status") or "completed",
+        status=run.status or "completed",
         fabrics=config.get("fabrics"),
     )
 
 
-def with_stored_knobs(profile: dict, url: str) -> tuple[dict, int]:
-    """`profile` with the launch knobs `tune-knobs` stored in the database `url` for its
+def with_stored_knobs(profile: Profile, store) -> tuple[Profile, int]:
+    """`profile` with the launch knobs `tune-knobs` stored in `store` (an open Store) for its
     hardware, wherever the table has that shape, backend and token count: (profile, tuned
-    points kept). The database is only read (:func:`a2a_tune.tuner.studies.stored_knobs`).
-    Raises what reading the studies raises."""
-    found = stored_knobs(url, profile["hardware"]["fingerprint"], (profile.get("run") or {}).get("capacity"))
+    points kept). The store is only read (:func:`a2a_tune.tuner.studies.stored_knobs`)."""
+    found = stored_knobs(store, profile.fingerprint, profile.capacity)
     kept = 0
-    for shape, backend, tokens, knobs in found:
-        profile, notes = with_knobs(profile, shape, backend, {tokens: knobs})
+    for key, knobs in found:
+        profile, notes = with_knobs(profile, key.point.shape._asdict(), key.backend, {key.tokens_per_rank: knobs})
         kept += not notes
     return profile, kept
 
@@ -614,7 +604,7 @@ class UnfinishedRunError(ValueError):
     """`select` of a run that did not complete, not asked for with ``partial=True``."""
 
 
-def profile_for_run(url: str | None, run_id: int | None, *, partial: bool = False) -> tuple[dict, int, str | None]:
+def profile_for_run(url: str | None, run_id: int | None, *, partial: bool = False) -> tuple[Profile, int, str | None]:
     """The table of run `run_id` (None: the latest completed run; the table's ``run.id`` says
     which) in the store at `url`, opened read-only, with its stored knobs
     (:func:`with_stored_knobs`): (profile, tuned points kept, a note when the knobs could not
@@ -638,11 +628,10 @@ def profile_for_run(url: str | None, run_id: int | None, *, partial: bool = Fals
                 "pass --partial to write it anyway, marked partial"
             )
         profile = profile_from_store(store, run_id, backend_names=run_engine_names(run.config))
-        url = store.url
-    if not profile["entries"]:
-        raise ValueError(f"run {run_id} has no measurements to select from")
-    try:
-        profile, kept = with_stored_knobs(profile, url)
-    except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
-        return profile, 0, f"tuned knobs not read ({one_line(exc)})"
+        if not profile.entries:
+            raise ValueError(f"run {run_id} has no measurements to select from")
+        try:
+            profile, kept = with_stored_knobs(profile, store)
+        except Exception as exc:  # noqa: BLE001 - knobs are an extra: the table is written without them
+            return profile, 0, f"tuned knobs not read ({one_line(exc)})"
     return profile, kept, None

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from .runtime.models import moe_layer_count
-from .runtime.point import MAX_EXPERTS, MAX_HIDDEN, MAX_TOPK, PointError, Shape, check_count
+from .runtime.point import MAX_EXPERTS, MAX_HIDDEN, MAX_TOPK, PointError, Shape, check_count, shape_label
 from .runtime.text import quoted
 
 # Hugging Face configs name the same three numbers differently per model family.
@@ -49,8 +49,10 @@ class ModelShape:
 
     @classmethod
     def of(cls, shape: Shape) -> ModelShape:
-        """The model part of a table entry's shape, named by its numbers (``E256-k8-H7168``)."""
-        return cls(f"E{shape.num_experts}-k{shape.topk}-H{shape.hidden}", shape.num_experts, shape.topk, shape.hidden)
+        """The model part of a table entry's shape, named by its numbers (``E=256 k=8 H=7168``)."""
+        return cls(
+            shape_label(shape.num_experts, shape.topk, shape.hidden), shape.num_experts, shape.topk, shape.hidden
+        )
 
     def at(self, ep_size: int, dtype: str, routing: str) -> Shape:
         """This model's shape on `ep_size` ranks with that payload dtype and routing."""

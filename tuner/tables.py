@@ -1,120 +1,195 @@
 """A machine's table across runs: a new run's table is merged into the one on disk, never over it.
 
 One table per fingerprint answers every shape and EP size measured on that hardware, whichever
-run measured it: a run on 4 GPUs then one on 8, or ``run --preset mixtral-8x7b`` then
-``run --preset qwen3-235b-a22b``. The rule (:func:`merge`):
+run measured it. The merge (:func:`merge`) is a function of the points: per entry, backend and
+token count, the newest trustworthy measurement is kept, whichever table holds it:
 
-* an entry (shape) only one table has is kept as it is;
-* an entry both have keeps the **newest measurement per point**: per backend and token count,
-  the value of the newer run wherever it measured that backend there, else the older one's
-  (a backend timed in another mode by the newer run takes the newer curve whole: one mode
-  per backend per entry). Newer is the later ``provenance`` date (the run's start), then the
-  higher run id; re-selecting the same run replaces its entries;
-* a backend the newer run lists as failed stays failed; an older failure stays unless the
-  newer run measured that backend where it failed (anywhere, for a failure of the whole
-  shape): a backend once found incorrect is not chosen again on the strength of other points;
-* ``provenance`` lists every run an entry holds measurements of, newest first; the winners
-  are recomputed from the merged curves (the rule lookup applies).
+* a run is known by its id and start (``provenance`` run and date): run 1 of two stores are
+  two runs; the same run selected again replaces its own points, and only those;
+* newer is the later start, then the higher id; a run dated after now (a wrong clock) is
+  warned about and its points are kept only where no run with a believable date measured;
+* a backend keeps one timing mode per entry: where the two tables timed it in different
+  modes, the curve holding the newer point is taken whole;
+* a failure stays unless a newer run measured that backend where it failed (anywhere, for a
+  failure of the whole shape): a backend once found incorrect is not chosen again on the
+  strength of older points;
+* ``provenance`` lists exactly the runs whose points or failures remain, newest first, and
+  each point and failure records which (``from``); the winners follow from the curves.
 
-Writing, with the lock
-that keeps two writers from losing each other's entries, is :func:`a2a_tune.tuner.publish.write_table`.
+Writing, with the lock that keeps two writers from losing each other's entries, is
+:func:`a2a_tune.tuner.publish.write_table`.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping
+import datetime as _dt
+import logging
+from types import MappingProxyType
 
-from .runtime.table import SHAPE_KEYS
-from .select import fabric_of, shape_sort_key, table_winners
+from .runtime.table import Failed, Profile, ProfileEntry
+from .select import fabric_of, shape_sort_key
 
-__all__ = ["merge"]
+__all__ = ["future_date", "merge"]
 
-_ARRAYS = ("median_us", "p10_us", "p90_us")
+log = logging.getLogger("a2a_tune")
 
-
-def _key(entry: Mapping) -> tuple:
-    return tuple(entry[k] for k in SHAPE_KEYS)
-
-
-def _newest(entry: Mapping) -> tuple:
-    """(date, run id) of the newest run an entry holds measurements of: later sorts higher."""
-    p = (entry.get("provenance") or [{}])[0]
-    run = p.get("run")
-    return (str(p.get("date") or ""), run if isinstance(run, int) else -1, str(run))
+#: How far after now a run's start may lie before its clock is taken as wrong (clocks of the
+#: nodes that wrote two stores may differ by this much).
+CLOCK_SLACK = _dt.timedelta(hours=1)
+_EARLIEST = _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
 
 
-def merge(old: Mapping, new: Mapping) -> dict:
-    """The table of ``new`` (a current-schema dict, e.g. just selected) with what ``old`` (the
-    table on disk, upgraded to the current schema) holds and ``new`` lacks, by the module's
-    rule. ``new``'s top level (hardware, run, generated_*) is kept. Not validated here."""
-    out = copy.deepcopy(dict(new))
-    for b, names in old.get("backends", {}).items():
-        out["backends"].setdefault(b, copy.deepcopy(names))
-    preference = list(out["tie_preference"])
-    preference += [b for b in old.get("tie_preference", []) if b not in preference]
-    preference += [b for b in out["backends"] if b not in preference]
-    out["tie_preference"] = preference
-    entries = {_key(e): e for e in out["entries"]}
-    facts, world = old.get("hardware", {}).get("facts"), old.get("run", {}).get("world_size")
-    for e in old.get("entries", []):
-        if "fabric" not in e and fabric_of(facts, e["ep_size"], world):  # a table from before schema 4
-            e = {**e, "fabric": fabric_of(facts, e["ep_size"], world)}
-        mine = entries.get(_key(e))
-        if mine is None:
-            entries[_key(e)] = copy.deepcopy(e)
-        elif _newest(e) > _newest(mine):
-            entries[_key(e)] = _merge_entry(mine, e, preference)
-        else:
-            entries[_key(e)] = _merge_entry(e, mine, preference)
-    out["entries"] = [entries[k] for k in sorted(entries, key=shape_sort_key)]
+def _parse_date(date) -> _dt.datetime | None:
+    if not isinstance(date, str):
+        return None
+    try:
+        when = _dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=_dt.timezone.utc)
+
+
+def future_date(date) -> bool:
+    """Whether a provenance ``date`` lies after now (beyond the clocks' slack)."""
+    when = _parse_date(date)
+    return when is not None and when > _dt.datetime.now(_dt.timezone.utc) + CLOCK_SLACK
+
+
+def _identity(p) -> tuple:
+    """What tells runs apart across stores: the run id and its start."""
+    return (str(p.get("run")), str(p.get("date")))
+
+
+def _rank(p) -> tuple:
+    """A run's place in time: believable dates first, then later start, then higher id."""
+    run, when = p.get("run"), _parse_date(p.get("date"))
+    return (not future_date(p.get("date")), when or _EARLIEST, run if type(run) is int else -1, str(run))
+
+
+def merge(old: Profile, new: Profile) -> Profile:
+    """The table of ``new`` (e.g. just selected) with ``old`` (the table on disk) merged in by
+    the module's rule; ``new``'s top level (hardware, run, generated_*) is kept."""
+    backends = {**old.backends, **new.backends}
+    preference = list(new.tie_preference)
+    preference += [b for b in old.tie_preference if b not in preference]
+    preference += [b for b in backends if b not in preference]
+    entries = {e.shape: e for e in new.entries}
+    facts, world = old.meta.get("hardware", {}).get("facts"), (old.meta.get("run") or {}).get("world_size")
+    for e in old.entries:
+        if e.fabric is None:  # a table from before schema 4
+            e = e._replace(fabric=fabric_of(facts, e.shape.ep_size, world))
+        mine = entries.get(e.shape)
+        entries[e.shape] = e if mine is None else merge_entry(e, mine)
+    for p in {_identity(p): p for e in entries.values() for p in e.provenance}.values():
+        if future_date(p.get("date")):
+            log.warning(
+                "a2a-tune: run %s is dated %s, after now (a wrong clock?); its measurements are kept only "
+                "where no other run measured",
+                p.get("run"),
+                p.get("date"),
+            )
+    ordered = tuple(entries[k] for k in sorted(entries, key=shape_sort_key))
+    return new._replace(
+        backends=MappingProxyType(backends),
+        tie_preference=tuple(preference),
+        entries=ordered,
+        by_shape=MappingProxyType({e.shape: e for e in ordered}),
+    )
+
+
+def _points(e: ProfileEntry, b: str, newer: bool) -> dict:
+    """token count -> (rank, run record, that point's values) of backend ``b``'s curve in ``e``."""
+    origin = e.origin_of(b)
+    figures = e.figures.get(b, {})
+    knobs = e.knobs.get(b)
+    out = {}
+    for j, t in enumerate(e.tokens):
+        if e.median_us[b][j] is None:
+            continue
+        p = e.provenance[origin[j]] if e.provenance else MappingProxyType({})
+        values = {
+            "median_us": e.median_us[b][j],
+            "p10_us": e.p10_us[b][j],
+            "p90_us": e.p90_us[b][j],
+            "figures": {k: v[j] for k, v in figures.items()},
+            "knobs": None if knobs is None else knobs[j],
+        }
+        out[t] = ((*_rank(p), newer), p, values)
     return out
 
 
-def _points(curve: Mapping, tokens: list) -> dict:
-    """token count -> that point's values (every per-token array of the curve), where measured."""
-    arrays = {k: v for k, v in curve.items() if isinstance(v, list)}
-    return {t: {k: v[j] for k, v in arrays.items()} for j, t in enumerate(tokens) if curve["median_us"][j] is not None}
+def merge_entry(older: ProfileEntry, newer: ProfileEntry) -> ProfileEntry:
+    """One shape in two tables (``newer``: the one being written): per backend and token
+    count, the newest trustworthy point (module docstring)."""
+    chosen: dict = {}  # backend -> (timing, {token: (rank, record, values)})
+    for b in sorted(set(older.median_us) | set(newer.median_us)):
+        sides = [(e.timing[b], _points(e, b, e is newer)) for e in (older, newer) if b in e.median_us]
+        if len(sides) == 2 and sides[0][0] != sides[1][0]:  # two modes: the curve with the newer point, whole
+            sides = [max(sides, key=lambda s: max((v[0] for v in s[1].values()), default=()))]
+        points: dict = {}
+        for _, pts in sides:
+            for t, v in pts.items():
+                if t not in points or v[0] > points[t][0]:
+                    points[t] = v
+        chosen[b] = (sides[0][0] if len(sides) == 1 else newer.timing[b], points)
+
+    failed: dict = {}  # backend -> (rank, record, Failed)
+    for e in (older, newer):
+        for b, f in e.failed.items():
+            p = e.provenance[e.failed_origin.get(b, 0)] if e.provenance else MappingProxyType({})
+            v = ((*_rank(p), e is newer), p, f)
+            if b not in failed or v[0] > failed[b][0]:
+                failed[b] = v
+    for b, (rank, _, f) in list(failed.items()):
+        points = chosen.get(b, (None, {}))[1]
+        if any(v[0][:-1] > rank[:-1] and (f.tokens is None or t == f.tokens) for t, v in points.items()):
+            del failed[b]  # a newer run measured it there
+
+    records: dict = {}  # identity -> (rank, record): the new table's record of a run wins
+    for _, points in chosen.values():
+        for rank, p, _ in points.values():
+            _keep(records, rank, p)
+    for rank, p, _ in failed.values():
+        _keep(records, rank, p)
+    provenance = tuple(p for _, p in sorted(records.values(), key=lambda v: v[0], reverse=True))
+    index = {_identity(p): i for i, p in enumerate(provenance)}
+
+    tokens = tuple(sorted({t for _, points in chosen.values() for t in points}))
+    medians, p10s, p90s, timings, knobs, figures, origin = {}, {}, {}, {}, {}, {}, {}
+    for b, (mode, points) in chosen.items():
+        if not points:
+            continue
+        col = [points.get(t) for t in tokens]
+        timings[b] = mode
+        medians[b], p10s[b], p90s[b] = (tuple(None if c is None else c[2][k] for c in col) for k in _CURVES)
+        origin[b] = tuple(None if c is None else index[_identity(c[1])] for c in col)
+        if any(c is not None and c[2]["knobs"] is not None for c in col):
+            knobs[b] = tuple(None if c is None else c[2]["knobs"] for c in col)
+        names = dict.fromkeys(k for c in col if c is not None for k in c[2]["figures"])
+        rows = {k: tuple(None if c is None else c[2]["figures"].get(k) for c in col) for k in names}
+        rows = {k: row for k, row in rows.items() if any(v is not None for v in row)}
+        if rows:
+            figures[b] = MappingProxyType(rows)
+    return newer._replace(
+        tokens=tokens,
+        median_us=MappingProxyType(medians),
+        p10_us=MappingProxyType(p10s),
+        p90_us=MappingProxyType(p90s),
+        timing=MappingProxyType(timings),
+        failed=MappingProxyType({b: Failed(*f) for b, (_, _, f) in sorted(failed.items())}),
+        knobs=MappingProxyType(knobs),
+        figures=MappingProxyType(figures),
+        provenance=provenance,
+        fabric=newer.fabric or older.fabric,
+        origin=MappingProxyType(origin),
+        failed_origin=MappingProxyType({b: index[_identity(p)] for b, (_, p, _) in failed.items()}),
+    )
 
 
-def _merge_entry(older: Mapping, newer: Mapping, preference: list) -> dict:
-    """One shape measured by two runs: the newest measurement per point (module docstring)."""
-    first = [p.get("run") for p in newer.get("provenance", [])[:1]]
-    if first and first == [p.get("run") for p in older.get("provenance", [])[:1]]:
-        return copy.deepcopy(dict(newer))  # the same run selected again: its entries as they are now
-    tokens = sorted(set(older["tokens"]) | set(newer["tokens"]))
-    backends = {}
-    for b in sorted(set(older["backends"]) | set(newer["backends"])):
-        a, n = older["backends"].get(b), newer["backends"].get(b)
-        if a is None or (n is not None and a["timing"] != n["timing"]):
-            src = [(n, newer["tokens"])]
-        elif n is None:
-            src = [(a, older["tokens"])]
-        else:
-            src = [(n, newer["tokens"]), (a, older["tokens"])]
-        points = {}
-        for curve, ts in reversed(src):  # the newer run's last: its points win
-            points.update(_points(curve, ts))
-        keys = dict.fromkeys(k for curve, _ in src for k, v in curve.items() if isinstance(v, list))
-        merged = {"timing": src[0][0]["timing"]}
-        for k in keys:
-            row = [points[t].get(k) if t in points else None for t in tokens]
-            if k in _ARRAYS or any(v is not None for v in row):
-                merged[k] = row
-        backends[b] = merged
-    failed = dict(newer.get("failed") or {})
-    for b, f in (older.get("failed") or {}).items():
-        measured = {t for t, v in zip(newer["tokens"], newer["backends"].get(b, {}).get("median_us", [])) if v}
-        if b not in failed and not (measured if f.get("tokens") is None else f.get("tokens") in measured):
-            failed[b] = f
-    out = {k: newer[k] for k in SHAPE_KEYS}
-    out.update(source=newer.get("source", "measured"), tokens=tokens, backends=backends, failed=failed)
-    out["winners"] = table_winners(tokens, backends, failed, preference)
-    runs = {p.get("run") for p in newer.get("provenance", [])}  # each run once, newest first
-    out["provenance"] = list(newer.get("provenance", [])) + [
-        p for p in older.get("provenance", []) if p.get("run") not in runs
-    ]
-    fabric = newer.get("fabric") or older.get("fabric")
-    if fabric:
-        out["fabric"] = fabric
-    return copy.deepcopy(out)
+_CURVES = ("median_us", "p10_us", "p90_us")
+
+
+def _keep(records: dict, rank: tuple, p) -> None:
+    key = _identity(p)
+    if key not in records or rank > records[key][0]:
+        records[key] = (rank, p)

@@ -19,24 +19,7 @@ Rules:
   H100/H200 SXM, B200, GB200) when the GPU has any NVLink at all. Its inactive links are
   reported as down.
 
-Fingerprint grammar (``<sku>.<interconnect>.<nodes>``)::
-
-    fingerprint  := sku "." interconnect "." nodes  |  "cpu-" machine "." nodes
-    sku          := slug ("+" slug)*                 GPU models present, sorted
-    slug         := lower-case model name without "NVIDIA"/"Tesla" and memory size,
-                    HBM-named parts marked "-sxm": "h200", "h100-sxm", "gb200", "l40s"
-    interconnect := part ("+" part)* ["-degraded"]
-    part         := ("nvl" | "mnnvl") L "x" N ["x" K]   NVLink islands with N GPUs whose
-                                                        healthy GPUs have L links; "mnnvl"
-                                                        when the island spans > 1 node;
-                                                        K > 1 such islands (per node for
-                                                        "nvl", in the cluster for "mnnvl")
-                  | "pcie" "x" M                         M GPUs per node in no island
-    nodes        := "node1" | "nodes" C                  C distinct hosts
-    machine      := platform.machine(), lower case, e.g. "x86_64", "aarch64"
-
-Examples: ``h200.nvl18x2.node1``, ``h100-sxm.nvl18x8.node1``, ``gb200.mnnvl18x16.nodes4``,
-``l40s.pciex4.node1``, ``h100-sxm.nvl18x8-degraded.node1``, ``cpu-x86_64.node1``.
+Design notes: docs/architecture.md, "Module notes", `tuner/topology.py`.
 """
 
 from __future__ import annotations
@@ -111,8 +94,8 @@ class GpuFacts:
     uuid: str | None
     links: tuple[LinkFacts, ...]  # present links only, by link index
     fabric: FabricFacts | None
-    # The PCIe link at its best (generation, lanes); not in facts_hash: added after tables
-    # were keyed by it, and the link speed is a figure's denominator, not the hardware's identity.
+    # The PCIe link at its best (generation, lanes); not in facts_hash: the link speed is a
+    # figure's denominator, not the hardware's identity, so tables keep the key they have.
     pcie_generation: int | None = None
     pcie_width: int | None = None
 

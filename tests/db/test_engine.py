@@ -352,12 +352,12 @@ def test_committed_schema2_database_upgrades_and_reads_without_figures(tmp_path)
     r = subprocess.run(
         [sys.executable, "-m", "a2a_tune.tuner.cli", "db", "upgrade", "--db", url], capture_output=True, text=True
     )
-    assert r.returncode == 0 and "upgraded from 0002_run_writer to 0004_ep" in r.stdout, r.stderr
-    assert upgrade(url) == (head_revision(), head_revision()) == ("0004_ep", "0004_ep")
+    assert r.returncode == 0 and f"upgraded from 0002_run_writer to {head_revision()}" in r.stdout, r.stderr
+    assert upgrade(url) == (head_revision(), head_revision()) == ("0005_tuned_knobs", "0005_tuned_knobs")
     r = subprocess.run(
         [sys.executable, "-m", "a2a_tune.tuner.cli", "db", "upgrade", "--db", url], capture_output=True, text=True
     )
-    assert r.returncode == 0 and "is at the current schema (0004_ep)" in r.stdout, r.stderr
+    assert r.returncode == 0 and f"is at the current schema ({head_revision()})" in r.stdout, r.stderr
     with open_store(url) as s:
         [run] = s.runs()
         assert (run.fingerprint, run.status, run.versions["torch"]) == ("h200.nvl18x2.node1", "completed", "2.12.0")

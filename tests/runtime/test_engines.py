@@ -100,3 +100,32 @@ def test_env_lines_are_shell_safe_and_name_tensorrt_llm_only_with_a_method():
     assert with_trtllm[1] == "export A2A_TUNE_VLLM_ALL2ALL_BACKEND=allgather_reducescatter"  # vLLM's default
     assert with_trtllm[-1] == "export TRTLLM_FORCE_COMM_METHOD=NCCL_EP"
     assert shlex.split(with_trtllm[3]) == ["export", "A2A_TUNE_SGLANG_ARGS=--moe-a2a-backend none"]
+
+
+def test_engine_rules_are_data_with_their_sources():
+    """Each rule names literals its engine accepts, the version read, and at least one cited
+    function with its condition; each evaluated rule has its test (engine_rules._APPLIES)."""
+    from a2a_tune.tuner.runtime import engine_rules as er
+
+    assert {r.engine for r in er.RULES} == set(engines.ENGINES)
+    for r in er.RULES:
+        assert r.backends and r.backends <= engines.ACCEPTED[r.engine], r.name
+        assert r.version == engines.VERSIONS[r.engine] and r.cites and all(c.needle for c in r.cites)
+        assert r.kind in ("refuses", "states")
+        if r.kind == "refuses" and r.name != "package":
+            assert (r.engine, r.name) in er._APPLIES, r.name
+    none = er.Deployment()
+    assert all(
+        er.refused(e, lit, none) is None for e in engines.ENGINES for lit in engines.ACCEPTED[e] if e != "trtllm"
+    )
+    lora = er.refused("vllm", "flashinfer_nvlink_one_sided", er.Deployment(lora=True))
+    assert lora.name == "lora_ep" and er.refused("vllm", "allgather_reducescatter", er.Deployment(lora=True)) is None
+    l4 = er.Deployment(platform="cuda:8.9", quantization="none")
+    assert er.refused("vllm", "flashinfer_nvlink_two_sided", l4).name == "no_expert_kernel"
+    assert er.refused("vllm", "deepep_low_latency", l4) is None
+    assert (
+        er.refused("vllm", "flashinfer_nvlink_one_sided", er.Deployment(platform="cuda:10.0", quantization="none"))
+        is None
+    )
+    assert er.nearest_version("vllm", "0.34.1")[1] == "vLLM 0.34.1: rules read from 0.33.0, the nearest known"
+    assert all(len(er.describe_line(d)) < 600 for d in er.describe())

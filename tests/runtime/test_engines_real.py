@@ -22,7 +22,7 @@ import paths
 import pytest
 from engines_driver import MARK, SPELLINGS
 
-from a2a_tune.tuner.runtime import engines
+from a2a_tune.tuner.runtime import engine_rules, engines
 from a2a_tune.tuner.runtime.vllm_plugin import _names_option
 
 ROOT = paths.REPO
@@ -193,7 +193,27 @@ def _scenarios(tmp: Path) -> list:
     for spelling in ("--all2all-backend", "--all2all_backend", "--all2all", "--all2all-b"):
         sc.append((f"explicit {spelling}", [str(bf16), *common, *dp2, spelling, "allgather_reducescatter"], ours))
     sc.append(("explicit =", [str(bf16), *common, *dp2, "--all2all-backend=allgather_reducescatter"], ours))
-    return [{"name": n, "argv": a, "env": e} for n, a, e in sc]
+    # The answers above are those of a Hopper engine with every backend's package installed;
+    # vLLM builds its config on its CPU platform here, the plugin reads the emulated facts.
+    hopper = {"platform": "cuda:9.0", "packages": "all"}
+    out = [{"name": n, "argv": a, "env": e, "emulate": hopper} for n, a, e in sc]
+    # The issue's two scenarios, with the shipped 2xH200 table, and vLLM's real CPU platform.
+    out += [
+        {
+            "name": "lora_shipped",
+            "argv": [str(bf16), *common, *dp2, "--enable-lora"],
+            "env": shipped,
+            "emulate": hopper,
+        },
+        {
+            "name": "no_flashinfer_shipped",
+            "argv": [str(bf16), *common, *dp2],
+            "env": shipped,
+            "emulate": {"platform": "cuda:9.0"},
+        },
+        {"name": "cpu_platform", "argv": [str(bf16), *common, *dp2], "env": ours},
+    ]
+    return out
 
 
 def _drive(kind: str, payload, tmp: Path) -> list:
@@ -361,3 +381,117 @@ def test_vllm_quantizations_look_up_the_payload_vllm_dispatches(vllm_runs, name)
     literal = "flashinfer_nvlink_one_sided" if dtype in ("nvfp4", "mxfp8") else "deepep_low_latency"
     assert result["all2all_backend"] == literal, msg
     assert "ms per decode step vs vLLM's default (allgather_reducescatter) (58 MoE layers)" in msg, msg
+
+
+@pytest.mark.parametrize(
+    "name, rule",
+    [
+        ("lora_shipped", "lora_ep: LoRA with EP: vLLM accepts only allgather_reducescatter"),
+        ("no_flashinfer_shipped", "package: flashinfer not importable in vLLM's environment"),
+        ("cpu_platform", "platform_cpu: vLLM's CPU platform runs only allgather_reducescatter"),
+    ],
+)
+def test_vllm_keeps_its_default_where_the_tables_backend_cannot_start(vllm_runs, name, rule):
+    """--enable-lora with the shipped 2xH200 table (whose answer is flashinfer_nvlink_one_sided),
+    FlashInfer not importable in vLLM's environment (this one's real state), vLLM's real CPU
+    platform: allgather_reducescatter, one INFO line naming the rule, no second build."""
+    _, result = vllm_runs[name]
+    assert result and "error" not in result, result
+    assert (result["all2all_backend"], result["builds"]) == ("allgather_reducescatter", 1)
+    ((level, msg),) = _ours(result)
+    assert level == "INFO" and rule in msg and "Traceback" not in msg, msg
+
+
+@pytest.fixture(scope="module")
+def revert_failures(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("revert")
+    (tmp / "dsv3").mkdir()
+    (tmp / "dsv3" / "config.json").write_text(json.dumps(DSV3))
+    (tmp / "empty").mkdir()
+    argv = [str(tmp / "dsv3"), "--skip-tokenizer-init", "--max-model-len", "8192", "--max-num-seqs", "64"]
+    argv += ["--enable-expert-parallel", "--data-parallel-size", "2"]
+    spec = {"argv": argv, "env": {"A2A_TUNE_PROFILE_DIR": str(tmp / "empty"), "A2A_TUNE_FINGERPRINT": SHIPPED_FP}}
+    return {r["name"]: r for r in _drive("failures", spec, tmp)}
+
+
+# vLLM PR 53952 reverted flashinfer_nvlink_one_sided as the default for these four failures:
+# (case, platform the plugin reads, vLLM's message when the one-sided backend is forced).
+REVERT_FAILURES = [
+    (
+        "sm89_unquantized",
+        "cuda:8.9",
+        "NotImplementedError: No Unquantized MoE backend supports the deployment configuration. "
+        "(raised in vllm/model_executor/layers/fused_moe/oracle/unquantized.py:select_unquantized_moe_backend)",
+    ),
+    (
+        "lora_with_ep",
+        "cuda:9.0",
+        "AssertionError: Fused MoE LoRA with EP currently only supports all2all_backend='allgather_reducescatter', "
+        "got 'flashinfer_nvlink_one_sided'. (raised in vllm/lora/layers/fused_moe.py:_ep_check)",
+    ),
+    (
+        "rocm",
+        "rocm",
+        "AssertionError: FlashInfer MoEEpCommunication NVLink one-sided API not found. Please install FlashInfer "
+        "0.7.2 or later. (raised in vllm/distributed/device_communicators/all2all.py:__init__)",
+    ),
+    (
+        "naive_dispatch",
+        "cuda:9.0",
+        "NotImplementedError:  (raised in vllm/distributed/device_communicators/base_device_communicator.py:"
+        "dispatch_router_logits)",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, platform, message", REVERT_FAILURES)
+def test_the_reverts_failures_with_vllms_own_code_and_the_plugins_answer_passes(
+    revert_failures, case, platform, message
+):
+    """Each failure with vLLM 0.33's own code under the platform it needs (emulated around that
+    code, tests/support/engines_driver.py): forcing flashinfer_nvlink_one_sided fails with vLLM's
+    message; the plugin's answer on the shipped 2xH200 table (decode, DSV3 bf16, DP 2 x EP 2) and
+    the lookup's answer for the deployment's facts pass the same check."""
+    result = revert_failures[case]
+    assert "error" not in result, result
+    assert result["platform"] == platform
+    assert result["forced_error"] == message
+    for answer in ("answer", "rules_answer"):
+        assert result[answer] != "flashinfer_nvlink_one_sided" and result[f"{answer}_error"] is None, result
+    assert "Traceback" not in result["decision"] and "\n" not in result["decision"]
+
+
+def _site_packages() -> Path:
+    (site,) = (ENGINES_PYTHON.parent.parent / "lib").glob("python3*/site-packages")
+    return site
+
+
+def _function_source(path: Path, qualname: str) -> str | None:
+    """The source of ``qualname`` (``f`` or ``Class.method``) in the Python file ``path``, or None."""
+    import ast
+
+    text = path.read_text()
+    scope, node = ast.parse(text).body, None
+    for part in qualname.split("."):
+        node = next((n for n in scope if getattr(n, "name", None) == part), None)
+        if node is None:
+            return None
+        scope = getattr(node, "body", [])
+    return ast.get_source_segment(text, node)
+
+
+@pytest.mark.parametrize(
+    "rule", [r for r in engine_rules.RULES if r.engine in ("vllm", "sglang")], ids=lambda r: f"{r.engine}-{r.name}"
+)
+def test_each_rule_still_reads_so_in_the_installed_engine(rule):
+    """Drift: every cited function still holds the cited condition in the engine CI installs (a
+    new vLLM or SGLang that moved or changed it fails here, and the rule is read again)."""
+    site = _site_packages()
+    installed = {d.name[: -len(".dist-info")].split("-")[1] for d in site.glob(f"{rule.engine}-*.dist-info")}
+    assert installed == {rule.version}, f"rules read from {rule.engine} {rule.version}, installed {installed}"
+    for cite in rule.cites:
+        path = site / cite.file
+        assert path.is_file(), f"{rule.name}: {cite.file} is gone"
+        source = _function_source(path, cite.function)
+        assert source is not None, f"{rule.name}: {cite.function} is gone from {cite.file}"
+        assert cite.needle in source, f"{rule.name}: {cite.function} no longer holds {cite.needle!r}"

@@ -574,7 +574,7 @@ def test_request_is_the_checked_request_and_answer_gives_lookups_choice(fixture_
         req.phase = "prefill"  # frozen
     assert lk.answer(req) == lookup(fingerprint=FP, phase="decode", max_tokens=64, **A)
     assert request(workload={8: 1, 1: 3}, **A).load == ("discrete", ((1, 0.75), (8, 0.25)))
-    assert request(workload=Path("w.csv"), profile=Path("t.json"), **A)[2:] == (
+    assert request(workload=Path("w.csv"), profile=Path("t.json"), **A)[2:7] == (
         ("workload-file", "w.csv"),
         None,
         None,
@@ -937,3 +937,24 @@ def test_the_budget_is_part_of_the_checked_request():
         request(tokens=8, max_workspace_mib=-1, **A)
     assert str(info.value) == "invalid max_workspace_mib=-1 (expected a number of MiB >= 0)"
     assert request_words(info.value) == "--max-workspace-mib must be a number of MiB >= 0, got -1"
+
+
+def test_lookup_takes_the_deployment_as_keywords():
+    """The Python API takes the CLI's deployment facts; a refused backend never competes and
+    Choice.excluded names its rule; a bad fact is the fallback with one line, never a raise."""
+    dsv3 = dict(ep_size=2, hidden=7168, topk=8, num_experts=256, phase="decode", max_tokens=64)
+    shipped = dict(fingerprint="h200.nvl18x2.node1", engine="vllm", **dsv3)
+    assert lookup(**shipped).engines["vllm"] == "flashinfer_nvlink_one_sided"
+    choice = lookup(lora=True, platform="cuda:9.0", **shipped)
+    assert choice.engines["vllm"] == "allgather_reducescatter" and choice.match != "fallback"
+    assert choice.excluded["flashinfer_nvlink_one_sided"].startswith("lora_ep: LoRA with EP")
+    assert "excluded by start-up rules" in choice.reason
+    choice = lookup(quantization="fp8_per_tensor", **{**shipped, "dtype": "fp8_e4m3"})
+    assert "flashinfer_nvlink_one_sided" not in (choice.engines["vllm"],)
+    bad = lookup(lora="yes", quiet=True, **shipped)
+    assert bad.match == "fallback" and "invalid lookup argument lora='yes'" in bad.reason
+    assert (
+        lookup(missing_packages=["flashinfer"], **shipped)
+        .excluded["flashinfer_nvlink_one_sided"]
+        .startswith("package: flashinfer not importable")
+    )

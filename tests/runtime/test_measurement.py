@@ -122,7 +122,7 @@ NEW_FIGURE = textwrap.dedent(
 
     from a2a_tune.db import open_store, resolve_url
     from a2a_tune.db.models import FIGURE_FIELDS, VERSION_TABLE, Base
-    from a2a_tune.tuner.runtime.point import Point
+    from a2a_tune.tuner.runtime.point import SHAPE_FIELDS, Point
     from a2a_tune.tuner.runtime.table import FIGURE_CURVES, parse_profile
     from a2a_tune.tuner.select import select_entries
     from a2a_tune.tuner.views.model import FIGURE_LABELS, FIGURE_NAMES, Curve, point_figures
@@ -132,8 +132,10 @@ NEW_FIGURE = textwrap.dedent(
         p10_us=39.0, p90_us=41.0, n=3, samples=[39.0, 40.0, 41.0],
         figures={"gate_us": 3.25, "rank_us": [20.0, 19.5]},
     )
-    [entry], _ = select_entries([m], [])
-    curve = entry["backends"]["nccl_all2allv"]
+    [typed], _ = select_entries([m], [])
+    curve = {"timing": "eager", "median_us": [40.0], "p10_us": [39.0], "p90_us": [41.0],
+             **{k: list(v) for k, v in typed.figures["nccl_all2allv"].items()}}
+    entry = dict(zip(SHAPE_FIELDS, typed.shape), tokens=list(typed.tokens), backends={"nccl_all2allv": curve})
     table = {"schema": 3, "hardware": {"fingerprint": "x.y"}, "tie_preference": ["nccl_all2allv"],
              "backends": {"nccl_all2allv": {"vllm_name": None, "sglang_name": None}}, "entries": [entry]}
     parsed = parse_profile(dict(table, entries=[dict(entry, backends={"nccl_all2allv": {

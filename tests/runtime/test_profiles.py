@@ -30,7 +30,7 @@ from a2a_tune.tuner.runtime.profiles import (
     profile_filename,
     profile_search_paths,
 )
-from a2a_tune.tuner.runtime.table import ProfileError
+from a2a_tune.tuner.runtime.table import Profile, ProfileError, to_json
 from a2a_tune.tuner.select import build_profile, write_profile
 
 # --------------------------------------------------------------- naming and search order
@@ -235,7 +235,7 @@ def test_a_file_named_for_this_machine_with_a_sibling_table_inside_is_refused(tm
     )
 
 
-def _table(fingerprint: str, ep_size: int, fastest: str, tmp_path) -> dict:
+def _table(fingerprint: str, ep_size: int, fastest: str, tmp_path) -> Profile:
     rows = []
     for backend, us in ((fastest, 10.0), ("allgather_reducescatter", 20.0)):
         for tokens in (1, 64):
@@ -293,7 +293,7 @@ def test_a_cluster_pointer_never_makes_a_wrong_table_answer(tmp_path, monkeypatc
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     clear_cache()
     impostor = _table("h200.nvl18x2.nodes2", 8, "nvlink_one_sided", tmp_path)
-    (tmp_path / "gb200.mnnvl18x8.nodes2.json").write_text(json.dumps(impostor))  # named for another
+    (tmp_path / "gb200.mnnvl18x8.nodes2.json").write_text(to_json(impostor))  # named for another
     add_cluster_pointer(tmp_path, "gb200.nvl18x4.node1", "gb200.mnnvl18x8.nodes2")
     choice = _ask(8)
     assert choice.match == "fallback" and "the file is named for 'gb200.mnnvl18x8.nodes2'" in choice.reason

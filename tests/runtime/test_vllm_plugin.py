@@ -55,6 +55,8 @@ def make_vllm(calls: list):
         max_num_seqs: int = 64
         max_num_batched_tokens: int = 1024
         kv_role: str | None = None
+        enable_lora: bool = False
+        pipeline_parallel_size: int = 1
         hf: dict = dataclasses.field(
             default_factory=lambda: {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256}
         )
@@ -80,11 +82,13 @@ def make_vllm(calls: list):
                     tensor_parallel_size=tp,
                     prefill_context_parallel_size=self.prefill_context_parallel_size,
                     use_sequence_parallel_moe=ep and tp > 1 and dp > 1,
+                    pipeline_parallel_size=self.pipeline_parallel_size,
                 ),
                 scheduler_config=SimpleNamespace(
                     max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens
                 ),
                 kv_transfer_config=SimpleNamespace(kv_role=self.kv_role) if self.kv_role else None,
+                lora_config=SimpleNamespace(max_loras=1) if self.enable_lora else None,
                 usage_context=usage_context,
             )
 
@@ -93,7 +97,30 @@ def make_vllm(calls: list):
     arg_utils = types.ModuleType("vllm.engine.arg_utils")
     arg_utils.EngineArgs = EngineArgs
     vllm.engine, engine.arg_utils = engine, arg_utils
-    return {"vllm": vllm, "vllm.engine": engine, "vllm.engine.arg_utils": arg_utils}, EngineArgs
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = Platform()
+    vllm.platforms = platforms
+    modules = {"vllm": vllm, "vllm.engine": engine, "vllm.engine.arg_utils": arg_utils, "vllm.platforms": platforms}
+    return modules, EngineArgs
+
+
+class Platform:
+    """vLLM's ``current_platform`` as the plugin asks it: CUDA, compute capability 9.0 unless set."""
+
+    def __init__(self, kind="cuda", capability=(9, 0)):
+        self.kind, self.capability = kind, capability
+
+    def is_cuda(self):
+        return self.kind == "cuda"
+
+    def is_rocm(self):
+        return self.kind == "rocm"
+
+    def is_cpu(self):
+        return self.kind == "cpu"
+
+    def get_device_capability(self):
+        return SimpleNamespace(major=self.capability[0], minor=self.capability[1])
 
 
 @pytest.fixture
@@ -111,6 +138,8 @@ def fake_vllm(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path))
     monkeypatch.setenv("A2A_TUNE_FINGERPRINT", FP)
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "deepseek-ai/DeepSeek-V3"])
+    # vLLM's environment with every backend's package importable (the tests that lack one say so)
+    monkeypatch.setattr(vllm_plugin, "_missing_packages", lambda: [])
     for var in (
         "A2A_TUNE_VLLM_PLUGIN",
         "A2A_TUNE_PHASE",
@@ -119,7 +148,9 @@ def fake_vllm(monkeypatch, caplog, tmp_path):
         "VLLM_ALL2ALL_BACKEND",
     ):
         monkeypatch.delenv(var, raising=False)
-    yield SimpleNamespace(EngineArgs=engine_args, calls=calls, dir=tmp_path)
+    yield SimpleNamespace(
+        EngineArgs=engine_args, calls=calls, dir=tmp_path, platform=modules["vllm.platforms"].current_platform
+    )
     clear_cache()
 
 
@@ -565,3 +596,56 @@ def test_every_variable_the_plugin_reads_survives_hostile_values(name, kind, fak
         ((level, msg),) = recs
         assert level == "WARNING" and f"${name}=" in msg and "ignored: not a positive number of ms" in msg, msg
         assert got[0].parallel_config.all2all_backend == "deepep_low_latency"
+
+
+# --------------------------------------------------------------------------- start-up rules
+
+
+@pytest.mark.parametrize(
+    "setup, why",
+    [
+        (
+            dict(enable_lora=True),
+            "excluded by start-up rules: nvlink_one_sided (lora_ep: LoRA with EP: vLLM accepts only allgather_reducescatter)",
+        ),
+        (
+            dict(platform=("cpu", None)),
+            "nvlink_one_sided (platform_cpu: vLLM's CPU platform runs only allgather_reducescatter)",
+        ),
+        (dict(missing=["deep_ep"]), "nvlink_one_sided (package: deep_ep not importable in vLLM's environment)"),
+    ],
+)
+def test_a_backend_the_engine_cannot_start_with_never_competes(setup, why, fake_vllm, monkeypatch, caplog):
+    if "platform" in setup:
+        fake_vllm.platform.kind = setup["platform"][0]
+    if "missing" in setup:
+        monkeypatch.setattr(vllm_plugin, "_missing_packages", lambda: setup["missing"])
+    vllm_plugin.register()
+    config = fake_vllm.EngineArgs(enable_lora=setup.get("enable_lora", False)).create_engine_config()
+    assert config.parallel_config.all2all_backend == "allgather_reducescatter"
+    assert fake_vllm.calls == ["allgather_reducescatter"]  # nothing to rebuild
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO" and why in msg and "Traceback" not in msg, msg
+
+
+def test_a_platform_without_rules_keeps_vllms_default_and_says_why(fake_vllm, caplog):
+    fake_vllm.platform.kind = "tpu"
+    vllm_plugin.register()
+    config = fake_vllm.EngineArgs().create_engine_config()
+    assert (config.parallel_config.all2all_backend, fake_vllm.calls) == (
+        "allgather_reducescatter",
+        ["allgather_reducescatter"],
+    )
+    ((level, msg),) = lines(caplog)
+    assert level == "WARNING" and "has no start-up rules here" in msg
+
+
+def test_a_newer_vllm_keeps_the_nearest_rules_and_says_so(fake_vllm, monkeypatch, caplog):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.99.0")
+    vllm_plugin.register()
+    config = fake_vllm.EngineArgs().create_engine_config()
+    assert config.parallel_config.all2all_backend == "deepep_low_latency"
+    ((_, msg),) = lines(caplog)
+    assert "vLLM 0.99.0: rules read from 0.33.0, the nearest known" in msg

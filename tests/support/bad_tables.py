@@ -37,7 +37,8 @@ BAD_TABLES = {
     "empty_file": (lambda: "", "invalid JSON"),
     "garbage_bytes": (lambda: b"\x89PNG\r\n\x1a\n\x00\xff\xfe\xfa" * 20, "not UTF-8"),
     "top_level_array": (lambda: "[1, 2, 3]", "top level: expected a JSON object"),
-    "schema_99": (_mutated(lambda d: d.__setitem__("schema", 99)), "schema: unsupported version 99"),
+    "schema_99": (_mutated(lambda d: d.__setitem__("schema", 99)), "schema: version 99 is from a newer a2a-tune"),
+    "schema_0": (_mutated(lambda d: d.__setitem__("schema", 0)), "schema: unsupported version 0"),
     "schema_missing": (_mutated(lambda d: d.pop("schema")), "schema: missing"),
     "empty_entries": (_mutated(lambda d: d.__setitem__("entries", [])), "entries: empty table"),
     "nan_bare_token": (
@@ -78,7 +79,7 @@ BAD_TABLES = {
     "schema_1_as_string": (_mutated(lambda d: d.__setitem__("schema", "1")), "schema: unsupported version '1'"),
     "schema_5": (
         _mutated(lambda d: d.__setitem__("schema", 5)),
-        "schema: unsupported version 5 (this a2a-tune reads schemas 1, 2, 3, 4",
+        "schema: version 5 is from a newer a2a-tune (this one reads schemas 1, 2, 3, 4); upgrade a2a-tune",
     ),
     # Schema 4 reads failures as structure, never text: a reason string there is refused.
     "failure_as_text": (

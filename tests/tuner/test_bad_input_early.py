@@ -44,3 +44,36 @@ def test_db_alone_lists_its_subcommands():
     r = invoke("db")
     assert r.exit_code == 2
     assert "upgrade" in r.output and "Commands" in r.output
+
+
+@pytest.mark.parametrize("kind", ["directory", "garbage", "no folder"])
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_db_path_that_cannot_hold_a_store_is_refused_before_the_ranks_start(tmp_path, monkeypatch, command, kind):
+    """Issue 37: a directory or a garbage file as --db gave `StoreError ... unable to open database
+    file` after 11 s of ranks, exit 1; `show` refuses the same path at once, exit 2."""
+    import a2a_tune.tuner.sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "sweep", lambda *a, **k: pytest.fail("the ranks started"))
+    path = tmp_path / "store.db"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "garbage":
+        path.write_bytes(b"\x8f garbage, not a database" * 100)
+    else:
+        path = tmp_path / "missing" / "store.db"
+    monkeypatch.setenv("A2A_TUNE_PROFILE_DIR", str(tmp_path / "tables"))
+    r = invoke(command, *SMALL, "--db", str(path))
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    assert str(path) in r.output and "Traceback" not in r.output
+    shown = invoke("show", "--db", str(path))  # the views say the same of it
+    assert shown.exit_code == 2
+
+
+def test_an_empty_or_missing_db_file_is_fine_for_a_store(tmp_path):
+    from a2a_tune.tuner.cli.common import _unusable_sqlite_file
+
+    (tmp_path / "empty.db").write_bytes(b"")
+    assert _unusable_sqlite_file(f"sqlite:///{tmp_path / 'empty.db'}") is None
+    assert _unusable_sqlite_file(f"sqlite:///{tmp_path / 'new.db'}") is None
+    assert _unusable_sqlite_file("postgresql+psycopg://u@h/db") is None

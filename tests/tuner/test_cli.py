@@ -206,9 +206,21 @@ def test_lookup_preset_fills_the_shape_and_vs_default_is_in_the_engines_units():
     """--preset deepseek-v3: hidden 7168, top-k 8, 256 experts, 58 MoE layers. The fixture's decode
     answer (nvlink_one_sided 26.502 us) against vLLM's default (allgather_reducescatter 41.791 us)."""
     r = a2a(
-        "lookup", "--ep-size", "2", "--preset", "deepseek-v3", "--phase", "decode", "--max-batch", "64",
-        "--tpot-ms", "29.2", "--format", "json", env_extra=FIXTURE_ENV,
-    )  # fmt: skip
+        "lookup",
+        "--ep-size",
+        "2",
+        "--preset",
+        "deepseek-v3",
+        "--phase",
+        "decode",
+        "--max-batch",
+        "64",
+        "--tpot-ms",
+        "29.2",
+        "--format",
+        "json",
+        env_extra=FIXTURE_ENV,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["entry_shape"]["hidden"] == 7168 and out["backend"] == "nvlink_one_sided"
@@ -254,6 +266,60 @@ DSV3_DECODE += ("--phase", "decode", "--max-batch", "64")
 def test_lookup_engine_formats_on_the_shipped_table(fmt, expected):
     r = a2a("lookup", *DSV3_DECODE, "--format", fmt, env_extra=SHIPPED)
     assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
+
+
+@pytest.mark.parametrize(
+    "facts, fmt, expected",
+    [
+        (("--lora",), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--platform", "cuda:8.9", "--quantization", "none"), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--platform", "rocm"), "vllm", "--all2all-backend allgather_reducescatter"),
+        (("--moe-runner", "triton"), "sglang", "--moe-a2a-backend none"),
+        (("--moe-tp-size", "2"), "trtllm", ""),
+        (
+            ("--platform", "cuda:9.0", "--no-lora", "--pipeline-size", "2"),
+            "vllm",
+            "--all2all-backend flashinfer_nvlink_one_sided",
+        ),
+    ],
+)
+def test_lookup_knows_the_deployment(facts, fmt, expected):
+    """A backend the engine cannot start with in the deployment never competes (engine_rules)."""
+    r = a2a("lookup", *DSV3_DECODE, *facts, "--format", fmt, env_extra=SHIPPED)
+    assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr
+    r = a2a("lookup", *DSV3_DECODE, *facts, "--format", "json", env_extra=SHIPPED)
+    excluded = json.loads(r.stdout)["excluded"]
+    assert set(excluded) == {"vllm", "sglang", "trtllm"}
+    if expected != SHIPPED_LINES[fmt]:  # each refused literal is listed with its rule
+        assert excluded[fmt] and all(set(v) == {"rule", "why"} for v in excluded[fmt].values())
+
+
+SHIPPED_LINES = {
+    "vllm": "--all2all-backend flashinfer_nvlink_one_sided",
+    "sglang": "--moe-a2a-backend flashinfer",
+    "trtllm": "TRTLLM_FORCE_COMM_METHOD=NVLINK_ONE_SIDED",
+}
+
+
+@pytest.mark.parametrize(
+    "facts, words",
+    [
+        (("--platform", "gpu"), "--platform must be cuda or cuda:MAJOR.MINOR or rocm or cpu, got 'gpu'"),
+        (("--quantization", "int3"), "--quantization must be none or fp8_block"),
+        (("--pipeline-size", "0"), "--pipeline-size must be >= 1, got 0"),
+    ],
+)
+def test_lookup_refuses_a_bad_deployment_fact_in_one_line(facts, words):
+    r = a2a("lookup", *DSV3_DECODE, *facts, env_extra=SHIPPED)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_backends_states_what_each_engine_can_start_with():
+    r = a2a("backends", "--device", "cpu", "--json")
+    rules = json.loads(r.stdout)["engine_rules"]
+    assert {"vllm", "sglang", "trtllm"} == {x["engine"] for x in rules}
+    lora = next(x for x in rules if x["rule"] == "lora_ep")
+    assert "flashinfer_nvlink_one_sided" in lora["backends"] and lora["source"].endswith("FusedMoEWithLoRA._ep_check")
 
 
 def test_lookup_env_format_is_shell_lines(tmp_path):
@@ -516,9 +582,21 @@ def test_impossible_shapes_are_refused_in_one_line_before_any_rank_starts(tmp_pa
     config.write_text(json.dumps({"model_type": "test_moe", **numbers}))
     db = tmp_path / "t.db"
     r = _capped(
-        "sweep", "--device", "cpu", "--world", "2", "--model-config", str(config), "--tokens", tokens,
-        "--backend", "allgather_reducescatter", "--db", str(db), "--no-progress",
-    )  # fmt: skip
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "2",
+        "--model-config",
+        str(config),
+        "--tokens",
+        tokens,
+        "--backend",
+        "allgather_reducescatter",
+        "--db",
+        str(db),
+        "--no-progress",
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "plan:" not in r.stdout and not db.exists()  # no rank started, no run opened
@@ -545,7 +623,27 @@ def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, to
             hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={}, config_hash="c"
         )
         with pytest.raises(ValueError, match=said.replace(".", r"\.")):
-            store.add_measurement(run, Measurement.from_columns(dict(backend="nccl_all2allv", ep_size=2, hidden=64, topk=2, num_experts=8, dtype="bf16", routing="uniform", tokens_per_rank=tokens, timing="eager", median_us=1.0, p10_us=1.0, p90_us=1.0, n=1, samples=[1.0])))  # fmt: skip
+            store.add_measurement(
+                run,
+                Measurement.from_columns(
+                    dict(
+                        backend="nccl_all2allv",
+                        ep_size=2,
+                        hidden=64,
+                        topk=2,
+                        num_experts=8,
+                        dtype="bf16",
+                        routing="uniform",
+                        tokens_per_rank=tokens,
+                        timing="eager",
+                        median_us=1.0,
+                        p10_us=1.0,
+                        p90_us=1.0,
+                        n=1,
+                        samples=[1.0],
+                    )
+                ),
+            )
 
     table = fixture_data()
     table["entries"][0]["tokens"][0] = tokens
@@ -558,3 +656,21 @@ def test_one_token_bound_for_the_cli_the_store_the_table_and_lookup(tmp_path, to
         choice.match == "fallback"
         and f"invalid lookup argument tokens={tokens} (tokens per rank {said})" in choice.reason
     )
+
+
+def test_runs_closing_hint_is_a_lookup_the_table_answers(tmp_path):
+    """Issue 37: `run --ep-sizes 2 --world 4 --preset mixtral-8x7b` ended with `lookup --ep-size 4
+    --hidden H --topk K --experts E --tokens T`: an EP size not measured (following it gave the
+    fallback), placeholders though the run had one preset. The hint is now a command that runs."""
+    args = "run --device cpu --world 4 --ep-sizes 2 --preset mixtral-8x7b --tokens 1,8 --warmup 1 --iters 3"
+    backends = ["--backend", "allgather_reducescatter", "--backend", "nccl_all2allv", "--no-progress"]
+    r = a2a(*args.split(), *backends, "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "p"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (hint,) = [line for line in r.stdout.splitlines() if line.startswith("look it up: ")]
+    words = hint.removeprefix("look it up: ").split()
+    assert words[:4] == ["a2a-tune", "lookup", "--ep-size", "2"] and "--preset" in words, hint
+    assert not {"H", "K", "E", "T"} & set(words), hint
+    found = a2a(*words[1:], cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() in {"allgather_reducescatter", "nccl_all2allv"}, found.stdout
+    assert found.stderr.startswith("exact") and "fallback" not in found.stderr, found.stderr

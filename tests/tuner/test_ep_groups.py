@@ -5,10 +5,12 @@ a slow group flagged, the table answering each size, a killed multi-size run res
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from run_cli import a2a
@@ -16,25 +18,87 @@ from run_cli import a2a
 from a2a_tune.db import StoreError, open_store
 from a2a_tune.kernels import get_backend
 from a2a_tune.tuner.groups import default_ep_sizes, group_ranks, slow_groups
-from a2a_tune.tuner.plans import PlanError, SweepPlan, check_plan, parse_ep_sizes, plan_sizes
+from a2a_tune.tuner.plans import (
+    PlanError,
+    SweepPlan,
+    check_plan,
+    model_shapes,
+    parse_ep_sizes,
+    plan_sizes,
+    world_left_out,
+)
 from a2a_tune.tuner.runtime.lookup import lookup
 from a2a_tune.tuner.select import profile_from_store, write_profile
-from a2a_tune.tuner.shapes import ModelShape
+from a2a_tune.tuner.shapes import ModelShape, preset
 from a2a_tune.tuner.sweep import sweep
 from a2a_tune.tuner.views.load import load_view
 from a2a_tune.tuner.views.show import show_data
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ModelShape("tiny", 16, 2, 16)
 SLOW_RANK = 5  # EP 2: group 2 (ranks 4-5); EP 4: group 1 (ranks 4-7); EP 8: the one group
 GOOD = ("allgather_reducescatter", "planted_slow_rank")
 
 
-def test_default_sizes_are_the_powers_of_two_up_to_the_world_and_the_world():
+def test_default_sizes_are_the_powers_of_two_that_divide_the_world_and_the_world():
     assert default_ep_sizes(2) == (2,)
     assert default_ep_sizes(8) == (2, 4, 8)
-    assert default_ep_sizes(6) == (2, 4, 6)
-    assert default_ep_sizes(72) == (2, 4, 8, 16, 32, 64, 72)
+    assert default_ep_sizes(6) == (2, 6)  # 4 does not divide 6 ranks
+    assert default_ep_sizes(3) == (3,)
+    assert default_ep_sizes(72) == (2, 4, 8, 72)  # not 16, 32, 64: no whole groups on 72 ranks
+    assert default_ep_sizes(72, [256, 128, 8]) == (2, 4, 8)  # 72 divides none of the experts
+    assert default_ep_sizes(3, [32]) == ()  # the plan then refuses the model at the world
     assert list(group_ranks(4, 1)) == [4, 5, 6, 7]
+
+
+def test_the_default_plan_on_72_ranks_lists_only_sizes_that_divide_the_world_and_experts():
+    shapes = model_shapes((), ())  # the default presets
+    sizes = parse_ep_sizes(None, 72, shapes)
+    assert sizes == (2, 4, 8)
+    plan = SweepPlan(shapes=tuple(shapes), tokens=(1,), backends=GOOD[:1], ep_sizes=sizes)
+    rows = plan_sizes(plan, "cpu", 72)
+    assert [(r.ep_size, r.groups) for r in rows] == [(2, 36), (4, 18), (8, 9)]
+    assert all(72 % r.ep_size == 0 for r in rows)
+    assert world_left_out(plan, 72) == (
+        "EP 72 (the world): not measured, no model's experts (256, 128, 8) divide over it"
+    )
+    assert parse_ep_sizes(None, 24, shapes) == (2, 4, 8)
+    assert parse_ep_sizes(None, 6, [preset("gpt-oss-20b")]) == (2,)
+
+
+def test_docs_state_the_default_sizes_the_program_plans():
+    text = (ROOT / "docs" / "ep-sizes.md").read_text()
+    rows = re.findall(r"^\| (\d+)[^|]* \| ([\d, ]+)", text, re.M)
+    assert [r[0] for r in rows] == ["8", "24", "72"]
+    shapes = model_shapes((), ())
+    for ranks, sizes in rows:
+        assert parse_ep_sizes(None, int(ranks), shapes) == tuple(int(s) for s in sizes.split(",")), ranks
+    plan = SweepPlan(shapes=tuple(shapes), tokens=(1,), ep_sizes=parse_ep_sizes(None, 72, shapes))
+    assert f"`{world_left_out(plan, 72)}`" in " ".join(text.split())
+    assert parse_ep_sizes(None, 64, shapes) == (2, 4, 8, 16, 32, 64)
+    assert "are 2, 4, 8, 16, 32 and 64" in " ".join(text.split())
+
+
+def test_a_world_no_size_fits_is_refused_in_one_line_before_any_rank_starts():
+    # on today's defaults this planned EP 2 on 3 ranks, started them, and failed in rank 1
+    r = a2a(
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "3",
+        "--preset",
+        "gpt-oss-20b",
+        "--tokens",
+        "1",
+        "--backend",
+        "nccl_all2allv",
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "error: gpt-oss-20b (ep_size=3 hidden=2880 topk=4 num_experts=32 dtype=bf16 routing=uniform): "
+        "32 experts do not divide over 3 ranks"
+    ]
 
 
 def test_a_group_more_than_ten_percent_slower_than_the_median_group_is_flagged():
@@ -67,8 +131,22 @@ def test_sizes_that_do_not_divide_are_refused_and_a_default_one_is_skipped_for_t
 
 def test_a_size_that_does_not_divide_the_world_is_refused_before_any_rank_starts(tmp_path):
     db = tmp_path / "t.db"
-    r = a2a("sweep", "--device", "cpu", "--world", "4", "--preset", "mixtral-8x7b", "--tokens", "1",
-            "--ep-sizes", "2,3", "--db", str(db), "--no-progress")  # fmt: skip
+    r = a2a(
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "4",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1",
+        "--ep-sizes",
+        "2,3",
+        "--db",
+        str(db),
+        "--no-progress",
+    )
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: --ep-sizes 3: an EP size must be at least 2 and divide the 4 ranks"
     )
@@ -163,9 +241,30 @@ def test_a_killed_multi_size_run_resumes_and_measures_nothing_twice(tmp_path):
         "A2A_TUNE_TEST_GATE": str(gate),
         "A2A_TUNE_TEST_GATE_SIZE": "4",
     }
-    args = ["sweep", "--device", "cpu", "--world", "4", "--ep-sizes", "2,4", "--preset", "mixtral-8x7b",
-            "--tokens", "1,4", "--backend", "allgather_reducescatter", "--backend", "planted_gate_at_size",
-            "--iters", "2", "--warmup", "0", "--db", str(db), "--no-progress"]  # fmt: skip
+    args = [
+        "sweep",
+        "--device",
+        "cpu",
+        "--world",
+        "4",
+        "--ep-sizes",
+        "2,4",
+        "--preset",
+        "mixtral-8x7b",
+        "--tokens",
+        "1,4",
+        "--backend",
+        "allgather_reducescatter",
+        "--backend",
+        "planted_gate_at_size",
+        "--iters",
+        "2",
+        "--warmup",
+        "0",
+        "--db",
+        str(db),
+        "--no-progress",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "a2a_tune.tuner.cli", *args],
         env=env,

@@ -30,12 +30,14 @@ def _rows(curves: dict[str, dict[int, float]]) -> list[Measurement]:
     ]
 
 
-def _table(tmp_path, curves) -> str:
+def _table(tmp_path, curves, sizes=(2,)) -> str:
+    """A table of SHAPE at each EP size of `sizes` with `curves` (backend -> tokens -> µs)."""
+    rows = [Measurement.from_columns({**m.columns(), "ep_size": size}) for size in sizes for m in _rows(curves)]
     profile = build_profile(
-        _rows(curves),
+        rows,
         [],
         hardware={"fingerprint": "test.fixture.node1", "facts_hash": "0", "facts": {}},
-        run={"id": 1, "device_type": "cpu", "world_size": 2, "versions": {}},
+        run={"id": 1, "device_type": "cpu", "world_size": max(sizes), "versions": {}},
         backend_names=NAMES,
     )
     return str(write_profile(profile, tmp_path))
@@ -122,7 +124,7 @@ def test_the_held_out_plan_measures_the_tables_shapes_between_its_token_counts(t
     path = Path(_table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0, 64: 200.0}}))
     table = load_profile(path)
     plan = held_out_plan(table, path, device="cpu", world=2)
-    assert [(s.name, s.num_experts, s.topk, s.hidden) for s in plan.shapes] == [("E8-k2-H64", 8, 2, 64)]
+    assert [(s.name, s.num_experts, s.topk, s.hidden) for s in plan.shapes] == [("E=8 k=2 H=64", 8, 2, 64)]
     assert (plan.tokens, plan.dtypes, plan.routings, plan.backends) == ((4, 32), ("bf16",), ("uniform",), ())
     assert (plan.warmup, plan.iters, plan.capacity) == (*DEFAULT_ITERS["cpu"], None)
     given = held_out_plan(
@@ -135,8 +137,11 @@ def test_the_held_out_plan_measures_the_tables_shapes_between_its_token_counts(t
         2,
         8,
     )
-    with pytest.raises(EvaluationError, match=f"^{path} has no entries for EP size 4$"):
-        held_out_plan(table, path, device="cpu", world=4)
+    assert plan.ep_sizes == (2,) and held_out_plan(table, path, device="cpu", world=4).ep_sizes == (2,)
+    with pytest.raises(
+        EvaluationError, match=f"^{path} has no entries for an EP size 3 ranks hold \\(its sizes: 2\\)$"
+    ):
+        held_out_plan(table, path, device="cpu", world=3)
     with pytest.raises(EvaluationError, match="^--capacity 8 is below the largest token count 32: "):
         held_out_plan(table, path, device="cpu", world=2, capacity=8)
     dense = Path(_table(tmp_path / "dense", {"allgather_reducescatter": {1: 50.0, 2: 60.0}}))
@@ -154,3 +159,37 @@ def test_the_held_out_plan_is_measured_at_the_tables_capacity(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(EvaluationError, match="^the table's run.capacity 16 is below the largest token count 32: "):
         held_out_plan(load_profile(path), path, device="cpu", world=2)
+
+
+def test_the_two_scores_of_the_engines_default_say_why_they_differ():
+    """`evaluate --table-points` on the shipped table: "always allgather_reducescatter" is our one
+    backend, vLLM's default runs its literal as the faster of that backend and its padded twin."""
+    from a2a_tune.tuner.evaluate import table_measurements
+
+    shipped = str(Path(__file__).resolve().parents[2] / "profiles" / "h200.nvl18x2.node1.json")
+    ev = evaluate(table_measurements(shipped), shipped)
+    assert ev.notes == [
+        "always allgather_reducescatter: that backend of ours alone; the engines' defaults below run vLLM's "
+        "'allgather_reducescatter', scored as the faster of allgather_reducescatter, "
+        "allgather_reducescatter_padded at each point"
+    ]
+
+
+def test_a_multi_size_table_is_scored_at_each_size_the_ranks_hold_and_says_which_not(tmp_path):
+    from run_cli import a2a
+
+    from a2a_tune.tuner.evaluate import sizes_measurable
+
+    path = Path(_table(tmp_path, {"allgather_reducescatter": {1: 50.0, 16: 90.0}}, sizes=(2, 4)))
+    table = load_profile(path)
+    assert sizes_measurable(table, 4) == ((2, 4), ())
+    assert held_out_plan(table, path, device="cpu", world=4).ep_sizes == (2, 4)
+    assert sizes_measurable(table, 2) == ((2,), (4,))
+    r = a2a(
+        *("evaluate", "--profile", str(path), "--device", "cpu", "--world", "2", "--tokens", "4"),
+        *("--backend", "allgather_reducescatter", "--warmup", "0", "--iters", "2", "--no-progress"),
+        *("--db", str(tmp_path / "e.db")),
+    )
+    assert r.returncode == 0, r.stderr
+    note = "not scored: the table's EP 4 entries (sizes that do not divide the 2 ranks here)"
+    assert r.stdout.count(note) == 2, r.stdout  # before the sweep, and with the scores

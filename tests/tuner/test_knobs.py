@@ -18,7 +18,7 @@ from a2a_tune.db import open_store
 from a2a_tune.kernels import KnobError, get_backend
 from a2a_tune.kernels._nvlink_common import LaunchKnobs
 from a2a_tune.tuner.knobs import KnobPlan, tune_knobs
-from a2a_tune.tuner.runtime.lookup import lookup
+from a2a_tune.tuner.runtime.lookup import load_profile, lookup
 from a2a_tune.tuner.runtime.table import ProfileError, parse_profile
 from a2a_tune.tuner.select import build_profile, with_knobs, write_profile, write_profile_to
 from a2a_tune.tuner.shapes import ModelShape
@@ -167,7 +167,7 @@ def test_best_knobs_are_written_into_the_table_and_lookup_returns_them(searched,
     _, (r,) = searched
     path = _table(tmp_path)
     shape = ENTRY
-    updated, notes = with_knobs(json.loads(path.read_text()), shape, "knobbed_sleepy", {4: r.best_knobs, 8: FAST})
+    updated, notes = with_knobs(load_profile(path), shape, "knobbed_sleepy", {4: r.best_knobs, 8: FAST})
     assert notes == ["8 tokens/rank is not one of the entry's token counts (4, 16, 64)"]
     write_profile_to(updated, path)
     assert json.loads(path.read_text())["entries"][0]["backends"]["knobbed_sleepy"]["knobs"] == [FAST, None, None]
@@ -206,48 +206,43 @@ def test_malformed_knobs_are_refused_in_one_line_and_lookup_falls_back(tmp_path,
 def test_select_keeps_the_knobs_tune_knobs_stored(searched, tmp_path):
     import sqlalchemy
 
+    from a2a_tune.db import MeasurementKey
     from a2a_tune.tuner.select import with_stored_knobs
     from a2a_tune.tuner.studies import stored_knobs
 
     url, (r,) = searched
     fp = r.study_name.split()[2]
-    shape = ENTRY
-    assert stored_knobs(url, fp) == [(shape, "knobbed_sleepy", 4, FAST)]
-    assert stored_knobs(url, "other.machine.node1") == []
-    profile = json.loads(_table(tmp_path).read_text())
-    profile["hardware"]["fingerprint"] = fp
-    kept_profile, kept = with_stored_knobs(profile, url)
+    key = MeasurementKey("knobbed_sleepy", *ENTRY.values(), 4)
+    with open_store(url, readonly=True) as store:  # the search's best setting is a row of ours
+        assert stored_knobs(store, fp) == [(key, FAST)]
+        assert stored_knobs(store, "other.machine.node1") == []
+        (record,) = store.tuned_knobs(fp)
+        assert record.study == r.study_name and record.best_us == pytest.approx(r.best_us)
+        assert record.default == r.default_knobs and record.timing == "eager" and record.capacity is None
+        profile = load_profile(_table(tmp_path))._replace(fingerprint=fp)
+        kept_profile, kept = with_stored_knobs(profile, store)
     assert kept == 1
-    assert kept_profile["entries"][0]["backends"]["knobbed_sleepy"]["knobs"] == [FAST, None, None]
+    assert [k and dict(k) for k in kept_profile.entries[0].knobs["knobbed_sleepy"]] == [FAST, None, None]
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
-    with open_store(empty):
-        pass
-    assert with_stored_knobs(profile, empty) == (profile, 0)
-    assert not sqlalchemy.inspect(sqlalchemy.create_engine(empty)).has_table("studies")  # nothing created
+    with open_store(empty) as store:
+        assert with_stored_knobs(profile, store) == (profile, 0)
+    assert not sqlalchemy.inspect(sqlalchemy.create_engine(empty)).has_table("studies")  # nothing of Optuna's
 
 
 def test_stored_knobs_of_fixed_capacity_backends_match_the_tables_capacity(tmp_path):
-    import optuna
-
+    from a2a_tune.db import KnobsRecord, MeasurementKey
     from a2a_tune.tuner.studies import stored_knobs
 
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    attrs = {
-        "backend": "nvlink_one_sided",
-        "num_experts": 16,
-        "topk": 4,
-        "hidden": 32,
-        "dtype": "bf16",
-        "routing": "uniform",
-        "ep_size": 2,
-        "tokens_per_rank": 4,
-    }
-    for capacity, knobs in ((None, {"send_num_warps": 8}), (64, {"send_num_warps": 2})):
-        study = optuna.create_study(
-            study_name=f"a2a-tune knobs: fp.node1 nvlink_one_sided T4 cap{capacity}", storage=url
-        )
-        for k, v in {**attrs, "capacity": capacity, "best_knobs": knobs}.items():
-            study.set_user_attr(k, v)
-    assert [k for *_, k in stored_knobs(url, "fp.node1")] == [{"send_num_warps": 8}]  # best-case sized table
-    assert [k for *_, k in stored_knobs(url, "fp.node1", capacity=64)] == [{"send_num_warps": 2}]
-    assert stored_knobs(url, "fp.node1", capacity=128) == []
+    key = MeasurementKey("nvlink_one_sided", 2, 32, 4, 16, "bf16", "uniform", 4)
+    with open_store(url) as store:
+        for capacity, knobs in (
+            (None, {"send_num_warps": 8}),
+            (64, {"send_num_warps": 2}),
+            (64, {"send_num_warps": 4}),
+        ):
+            store.put_knobs(KnobsRecord("fp.node1", key, knobs, capacity=capacity))
+        assert len(store.tuned_knobs("fp.node1")) == 2  # one row per point and capacity: the later replaced
+        assert [k for _, k in stored_knobs(store, "fp.node1")] == [{"send_num_warps": 8}]  # best-case sized table
+        assert [k for _, k in stored_knobs(store, "fp.node1", capacity=64)] == [{"send_num_warps": 4}]
+        assert stored_knobs(store, "fp.node1", capacity=128) == []

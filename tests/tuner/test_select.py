@@ -1,6 +1,6 @@
 """Selection: measurements -> profile dict -> validated, atomically written JSON.
 
-CPU only, no database: build_profile works on plain mappings. The packaged test
+CPU only, no database: build_profile works on plain values. The packaged test
 fixture tests/fixtures/profiles/test.fixture.node1.json is exactly what
 ``fixture_profile()`` builds (regenerate: ``write_profile(fixture_profile(), FIXTURES)``);
 schema1/ and schema2/ hold the same table as the releases before wrote it.
@@ -21,10 +21,26 @@ import paths
 import pytest
 from stored import measured
 
+from a2a_tune.tuner import select
 from a2a_tune.tuner.runtime.engines import ENGINES
 from a2a_tune.tuner.runtime.lookup import ProfileError, load_profile, lookup, profile_filename
-from a2a_tune.tuner.runtime.table import Failed
-from a2a_tune.tuner.select import build_profile, profile_from_store, upgrade_profile, validate_profile, write_profile
+from a2a_tune.tuner.runtime.table import Failed, to_dict
+from a2a_tune.tuner.select import FailureRow, upgrade_profile, validate_profile
+
+
+def build_profile(*args, **kwargs) -> dict:
+    """select's Profile as the object its file holds: what these tests inspect and change."""
+    return to_dict(select.build_profile(*args, **kwargs))
+
+
+def profile_from_store(*args, **kwargs) -> dict:
+    return to_dict(select.profile_from_store(*args, **kwargs))
+
+
+def write_profile(table: dict, directory):
+    """Write a table object as select writes a Profile, read first as a file is read."""
+    return select.write_profile(validate_profile(table), directory)
+
 
 FIXTURES = paths.FIXTURES / "profiles"
 FIXTURE_FP = "test.fixture.node1"
@@ -123,22 +139,22 @@ def measurements_from(curves=CURVES, timing=None):
 
 
 FAILURES = [
-    dict(
-        SHAPE_A,
+    FailureRow(
+        **SHAPE_A,
         backend="flashinfer_nvlink_one_sided",
         kind="incorrect",
         tokens_per_rank=256,
         reason="max abs error 0.5 > tol 0.016 (bf16)",
     ),
-    dict(
-        SHAPE_A,
+    FailureRow(
+        **SHAPE_A,
         backend="nvlink_one_sided",
         kind="timeout",
         tokens_per_rank=1024,
         reason="no completion flag after 10 s",
     ),
-    dict(
-        NO_SHAPE,
+    FailureRow(
+        **NO_SHAPE,
         backend="deepep_low_latency",
         kind="unavailable",
         tokens_per_rank=None,
@@ -315,7 +331,9 @@ def test_timeout_leaves_a_null_point_only():
 
 
 def test_backend_that_only_errored_on_a_shape_is_explained():
-    fails = [dict(SHAPE_B, backend="nvlink_one_sided", kind="error", tokens_per_rank=64, reason="CUDA OOM\nat alloc")]
+    fails = [
+        FailureRow(**SHAPE_B, backend="nvlink_one_sided", kind="error", tokens_per_rank=64, reason="CUDA OOM\nat alloc")
+    ]
     p = build_profile(measurements_from(), fails, hardware=HARDWARE, run=RUN, backend_names=BACKEND_NAMES)
     assert entry(p, hidden=4096)["failed"]["nvlink_one_sided"] == {
         "kind": "error",
@@ -387,8 +405,10 @@ def test_upgrade_schema1_to_the_current_schema():
     # Failure text becomes structure, read once on load (the one upgrade path).
     assert {b: str(Failed(**f)) for b, f in a["failed"].items()} == v1["entries"][1]["failed"]
     assert upgrade_profile(v2) == v2  # the current schema: a copy
-    with pytest.raises(ProfileError, match="^schema: unsupported version 7"):
+    with pytest.raises(ProfileError, match="^schema: version 7 is from a newer a2a-tune .*; upgrade a2a-tune"):
         upgrade_profile({**v1, "schema": 7})
+    with pytest.raises(ProfileError, match="^schema: unsupported version 0 .*regenerate the table"):
+        upgrade_profile({**v1, "schema": 0})
 
 
 def failure_of(text: str) -> tuple:
@@ -558,7 +578,7 @@ class FakeStore:
         return measurements_from()
 
     def failures(self, run_id):
-        return [SimpleNamespace(**f) for f in FAILURES]
+        return [SimpleNamespace(**f._asdict()) for f in FAILURES]
 
     def get_run(self, run_id):
         return SimpleNamespace(
@@ -569,6 +589,7 @@ class FakeStore:
             started_at=dt.datetime(2026, 11, 30, 14, 0, tzinfo=dt.timezone.utc),
             finished_at=None,
             status="done",
+            config={},
         )
 
     def hardware_for_run(self, run_id):
@@ -713,43 +734,84 @@ TUNED = {"chunk": 2}
 
 
 def tuned_store(path: Path) -> None:
-    """store_with_a_completed_run, plus the study tune-knobs leaves for nccl_all2allv at 64
+    """store_with_a_completed_run, plus the row tune-knobs leaves for nccl_all2allv at 64
     tokens per rank on that machine (and one of another machine, which must not count)."""
     from databases import store_with_a_completed_run
 
     store_with_a_completed_run(path)
-    add_studies(f"sqlite:///{path}")
+    add_tuned(f"sqlite:///{path}")
 
 
-def add_studies(url: str) -> None:
-    import optuna
-
-    from a2a_tune.tuner.studies import study_name
-
-    label = SimpleNamespace(label=lambda: "E64-k8-H7168-bf16")
-    attrs = dict(num_experts=64, topk=8, hidden=7168, dtype="bf16", ep_size=2, routing="uniform")
-    for fingerprint in ("h200.nvl18x2.node1", "other.machine.node1"):
-        name = study_name(fingerprint, "nccl_all2allv", label, 2, 64, "uniform")
-        study = optuna.create_study(study_name=name, storage=url)
-        for key, value in {**attrs, "backend": "nccl_all2allv", "tokens_per_rank": 64, "best_knobs": TUNED}.items():
-            study.set_user_attr(key, value)
+TUNED_KEY = ("nccl_all2allv", 2, 7168, 8, 64, "bf16", "uniform", 64)
 
 
-def test_the_knob_studies_are_read_from_any_store_url(db_url):
-    import sqlalchemy
+def add_tuned(url: str) -> None:
+    from a2a_tune.db import KnobsRecord, MeasurementKey, open_store
 
+    with open_store(url) as store:
+        for fingerprint in ("h200.nvl18x2.node1", "other.machine.node1"):
+            store.put_knobs(KnobsRecord(fingerprint, MeasurementKey(*TUNED_KEY), TUNED, best_us=30.0))
+
+
+def test_the_tuned_knobs_are_read_from_any_store_url(db_url):
     from a2a_tune.db import open_store
     from a2a_tune.tuner.studies import stored_knobs
 
     open_store(db_url).close()
-    assert stored_knobs(db_url, "h200.nvl18x2.node1") == []  # no study yet: nothing read, nothing created
-    engine = sqlalchemy.create_engine(db_url)
-    assert not sqlalchemy.inspect(engine).has_table("studies")
-    engine.dispose()
-    add_studies(db_url)
-    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
-    assert stored_knobs(db_url, "h200.nvl18x2.node1") == [(shape, "nccl_all2allv", 64, TUNED)]
-    assert stored_knobs(db_url, "h200.nvl18x2.node") == []  # a fingerprint is matched whole
+    with open_store(db_url, readonly=True) as store:
+        assert stored_knobs(store, "h200.nvl18x2.node1") == []
+    add_tuned(db_url)
+    with open_store(db_url, readonly=True) as store:
+        assert stored_knobs(store, "h200.nvl18x2.node1") == [(TUNED_KEY, TUNED)]
+        assert stored_knobs(store, "h200.nvl18x2.node") == []  # a fingerprint is matched whole
+
+
+def old_tuned_store(path: Path) -> None:
+    """A store as a2a-tune left it before knobs were rows of ours (schema 0004_ep): the best
+    setting only in the user attributes of Optuna's studies, named as tune-knobs named them."""
+    import optuna
+    from alembic import command
+
+    from a2a_tune.db.engine import alembic_config
+    from a2a_tune.tuner.studies import study_name
+
+    tuned_store(path)
+    url = f"sqlite:///{path}"
+    command.downgrade(alembic_config(url), "0004_ep")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from a2a_tune.db import MeasurementKey
+
+    key = MeasurementKey(*TUNED_KEY)
+    for fingerprint, knobs in (("h200.nvl18x2.node1", {"chunk": 1}), ("h200.nvl18x2.node1", TUNED), ("other.m", {})):
+        study = optuna.create_study(study_name=study_name(fingerprint, key), storage=url, load_if_exists=True)
+        attrs = {**key.point._asdict(), "backend": key.backend, "fingerprint": fingerprint, "timing": "eager"}
+        for k, v in {**attrs, "capacity": None, "default_knobs": {"chunk": 4}, "best_knobs": knobs}.items():
+            study.set_user_attr(k, v)  # a rerun's study: the newer best setting replaces the older
+    optuna.create_study(study_name="someone else's study", storage=url)
+
+
+def test_a_store_tuned_before_keeps_its_knobs_through_the_migration(tmp_path):
+    from a2a_tune.db import StoreOutdatedError, open_store, upgrade
+    from a2a_tune.tuner.select import profile_for_run
+
+    db = tmp_path / "old.db"
+    old_tuned_store(db)
+    with pytest.raises(StoreOutdatedError, match="db upgrade"):
+        profile_for_run(str(db), None)
+    assert upgrade(str(db)) == ("0004_ep", "0005_tuned_knobs")
+    with open_store(str(db), readonly=True) as store:
+        (record,) = store.tuned_knobs("h200.nvl18x2.node1")
+    assert (tuple(record.key), dict(record.best), dict(record.default), record.timing) == (
+        TUNED_KEY,
+        TUNED,
+        {"chunk": 4},
+        "eager",
+    )
+    assert record.study.startswith("a2a-tune knobs: h200.nvl18x2.node1 nccl_all2allv E64-k8-H7168-bf16 ep2 T64")
+    profile, kept, note = profile_for_run(str(db), None)
+    assert (kept, note) == (1, None)
+    (entry,) = profile.entries
+    assert [k and dict(k) for k in entry.knobs["nccl_all2allv"]] == [None, TUNED]
 
 
 def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_changes_nothing(tmp_path):
@@ -772,7 +834,7 @@ def test_select_on_a_store_in_a_read_only_directory_keeps_its_tuned_knobs_and_ch
     assert {p.name: p.read_bytes() for p in shelf.iterdir()} == before  # byte-identical, no new files
 
 
-def test_reading_the_knob_studies_needs_no_optuna_and_writes_nothing(tmp_path):
+def test_reading_the_tuned_knobs_needs_no_optuna_and_writes_nothing(tmp_path):
     import subprocess
     import sys
 
@@ -781,14 +843,15 @@ def test_reading_the_knob_studies_needs_no_optuna_and_writes_nothing(tmp_path):
     before = (db.read_bytes(), sorted(tmp_path.iterdir()))
     code = (
         "import sys\n"
+        "from a2a_tune.db import open_store\n"
         "from a2a_tune.tuner.studies import stored_knobs\n"
-        f"print(stored_knobs({f'sqlite:///{db}'!r}, 'h200.nvl18x2.node1'))\n"
+        f"with open_store({str(db)!r}, readonly=True) as store:\n"
+        "    print([(tuple(k), v) for k, v in stored_knobs(store, 'h200.nvl18x2.node1')])\n"
         "print('optuna' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    shape = dict(ep_size=2, hidden=7168, topk=8, num_experts=64, dtype="bf16", routing="uniform")
-    assert r.stdout.splitlines() == [str([(shape, "nccl_all2allv", 64, TUNED)]), "False"]
+    assert r.stdout.splitlines() == [str([(TUNED_KEY, TUNED)]), "False"]
     assert (db.read_bytes(), sorted(tmp_path.iterdir())) == before  # SQLite's shared-memory index aside
 
 
@@ -799,7 +862,7 @@ def test_select_of_the_latest_completed_run_names_it(tmp_path):
     db = tmp_path / "runs.db"
     tuned_store(db)
     profile, kept, note = profile_for_run(str(db), None)
-    assert (profile["run"]["id"], kept, note) == (1, 1, None)
+    assert (profile.meta["run"]["id"], kept, note) == (1, 1, None)
     empty = tmp_path / "empty.db"
     open_store(str(empty)).close()
     with pytest.raises(NotFoundError, match="no completed run"):
@@ -812,7 +875,7 @@ def test_knobs_go_into_a_table_file_judged_as_lookup_judges_it(tmp_path):
     path = write_profile(fixture_profile(), tmp_path)
     updated, notes = with_knobs_from_file(path, SHAPE_B, "nccl_all2allv", {64: TUNED, 5: TUNED})
     assert notes == ["5 tokens/rank is not one of the entry's token counts (1, 64, 1024)"]
-    assert entry(updated, **SHAPE_B)["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED, None]
+    assert entry(to_dict(updated), **SHAPE_B)["backends"]["nccl_all2allv"]["knobs"] == [None, TUNED, None]
     assert "knobs" not in entry(json.loads(path.read_text()), **SHAPE_B)["backends"]["nccl_all2allv"]  # a copy
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({**fixture_profile(), "schema": 99}))
@@ -823,3 +886,21 @@ def test_knobs_go_into_a_table_file_judged_as_lookup_judges_it(tmp_path):
         with_knobs_from_file(tmp_path / "not.json", SHAPE_B, "nccl_all2allv", {64: TUNED})
     with pytest.raises(ProfileError, match="missing.json: cannot read"):  # the lookup's reader (issue 31.3)
         with_knobs_from_file(tmp_path / "missing.json", SHAPE_B, "nccl_all2allv", {64: TUNED})
+
+
+def test_show_reads_the_tuned_knobs_from_the_store_and_from_the_table_select_wrote(tmp_path):
+    from run_cli import a2a
+
+    from a2a_tune.tuner.views.load import load_run_view
+    from a2a_tune.tuner.views.show import show_data
+
+    db = tmp_path / "runs.db"
+    tuned_store(db)
+    line = "tuned knobs: nccl_all2allv at 64: chunk=2"
+    run = a2a("show", "--db", str(db))
+    assert run.returncode == 0 and line in run.stdout, run.stdout + run.stderr
+    data = show_data(load_run_view(str(db)))  # show --json
+    assert data["shapes"][0]["knobs"] == {"nccl_all2allv": [None, TUNED]}
+    assert a2a("select", "--db", str(db), "--out", str(tmp_path / "out")).returncode == 0
+    (table,) = (tmp_path / "out").glob("*.json")
+    assert line in a2a("show", "--profile", str(table)).stdout

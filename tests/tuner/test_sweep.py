@@ -7,6 +7,7 @@ import pytest
 from a2a_tune.db import open_store
 from a2a_tune.kernels import get_backend
 from a2a_tune.tuner.runtime.lookup import load_profile, lookup
+from a2a_tune.tuner.runtime.table import to_dict
 from a2a_tune.tuner.select import profile_from_store, write_profile
 from a2a_tune.tuner.shapes import ModelShape
 from a2a_tune.tuner.sweep import SweepPlan, sweep
@@ -111,6 +112,7 @@ def test_profile_from_the_sweep_selects_only_correct_backends(swept, tmp_path):
     path = write_profile(profile, tmp_path)
     loaded = load_profile(path)
     assert loaded is not None
+    profile = to_dict(profile)
     assert len(profile["entries"]) == 2
     for entry in profile["entries"]:
         assert "planted_off_by_one" in entry["failed"]
@@ -219,7 +221,7 @@ def test_refinement_measures_between_grid_points_where_the_winner_changes(tmp_pa
     assert refined and all(16 < t < 64 for t in refined)
     # every backend at every refinement count, the never-competitive one too: no gaps in the table
     assert {(b, t) for b in names for t in refined} <= points
-    (entry,) = profile["entries"]
+    (entry,) = to_dict(profile)["entries"]
     assert all(v is not None for b in names for v in entry["backends"][b]["median_us"])
     winners = {w["tokens"]: w["backend"] for w in entry["winners"]}
     last_stepped = max(t for t, b in winners.items() if b == "sleeps_stepped")

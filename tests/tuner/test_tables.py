@@ -14,8 +14,8 @@ import pytest
 from a2a_tune.tuner.publish import write_table
 from a2a_tune.tuner.runtime.lookup import clear_cache, lookup
 from a2a_tune.tuner.runtime.measurement import Measurement
-from a2a_tune.tuner.runtime.table import SHAPE_KEYS, parse_profile
-from a2a_tune.tuner.select import build_profile, fabric_of
+from a2a_tune.tuner.runtime.table import SHAPE_KEYS, Profile, parse_profile, to_dict
+from a2a_tune.tuner.select import FailureRow, build_profile, fabric_of
 from a2a_tune.tuner.tables import merge
 
 FP = "h200.nvl18x8.node1"
@@ -34,7 +34,7 @@ def rows(shape: dict, curves: dict) -> list:
     ]
 
 
-def table(run_id: int, started: str, measured: list, failures=(), *, status="completed", world=8) -> dict:
+def table(run_id: int, started: str, measured: list, failures=(), *, status="completed", world=8) -> Profile:
     return build_profile(
         measured,
         failures,
@@ -73,7 +73,7 @@ def test_a_later_run_keeps_the_shapes_and_ep_sizes_it_did_not_measure(tmp_path):
 def test_a_shape_measured_twice_keeps_the_newest_measurement_per_point():
     old = table(1, "2026-12-01T10:00:00Z", rows(SHAPE, {B[0]: {1: 10.0, 4: 40.0}, B[1]: {1: 99.0}}))
     new = table(2, "2026-12-01T11:00:00Z", rows(SHAPE, {B[0]: {4: 20.0, 16: 80.0}}))
-    for merged in (merge(old, new), merge(new, old)):  # whichever is on disk: the newer run wins
+    for merged in (to_dict(merge(old, new)), to_dict(merge(new, old))):  # whichever is on disk: the newer run wins
         e = merged["entries"][0]
         assert e["tokens"] == [1, 4, 16]
         assert e["backends"][B[0]]["median_us"] == [10.0, 20.0, 80.0]
@@ -84,12 +84,12 @@ def test_a_shape_measured_twice_keeps_the_newest_measurement_per_point():
 
 
 def test_an_older_failure_stays_unless_the_newer_run_measured_it_there():
-    incorrect = dict(SHAPE, backend=B[1], kind="incorrect", reason="wrong sums", tokens_per_rank=4)
+    incorrect = FailureRow(**SHAPE, backend=B[1], kind="incorrect", reason="wrong sums", tokens_per_rank=4)
     old = table(1, "2026-12-01T10:00:00Z", rows(SHAPE, {B[0]: {1: 10.0, 4: 40.0}, B[1]: {1: 5.0, 4: 5.0}}), [incorrect])
     elsewhere = table(2, "2026-12-01T11:00:00Z", rows(SHAPE, {B[0]: {1: 9.0}, B[1]: {1: 4.0}}))
-    assert merge(old, elsewhere)["entries"][0]["failed"][B[1]]["kind"] == "incorrect"
+    assert merge(old, elsewhere).entries[0].failed[B[1]].kind == "incorrect"
     there = table(3, "2026-12-01T12:00:00Z", rows(SHAPE, {B[0]: {4: 9.0}, B[1]: {4: 4.0}}))
-    assert B[1] not in merge(old, there)["entries"][0]["failed"]
+    assert B[1] not in merge(old, there).entries[0].failed
 
 
 def _write_shapes(directory: str, first_hidden: int, count: int) -> None:
@@ -122,10 +122,14 @@ def test_a_partial_table_says_so_in_lookup_and_show(tmp_path):
         n.startswith("PARTIAL table: selected with --partial from run 7 interrupted")
         for n in load_profile_view(path).notes
     )
-    # A completed run measuring the same points replaces them: no longer partial.
+    # A completed run measuring the same points replaces them: no longer partial (35.6).
     done = table(8, "2026-12-01T11:00:00Z", rows(SHAPE, {B[0]: {1: 12.0}}))
-    e = json.loads(write_table(done, str(tmp_path)).read_text())["entries"][0]
-    assert [p["status"] for p in e["provenance"]] == ["completed", "interrupted"]
+    path = write_table(done, str(tmp_path))
+    e = json.loads(path.read_text())["entries"][0]
+    assert [(p["run"], p["status"]) for p in e["provenance"]] == [(8, "completed")]
+    assert parse_profile(json.loads(path.read_text())).partial_runs() == ()
+    clear_cache()
+    assert "partial" not in lookup(profile=path, tokens=1, **SHAPE).reason
 
 
 def test_an_ep_size_not_measured_is_answered_from_the_nearest_larger_one_and_says_so(tmp_path):
@@ -180,7 +184,7 @@ def test_the_fabric_a_run_recorded_wins_over_the_probes_numbering():
         backend_names={},
         fabrics={"8": "network"},
     )
-    assert [e["fabric"] for e in profile["entries"]] == ["network"]
+    assert [e.fabric for e in profile.entries] == ["network"]
 
 
 def test_the_vllm_plugin_and_the_format_lines_follow_the_nearest_larger_ep_size(tmp_path, monkeypatch):
@@ -188,7 +192,11 @@ def test_the_vllm_plugin_and_the_format_lines_follow_the_nearest_larger_ep_size(
 
     from run_cli import a2a
 
+    from a2a_tune.tuner.runtime import vllm_plugin
     from a2a_tune.tuner.runtime.vllm_plugin import decide
+
+    monkeypatch.setattr(vllm_plugin, "_platform_of", lambda: "cuda:9.0")  # vLLM's environment on an H200:
+    monkeypatch.setattr(vllm_plugin, "_missing_packages", lambda: [])  # flashinfer and the rest importable
 
     model = dict(hidden=7168, topk=8, num_experts=256, dtype="bf16", routing="uniform")
     measured = rows(dict(model, ep_size=4), {B[0]: {64: 10.0, 512: 20.0}, B[1]: {64: 50.0, 512: 60.0}})
@@ -275,14 +283,14 @@ def test_a_table_from_before_schema_4_merged_keeps_its_entries_and_gains_their_f
     shipped = json.loads((Path(__file__).parents[2] / "profiles" / "h200.nvl18x2.node1.json").read_text())
     for e in shipped["entries"]:
         e.pop("fabric")
-    old = upgrade(shipped)
+    old = parse_profile(upgrade(shipped))
     shape = dict(SHAPE, ep_size=2)
     new = table(9, "2026-12-02T10:00:00Z", rows(shape, {B[0]: {1: 10.0}}), world=2)
-    new["hardware"] = old["hardware"]
+    new = new._replace(fingerprint=old.fingerprint, meta={**new.meta, "hardware": old.meta["hardware"]})
     merged = merge(old, new)
-    assert len(merged["entries"]) == len(old["entries"]) + 1
-    assert {e.get("fabric") for e in merged["entries"] if e["hidden"] != 64} == {"island"}
-    parse_profile(merged)
+    assert len(merged.entries) == len(old.entries) + 1
+    assert {e.fabric for e in merged.entries if e.shape.hidden != 64} == {"island"}
+    assert parse_profile(to_dict(merged)) == merged._replace(path=None)
 
 
 def test_show_says_which_runs_each_entry_of_a_merged_table_comes_from(tmp_path):

@@ -148,9 +148,28 @@ def test_a_table_too_wide_for_any_layout_is_squeezed_not_looped():
 
     from rich.table import Column
 
-    from a2a_tune.tuner.views.layout import fit
+    from a2a_tune.tuner.console import fit
 
     console = Console(file=StringIO(), width=30)
     columns = [Column("a", no_wrap=True), Column("b", no_wrap=True), Column("c", no_wrap=True)]
     tables = fit(console, columns, [("x" * 20, "y" * 20, "z" * 20)], stack=(2, 1))
     assert [len(t.columns) for t in tables] == [2, 2]  # each keeps the key and one column of its own
+
+
+QUICKSTART = FIXTURES / "diff" / "quickstart_a.json", FIXTURES / "diff" / "quickstart_b.json"
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_diff_of_two_quick_start_tables_keeps_its_prose_readable_at_80_columns(terminal):
+    """Issue 37: two CPU tables of the Quick start (`a2a-tune run` on a 2-core machine, twice),
+    diffed at 80 columns: the "in B" column beside two long backend names wrapped to two
+    characters a line, 18 lines a row. Its words stay whole now, and the diff no longer than
+    twice the one-line-a-row output at 200 columns."""
+    r = invoke(("diff", *map(str, QUICKSTART)), 80, terminal)
+    assert r.exit_code == 0, r.output
+    plain = check_lines(r.stdout, 80, names_of(*QUICKSTART))
+    words = set(re.findall(r"[A-Za-z()]+", plain))
+    assert {"within", "noise", "overlap"} <= words and "(spreads" in plain
+    assert not {"wi", "th", "no", "is"} & words, "prose split inside its words"
+    wide = ANSI.sub("", invoke(("diff", *map(str, QUICKSTART)), 200, False).stdout).splitlines()
+    assert len(plain.splitlines()) <= 2 * len(wide), (len(plain.splitlines()), len(wide))

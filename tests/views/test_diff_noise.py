@@ -68,3 +68,41 @@ def test_the_rule_needs_both_the_spread_and_the_minimum_effect():
     assert beyond_noise(100, 99.8, 100.2, 105, 104.8, 105.2, min_effect=0.02) == 1
     # medians only: the minimum effect alone
     assert beyond_noise(100, None, None, 115, None, None) == 1
+
+
+def _planted(src, out, backend: str, tokens: int, median: float, p10: float, p90: float):
+    """`src` with `backend`'s figures at `tokens` replaced (winners left as the table has them)."""
+    import json
+
+    data = json.loads(src.read_text())
+    for entry in data["entries"]:
+        if tokens in entry["tokens"] and backend in entry["backends"]:
+            j, curve = entry["tokens"].index(tokens), entry["backends"][backend]
+            curve["median_us"][j], curve["p10_us"][j], curve["p90_us"][j] = median, p10, p90
+    out.write_text(json.dumps(data))
+    return out
+
+
+def test_a_slowdown_the_slower_runs_own_noise_would_hide_is_reported(tmp_path):
+    """Issue 37: a backend that sleeps 2 ms per dispatch went from 1407 µs (p10 1321, p90 1733)
+    to 6638 µs (p10 3949, p90 10294): 4.7x slower, B's p10 above A's p90, but B's own spread
+    (6345 µs) wider than the shift (5231 µs), so `diff` said "0 slower -> OK". Planted at one
+    point of the stored back-to-back pair, whose other points stay noise."""
+    a = _planted(PAIR[0], tmp_path / "a.json", "nccl_all2allv", 16, 1407.0, 1321.0, 1733.0)
+    b = _planted(PAIR[1], tmp_path / "b.json", "nccl_all2allv", 16, 6638.0, 3949.0, 10294.0)
+    res = diff_views(load_profile_view(a), load_profile_view(b))
+    assert [(p.backend, p.tokens) for p in res.regressions] == [("nccl_all2allv", 16)]
+    assert res.improvements == []
+    for width in (80, 200):
+        r = CliRunner().invoke(app, ["diff", str(a), str(b)], env={"COLUMNS": str(width)})
+        assert r.exit_code == 1 and "1 slower" in r.stdout and "FAIL (regressions)" in r.stdout, r.stdout
+
+
+def test_distributions_apart_by_more_than_a_spread_are_a_change_and_noise_is_not():
+    # the issue's point: the gap B p10 / A p90 (2.3x) is wider than A's own spread (1.3x)
+    assert beyond_noise(1407, 1321, 1733, 6638, 3949, 10294) == 1
+    assert beyond_noise(6638, 3949, 10294, 1407, 1321, 1733) == -1  # the mirror: faster
+    # back-to-back noise: inner spreads just apart (1.3x), each run's spread wider than the gap
+    assert beyond_noise(100, 60, 250, 350, 330, 700) == 0
+    # the distributions overlap: never a change, however far the medians moved
+    assert beyond_noise(1400, 1300, 4000, 6600, 3900, 10300) == 0

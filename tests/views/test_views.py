@@ -406,7 +406,8 @@ TABLE_DEFECTS = sorted(
 def test_views_read_what_select_writes(tmp_path):
     """The schema-2 table of a2a_tune.tuner.select, including a backend timed under CUDA
     graphs and a correctness failure, reads back with the same winners."""
-    from a2a_tune.tuner.select import build_profile
+    from a2a_tune.tuner.runtime.table import to_dict
+    from a2a_tune.tuner.select import FailureRow, build_profile
 
     ms = []
     for shape, tokens, per_backend in CURVES.values():
@@ -414,7 +415,9 @@ def test_views_read_what_select_writes(tmp_path):
             for t, v in zip(tokens, values):
                 timing = "graph" if b == "nccl_all2allv" else "eager"
                 ms.append(measured(shape, b, t, float(v), v * 0.95, v * 1.05, timing=timing, n=1))
-    fails = [dict(S1, backend="flashinfer_nvlink_one_sided", kind="incorrect", reason=INCORRECT, tokens_per_rank=256)]
+    fails = [
+        FailureRow(**S1, backend="flashinfer_nvlink_one_sided", kind="incorrect", reason=INCORRECT, tokens_per_rank=256)
+    ]
     names = {
         b: {"vllm_name": None, "sglang_name": None}
         for b in ("allgather_reducescatter", "nccl_all2allv", "flashinfer_nvlink_one_sided")
@@ -426,7 +429,7 @@ def test_views_read_what_select_writes(tmp_path):
         run={"id": 4, "device_type": "cuda", "world_size": 2, "versions": {"nccl": "2.28.9"}},
         backend_names=names,
     )
-    view = load_profile_view(write(tmp_path / "sel.json", profile))
+    view = load_profile_view(write(tmp_path / "sel.json", to_dict(profile)))
     assert view.notes == []
     s1 = view.shape(tuple(S1.values()))
     assert s1.curves["nccl_all2allv"].timing == "graph" and s1.curves["allgather_reducescatter"].timing == "eager"

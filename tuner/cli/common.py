@@ -83,9 +83,50 @@ def _store_url(db: str | None) -> str:
     from a2a_tune.db import StoreError, check_url
 
     try:
-        return check_url(db, persistent=True)
+        url = check_url(db, persistent=True)
     except StoreError as exc:
         raise _fail(str(exc), 2) from None
+    if problem := _unusable_sqlite_file(url):  # found now, not by the ranks seconds later
+        raise _fail(problem, 2)
+    return url
+
+
+def _unusable_sqlite_file(url: str) -> str | None:
+    """Why the SQLite file of `url` cannot hold a store (a directory, a file that is not an
+    SQLite database, a folder that does not exist), in one line; None when it can, or when
+    `url` is no SQLite file (a server is reached only by the ranks). A missing or empty file
+    is fine: the store creates it."""
+    import os
+    from pathlib import Path
+
+    from a2a_tune.db.engine import _sqlite_file
+
+    from ..runtime.files import FileRefused, read_head
+    from ..runtime.text import one_line
+    from ..views.load import SQLITE_MAGIC
+
+    path = _sqlite_file(url)
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        if p.is_dir():
+            return f"{p}: is a directory, not a database"
+        if not p.exists():
+            parent = p.parent
+            if not parent.is_dir():
+                return f"{p}: no directory {parent} to create the database in"
+            if not os.access(parent, os.W_OK | os.X_OK):
+                return f"{p}: cannot create the database: {parent} is not writable"
+            return None
+        head = read_head(p, len(SQLITE_MAGIC))
+    except FileRefused as exc:
+        return one_line(f"{p}: {exc}")
+    except OSError as exc:
+        return one_line(f"{p}: cannot open ({exc.strerror or exc})")
+    if head and head != SQLITE_MAGIC[: len(head)]:
+        return f"{p}: not an SQLite database"
+    return None
 
 
 def _planned(step, *args, **kwargs):

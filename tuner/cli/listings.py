@@ -26,7 +26,7 @@ def backends(
     from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, availability_of, engine_names, get_backend
     from a2a_tune.tuner.runtime.engines import ENGINES, NAMES
 
-    from ..views.layout import print_fitted
+    from ..console import print_fitted
 
     device, gpus = _planned(_plans().resolve_device, device, gpu_ranks=1)  # one GPU: its reasons, true for it
     world = world or (gpus if device == "cuda" else 2)
@@ -40,8 +40,14 @@ def backends(
             {"backend": name, **names, "reach": cls.reach, "payloads": sorted(cls.payloads)}
             | {"does_not_carry": missing, "available": ok, "reason": None if ok else reason}
         )
+    from a2a_tune.tuner.runtime import engine_rules
+
+    literals = {e: {b["engines"].get(e) for b in listed} - {None} for e in ENGINES}
+    rules = [
+        r for r in engine_rules.describe(set().union(*literals.values())) if set(r["backends"]) & literals[r["engine"]]
+    ]
     if as_json:
-        print(json.dumps({"device": device, "world_size": world, "backends": listed}, indent=2))
+        print(json.dumps({"device": device, "world_size": world, "backends": listed, "engine_rules": rules}, indent=2))
         return
 
     def literal(b: dict, engine: str) -> Text:
@@ -74,6 +80,10 @@ def backends(
         title=f"backends for {world} {device} rank(s)",
         stacked_title="the engines' names for them, and the payloads they carry",
     )
+    # What each engine can start with: lookup and the vLLM plugin never answer a refused one.
+    out.print("\nWhat each engine can start with (engine_rules; lookup --lora/--platform/... apply them):")
+    for r in rules:
+        out.print(f"  {engine_rules.describe_line(r)}", highlight=False, markup=False)
 
 
 @app.command(

@@ -124,10 +124,30 @@ def lookup(
         help="Skip backends holding more device memory per rank than this many MiB (the table's workspace_mib; "
         "memory not in the table: kept) [default: $A2A_TUNE_MAX_WORKSPACE_MIB, else no budget].",
     ),
+    lora: bool | None = typer.Option(
+        None, "--lora/--no-lora", help="The engine serves LoRA adapters (vLLM: only allgather_reducescatter with EP)."
+    ),
+    pipeline_size: int | None = typer.Option(None, "--pipeline-size", help="Pipeline-parallel size of the engine."),
+    moe_tp_size: int | None = typer.Option(
+        None, "--moe-tp-size", help="MoE tensor-parallel size (TensorRT-LLM: ALLGATHER whenever it is not 1)."
+    ),
+    quantization: str | None = typer.Option(
+        None,
+        help="The checkpoint's quantization, in the rules' words: none, fp8_block, fp8_per_tensor, nvfp4, mxfp8, "
+        "mxfp4, weight_only, quark_w4a8_fp8, ct_w4a16_flydsl (`a2a-tune backends` lists what each one rules out).",
+    ),
+    moe_runner: str | None = typer.Option(
+        None,
+        "--moe-runner",
+        help="The engine's MoE expert runner (SGLang --moe-runner-backend), e.g. flashinfer_cutlass.",
+    ),
+    platform: str | None = typer.Option(
+        None, help="The engine's platform: cuda, cuda:MAJOR.MINOR (compute capability, e.g. cuda:8.9), rocm or cpu."
+    ),
 ) -> None:
     """Print the backend the table picks for this shape and load (fallback: allgather_reducescatter).
 
-    With --format vllm / sglang / trtllm: what to add to that engine's launch, for the fastest backend the engine can run (one it has no name for is left out). A missing or broken table or workload file is not an error: it prints the engine's default (for TensorRT-LLM nothing, so it keeps its own choice) and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` and `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` always start.
+    With --format vllm / sglang / trtllm: what to add to that engine's launch, for the fastest backend the engine can run (one it has no name for is left out, and so is one its start-up rules refuse for the deployment given by --lora, --pipeline-size, --moe-tp-size, --quantization, --moe-runner and --platform; --format json lists those with their rule). A missing or broken table or workload file is not an error: it prints the engine's default (for TensorRT-LLM nothing, so it keeps its own choice) and one warning, so `vllm serve ... $(a2a-tune lookup ... --format vllm)` and `env $(a2a-tune lookup ... --format trtllm) trtllm-serve ...` always start.
     """
     import logging
 
@@ -172,6 +192,12 @@ def lookup(
             profile=profile,
             engine=engine,
             max_workspace_mib=max_workspace_mib,
+            lora=lora,
+            pipeline_size=pipeline_size,
+            moe_tp_size=moe_tp_size,
+            quantization=quantization,
+            moe_runner=moe_runner,
+            platform=platform,
         )
 
     try:
@@ -196,7 +222,12 @@ def lookup(
     choice = ask(fmt if fmt in engines.ENGINES else engine)
     vs_default = savings.in_engine_units(choice.vs_default, moe_layers, tpot_ms)
     if fmt == "json":
-        print(json.dumps({**choice.to_dict(), "vs_default": vs_default}, indent=2))
+        asked = [req.engine] if req.engine else list(engines.ENGINES)  # each engine's rules
+        excluded = {
+            e: {b: dict(zip(("rule", "why"), text.split(": ", 1))) for b, text in ask(e, quiet=True).excluded.items()}
+            for e in asked
+        }
+        print(json.dumps({**choice.to_dict(), "vs_default": vs_default, "excluded": excluded}, indent=2))
     elif fmt in engines.ENGINES:
         flag = engines.engine_flag(fmt, *choice.engine_args(fmt))
         if flag:  # TensorRT-LLM without a method: nothing, it keeps its own choice

@@ -61,8 +61,8 @@ ep_sizes = typer.Option(
     None,
     "--ep-sizes",
     help="EP sizes to measure, comma-separated, each dividing the world: each on groups of consecutive ranks, "
-    "every group at once, as a deployment's replicas run [default: powers of two from 2 up to the world, and "
-    "the world].",
+    "every group at once, as a deployment's replicas run [default: the powers of two from 2 that divide the "
+    "world, and the world; of those, the sizes some model's experts divide].",
 )
 allow_mixed = typer.Option(
     False,

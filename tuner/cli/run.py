@@ -70,6 +70,8 @@ def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> li
     for r in rows:
         for line in r.skipped:
             console.print(f"  skipped: {line}", highlight=False, markup=False, soft_wrap=True)
+    if (left_out := plans.world_left_out(plan, world)) is not None:
+        console.print(f"  {left_out}", highlight=False, markup=False, soft_wrap=True)
     if any(r.unavailable for r in rows):
         console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
     cases = sum(r.cases for r in rows)
@@ -309,7 +311,7 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
     from a2a_tune.db import EmptyStoreError, NotFoundError, StoreError
     from a2a_tune.db.damage import DamagedRowError
 
-    from ..publish import write_table
+    from ..publish import merge_into_table
     from ..runtime.lookup import ProfileError
     from ..select import UnfinishedRunError, profile_for_run
     from ..tables import merge
@@ -330,28 +332,26 @@ def _do_select(db: str | None, runs: list[int] | None, out_dir: Path | None, par
             raise _fail(str(exc), 2 if isinstance(exc, DamagedRowError) else 1) from None
         if note:
             err.print(f"note: {note}; the table is written without them", highlight=False, markup=False)
-        if profile is not None and table["hardware"]["fingerprint"] != profile["hardware"]["fingerprint"]:
+        if profile is not None and table.fingerprint != profile.fingerprint:
             raise _fail(
-                f"run {run_id} is of {table['hardware']['fingerprint']}, run {profile['run']['id']} of "
-                f"{profile['hardware']['fingerprint']}: one table holds one fingerprint's runs",
+                f"run {run_id} is of {table.fingerprint}, run {profile.meta['run']['id']} of "
+                f"{profile.fingerprint}: one table holds one fingerprint's runs",
                 2,
             )
         profile = table if profile is None else merge(profile, table)
         kept_total += kept
     try:
-        path = write_table(profile, str(out_dir) if out_dir else None)
+        written = merge_into_table(profile, str(out_dir) if out_dir else None)
     except (ProfileError, OSError) as exc:
         raise _fail(f"cannot write the profile: {exc}") from None
+    path = Path(written.path)
     knobs_note = f", with the knobs of {kept_total} tuned case(s)" if kept_total else ""
-    written = json.loads(path.read_text())
-    partial_note = ""
-    if any(p["status"] != "completed" for e in written["entries"] for p in e.get("provenance", [])):
-        partial_note = "; PARTIAL: from a run that did not complete"
-    ids = ", ".join(str(r) for r in runs) if runs else str(profile["run"]["id"])
-    before = len(written["entries"]) - len(profile["entries"])
+    partial_note = "; PARTIAL: from a run that did not complete" if written.partial_runs() else ""
+    ids = ", ".join(str(r) for r in runs) if runs else str(profile.meta["run"]["id"])
+    before = len(written.entries) - len(profile.entries)
     kept_note = f"; kept {before} shape(s) of the table there that it did not measure" if before else ""
     out.print(
-        f"wrote {path} ({len(written['entries'])} shape(s)) from run {ids}{knobs_note}{kept_note}{partial_note}",
+        f"wrote {path} ({len(written.entries)} shape(s)) from run {ids}{knobs_note}{kept_note}{partial_note}",
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -424,9 +424,42 @@ def run(options) -> None:
         )
     if published["errors"]:
         raise _fail("no table written on " + "; ".join(f"{h}: {why}" for h, why in published["errors"].items()))
-    human.print(
-        f"look it up: a2a-tune lookup --ep-size {outcome.world_size} --hidden H --topk K --experts E --tokens T",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+    if hint := _lookup_hint(options, published["tables"], outcome.run_id):
+        human.print(f"look it up: {hint}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _lookup_hint(options, tables: dict, run_id: int) -> str | None:
+    """A lookup the table just written answers exactly: an EP size, a shape, a payload and a
+    token count of an entry this run measured (the --preset by name when the run had one),
+    with --profile when the table is not where lookup looks by default; None without one."""
+    from ..publish import table_dir
+    from ..runtime.files import read_json
+    from ..shapes import presets
+
+    paths = list(tables.values())
+    if not paths:
+        return None
+    try:
+        entries = [e for e in read_json(paths[0])["entries"] if e.get("tokens")]
+    except Exception:  # noqa: BLE001 - a hint, never a failure of the run
+        return None
+    ours = [e for e in entries if any(p.get("run") == run_id for p in e.get("provenance", []))] or entries
+    named = {(m.num_experts, m.topk, m.hidden): name for name, m in presets().items() if name in options.preset}
+    ours.sort(
+        key=lambda e: ((e["num_experts"], e["topk"], e["hidden"]) not in named, e["ep_size"], e["dtype"] != "bf16")
     )
+    if not ours:
+        return None
+    e = ours[0]
+    key = (e["num_experts"], e["topk"], e["hidden"])
+    shape = (
+        f"--preset {named[key]}" if key in named else f"--hidden {e['hidden']} --topk {e['topk']} --experts {key[0]}"
+    )
+    words = [f"a2a-tune lookup --ep-size {e['ep_size']} {shape} --tokens {max(e['tokens'])}"]
+    if e["dtype"] != "bf16":
+        words.append(f"--dtype {e['dtype']}")
+    if e["routing"] != "uniform":
+        words.append(f"--routing {e['routing']}")
+    if Path(paths[0]).parent.resolve() != table_dir(None).resolve():
+        words.append(f"--profile {paths[0]}")
+    return " ".join(words)

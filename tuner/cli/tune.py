@@ -49,7 +49,7 @@ def evaluate(
     """
     from a2a_tune.db import StoreError, open_store
 
-    from ..evaluate import EvaluationError, held_out_plan, table_measurements
+    from ..evaluate import EvaluationError, held_out_plan, left_out_note, sizes_measurable, table_measurements
     from ..evaluate import evaluate as run_evaluation
     from ..launch import SIGNAL_EXIT, RankFailed
     from ..runtime.lookup import ProfileError, load_profile
@@ -96,6 +96,9 @@ def evaluate(
     except EvaluationError as exc:
         raise _fail(str(exc), 2) from None
     _planned(plans.check_plan, plan, device, world)
+    _, left_out = sizes_measurable(table, world)
+    if left_out:  # said before the sweep and with the scores: never a silent subset
+        (err if as_json else out).print(left_out_note(left_out, world), highlight=False)
     (err if as_json else out).print(
         f"evaluating {profile.name} at {len(plan.tokens)} held-out token counts x {len(plan.shapes)} shape(s)",
         highlight=False,
@@ -111,6 +114,8 @@ def evaluate(
         raise _fail(f"evaluation interrupted ({by}); its run is kept", SIGNAL_EXIT.get(by, 130)) from None
     with open_store(db) as store:
         ev = run_evaluation(store.measurements(outcome.run_id), str(profile), store.failures(outcome.run_id))
+    if left_out:
+        ev.notes.append(left_out_note(left_out, world))
     _print_evaluation(ev, f"run {outcome.run_id}", as_json)
 
 
@@ -118,7 +123,8 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
     from rich.table import Column, Table
     from rich.text import Text
 
-    from ..views.layout import indented, print_fitted
+    from ..console import indented, print_fitted
+    from ..runtime.point import shape_label
 
     if not ev.points:
         raise _fail(f"{title}: no measured point of a shape the table has ({ev.outside} of other shapes)", 1)
@@ -134,6 +140,7 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
             "failed": ev.failed,
             "unscored": ev.unscored,
             "outside": ev.outside,
+            "notes": ev.notes,
             "engines": scores_data(ev.engines),
             "worst": ev.worst(5),
         }
@@ -161,6 +168,8 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
         )
     if ev.outside:
         out.print(indented(f"{ev.outside} measured point(s) of shapes the table has no entry for: not scored", 0))
+    for note in ev.notes:
+        out.print(indented(note, 0))
     if ev.engines:
         from ..policies import render_scores
 
@@ -168,7 +177,7 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
     worst = ev.worst(5)
     if worst:  # where the table is weakest: what to re-measure or add to the grid
         columns = [
-            Column("shape", no_wrap=True),
+            Column("shape"),  # wraps between its parts
             Column("tokens", justify="right", no_wrap=True),
             Column("regret", justify="right", no_wrap=True),
             Column("table's pick", no_wrap=True),
@@ -177,7 +186,7 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
         rows = []
         for pt in worst:
             ep, hidden, topk, experts, dtype, routing = pt["shape"]
-            shape = f"E{experts}-k{topk}-H{hidden} {dtype} ep{ep}" + ("" if routing == "uniform" else f" {routing}")
+            shape = shape_label(experts, topk, hidden, dtype, routing, ep)
             rows.append(
                 (shape, str(pt["tokens"]), f"{100 * pt['table']:.1f}%", Text(pt["table_backend"]), Text(pt["best"]))
             )
@@ -244,7 +253,7 @@ def tune_knobs(
     from ..knobs import tune_knobs as run_search
     from ..launch import SIGNAL_EXIT, RankFailed
     from ..runtime.lookup import ProfileError, load_profile
-    from ..select import with_knobs_from_file, write_profile_to
+    from ..select import write_knobs_into
 
     try:
         cls = get_backend(backend)
@@ -318,7 +327,7 @@ def tune_knobs(
     from rich.table import Column
     from rich.text import Text
 
-    from ..views.layout import print_fitted
+    from ..console import print_fitted
 
     columns = [
         Column("tokens/rank", justify="right", no_wrap=True),
@@ -362,16 +371,12 @@ def tune_knobs(
         return
     values = shape.at(world, dtype, routing)._asdict()
     found = {r.tokens: r.best_knobs for r in results if r.best_knobs}
-    try:
-        updated, notes = with_knobs_from_file(profile, values, backend, found)
+    try:  # read, add and write under the table's lock: a `select` or `run` at once loses nothing
+        notes = write_knobs_into(profile, values, backend, found)
     except ProfileError as exc:
         raise _fail(str(exc)) from None
-    except (OSError, ValueError) as exc:
-        raise _fail(f"{profile}: not a readable profile ({exc})") from None
+    except OSError as exc:
+        raise _fail(f"cannot write the profile: {exc}") from None
     for note in notes:
         out.print(f"  not written: {note}", highlight=False, markup=False)
-    try:
-        write_profile_to(updated, profile)
-    except (ProfileError, OSError) as exc:
-        raise _fail(f"cannot write the profile: {exc}") from None
     out.print(f"wrote the best knobs into {profile}", highlight=False, markup=False)

@@ -116,8 +116,10 @@ def _min_effect() -> float:
         "Inputs: two profiles (diff old.json new.json), two SQLite databases (their latest completed runs), "
         "two runs of one database (diff --db URL --run 3 --run 5), or a run and a profile "
         "(diff --db URL --run 3 new.json).",
-        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90, B's median is above "
-        "A's by more than either run's p10–p90 spread, and by more than --tolerance (10% by default: two "
+        "Slower beyond noise: at the same shape and tokens per rank, B's p10 is above A's p90, then B's median is above "
+        "A's by more than either run's p10–p90 spread, or the gap between the two (B's p10 / A's p90) is wider "
+        "than the narrower run's own p90 / p10 (a slower run is often a noisier one), and B is slower by more "
+        "than --tolerance (10% by default: two "
         "back-to-back runs of one plan on one machine do not trip it, a 20% slowdown does); the ratio of the "
         "medians is reported. A backend that ran cleanly in A and fails in B counts as a regression. A winner "
         "change is 'within noise' when B's spreads of the old and the new winner overlap; those never fail "

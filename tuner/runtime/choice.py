@@ -14,7 +14,7 @@ import math
 import os
 from types import MappingProxyType
 
-from a2a_tune.tuner.runtime import engines, savings
+from a2a_tune.tuner.runtime import engine_rules, engines, savings
 from a2a_tune.tuner.runtime.estimate import US_DECIMALS, bridge_gaps, decide, expected, where_text
 from a2a_tune.tuner.runtime.fingerprint import HW_CLUSTER, HW_DEFAULT, HW_SAME_DOMAIN
 from a2a_tune.tuner.runtime.point import Shape
@@ -50,7 +50,9 @@ class Choice:
     ``over_budget``: backend -> MiB it holds per rank, for those the memory budget skipped;
     ``vs_default``: the engine's own default here (``engine``, ``engine_default``, its
     ``default_us``) and ``saving_us_per_layer`` against it (:mod:`~a2a_tune.tuner.runtime.savings`;
-    empty on a fallback or when the default was not measured).
+    empty on a fallback or when the default was not measured); ``excluded``: backend -> the
+    start-up rule (:mod:`~a2a_tune.tuner.runtime.engine_rules`) by which the engine cannot start
+    with it in the deployment asked, "<rule>: <why>" (those never competed).
 
     A plain class rather than a dataclass: importing dataclasses costs ~10 ms (it imports
     inspect), which every engine would pay at start-up.
@@ -75,6 +77,7 @@ class Choice:
         "engine_options",
         "over_budget",
         "vs_default",
+        "excluded",
     )
     _MAPPINGS = (
         "engines",
@@ -85,6 +88,7 @@ class Choice:
         "engine_options",
         "over_budget",
         "vs_default",
+        "excluded",
     )
     __slots__ = _FIELDS
 
@@ -108,6 +112,7 @@ class Choice:
         engine_options=None,
         over_budget=None,
         vs_default=None,
+        excluded=None,
     ):
         values = dict(locals())
         for name in self._FIELDS:
@@ -236,6 +241,7 @@ def choose(
     hw: str,
     machine_fp: str | None,
     budget=None,
+    deployment: engine_rules.Deployment | None = None,
 ) -> Choice:
     """The answer in the loaded table ``prof`` (read from ``path``) for shape ``want`` over the
     load ``dist`` (an estimate distribution; ``phase`` its label), among the backends
@@ -256,9 +262,19 @@ def choose(
         where = f"{phase}: {where}"
 
     curves = {b: c for b, c in entry.median_us.items() if b not in entry.failed}
+    excluded, rules_text = {}, ""
     if engine is not None:
         curves = {b: c for b, c in curves.items() if _expressible(engine, prof.backends[b], want)}
+        if deployment:
+            excluded = _refused(engine, prof, curves, deployment, want)
+            curves = {b: c for b, c in curves.items() if b not in excluded}
+            if excluded:
+                rules_text = "; excluded by start-up rules: " + ", ".join(
+                    f"{b} ({why})" for b, why in sorted(excluded.items())
+                )
+    common["excluded"] = excluded
     curves, over, budget_text = _within_budget(entry, curves, dist, budget)
+    budget_text = rules_text + budget_text
     medians = {b: round(v, US_DECIMALS) for b, v in expected(entry.tokens, curves, dist).items()}
     if not medians:
         return fallback(
@@ -351,6 +367,17 @@ def _unusable(entry: ProfileEntry, prof: Profile, engine, want: Shape) -> str:
     return text
 
 
+def _refused(engine: str, prof: Profile, curves: dict, deployment, want: Shape) -> dict:
+    """backend -> "<rule>: <why>" for the backends ``engine`` cannot start with in ``deployment``."""
+    out = {}
+    for b in curves:
+        literal = prof.backends[b].literal(engine)
+        rule = engine_rules.refused(engine, literal, deployment, want)
+        if rule is not None:
+            out[b] = engine_rules.reason(rule, engine, literal)
+    return out
+
+
 def _expressible(engine: str, names, want: Shape) -> bool:
     """Whether ``engine`` can be told to run the backend with these names at ``want``."""
     return engines.accepts(
@@ -388,6 +415,7 @@ def fallback(
     profile_fingerprint: str | None = None,
     phase: str = "tokens",
     over_budget=None,
+    excluded=None,
 ) -> Choice:
     """The documented fallback answer for ``problem`` (the reason says it and the fallback)."""
     return Choice(
@@ -401,6 +429,7 @@ def fallback(
         profile_fingerprint=profile_fingerprint,
         phase=phase,
         over_budget=over_budget,
+        excluded=excluded,
     )
 
 

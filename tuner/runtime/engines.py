@@ -7,34 +7,7 @@ A table may name any literal, but lookup lets a backend compete for an engine on
 the engine accepts its literal (and its extra options), so ``--format vllm`` can never
 print a value the engine would reject.
 
-* **vLLM 0.33.0** ``--all2all-backend``: the ``All2AllBackend`` literal of
-  ``vllm/config/parallel.py``. Left out although the literal lists them: ``naive`` and
-  ``pplx`` (removed; vLLM replaces them with ``allgather_reducescatter`` and warns),
-  ``flashinfer_all2allv`` (a temporary alias of ``flashinfer_nvlink_two_sided``) and
-  ``passthrough`` (not offered by the parser: vLLM binds it itself when the MoE backend
-  dispatches and combines on its own, e.g. ``--moe-backend flashinfer_moe_ep_cutedsl``;
-  see :data:`VLLM_INTERNAL`). vLLM reads no environment variable for the backend
-  (``VLLM_ALL2ALL_BACKEND`` was removed after 0.14), so ``--format env`` prints
-  a2a-tune's own variables (see :func:`env_lines`).
-* **SGLang 0.5.23** ``--moe-a2a-backend``: the choices of ``moe_a2a_backend`` in
-  ``python/sglang/srt/arg_groups/fields/exec_.py`` (they moved there from
-  ``server_args.py``); default ``none`` (no all2all kernel: MoE via all-reduce).
-  ``deepep`` stands for two kernels, told apart by ``--deepep-mode`` (``normal`` |
-  ``low_latency`` | ``auto``, same file): a table records the mode as the backend's
-  ``engine_options``.
-* **TensorRT-LLM** (PyTorch backend, ``tensorrt_llm/_torch/modules/fused_moe/communication/
-  communication_factory.py`` at NVIDIA/TensorRT-LLM commit 03c36d6222ad, after 1.2.1):
-  no command-line option; the environment variable ``TRTLLM_FORCE_COMM_METHOD`` overrides
-  its own choice, which tries in order NVLINK_ONE_SIDED, NVLINK_TWO_SIDED, NCCL_EP, DEEPEP,
-  DEEPEPLOWLATENCY and falls back to ALLGATHER (:data:`TRTLLM_PRIORITY`). A forced method
-  other than NVLINK_ONE_SIDED or ALLGATHER is refused when the experts do not divide
-  evenly over the EP ranks. FlashInfer's one- and two-sided NVLink kernels are
-  TensorRT-LLM's. The newest release is v1.2.1 (2026-04); its copy of that file is not
-  checked yet (the repository was too large to fetch here). By the pull requests that
-  brought them, NCCL_EP (NVIDIA/TensorRT-LLM#15597) and the refusal for uneven experts
-  (#13888) came after it: on v1.2.1 expect NVLINK_ONE_SIDED, NVLINK_TWO_SIDED, DEEPEP,
-  DEEPEPLOWLATENCY, ALLGATHER. No backend here maps to NCCL_EP, so no table tells v1.2.1 a
-  method it lacks.
+Design notes: docs/architecture.md, "Module notes", `tuner/runtime/engines.py`.
 """
 
 from __future__ import annotations

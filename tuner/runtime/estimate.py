@@ -12,36 +12,7 @@ the points it needs were measured for it: both bracketing points, the point itse
 the request is on the grid, the end point when clamped. (Over a range, lookup also compares,
 but never chooses, a backend whose missing counts lie between measured ones: :func:`bridge_gaps`.)
 
-**Distributions** (what "expected" averages over; one engine keeps one backend for its
-life, so it should be the fastest on average over the steps it serves):
-
-* ``("point", t)``: one token count (``lookup(tokens=t)``; prefill: the chunk size).
-* ``("log-uniform", a, b)``: tokens per rank spread uniformly in log space over [a, b]
-  (decode: ``a = 1``, ``b`` = the engine's max batch per rank) -- every doubling of the
-  batch is equally likely, which neither ignores small batches (uniform would put half
-  the weight above b/2) nor large ones. The mean of the log-log interpolant over
-  ``ln t`` is integrated exactly, segment by segment (a power law integrates in closed
-  form), so it costs O(measured points), not O(b).
-* ``("discrete", ((t, w), ...))``: a workload histogram, weights summing to 1.
-
-**Tie rule** (:func:`decide`). The fastest backend F by expected median competes with
-every backend whose expected median lies inside F's expected p10..p90 spread; when that
-set has more than F (a *tie*: the runner-up is within F's run-to-run noise), the most
-preferred backend of the set wins: the profile's ``tie_preference``, which select writes
-as the engine's default ``allgather_reducescatter`` first (switching away from what the
-engine does anyway is not worth a difference the measurement cannot resolve), then the
-order in which the backends are registered. Without a spread for F (not measured), only
-an exactly equal median ties. The spread is that of single samples, which on a shared
-host can be wide (BENCHMARKS.md, "Figures moved from the code"), so a tie
-is also capped: a backend more than ``TIE_MAX_MARGIN`` (3%) slower than F never ties --
-preferring the engine's default may cost at most that much. Medians compare at
-``US_DECIMALS`` (a nanosecond), the resolution a table stores.
-
-**Winners** (:func:`winners`): per measured token count of a table entry, :func:`decide`
-over the backends not failed for the shape and measured there, plus the runner-up (the
-lowest median after the fastest) and ``margin`` = runner-up / fastest - 1. Select writes
-them, the views show them (for a table and for a run read straight from the store), and
-they are what lookup answers at a measured token count -- one rule for all three.
+Design notes: docs/architecture.md, "Module notes", `tuner/runtime/estimate.py`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """Hardware fingerprints as keys: canonical form, and which fingerprints may share a table.
 
-The grammar is the probe's (:mod:`a2a_tune.tuner.probe`, module docstring)::
-
-    <sku>.<interconnect>.<nodes>        e.g. h200.nvl18x2.node1, gb200.mnnvl18x16.nodes4
-    cpu-<machine>.<nodes>               e.g. cpu-x86_64.node1
-
 Standard library only (the runtime lookup imports it).
 
 Levels lookup searches, in this order, when asked for this machine's fingerprint:
@@ -23,23 +18,7 @@ Levels lookup searches, in this order, when asked for this machine's fingerprint
    no NVLink domain: exact only.
 4. ``engine-default``: no table; the engine keeps its own default.
 
-Of the tables found, lookup takes the first with an entry for the requested EP size and
-dtype (else the first, whose answer then says what it lacks): a node's own table answers the
-EP sizes inside the node, its cluster's table the EP sizes across nodes.
-
-**This machine's fingerprint at start-up** (:func:`probed_fingerprint`, when neither
-``fingerprint=`` nor ``$A2A_TUNE_FINGERPRINT`` is given) comes from the tuner's topology
-probe, run as a child process (``python -m a2a_tune.tuner.probe --fingerprint``: the runtime
-imports no tuner code) that reads NVML (a few hundred ms on a GPU host), or replays the
-recording ``$A2A_TUNE_NVML_RECORDING`` names. The answer is cached
-in ``$XDG_CACHE_HOME/a2a-tune/`` (default ``~/.cache/a2a-tune/``), keyed by what could
-change it without notice: the boot (Linux boot id), the host name, the NVIDIA driver version
-and GPU set the kernel lists (``/proc/driver/nvidia``), the recording replayed if any, and
-the probe's own code; an entry
-is trusted for :data:`CACHE_MAX_AGE_S` at most (a link that failed since is seen within a
-day; ``a2a-tune probe`` refreshes it at once). A cached first lookup costs well under a
-millisecond of file reads; the probe's child is given :data:`PROBE_TIMEOUT_S` seconds, so a
-hung NVML delays an engine's start by that much at worst, and falls back with a warning.
+Design notes: docs/architecture.md, "Module notes", `tuner/runtime/fingerprint.py`.
 """
 
 from __future__ import annotations

@@ -51,9 +51,8 @@ from a2a_tune.tuner.runtime.table import (
 )
 from a2a_tune.tuner.runtime.text import one_line
 
-# The names below were all importable from this module before profiles.py, request.py and
-# choice.py split off; engines and tools import them from here (``a2a_tune.tuner.lookup``
-# is this module).
+# The lookup's public names, whichever module defines them (profiles.py, request.py, choice.py):
+# engines and tools import them from here (``a2a_tune.tuner.lookup`` is this module).
 __all__ = [
     "FALLBACK_BACKEND",
     "SCHEMA_VERSION",
@@ -168,7 +167,7 @@ def _answer(req: LookupRequest) -> Choice:
     if problem:
         return _fallback(problem, path, profile_fingerprint=prof.fingerprint, phase=phase)
 
-    key = (req.shape, req.engine, phase, load, hw, expected_fp, req.max_workspace_mib)
+    key = (req.shape, req.engine, phase, load, hw, expected_fp, req.max_workspace_mib, req.deployment)
     choice = slot.choices.get(key)
     if choice is None:
         if dist is None:
@@ -178,7 +177,9 @@ def _answer(req: LookupRequest) -> Choice:
                 dist = ("discrete", load_workload(req.load[1]))
             except WorkloadError as exc:
                 return _fallback(f"workload {exc}", phase=phase)  # not cached: the file may be fixed
-        choice = choose(prof, path, req.shape, dist, phase, req.engine, hw, expected_fp, req.max_workspace_mib)
+        choice = choose(
+            prof, path, req.shape, dist, phase, req.engine, hw, expected_fp, req.max_workspace_mib, req.deployment
+        )
         if len(slot.choices) >= _MAX_CACHED_CHOICES:  # e.g. a caller sweeping every token count
             slot.choices.clear()
         slot.choices[key] = choice

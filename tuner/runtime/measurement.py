@@ -92,7 +92,7 @@ FIGURES: tuple[Figure, ...] = (
            table_scale=2**20, table_digits=3),
     # each EP group's median round trip, in group order (tuner.groups); `show --json` has it as group_us
     Figure("group_us", "us", "group_us", None, None, "group µs", many=True),
-)  # fmt: skip
+)  # fmt: skip  # one figure per row: the declarations read as a table
 
 #: Each figure by its name.
 FIGURE: Mapping[str, Figure] = {f.name: f for f in FIGURES}

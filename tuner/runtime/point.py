@@ -42,6 +42,7 @@ __all__ = [
     "Shape",
     "check_count",
     "check_tokens",
+    "shape_label",
 ]
 
 #: The fields that identify a table entry, in the one order used everywhere.
@@ -212,6 +213,26 @@ class Point(NamedTuple("_Point", [*((n, Shape.__annotations__[n]) for n in SHAPE
         self.shape.checked(measuring=measuring)
         check_tokens(self.tokens_per_rank)
         return self
+
+
+def shape_label(
+    num_experts: int,
+    topk: int,
+    hidden: int,
+    dtype: str | None = None,
+    routing: str | None = None,
+    ep_size: int | None = None,
+    *,
+    models: tuple[str, ...] = (),
+) -> str:
+    """How a shape is named to people, everywhere (views, messages, progress):
+    ``deepseek-v3 E=256 k=8 H=7168 · bf16 · uniform · EP 2``; the parts not given are left out.
+    ``models``: the models of that shape, all of them (two presets may share one)."""
+    parts = [f"{'/'.join(models) + ' ' if models else ''}E={num_experts} k={topk} H={hidden}"]
+    parts += [str(v) for v in (dtype, routing) if v is not None]
+    if ep_size is not None:
+        parts.append(f"EP {ep_size}")
+    return " · ".join(parts)
 
 
 def _short(value, limit: int = 40) -> str:

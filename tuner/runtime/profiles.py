@@ -49,6 +49,7 @@ __all__ = [
     "profile_search_paths",
     "resolve_fingerprint",
     "replace_file",
+    "lock_path",
     "table_lock",
     "user_profile_dir",
     "warn_once",
@@ -110,17 +111,24 @@ def table_dir(out_dir=None):
 class table_lock:  # noqa: N801 - used as a context manager, like open()
     """Hold ``directory``'s lock for ``fingerprint``'s table (``.<fingerprint>.json.lock``, an
     advisory ``flock``) while a writer reads the table on disk, merges and replaces it: two
-    ``run``s or ``select``s at once then merge one after the other, never over each other."""
+    ``run``s or ``select``s at once then merge one after the other, never over each other.
+    The lock file is opened read-only (``flock`` needs no more) and created readable by all,
+    whatever the umask, so every operator who can write the directory can take it."""
 
-    def __init__(self, directory, fingerprint: str):
-        self.path = os.path.join(os.fspath(directory), f".{profile_filename(fingerprint)}.lock")
+    def __init__(self, directory, fingerprint: str | None = None, *, file=None):
+        # `file`: the table file itself (named as select names it, the same lock as select's).
+        self.path = lock_path(directory, fingerprint) if file is None else _lock_of(os.fspath(file))
         self.fd = None
 
     def __enter__(self):
         import fcntl
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.fchmod(self.fd, 0o644)  # a umask of 077 must not lock out the next operator
+        except FileExistsError:
+            self.fd = os.open(self.path, os.O_RDONLY)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
@@ -129,14 +137,26 @@ class table_lock:  # noqa: N801 - used as a context manager, like open()
         self.fd = None
 
 
+def lock_path(directory, fingerprint: str) -> str:
+    """The lock file of ``fingerprint``'s table in ``directory`` (:class:`table_lock`)."""
+    return _lock_of(os.path.join(os.fspath(directory), profile_filename(fingerprint)))
+
+
+def _lock_of(table: str) -> str:
+    return os.path.join(os.path.dirname(table) or ".", f".{os.path.basename(table)}.lock")
+
+
 def replace_file(target, text: str) -> str:
     """Atomically replace ``target`` with ``text``: a temporary file in the same directory,
     flushed to disk, made world-readable (engines often run as another user than the tuner)
     and renamed over it, so a reader sees the old file or the new one, never a partial one.
-    Returns the path; raises OSError."""
+    A symlink is written through: its target is replaced, the link kept. Returns the path;
+    raises OSError."""
     import tempfile
 
-    target = os.fspath(target)
+    named = target = os.fspath(target)
+    if os.path.islink(target):
+        target = os.path.realpath(target)
     directory = os.path.dirname(target) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
@@ -161,7 +181,7 @@ def replace_file(target, text: str) -> str:
             os.close(dfd)
     except OSError:
         pass
-    return target
+    return named
 
 
 def _search_dirs() -> list:

@@ -14,7 +14,7 @@ import math
 import os
 from typing import NamedTuple
 
-from a2a_tune.tuner.runtime import engines
+from a2a_tune.tuner.runtime import engine_rules, engines
 from a2a_tune.tuner.runtime.point import (
     MAX_EP_SIZE,
     MAX_EXPERTS,
@@ -57,6 +57,11 @@ class LookupRequest(NamedTuple):
     fingerprint: str | None = None
     profile: str | None = None
     max_workspace_mib: float | None = None
+    deployment: engine_rules.Deployment = engine_rules.Deployment()
+
+
+#: Nothing known about the deployment: no start-up rule applies (the common case, shared).
+_NO_FACTS = engine_rules.Deployment()
 
 
 def shown(value) -> str:
@@ -132,6 +137,13 @@ def request(
     max_tokens: int | None = None,
     workload=None,
     max_workspace_mib: float | None = None,
+    lora: bool | None = None,
+    pipeline_size: int | None = None,
+    moe_tp_size: int | None = None,
+    quantization: str | None = None,
+    moe_runner: str | None = None,
+    platform: str | None = None,
+    missing_packages=None,
 ) -> LookupRequest:
     """The checked :class:`LookupRequest`, or :class:`RequestError` saying what is wrong.
 
@@ -144,7 +156,13 @@ def request(
     engine accepts a literal for compete. ``max_workspace_mib`` (default
     ``$A2A_TUNE_MAX_WORKSPACE_MIB``): skip backends holding more device memory per rank. A
     workload file is read when answered, not here (a missing or broken one is the fallback,
-    not a refused request)."""
+    not a refused request).
+
+    The deployment's facts (each None: not known) let only backends the engine can start
+    with compete (:mod:`~a2a_tune.tuner.runtime.engine_rules`): ``lora``, ``pipeline_size``,
+    ``moe_tp_size``, ``quantization`` (one of :data:`~a2a_tune.tuner.runtime.engine_rules.QUANTIZATIONS`),
+    ``moe_runner``, ``platform`` ("cuda", "cuda:8.9", "rocm", "cpu") and ``missing_packages``
+    (those the engine's process cannot import)."""
     if (
         type(ep_size) is int
         and type(hidden) is int
@@ -179,7 +197,42 @@ def request(
         except TypeError:
             raise RequestError("type", "profile", profile, "a file path") from None
     phase, load = _load(tokens, phase, max_tokens, workload)
-    return LookupRequest(shape, phase, load, engine, fingerprint, profile, _budget(max_workspace_mib))
+    facts = (lora, pipeline_size, moe_tp_size, quantization, moe_runner, platform, missing_packages)
+    deployment = _NO_FACTS if facts == (None,) * 7 else _deployment(*facts)
+    return LookupRequest(shape, phase, load, engine, fingerprint, profile, _budget(max_workspace_mib), deployment)
+
+
+def _deployment(
+    lora, pipeline_size, moe_tp_size, quantization, moe_runner, platform, missing
+) -> engine_rules.Deployment:
+    """The checked deployment facts, or RequestError (each None: not known)."""
+    if lora is not None and not isinstance(lora, bool):
+        raise RequestError("type", "lora", lora, "True, False or None")
+    sizes = [
+        None if v is None else _count(n, v) for n, v in (("pipeline_size", pipeline_size), ("moe_tp_size", moe_tp_size))
+    ]
+    for field, value, names in (
+        ("quantization", quantization, engine_rules.QUANTIZATIONS),
+        ("moe_runner", moe_runner, engine_rules.MOE_RUNNERS),
+    ):
+        if value is not None and value not in names:
+            raise RequestError("choice", field, value, names)
+    if platform is not None:
+        try:
+            kind, cap = engine_rules.platform_parts(platform)
+        except (AttributeError, TypeError, ValueError):
+            kind, cap = None, None
+        if kind not in engine_rules.PLATFORMS or (cap is not None and (kind != "cuda" or not 1 <= cap[0] <= 99)):
+            raise RequestError("choice", "platform", platform, ("cuda", "cuda:MAJOR.MINOR", "rocm", "cpu"))
+    packages = frozenset()
+    if missing is not None:
+        try:
+            packages = frozenset(missing) if not isinstance(missing, str) else None
+        except TypeError:
+            packages = None
+        if packages is None or not all(isinstance(p, str) for p in packages):
+            raise RequestError("type", "missing_packages", missing, "a list of package names")
+    return engine_rules.Deployment(lora, *sizes, quantization, moe_runner, platform, packages)
 
 
 def _count(field: str, value, low: int = 1) -> int:

@@ -2,70 +2,23 @@
 
 The one reader AND writer of tables: :func:`parse_profile` reads any readable schema into a
 :class:`Profile`; :func:`to_dict` / :func:`to_json` write a Profile as the current
-:data:`SCHEMA_VERSION` -- the one upgrade path is ``to_json(parse_profile(old))``
-(:func:`upgrade`), and :mod:`a2a_tune.tuner.select` writes through the same two calls. Read by
-:mod:`a2a_tune.tuner.runtime.lookup` at engine start-up, and by every other command that
-reads a table (``show``, ``diff``, ``plot``, ``report``, ``evaluate``, ``tune-knobs``), so
-each judges a table as the lookup does. Standard library only; it checks by hand exactly
-what lookup relies on (jsonschema is too slow and heavy for an engine's start-up;
-``select.validate_profile`` runs the published JSON Schema ``profiles/schema-v<N>.json`` as
-well before writing).
+:data:`SCHEMA_VERSION` (the one upgrade path is ``to_json(parse_profile(old))``,
+:func:`upgrade`), and :mod:`a2a_tune.tuner.select` builds Profiles and writes them the same
+way, so a table read and written again is byte-identical. Read by
+:mod:`a2a_tune.tuner.runtime.lookup` at engine start-up and by every command that reads a
+table, so each judges a table as the lookup does.
 
-Two modes, one set of rules. **Strict** (the default; what lookup uses): the first problem
-raises :class:`ProfileError`. **Lenient** (``notes=[]``; the views): the same problems
-still raise -- a view refuses what every engine would refuse -- and what the lookup
-tolerates but an operator should hear about is appended to ``notes``, one line each: an
-entry without winners, winners that disagree with the entry's curves (lookup answers from
-the curves: :func:`a2a_tune.tuner.runtime.estimate.winners`).
+Standard library only: it checks by hand exactly what lookup relies on (jsonschema is too slow
+for an engine's start-up; select checks the published ``profiles/schema-v<N>.json`` when it
+writes). **Strict** (the default; lookup): the first problem raises :class:`ProfileError`.
+**Lenient** (``notes=[]``; the views): the same problems raise, and what lookup tolerates but
+an operator should hear about (missing winners, winners that disagree with the curves) is
+appended to ``notes``. Every time is in [:data:`MIN_US`, :data:`MAX_US`] µs and every count
+inside the point's bounds. A table of a newer schema says to upgrade a2a-tune.
 
-**Ranges.** Every time is a number of µs in [:data:`MIN_US`, :data:`MAX_US`], every token
-count (and the capacity) one the point allows (:func:`~a2a_tune.tuner.runtime.point.check_tokens`:
-1..2^20, as the CLI, the store and lookup) and every shape size inside the point's bounds:
-inside them every ratio, logarithm and power law the lookup computes is finite and non-zero
-(a median of 5e-324 would round to 0 and divide by zero).
-
-Schema 2 adds to schema 1 (see the JSON Schema for every field):
-
-* per entry and backend ``timing``: ``"eager"`` or ``"graph"`` (CUDA-graph replay) -- one
-  table may mix modes (capturable backends are timed as engines run them in decode);
-  schema 1 had a single ``run.timing`` for the whole table;
-* ``p10_us`` / ``p90_us`` checked too (they decide ties), with p10 <= median <= p90;
-* per winner: ``fastest`` (lowest median), ``runner_up``, ``margin`` =
-  runner-up median / fastest median - 1, ``tie`` and the winner's p10/p90;
-* ``tie_preference``: the order that settles ties (see :mod:`a2a_tune.tuner.runtime.estimate`).
-* optional per entry and backend ``knobs``: one object (knob name -> number, string or
-  boolean) or null per token count, aligned with ``tokens``: the launch setting the knob
-  search (:mod:`a2a_tune.tuner.knobs`) found fastest there; null: the backend's defaults.
-
-Schema 3 adds to schema 2 optional figures per entry and backend, each an array aligned with
-``tokens`` holding null where not measured (:data:`FIGURE_CURVES` in µs, :data:`FIGURE_COUNTS`
-numbers >= 0; what each counts: :mod:`a2a_tune.tuner.figures`): ``dispatch_us`` and
-``combine_us``, the bytes per rank per direction of each half (logical and over the link),
-and ``workspace_mib``, the device memory the backend holds per rank. Schema 1 and 2 tables
-have none: their entries carry the round trip alone.
-
-Schema 4 changes two things and adds two (and every table is written through this module,
-``to_json``, so a parsed table written again is byte-identical):
-
-* ``backends.<b>``: ``engines`` -- one map engine -> literal (null: the engine has none) keyed
-  by :data:`a2a_tune.tuner.runtime.engines.ENGINES` -- replaces ``vllm_name`` / ``sglang_name`` /
-  ``trtllm_name``; ``closest`` (engine -> literal) replaces ``vllm_closest``. A new engine is a
-  new key, not a new schema.
-* ``failed.<b>`` is an object ``{kind, tokens, reason}`` (:class:`Failed`), never text to parse.
-* per entry ``provenance``: the runs its measurements come from, newest first (run id, date,
-  facts hash, status: a run not ``completed`` makes the entry, and the table, *partial*);
-* per entry ``fabric``: what its EP groups span (:data:`FABRICS`).
-
-Older files are converted on load (the same conversion :func:`upgrade` writes): failure text
-``"kind[ at T tokens/rank]: reason"`` becomes a :class:`Failed`, the per-engine name fields the
-engines map. Schema 1 files are converted on load: every backend gets ``run.timing`` ("graph" for
-``graph`` / ``cuda_graph``, else "eager"), p10/p90 are used where valid (else the
-spread is unknown: no ties), and the tie preference is the engine default
-``allgather_reducescatter`` first, then the order of the ``backends`` section. Any other
-version is refused with one line naming the field ``schema``.
-
-Every problem is a :class:`ProfileError` whose ``str()`` is one line naming the file and
-the JSON path of the field, e.g.
+What each schema added, and how older files are converted on load: docs/architecture.md
+("Schemas"). Every problem is a :class:`ProfileError` whose ``str()`` is one line naming the
+file and the JSON path of the field, e.g.
 ``h200.nvl18x2.node1.json: entries[3].backends.nccl_all2allv.median_us[2]: not a positive finite number``.
 """
 
@@ -118,6 +71,7 @@ __all__ = [
     "parse_profile",
     "round_us",
     "to_dict",
+    "json_text",
     "to_json",
     "upgrade",
 ]
@@ -156,6 +110,8 @@ def describe_shape(s: Shape) -> str:
     return Shape(*s).describe()
 
 
+_NONE = MappingProxyType({})
+
 # Records are named tuples, not dataclasses: importing dataclasses costs ~10 ms (it
 # imports inspect), which every engine would pay at start-up.
 
@@ -174,7 +130,9 @@ class Failed(namedtuple("Failed", "kind tokens reason")):
 
 class ProfileEntry(
     namedtuple(
-        "ProfileEntry", "shape source tokens median_us p10_us p90_us timing failed knobs figures provenance fabric"
+        "ProfileEntry",
+        "shape source tokens median_us p10_us p90_us timing failed knobs figures provenance fabric origin failed_origin",
+        defaults=(_NONE, _NONE),
     )
 ):
     """One validated entry: a shape and each backend's curves over tokens per rank.
@@ -187,10 +145,20 @@ class ProfileEntry(
     ``figures``: backend -> {figure name -> tuple aligned with ``tokens``} for the schema-3
     figures the table holds (backends with any); ``provenance``: tuple of read-only mappings
     {run, date, facts_hash, status}, newest first (schema 4; empty before); ``fabric``: one
-    of :data:`FABRICS` or None (not recorded). Mappings are read-only.
+    of :data:`FABRICS` or None (not recorded); ``origin``: backend -> tuple aligned with
+    ``tokens`` of the index in ``provenance`` of the run each point comes from (None: not
+    measured) and ``failed_origin``: backend -> that index for its failure; a backend absent
+    there comes from ``provenance[0]``. Mappings are read-only.
     """
 
     __slots__ = ()
+
+    def origin_of(self, backend: str) -> tuple:
+        """The provenance index of each point of ``backend``'s curve (None: not measured)."""
+        got = self.origin.get(backend)
+        if got is not None:
+            return got
+        return tuple(None if m is None else 0 for m in self.median_us.get(backend, ()))
 
 
 class BackendNames(namedtuple("BackendNames", "literals closest engine_options")):
@@ -247,7 +215,7 @@ class Profile(namedtuple("Profile", "path schema fingerprint backends tie_prefer
 
 
 def parse_profile(data, path: str | None = None, *, notes: list | None = None) -> Profile:
-    """Validate decoded profile JSON (schema 1, 2 or 3) -> :class:`Profile`.
+    """Validate decoded profile JSON (schema 1 to 4) -> :class:`Profile`.
 
     Raises :class:`ProfileError` naming the first bad field. ``notes``: a list for the
     lenient mode (module docstring): what lookup tolerates is appended there, one line each.
@@ -265,6 +233,12 @@ def _parse(data, path, notes) -> Profile:
     if "schema" not in top:
         raise ProfileError("missing", field="schema")
     schema = top["schema"]
+    if type(schema) is int and schema > SCHEMA_VERSION:
+        raise ProfileError(
+            f"version {schema} is from a newer a2a-tune (this one reads schemas "
+            f"{', '.join(map(str, READABLE_SCHEMAS))}); upgrade a2a-tune to read it",
+            field="schema",
+        )
     if type(schema) is not int or schema not in READABLE_SCHEMAS:
         raise ProfileError(
             f"unsupported version {schema!r} (this a2a-tune reads schemas "
@@ -438,7 +412,7 @@ def _parse_entry(
             raise ProfileError("token counts must be strictly ascending", field=f"{where}.tokens[{j}]")
     n = len(tokens)
 
-    medians, p10s, p90s, timings, knobs, extra = {}, {}, {}, {}, {}, {}
+    medians, p10s, p90s, timings, knobs, extra, origin_raw = {}, {}, {}, {}, {}, {}, {}
     for name, curve in obj_at(e.get("backends"), f"{where}.backends").items():
         bwhere = f"{where}.backends.{name}"
         if name not in backends:
@@ -472,13 +446,20 @@ def _parse_entry(
             found.update({k: counts_at(curve[k], n, bwhere, k) for k in FIGURE_COUNTS if k in curve})
             if found:
                 extra[name] = MappingProxyType(found)
+        if "from" in curve and schema >= 4:
+            origin_raw[name] = curve["from"]
 
     failed = {}
     for name, why in obj_at(e.get("failed", {}), f"{where}.failed").items():
         failed[name] = _failed(why, f"{where}.failed.{name}", schema)
-    provenance, fabric = legacy_source, None
+    provenance, fabric, origin, failed_origin = legacy_source, None, {}, {}
     if schema >= 4:
         provenance = _provenance(e.get("provenance", []), f"{where}.provenance")
+        for name, raw_from in origin_raw.items():
+            origin[name] = _origin(raw_from, n, len(provenance), medians[name], f"{where}.backends.{name}.from")
+        for name, why in e.get("failed", {}).items():
+            if "from" in why:
+                failed_origin[name] = _origin_index(why["from"], len(provenance), f"{where}.failed.{name}.from")
         fabric = e.get("fabric")
         if fabric is not None and fabric not in FABRICS:
             raise ProfileError(
@@ -501,7 +482,29 @@ def _parse_entry(
         figures=MappingProxyType(extra),
         provenance=provenance,
         fabric=fabric,
+        origin=MappingProxyType(origin),
+        failed_origin=MappingProxyType(failed_origin),
     )
+
+
+def _origin_index(v, runs: int, where: str) -> int:
+    if type(v) is not int or not 0 <= v < runs:
+        raise ProfileError(
+            f"expected the index of one of the entry's {runs} provenance record(s), got {v!r}", field=where
+        )
+    return v
+
+
+def _origin(raw, n: int, runs: int, medians: tuple, where: str) -> tuple:
+    """A curve's ``from``: per token count, the provenance index of its run (null: not measured)."""
+    if type(raw) is not list or len(raw) != n:
+        raise ProfileError(f"expected an array of {n} values (one per token count)", field=where)
+    for j, (v, m) in enumerate(zip(raw, medians)):
+        if (v is None) != (m is None):
+            raise ProfileError("null exactly where the median is null", field=f"{where}[{j}]")
+        if v is not None:
+            _origin_index(v, runs, f"{where}[{j}]")
+    return tuple(raw)
 
 
 def _failed(raw, where: str, schema: int) -> Failed:
@@ -621,10 +624,15 @@ def _entry_out(e: ProfileEntry, preference) -> dict:
         if b in e.knobs:
             curve["knobs"] = [None if k is None else dict(k) for k in e.knobs[b]]
         curve.update({k: list(v) for k, v in e.figures.get(b, {}).items()})
+        if len(e.provenance) > 1:  # one run: every point is its own
+            curve["from"] = list(e.origin_of(b))
         curves[b] = curve
     out.update(source=e.source, tokens=list(e.tokens), backends=curves)
     out["winners"] = [w._asdict() for w in entry_winners(e, preference)]
     out["failed"] = {b: f._asdict() for b, f in e.failed.items()}
+    if len(e.provenance) > 1:
+        for b, f in out["failed"].items():
+            f["from"] = e.failed_origin.get(b, 0)
     if e.provenance:
         out["provenance"] = [dict(p) for p in e.provenance]
     if e.fabric is not None:
@@ -636,7 +644,12 @@ def to_json(profile: Profile) -> str:
     """The table file's text: :func:`to_dict`, keys sorted, one line per curve / winner / flat
     object (so ``diff`` of two tables shows one changed line per changed curve), a final
     newline. ``to_json(parse_profile(json.loads(text))) == text`` for a file it wrote."""
-    return _dumps(to_dict(profile)) + "\n"
+    return json_text(to_dict(profile))
+
+
+def json_text(table: dict) -> str:
+    """A table object (:func:`to_dict`) as the file's text (:func:`to_json`)."""
+    return _dumps(table) + "\n"
 
 
 def upgrade(data) -> dict:

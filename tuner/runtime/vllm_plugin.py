@@ -1,69 +1,23 @@
-"""vLLM general plugin: start vLLM with the all2all backend this machine's table picks.
+"""vLLM general plugin: start vLLM with the fastest all2all backend it can start with here.
 
-Enabled by installing a2a-tune into vLLM's environment: the entry point
-``a2a_tune = a2a_tune.tuner.runtime.vllm_plugin:register`` in the group ``vllm.general_plugins``
-is loaded by vLLM in every process it starts (``vllm.plugins.load_general_plugins``; with
-``VLLM_PLUGINS`` set, only the plugins it names are loaded, so add ``a2a_tune`` there).
-``A2A_TUNE_VLLM_PLUGIN=0`` turns it off without uninstalling. Checked against the real
-vLLM of :data:`a2a_tune.tuner.runtime.engines.VERSIONS` in CI (``tests/test_engines_real.py``).
+Enabled by installing a2a-tune into vLLM's environment (entry point ``a2a_tune`` in the
+group ``vllm.general_plugins``; with ``VLLM_PLUGINS`` set, name ``a2a_tune`` there);
+``A2A_TUNE_VLLM_PLUGIN=0`` turns it off. :func:`register` wraps
+``EngineArgs.create_engine_config``: vLLM builds its config, :func:`decide` reads the model
+shape, payload, phase and the deployment's facts from it (LoRA, pipeline size, quantization,
+the platform and its compute capability, which backend packages import), asks
+:func:`~a2a_tune.tuner.runtime.lookup.lookup` for vLLM (only literals vLLM accepts, only
+backends the start-up rules of :mod:`~a2a_tune.tuner.runtime.engine_rules` allow), and when
+the answer differs sets ``EngineArgs.all2all_backend`` and lets vLLM build again, so vLLM's
+own validation applies; if that build fails the first config is kept.
 
-**Mechanism.** vLLM reads no environment variable for the backend, and a plugin is called
-without arguments, after the first ``EngineArgs`` exists (vLLM's ``EngineArgs.__post_init__``
-loads the plugins). So :func:`register` wraps
-``vllm.engine.arg_utils.EngineArgs.create_engine_config`` once per process. The wrapper
-lets vLLM build its config, reads the model shape, parallel sizes and scheduler limits
-from it, asks :func:`a2a_tune.tuner.runtime.lookup.lookup` (``engine="vllm"``: only literals vLLM
-accepts), and when the table picks another backend sets ``EngineArgs.all2all_backend`` and
-lets vLLM build the config again -- so vLLM's own validation and the platform rules that
-depend on the backend (e.g. no CUDA graphs with DeepEP high-throughput) apply to the
-choice. If that second build fails, the first config (vLLM's default) is returned.
-
-**What is asked** (:func:`decide`):
-
-* the backend only matters where vLLM runs all2all kernels: expert parallelism with data
-  parallelism > 1, prefill context parallelism > 1, or sequence-parallel MoE
-  (``FusedMoEParallelConfig.use_all2all_kernels``); otherwise nothing is changed;
-* shape: hidden size, routed experts and top-k from the model's Hugging Face config (the
-  keys ``a2a-tune sweep --model-config`` reads); ``ep_size`` = TP x DP x PCP (vLLM's EP
-  group);
-* payload: what vLLM's all2all carries for the checkpoint's quantization (read in vLLM 0.33:
-  its prepare() quantizes with the MoE's ``quant_dtype``, then dispatches): ModelOpt NVFP4
-  and compressed-tensors NVFP4 (W4A4) look up ``nvfp4``; ModelOpt MXFP8 ``mxfp8``; block-FP8
-  (``quant_method`` fp8 with 128-wide ``weight_block_size``, e.g. DeepSeek-V3) and
-  compressed-tensors FP8 in groups of 128 ``fp8_e4m3``; per-tensor FP8 (fp8 without blocks,
-  ModelOpt FP8, compressed-tensors per-tensor/per-token FP8) ``fp8_e4m3`` too, the nearest
-  measured payload, said so; MXFP4 (gpt-oss) and weight-only methods (AWQ, GPTQ, ...) the
-  model dtype, as vLLM sends it (said so); any other quantization keeps vLLM's default with a
-  one-line reason. The log line names the payload;
-* the answer in vLLM's units: the saving against vLLM's default per decode (or prefill) step
-  over the model's MoE layers (``runtime.savings``; ``A2A_TUNE_TPOT_MS=T``: also as a share of
-  that TPOT), e.g. "expected -1.3 ms per decode step vs vLLM's default (58 MoE layers)";
-* phase: ``A2A_TUNE_WORKLOAD=FILE`` (a histogram, see :mod:`a2a_tune.tuner.runtime.workload`), else
-  ``A2A_TUNE_PHASE=decode|prefill``, else from disaggregated serving's KV role (a
-  ``kv_producer`` engine only prefills, a ``kv_consumer`` only decodes), else decode (a
-  combined engine runs mostly decode steps). Decode: tokens per rank 1..``max_num_seqs``;
-  prefill: ``max_num_batched_tokens`` per step;
-* the table: ``$A2A_TUNE_PROFILE_DIR``, the user's, then the packaged tables, for the
-  fingerprint in ``$A2A_TUNE_FINGERPRINT`` or probed (NVML, read in a child process);
-* a memory budget: with ``A2A_TUNE_MAX_WORKSPACE_MIB=N`` backends holding more than N MiB of
-  device memory per rank (the table's ``workspace_mib``) do not compete, so the KV cache keeps
-  what the operator reserved; the log line names what was skipped (the lookup's rule).
-
-**The user's choice wins, and so does vLLM's own.** Nothing is changed when the backend
-was chosen explicitly: ``--all2all-backend`` in any spelling vLLM's parser accepts
-(``--all2all_backend``, ``--all2all-backend=X``, an unambiguous abbreviation such as
-``--all2all``), the key in a ``--config`` YAML file, or a value other than vLLM's default
-on ``EngineArgs`` (the Python API). Nor when vLLM set the backend itself: a config whose
-backend differs from ``EngineArgs.all2all_backend`` (e.g. ``passthrough``, bound when
-``--moe-backend`` dispatches and combines on its own) is kept as built, without a second
-build. ``VLLM_ALL2ALL_BACKEND`` is no choice: vLLM no longer reads it. Limit: passing
-vLLM's default value itself through the Python API
-(``LLM(all2all_backend="allgather_reducescatter")``) looks like no choice; set
-``A2A_TUNE_VLLM_PLUGIN=0`` there.
-
-**Logging.** One line per engine start on the logger ``vllm.a2a_tune`` (vLLM's handlers
-print it): INFO saying what was chosen and why, or WARNING saying why vLLM's default was
-kept. Never raises: any failure keeps vLLM's default with one warning.
+Nothing is changed when the user chose the backend (any spelling of ``--all2all-backend``,
+a ``--config`` YAML key, a non-default ``EngineArgs`` value), when vLLM set it itself
+(``passthrough``), when vLLM runs no all2all kernels, or when the check cannot run (a
+platform or quantization the rules do not know, a config it cannot read): vLLM's default is
+kept. One line per engine start on the logger ``vllm.a2a_tune`` says what was chosen, what
+the rules excluded and why, or why the default was kept. Never raises. docs/engines.md
+gives the whole route, the payload mapping and the environment variables.
 
 Importing this module imports only the standard library (no torch, no vLLM).
 """
@@ -75,7 +29,7 @@ import os
 import sys
 from collections import namedtuple
 
-from a2a_tune.tuner.runtime import engines, savings
+from a2a_tune.tuner.runtime import engine_rules, engines, savings
 from a2a_tune.tuner.runtime.environ import env_text
 from a2a_tune.tuner.runtime.text import one_line, quoted
 
@@ -447,6 +401,9 @@ def decide(config, *, explicit: bool = False) -> Decision:
             "warning",
         )
     request, phase_text = _phase(config)
+    facts, known = _deployment(config, dtype, note)
+    if facts is None:
+        return Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r}: {known}", "warning")
 
     from a2a_tune.tuner.runtime.lookup import lookup  # stdlib only
 
@@ -459,12 +416,19 @@ def decide(config, *, explicit: bool = False) -> Decision:
         engine="vllm",
         quiet=True,
         **request,
+        **facts,
     )
     payload = f"payload {dtype}" + (f" ({note})" if note else "")
     what = f"ep_size={ep_size} hidden={hidden} topk={topk} experts={experts} {payload}, {phase_text}"
+    rules = f"; {known}" if known else ""
     if choice.match == "fallback":
+        rules = _excluded_text(choice.excluded) + rules
+        if choice.excluded:  # the rules left nothing the table measured: vLLM's default is the answer
+            return Decision(None, f"a2a-tune: keeps vLLM's all2all backend {current!r} for {what}{rules}; kept")
         reason = choice.reason.split("; using fallback all2all backend")[0]  # we say "keeping" ourselves
-        return Decision(None, f"a2a-tune: keeping vLLM's all2all backend {current!r} for {what}: {reason}", "warning")
+        return Decision(
+            None, f"a2a-tune: keeping vLLM's all2all backend {current!r} for {what}{rules}: {reason}", "warning"
+        )
     literal = choice.engines["vllm"]
     verb = (
         f"keeps --all2all-backend {literal}"
@@ -478,9 +442,81 @@ def decide(config, *, explicit: bool = False) -> Decision:
     saving = "".join(f"; {part}" for part in (saving, ignored) if part)
     return Decision(
         literal,
-        f"a2a-tune: {verb} for {what} [hardware {choice.hardware_match}]{saving}: {choice.reason}",
+        f"a2a-tune: {verb} for {what}{rules} [hardware {choice.hardware_match}]{saving}: {choice.reason}",
         "warning" if ignored else "info",
     )
+
+
+def _excluded_text(excluded) -> str:
+    """ "; <why>: excluded a, b" per start-up rule that dropped a backend (choice.excluded)."""
+    by_why: dict = {}
+    for backend, text in sorted(excluded.items()):
+        by_why.setdefault(text.split(": ", 1)[-1], []).append(backend)  # "<rule>: <why>"
+    return "".join(f"; {why}: excluded {', '.join(bs)}" for why, bs in by_why.items())
+
+
+def _deployment(config, dtype: str, note: str) -> tuple:
+    """(lookup's deployment keywords, a note or "") read from the running vLLM, or (None, why
+    the check cannot run): then vLLM's default is kept."""
+    platform = _platform_of()
+    if platform is None:
+        return None, "this vLLM platform has no start-up rules here (CUDA, ROCm and CPU do)"
+    par = config.parallel_config
+    facts = {
+        "lora": getattr(config, "lora_config", None) is not None,
+        "pipeline_size": getattr(par, "pipeline_parallel_size", 1) or 1,
+        "quantization": _rules_quantization(config.model_config, dtype, note),
+        "platform": platform,
+        "missing_packages": _missing_packages(),
+    }
+    return facts, _version_note()
+
+
+def _platform_of() -> str | None:
+    """vLLM's platform as the rules name it ("cuda:9.0", "rocm", "cpu"), or None (another)."""
+    from vllm.platforms import current_platform as p  # inside vLLM: already imported
+
+    if p.is_cuda():
+        cap = p.get_device_capability()
+        return f"cuda:{cap.major}.{cap.minor}" if cap is not None else "cuda"
+    if p.is_rocm():
+        return "rocm"
+    if p.is_cpu():
+        return "cpu"
+    return None
+
+
+def _missing_packages() -> list:
+    """The backends' packages vLLM's process cannot import (found without importing them)."""
+    from importlib.util import find_spec
+
+    names = sorted(set(engine_rules.PACKAGES["vllm"].values()))
+    return [n for n in names if find_spec(n) is None]
+
+
+def _version_note() -> str:
+    """ "" for the vLLM version the rules were read from; else a note that the nearest is used."""
+    try:
+        from importlib.metadata import version
+
+        running = version("vllm")
+    except Exception:
+        running = None
+    return engine_rules.nearest_version("vllm", running)[1]
+
+
+def _rules_quantization(model_config, dtype: str, note: str) -> str:
+    """The checkpoint's quantization in the rules' words (engine_rules.QUANTIZATIONS)."""
+    if note == _PER_TENSOR_NOTE:
+        return "fp8_per_tensor"
+    if dtype == "fp8_e4m3":
+        return "fp8_block"
+    if dtype in ("nvfp4", "mxfp8"):
+        return dtype
+    method = str(getattr(model_config, "quantization", None) or _quant_config(model_config).get("quant_method") or "")
+    if not method:
+        return "none"
+    return "mxfp4" if method == "mxfp4" else "weight_only"
 
 
 def _moe_layers(model_config):

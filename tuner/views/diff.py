@@ -3,34 +3,13 @@
 Both sides are read as the lookup reads them (:mod:`.load`): a table the lookup refuses is
 refused here too, so a candidate on which every engine would fall back never passes.
 
-Rules (:func:`diff_views`):
-
-* **Regression**: a backend at a (shape, tokens) point that is slower beyond both runs'
-  spread and beyond the minimum effect: B's p10 > A's p90 (the inner spreads do not
-  overlap), B's median - A's median > the wider of the two p10..p90 spreads (the shift
-  is larger than either run's own scatter), and B's median / A's median > 1 +
-  ``min_effect`` (:data:`MIN_EFFECT`, ``--tolerance``). Without p10/p90 on either side
-  the medians alone are compared (marked so). The spread rule keeps a loaded machine's
-  outliers out (a CPU point whose p10..p90 spans 1-3x its median moves 3x between two
-  back-to-back runs); the minimum effect keeps out what the spreads of one run do not
-  show: run-to-run drift of a few per cent (BENCHMARKS.md, "diff: change or noise").
-* **Improvement**: the mirror image (B's p90 < A's p10, faster by more than either
-  spread and by the minimum effect).
-* **Winner change**: the winner at a (shape, tokens) point differs. It is "within
-  noise" when B's tie pairs the two backends, or when in B the old winner's spread
-  overlaps the new winner's (B's old-winner p10 <= new-winner p90). Only B decides: a
-  tie in A that B settles clearly is a real change.
-* **New failure**: a backend failed for a shape in B but not in A (counts as a
-  regression: a backend that now fails its correctness check is worse than slow).
-* Points whose timing mode differs between A and B (eager vs graph) are not compared;
-  the diff says so.
-* Where both sides timed dispatch and combine apart (schema 3), a changed point also says
-  how each half moved (``dispatch_ratio``, ``combine_ratio``: B / A): which half got slower.
+Design notes: docs/architecture.md, "Module notes", `tuner/views/diff.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -166,12 +145,23 @@ def beyond_noise(am: float, a10, a90, bm: float, b10, b90, min_effect: float = M
     ratio = bm / am
     if None in (a10, a90, b10, b90):
         return 1 if ratio > 1 + min_effect else -1 if ratio < 1 / (1 + min_effect) else 0
-    scatter = max(a90 - a10, b90 - b10)
-    if b10 > a90 and bm - am > scatter and ratio > 1 + min_effect:
+    if ratio > 1 + min_effect and _separate(am, a10, a90, bm, b10, b90):
         return 1
-    if b90 < a10 and am - bm > scatter and ratio < 1 / (1 + min_effect):
+    if ratio < 1 / (1 + min_effect) and _separate(bm, b10, b90, am, a10, a90):
         return -1
     return 0
+
+
+def _separate(lm: float, l10: float, l90: float, hm: float, h10: float, h90: float) -> bool:
+    """Whether the higher distribution (h) lies above the lower (l) beyond noise: its p10
+    above l's p90, and either the shift of the medians beyond the wider spread or the gap
+    between the two (in log) beyond the narrower spread (the module docstring's rule)."""
+    if not h10 > l90 > 0 or min(l10, h10) <= 0:
+        return False
+    if hm - lm > max(l90 - l10, h90 - h10):
+        return True
+    gap = math.log(h10 / l90)
+    return gap > min(math.log(l90 / l10), math.log(h90 / h10))
 
 
 def diff_views(a: TableView, b: TableView, *, tolerance: float = MIN_EFFECT) -> DiffResult:
@@ -320,7 +310,7 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
     from rich.table import Column
     from rich.text import Text
 
-    from .layout import indented, print_fitted
+    from ..console import indented, print_fitted
     from .show import labelled
 
     def side(v: TableView) -> str:
@@ -365,7 +355,7 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
                 Column("tokens", justify="right", no_wrap=True),
                 Column("A winner", no_wrap=True),
                 Column("B winner", no_wrap=True),
-                Column("in B"),  # prose: wraps at spaces
+                Column("in B", min_width=16),  # prose: wraps at spaces, a few words a line or under the names
             ]
             rows = []
             same = lambda p, q: (p.a_winner, p.b_winner, p.noise, p.why) == (q.a_winner, q.b_winner, q.noise, q.why)  # noqa: E731
@@ -387,7 +377,17 @@ def render_diff(res: DiffResult, console, *, fail_on: Iterable = ("regressions",
                         Text(detail, style=dim),
                     )
                 )
-            print_fitted(console, columns, rows, title="winner changed", title_style="bold", **_DIFF_TABLE)
+            print_fitted(  # too narrow for the prose beside two long names: it goes under them
+                console,
+                columns,
+                rows,
+                key=1,
+                stack=(3,),
+                title="winner changed",
+                stacked_title="winner changed: in B",
+                title_style="bold",
+                **_DIFF_TABLE,
+            )
         for f in (f for f in res.new_failures if f.shape == key):
             console.print(
                 indented(Text.assemble(("newly failing in B: ", "bold red"), (f.backend, "bold"), f": {f.reason}"))

@@ -24,13 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.files import FileRefused, read_head
-from ..runtime.fingerprint import normalize_fingerprint
 from ..runtime.measurement import Measurement
 from ..runtime.profiles import parse_table_json, read_table_bytes
 from ..runtime.table import (
     FALLBACK_BACKEND,
     GRAPH_WORDS,
-    SCHEMA_VERSION,
     SHAPE_KEYS,
     ProfileEntry,
     ProfileError,
@@ -38,6 +36,7 @@ from ..runtime.table import (
     parse_profile,
 )
 from ..select import fabric_of, iso_timestamp, provenance_of, select_entries
+from ..studies import stored_knobs
 from .model import Curve, FailureView, ShapeView, TableView, ViewError, clean, shape_label
 
 __all__ = [
@@ -142,6 +141,7 @@ def _shape_view(entry: ProfileEntry, preference) -> ShapeView:
             list(entry.p10_us[b]),
             list(entry.p90_us[b]),
             {k: list(v) for k, v in entry.figures.get(b, {}).items()},
+            knobs=[None if k is None else dict(k) for k in entry.knobs.get(b, ())],
         )
         for b in entry.median_us
     }
@@ -254,9 +254,23 @@ def load_run_view(db: str | None, run_id: int | None = None) -> TableView:
             hw = store.hardware_for_run(run.id)
             measurements = store.measurements(run.id)
             failures = store.failures(run.id)
+            capacity = run.config.get("capacity") if isinstance(run.config, Mapping) else None
+            tuned = stored_knobs(store, hw.fingerprint, capacity)
     except StoreError as exc:
         raise ViewError(str(exc)) from None
-    return view_from_records(run, hw, measurements, failures, label=f"{shown} run {run.id}")
+    view = view_from_records(run, hw, measurements, failures, label=f"{shown} run {run.id}")
+    _attach_knobs(tuned, view.shapes)
+    return view
+
+
+def _attach_knobs(tuned, shapes: list) -> None:
+    """Each curve's tuned setting per token count, from the store's rows ((key, knobs) each,
+    :func:`a2a_tune.tuner.studies.stored_knobs`), where a shape, backend and token count match."""
+    by_point = {(key.point.shape, key.backend, key.tokens_per_rank): knobs for key, knobs in tuned}
+    for s in shapes:
+        for backend, curve in s.curves.items():
+            found = [by_point.get((s.shape, backend, t)) for t in s.tokens]
+            curve.knobs = found if any(k is not None for k in found) else []
 
 
 def run_tie_preference(config: Mapping | None) -> tuple:
@@ -278,16 +292,10 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         raise ViewError(f"{label}: {exc}") from None
     shapes = []
     if entries:
-        table = {
-            "schema": SCHEMA_VERSION,
-            "hardware": {"fingerprint": _fingerprint_or_placeholder(g(hw, "fingerprint"))},
-            "backends": {b: {} for b in preference},
-            "tie_preference": preference,
-            "entries": entries,
-        }
-        prof = _parse(table, label, notes)
-        shapes = [_shape_view(e, prof.tie_preference) for e in prof.entries]
-        source = _clean_provenance(provenance_of(run, hw, g(run, "status") or "completed"))
+        shapes = [_shape_view(e, tuple(preference)) for e in entries]
+        source = _clean_provenance(
+            provenance_of(g(run, "id"), g(run, "started_at"), g(hw, "facts_hash"), g(run, "status") or "completed")
+        )
         config = g(run, "config")
         recorded = config.get("fabrics") if isinstance(config, Mapping) else None
         for shape in shapes:  # what select records of each entry
@@ -356,14 +364,6 @@ def _attach_group_us(measurements: list[Measurement], shapes: list) -> None:
         if not curve.group_us:
             curve.group_us = [None] * len(shape.tokens)
         curve.group_us[shape.tokens.index(tokens)] = list(per_group)
-
-
-def _fingerprint_or_placeholder(fp) -> str:
-    """The run's fingerprint for the table reader (the view shows the store's own)."""
-    try:
-        return normalize_fingerprint(fp)
-    except ValueError:
-        return "unknown"
 
 
 def _other_modes(measurements: list, shapes: list) -> list:

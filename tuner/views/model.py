@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from ..figures import LinkBandwidth, gbps, link_bandwidth, link_pct
 from ..runtime.measurement import FIGURE, FIGURES
 from ..runtime.point import Shape
+from ..runtime.point import shape_label as point_label
 from ..runtime.table import SHAPE_KEYS
 from ..runtime.text import one_line
 
@@ -77,6 +78,9 @@ class Curve:
     figures: dict = field(default_factory=dict)  # schema 3: figure name -> list aligned with tokens
     # runs: each EP group's median per token count (None where not stored; tuner.groups)
     group_us: list = field(default_factory=list)
+    # the tuned launch setting per token count (None: the backend's defaults): the table's
+    # ``knobs``, or for a run what tune-knobs stored for its machine
+    knobs: list = field(default_factory=list)
 
     def at(self, j: int) -> tuple:
         """(median, p10, p90) at token index j, each None when missing."""
@@ -338,20 +342,25 @@ def token_range(lo: int, hi: int) -> str:
 
 
 def _preset_names() -> dict:
+    """(experts, top-k, hidden) -> the names of every preset of that shape (two may share one:
+    deepseek-v3 and deepseek-v3.2), in the presets' order."""
     try:
         from ..shapes import presets
 
-        return {(p.num_experts, p.topk, p.hidden): name for name, p in presets().items()}
+        names: dict = {}
+        for name, p in presets().items():
+            names.setdefault((p.num_experts, p.topk, p.hidden), []).append(name)
+        return {k: tuple(v) for k, v in names.items()}
     except Exception:  # the view works without preset names
         return {}
 
 
 def shape_label(shape, *, with_model: bool = True) -> str:
-    """``deepseek-v3 E=256 k=8 H=7168 · bf16 · uniform · EP 2`` (model name when a preset matches)."""
+    """``deepseek-v3/deepseek-v3.2 E=256 k=8 H=7168 · bf16 · uniform · EP 2``: the shape named
+    by every preset of it (a table does not say which of them was run)."""
     ep, hidden, topk, ne, dtype, routing = shape.key if hasattr(shape, "key") else shape
-    model = _preset_names().get((ne, topk, hidden)) if with_model else None
-    core = f"E={ne} k={topk} H={hidden}"
-    return f"{model + ' ' if model else ''}{core} · {dtype} · {routing} · EP {ep}"
+    models = _preset_names().get((ne, topk, hidden), ()) if with_model else ()
+    return point_label(ne, topk, hidden, dtype, routing, ep, models=models)
 
 
 def shape_slug(shape) -> str:

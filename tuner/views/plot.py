@@ -15,14 +15,9 @@ dispatch + combine round trip, over the bandwidth one rank can send at::
     remote   = (W - 1) x (1 - C(E - E/W, k) / C(E, k))   # expected other ranks a token
                                                         # has an expert on (uniform routing)
 
-The bandwidth is ``--link-gbs`` when given, else from the probe facts
-(:func:`a2a_tune.tuner.figures.link_bandwidth`): the NVLink island holding W GPUs, its fewest
-active links per GPU x the per-link speed (an H200 NV18 pair: 18 x 26.562 GB/s = 478 GB/s),
-else on one node the GPUs' PCIe generation x width. Neither known (ranks across nodes, a CPU
-run, no PCIe numbers) or routing other than uniform -> no line, and the figure says why. Every figure
-states the bound's assumptions in its footnote.
-
 matplotlib (``pip install a2a-tune[plot]``) is imported lazily, with the Agg backend.
+
+Design notes: docs/architecture.md, "Module notes", `tuner/views/plot.py`.
 """
 
 from __future__ import annotations

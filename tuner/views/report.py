@@ -317,6 +317,29 @@ def _failures_section(view: TableView) -> str:
     return f"<table><tr><th>backend</th><th>kind</th><th>where</th><th>reason</th></tr>{body}</table>"
 
 
+def _engines_section(view: TableView) -> str:
+    """Per engine, which of this table's backends it cannot start with, and when (engine_rules)."""
+    from ..runtime.engine_rules import describe
+    from ..runtime.engines import NAMES
+
+    literals = {lit for n in view.backends.values() for lit in (n.get("engines") or {}).values() if lit}
+    rows = describe(literals)
+    if not rows:
+        return '<p class="muted">No engine start-up rule concerns the backends of this table.</p>'
+    body = "".join(
+        f"<tr><td>{_e(NAMES[r['engine']])} {_e(r['version'])}</td><td>{_e('cannot start' if r['kind'] == 'refuses' else 'note')}</td>"
+        f'<td class="mono">{_e(", ".join(r["backends"]))}</td><td>{_e(r["when"])}</td><td>{_e(r["why"])}</td>'
+        f'<td class="mono">{_e(r["source"])}</td></tr>'
+        for r in rows
+    )
+    return (
+        '<p class="muted">The engine runs in its own environment: lookup and the vLLM plugin never answer a '
+        "backend the engine cannot start with in the deployment they are told (or, for the plugin, read).</p>"
+        "<table><tr><th>engine</th><th></th><th>backends</th><th>when</th><th>why</th><th>source</th></tr>"
+        f"{body}</table>"
+    )
+
+
 def render_report(view: TableView, *, link_gbs: float | None = None, plots: bool = True) -> str:
     """The whole HTML document as a string."""
     figures = []
@@ -349,7 +372,7 @@ def render_report(view: TableView, *, link_gbs: float | None = None, plots: bool
 <body><main>
 <h1>{_e(title)}</h1>
 <p class="sub">{_e(what)} <code>{_e(view.label)}</code> · {_e(len(view.shapes))} shape(s) · report written {_e(now)}</p>
-<nav><a href="#winners">winners</a><a href="#failures">failures</a><a href="#facts">probe facts</a><a href="#provenance">run provenance</a><a href="#plots">plots</a></nav>
+<nav><a href="#winners">winners</a><a href="#failures">failures</a><a href="#engines">engines</a><a href="#facts">probe facts</a><a href="#provenance">run provenance</a><a href="#plots">plots</a></nav>
 {notes}
 {_summary(view)}
 <h2 id="winners">Winners per shape and token range</h2>
@@ -358,6 +381,7 @@ runner-up's median lies inside the fastest backend's p10–p90 spread there and 
 so the measurement cannot tell them apart (the table then prefers the engine default).</p>
 <section>{_winners_section(view)}</section>
 <h2 id="failures">Failures</h2><section>{_failures_section(view)}</section>
+<h2 id="engines">What each engine can start with</h2><section>{_engines_section(view)}</section>
 <h2 id="facts">Probe facts</h2><section>{_facts_section(view)}</section>
 <h2 id="provenance">Run provenance</h2><section>{_provenance_section(view)}</section>
 <h2 id="plots">Plots</h2>

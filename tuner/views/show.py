@@ -291,6 +291,8 @@ def show_data(view: TableView) -> dict:
                 "figures": {b: point_figures(c, s.tokens, shape_link(view, s)) for b, c in s.curves.items()},
                 # each EP group's median per token count, in group order (null: not stored)
                 "group_us": {b: c.group_us for b, c in s.curves.items() if c.group_us},
+                # the tuned launch setting per token count (null: the backend's defaults)
+                "knobs": {b: c.knobs for b, c in s.curves.items() if c.knobs},
             }
             for s in view.shapes
         ],
@@ -337,7 +339,7 @@ def labelled(rows):
     from rich.table import Column, Table
     from rich.text import Text
 
-    from .layout import indented
+    from ..console import indented
 
     grid = Table.grid(Column(no_wrap=True, style="dim"), Column(overflow="fold"), padding=(0, 1))
     for label, value in rows:
@@ -351,7 +353,7 @@ def render_show(view: TableView, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from .layout import indented
+    from ..console import indented
 
     kind = "table" if view.kind == "profile" else "run"
     console.print(Text(f"a2a-tune {kind}: {view.fingerprint or 'unknown hardware'}", style="bold"))
@@ -407,6 +409,8 @@ def render_show(view: TableView, console) -> None:
                     )
                 )
             )
+        for line in knob_lines(s):
+            console.print(indented(Text(line, style="dim")))
         if s.failed:
             console.print(
                 indented(Text.assemble(("never selected here: ", "red"), ", ".join(s.failed), " (see failures)"))
@@ -426,6 +430,20 @@ def render_show(view: TableView, console) -> None:
             console.print(indented(Text(reason), 6))
     else:
         console.print("no failures recorded", style="green")
+
+
+def knob_lines(shape: ShapeView) -> list[str]:
+    """``tuned knobs: nccl_all2allv at 64: chunk=2``: one line per backend with a tuned setting."""
+    lines = []
+    for backend, curve in shape.curves.items():
+        tuned = [
+            f"at {t}: " + " ".join(f"{clean(k)}={clean(str(v))}" for k, v in sorted(knobs.items()))
+            for t, knobs in zip(shape.tokens, curve.knobs)
+            if knobs
+        ]
+        if tuned:
+            lines.append(f"tuned knobs: {backend} " + "; ".join(tuned))
+    return lines
 
 
 def not_carried(dtype: str) -> list[str]:
