@@ -72,7 +72,7 @@ def halves_rows(figures: dict) -> list[tuple[str, str, str]]:
     timing = figures.get("timing", {})
     worst: dict[str, list[float]] = defaultdict(list)
     for key, m in timing.items():
-        name, mode, label = key.rsplit("/", 2)
+        name, mode, label = key.split("/", 2)  # labels hold a slash: "1600/200"
         planted = figures.get("planted", {}).get(label)
         base = timing.get(f"{name}/{mode}/base")
         if not planted or base is None:
