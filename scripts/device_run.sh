@@ -12,8 +12,8 @@
 #            ranks at W = 2..8, the quantizers, tests/tuner/test_figures_gpu.py's timing and memory figures
 #            checked against planted durations and bytes; tests needing 2 GPUs skip), `a2a-tune check
 #            --virtual` at W = 2, 3, 4, 8 and its planted bugs, what a 1-GPU host says to `a2a-tune run`,
-#            the quantizers' GB/s against the copy bandwidth at H = 4096 and 7168 (bench/quant.py, quant.json;
-#            QUANT_BENCH=0 leaves it out),
+#            the quantizers' GB/s against the copy bandwidth at H = 4096 and 7168 (bench/quant.py, quant.json)
+#            and their share of a dispatch (bench/quant_share.py; QUANT_BENCH=0 leaves both out),
 #            the peers at one rank (scripts/peers_one_rank.py: FlashInfer one- and two-sided, DeepEP
 #            low-latency and high-throughput: runs, refuses or crashes, round trip), the virtual ranks'
 #            fixed costs at T = 1 (never a table); it ends with a table of what passed, failed, skipped
@@ -159,6 +159,10 @@ if [ "$MODE" = virtual ]; then
     t0=$(date +%s)
     run_for 150 python3 bench/quant.py --hidden 4096,7168 --tokens 1,128,2048,16384 --json "$OUT/quant.json" 2>&1 | tee -a "$LOG"
     record "bench/quant.py: quantizers vs copy" "${PIPESTATUS[0]}" "$t0"
+    step "the quantize's share of an NVFP4 / MXFP8 dispatch, 2 virtual ranks (bench/quant_share.py)"
+    t0=$(date +%s)
+    run_for 90 python3 bench/quant_share.py 2>&1 | tee -a "$LOG"
+    record "bench/quant_share.py: quantize in the dispatch" "${PIPESTATUS[0]}" "$t0"
   fi
 
   if [ -n "${BUILD:-}" ]; then
