@@ -26,6 +26,7 @@ from a2a_tune.kernels import BackendEnv, MoEShape, availability_of, get_backend,
 from a2a_tune.tuner.figures import gbps, link_bandwidth, link_pct, link_text, mib
 from a2a_tune.tuner.launch import run_ranks
 from a2a_tune.tuner.measure import Backends, Result, input_sets, measure, time_agreed, timing_mode
+from a2a_tune.tuner.runtime.point import shape_label
 from a2a_tune.tuner.timing import summarize, time_round_trips
 
 
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     frac = remote_fraction(args.experts, args.topk, world)
     link = link_bandwidth(facts, world)
-    title = f"E={args.experts} k={args.topk} H={args.hidden} bf16 uniform, {world} {args.device} ranks"
+    title = f"{shape_label(args.experts, args.topk, args.hidden, 'bf16', 'uniform')}, {world} {args.device} ranks"
     title += f"; link: {link_text(facts, world) if args.device == 'cuda' else 'no link (CPU ranks over gloo)'}"
     if bw:
         title += f"; GPU0->GPU1 copy {bw:.0f} GB/s"

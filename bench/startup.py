@@ -2,39 +2,23 @@
 
     python bench/startup.py [--runs 21] [--probe-runs 5] [--json FILE]
 
-Every number is measured in fresh child interpreters, so nothing this script imports
-(select and jsonschema, to write the table) is counted or cached for the lookup. The
-children run with cached bytecode, as after ``pip install`` (``PYTHONDONTWRITEBYTECODE`` is
-unset for them and one unmeasured child writes the ``.pyc`` files); one more row shows the
-import when every a2a-tune module is compiled from source (``-X pycache_prefix`` pointing
-at an empty directory), for machines that forbid writing bytecode.
+Measured in fresh child interpreters with cached bytecode (one more row: compiled from source):
+(a) import: wall time of ``import a2a_tune.tuner.runtime.lookup``, and the heavy modules it
+    loaded (must be none of torch, sqlalchemy, pynvml, jsonschema, rich, numpy,
+    a2a_tune.kernels, a2a_tune.db, importlib.metadata, email);
+(b) warm lookup: µs per call once the table is loaded and the answer cached;
+(c) cold lookup: ``clear_cache()`` then one lookup of a 50-shape table, and the first lookup
+    of each fresh interpreter;
+(d) this machine's fingerprint: the first lookup without ``$A2A_TUNE_FINGERPRINT``, with an
+    empty fingerprint cache and with the one it filled;
+(e) ``a2a-tune probe --json``: wall time and peak RSS.
 
-(a) import: wall time of ``import a2a_tune.tuner.runtime.lookup`` inside a fresh interpreter
-    (perf_counter around the import; the interpreter's own start is not counted), median
-    of ``--runs`` interpreters; and the heavy modules it loaded (must be none of torch,
-    sqlalchemy, pynvml, jsonschema, rich, numpy, a2a_tune.kernels, a2a_tune.db,
-    importlib.metadata, email).
-(b) warm lookup: µs per call once the table is loaded and the answer cached; best of 5
-    batches of 20000 calls (tokens=, phase="decode", workload=), per child, median over
-    children.
-(c) cold lookup: a table of 50 shapes x 20 token buckets x 6 backends (schema 2, written by
-    ``select.write_profile``) -> ``clear_cache()`` then one lookup: stat + read + JSON
-    parse + validation + interpolation; median over 20 repeats per child, and the very
-    first lookup of each fresh interpreter (import excluded).
-(d) this machine's fingerprint (issue 17): the first lookup of a fresh interpreter without
-    ``$A2A_TUNE_FINGERPRINT`` (import excluded), once with an empty fingerprint cache (the
-    NVML probe runs in its child process) and then with the cache it filled; median over
-    ``--probe-runs`` interpreters each. On a GPU host the probed fingerprint has no table in
-    the bench directory, so the answer is the fallback: the cost measured is finding out.
-(e) ``a2a-tune probe --json``: wall time and peak RSS of the command's own process (the
-    NVML child not included), median over ``--probe-runs`` runs.
-
-Each row also shows the earlier figure where there is one (``EARLIER``: the 1xH200 host,
-2026-12-01), side by side with today's. On a GPU host: ``python bench/startup.py``.
-
+Each row shows the earlier figure beside today's (``EARLIER``: the 1xH200 host, 2026-12-01).
 Targets (issues 6 and 17): import < 30 ms and no heavy import, warm < 50 µs, cold < 20 ms,
-first lookup with a cached fingerprint < 20 ms, ``a2a-tune probe`` < 1.5 s and < 200 MB.
-Exit status 1 when one is missed.
+first lookup with a cached fingerprint < 20 ms, ``a2a-tune probe`` < 1.5 s and < 200 MB;
+exit status 1 when one is missed.
+
+Design notes: docs/architecture.md, "Module notes", `bench/startup.py`.
 """
 
 from __future__ import annotations

@@ -581,6 +581,16 @@ class Store(KnobRows):
                 warn(run_id, "measurements", row_id, field, problem)
         return kept
 
+    def case_times(self, run_id: int) -> list[tuple[int, int, int, int, str, dt.datetime]]:
+        """(tokens_per_rank, hidden, topk, ep_size, dtype, created_at) of the run's measurements
+        in the order they were stored: what each case cost (the plan's estimate, tuner.cost)."""
+        row = MeasurementRow
+        columns = [row.tokens_per_rank, row.hidden, row.topk, row.ep_size, row.dtype, row.created_at]
+        with self._session("reading measurement times") as s:
+            self._run_exists(s, run_id)
+            found = s.execute(select(*columns).where(row.run_id == run_id).order_by(row.id)).all()
+            return [tuple(r) for r in found]
+
     def failures(self, run_id: int) -> list[FailureRecord]:
         """The run's failures in insertion order."""
         with self._session("reading failures") as s:

@@ -4,6 +4,7 @@ the layering rule (docs/architecture.md, "Layering") holds for every import stat
 import ast
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,3 +215,13 @@ def test_the_view_check_finds_a_planted_import(tmp_path, monkeypatch):
     planted.write_text("from .console import fit\ndef f():\n    from .views.layout import fit\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert view_imports(planted) == ["tuner/planted.py:3: a2a_tune.tuner.views.layout.fit"]
+
+
+def test_no_code_of_ours_reads_optunas_tables():
+    """Tuned knobs are rows of ours (db/knobs.py): Optuna keeps its trials in its own tables,
+    which only Optuna's API reads (the 0005 revision's one-time copy included)."""
+    files = [p for folder in ("tuner", "db", "kernels") for p in sorted((ROOT / folder).rglob("*.py"))]
+    theirs = re.compile(r"study_user_attributes|trial_params|trial_values|(?<!has_)table\(\"studies\"|FROM studies")
+    reads = [f"{p.relative_to(ROOT)}: {m.group()}" for p in files for m in theirs.finditer(p.read_text())]
+    assert reads == []
+    assert theirs.search('studies = table("studies", column("study_id"))')  # what tuner/studies.py had

@@ -8,9 +8,9 @@ from contextlib import nullcontext
 def progress_bar(enabled: bool, label: str):
     """A rich Progress (context manager) labelled `label`, or a null context when disabled.
 
-    The count, elapsed time and ETA keep their width at 80 columns; the description (a shape
-    and a backend name) takes what is left and wraps at its spaces, never cutting a name. It
-    draws on stderr."""
+    The count and the ETA keep their width; the description (a point: EP size, model, payload,
+    tokens) takes what is left, about 50 columns at 80, and wraps at its spaces, never cutting a
+    name. No elapsed time: the command's last line says it. It draws on stderr."""
     if not enabled:
         return nullcontext(None)
     from rich.console import Console
@@ -19,7 +19,6 @@ def progress_bar(enabled: bool, label: str):
         MofNCompleteColumn,
         Progress,
         TextColumn,
-        TimeElapsedColumn,
         TimeRemainingColumn,
     )
     from rich.table import Column
@@ -28,7 +27,6 @@ def progress_bar(enabled: bool, label: str):
         TextColumn(f"[bold]{label}[/bold] {{task.description}}", table_column=Column(ratio=1, overflow="fold")),
         BarColumn(bar_width=12),
         MofNCompleteColumn(table_column=Column(no_wrap=True)),
-        TimeElapsedColumn(table_column=Column(no_wrap=True)),
         TimeRemainingColumn(table_column=Column(no_wrap=True)),
         expand=True,
         console=Console(stderr=True),  # standard output carries results (--json) alone

@@ -121,6 +121,27 @@ def iso_timestamp(v):
     return str(v)
 
 
+#: How far after now a run's start may lie before its clock is taken as wrong (the clocks of
+#: the nodes that wrote two stores may differ by this much).
+CLOCK_SLACK = _dt.timedelta(hours=1)
+
+
+def parse_date(date) -> _dt.datetime | None:
+    if not isinstance(date, str):
+        return None
+    try:
+        when = _dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=_dt.timezone.utc)
+
+
+def future_date(date) -> bool:
+    """Whether a run's start (a provenance ``date``) lies after now, beyond the clocks' slack."""
+    when = parse_date(date)
+    return when is not None and when > _dt.datetime.now(_dt.timezone.utc) + CLOCK_SLACK
+
+
 def build_profile(
     measurements: Iterable[Measurement],
     failures: Iterable,
@@ -628,6 +649,13 @@ def profile_for_run(url: str | None, run_id: int | None, *, partial: bool = Fals
                 "pass --partial to write it anyway, marked partial"
             )
         profile = profile_from_store(store, run_id, backend_names=run_engine_names(run.config))
+        if future_date(iso_timestamp(run.started_at)):
+            log.warning(
+                "a2a-tune select: run %s is dated %s, after now (a wrong clock?); merged into a table, "
+                "its measurements are kept only where no other run measured",
+                run_id,
+                iso_timestamp(run.started_at),
+            )
         if not profile.entries:
             raise ValueError(f"run {run_id} has no measurements to select from")
         try:

@@ -27,32 +27,11 @@ import logging
 from types import MappingProxyType
 
 from .runtime.table import Failed, Profile, ProfileEntry
-from .select import fabric_of, shape_sort_key
+from .select import fabric_of, future_date, parse_date, shape_sort_key
 
 __all__ = ["future_date", "merge"]
 
 log = logging.getLogger("a2a_tune")
-
-#: How far after now a run's start may lie before its clock is taken as wrong (clocks of the
-#: nodes that wrote two stores may differ by this much).
-CLOCK_SLACK = _dt.timedelta(hours=1)
-_EARLIEST = _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
-
-
-def _parse_date(date) -> _dt.datetime | None:
-    if not isinstance(date, str):
-        return None
-    try:
-        when = _dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=_dt.timezone.utc)
-
-
-def future_date(date) -> bool:
-    """Whether a provenance ``date`` lies after now (beyond the clocks' slack)."""
-    when = _parse_date(date)
-    return when is not None and when > _dt.datetime.now(_dt.timezone.utc) + CLOCK_SLACK
 
 
 def _identity(p) -> tuple:
@@ -62,8 +41,11 @@ def _identity(p) -> tuple:
 
 def _rank(p) -> tuple:
     """A run's place in time: believable dates first, then later start, then higher id."""
-    run, when = p.get("run"), _parse_date(p.get("date"))
+    run, when = p.get("run"), parse_date(p.get("date"))
     return (not future_date(p.get("date")), when or _EARLIEST, run if type(run) is int else -1, str(run))
+
+
+_EARLIEST = _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
 
 
 def merge(old: Profile, new: Profile) -> Profile:
@@ -80,7 +62,7 @@ def merge(old: Profile, new: Profile) -> Profile:
             e = e._replace(fabric=fabric_of(facts, e.shape.ep_size, world))
         mine = entries.get(e.shape)
         entries[e.shape] = e if mine is None else merge_entry(e, mine)
-    for p in {_identity(p): p for e in entries.values() for p in e.provenance}.values():
+    for p in {_identity(p): p for e in (*old.entries, *new.entries) for p in e.provenance}.values():
         if future_date(p.get("date")):
             log.warning(
                 "a2a-tune: run %s is dated %s, after now (a wrong clock?); its measurements are kept only "

@@ -495,3 +495,16 @@ def test_each_rule_still_reads_so_in_the_installed_engine(rule):
         source = _function_source(path, cite.function)
         assert source is not None, f"{rule.name}: {cite.function} is gone from {cite.file}"
         assert cite.needle in source, f"{rule.name}: {cite.function} no longer holds {cite.needle!r}"
+
+
+def test_moe_runners_are_sglangs_choices():
+    """lookup --moe-runner takes SGLang's --moe-runner-backend choices (read without importing SGLang)."""
+    import ast
+
+    text = (_site_packages() / "sglang" / "srt" / "arg_groups" / "choices.py").read_text()
+    (node,) = [
+        n
+        for n in ast.parse(text).body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "MOE_RUNNER_BACKEND_CHOICES"
+    ]
+    assert tuple(ast.literal_eval(node.value)) == engine_rules.MOE_RUNNERS

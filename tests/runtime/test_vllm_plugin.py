@@ -89,6 +89,7 @@ def make_vllm(calls: list):
                 ),
                 kv_transfer_config=SimpleNamespace(kv_role=self.kv_role) if self.kv_role else None,
                 lora_config=SimpleNamespace(max_loras=1) if self.enable_lora else None,
+                kernel_config=SimpleNamespace(moe_backend=self.moe_backend),
                 usage_context=usage_context,
             )
 
@@ -140,6 +141,7 @@ def fake_vllm(monkeypatch, caplog, tmp_path):
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "deepseek-ai/DeepSeek-V3"])
     # vLLM's environment with every backend's package importable (the tests that lack one say so)
     monkeypatch.setattr(vllm_plugin, "_missing_packages", lambda: [])
+    monkeypatch.setattr(vllm_plugin, "_ONCE", {})  # a fresh vLLM process: its version read again
     for var in (
         "A2A_TUNE_VLLM_PLUGIN",
         "A2A_TUNE_PHASE",
@@ -649,3 +651,16 @@ def test_a_newer_vllm_keeps_the_nearest_rules_and_says_so(fake_vllm, monkeypatch
     assert config.parallel_config.all2all_backend == "deepep_low_latency"
     ((_, msg),) = lines(caplog)
     assert "vLLM 0.99.0: rules read from 0.33.0, the nearest known" in msg
+
+
+def test_a_moe_method_without_the_modular_kernel_keeps_allgather_reducescatter(fake_vllm, caplog):
+    """compressed-tensors W4A16 with --moe-backend flydsl: vLLM 0.33 dispatches it through
+    dispatch_router_logits, which only allgather_reducescatter implements (rule naive_dispatch)."""
+    w4a16 = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}
+    qcfg = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": w4a16, "input_activations": None}}}
+    hf = {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256, "quantization_config": qcfg}
+    vllm_plugin.register()
+    args = fake_vllm.EngineArgs(hf=hf, quantization="compressed-tensors", moe_backend="flydsl")
+    assert args.create_engine_config().parallel_config.all2all_backend == "allgather_reducescatter"
+    ((level, msg),) = lines(caplog)
+    assert level == "INFO" and "(naive_dispatch: MoE method without the modular kernel" in msg, msg

@@ -471,10 +471,10 @@ def test_a_plan_without_capacity_hashes_as_before_it_existed():
     from a2a_tune.tuner.shapes import preset
     from a2a_tune.tuner.sweep import SweepPlan
 
-    plan = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8))
+    plan = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), ep_sizes=(2,))
     assert "capacity" not in plan.to_dict()  # resumable runs recorded before --capacity still match
     assert plan.capacity_for(0) == 1 and plan.capacity_for(8) == 8
-    sized = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), capacity=64)
+    sized = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), ep_sizes=(2,), capacity=64)
     assert sized.to_dict()["capacity"] == 64 and sized.capacity_for(8) == 64
     assert sized.config_hash("cpu", 2) != plan.config_hash("cpu", 2)
 
@@ -529,7 +529,7 @@ def test_backends_at_80_columns_shows_every_name_whole():
 
 def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_path):
     """Captured at 80 columns (a log, CI): the announcement counts what runs here, and a
-    backend's one-line reason stays on its line."""
+    backend's reason wraps at spaces beside its whole name: no line over 80 (issue 37: 108)."""
     backends = ("allgather_reducescatter", "flashinfer_nvlink_one_sided", "deepep_low_latency")
     r = small_sweep(tmp_path / "s.db", *backends, iters=1, env_extra={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
@@ -541,8 +541,11 @@ def test_a_sweep_counts_the_backends_it_can_run_and_keeps_each_line_whole(tmp_pa
     from a2a_tune.kernels import BackendEnv, get_backend
 
     _, why = get_backend("flashinfer_nvlink_one_sided").availability(BackendEnv.local(2, "cpu"))
-    assert len(f"  flashinfer_nvlink_one_sided: unavailable: {why}") > 80  # what a log would have broken
-    assert f"  flashinfer_nvlink_one_sided: unavailable: {why}" in lines
+    assert len(f"  flashinfer_nvlink_one_sided: unavailable: {why}") > 80  # what one line would have been
+    assert not [line for line in lines if len(line) > 80], [line for line in lines if len(line) > 80]
+    (at,) = [i for i, line in enumerate(lines) if line.split()[:1] == ["flashinfer_nvlink_one_sided"]]
+    said = " ".join(" ".join(lines[at : at + 3]).split()[1:])  # the reason, over its lines
+    assert said.startswith(" ".join(f"unavailable: {why}".split()[:6])), said
 
 
 # --------------------------------------------------------------- refused before any rank
@@ -674,3 +677,16 @@ def test_runs_closing_hint_is_a_lookup_the_table_answers(tmp_path):
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() in {"allgather_reducescatter", "nccl_all2allv"}, found.stdout
     assert found.stderr.startswith("exact") and "fallback" not in found.stderr, found.stderr
+
+
+def test_dry_run_help_says_what_it_prints(tmp_path):
+    """Issue 37: `run --help` said --dry-run prints shapes, token counts and backends; it prints
+    how many of each. The help names what the plan's table shows, and the table shows it."""
+    r = a2a("run", "--help", env_extra={"COLUMNS": "200"})
+    said = " ".join(r.stdout.split())
+    assert "how many shapes, token counts, backends" in said, said
+    plan = a2a("run", "--device", "cpu", "--dry-run", "--db", str(tmp_path / "s.db"), env_extra={"COLUMNS": "80"})
+    assert plan.returncode == 0, plan.stderr
+    header = next(line for line in plan.stdout.splitlines() if "EP size" in line).split()
+    assert header == ["EP", "size", "groups", "shapes", "tokens", "backends", "cases"]
+    assert "estimated" in plan.stdout

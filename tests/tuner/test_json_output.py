@@ -28,7 +28,7 @@ def test_presets_backends_and_evaluate_print_json():
         "num_experts": 8,
         "topk": 2,
         "hidden": 4096,
-        "moe_layers": None,
+        "moe_layers": 32,
     }
     listed = invoke_json("backends", "--device", "cpu")
     assert listed["device"] == "cpu" and listed["world_size"] == 2

@@ -65,14 +65,16 @@ def reread(profile: Profile) -> Profile:
 
 
 def test_reselecting_a_run_keeps_the_other_runs_points():
-    """35.3: --tokens 1 then --tokens 8 into one store; select run 1, run 2, then run 1 again."""
+    """35.3: --tokens 1 then --tokens 8 into one store; select run 1, run 2, then a plain
+    select (run 2 again, the newest), and run 1 again."""
     one = table(1, "2026-12-01T10:00:00Z", {B[0]: {1: 10.0}})
     two = table(2, "2026-12-01T11:00:00Z", {B[0]: {8: 20.0}})
     merged = reread(merge(reread(one), two))
-    again = reread(merge(merged, one))
-    assert curve(again) == {1: 10.0, 8: 20.0}
-    assert runs(again) == [(2, "2026"), (1, "2026")]
-    assert again.entries == merged.entries  # re-selecting a run changes nothing of the others
+    for selected in (two, one):
+        again = reread(merge(merged, selected))
+        assert curve(again) == {1: 10.0, 8: 20.0}
+        assert runs(again) == [(2, "2026"), (1, "2026")]
+        assert again.entries == merged.entries  # re-selecting a run changes nothing of the others
 
 
 def test_run_1_of_another_store_is_another_run():
@@ -266,3 +268,24 @@ def test_tune_knobs_writes_the_table_under_its_lock(tmp_path):
     assert done.is_set()
     (e,) = parse_profile(json.loads(path.read_text())).entries
     assert [k and dict(k) for k in e.knobs[B[0]]] == [None, {"chunk": 2}]
+
+
+def test_select_warns_of_a_run_dated_in_the_future(tmp_path, caplog):
+    """35.5: the run's own clock was wrong: said when it is selected, not only when merged."""
+    import sqlite3
+
+    from stored import measurement, new_run
+
+    from a2a_tune.db import open_store
+    from a2a_tune.tuner.select import profile_for_run
+
+    db = tmp_path / "runs.db"
+    with open_store(str(db)) as s:
+        _, run = new_run(s)
+        s.add_measurement(run, measurement(backend=B[0], median_us=20.0, p10_us=19.0, p90_us=21.0, knobs={}))
+        s.finish_run(run, "completed")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET started_at = '2099-01-01 00:00:00.000000'")
+    profile, _, _ = profile_for_run(str(db), run)
+    assert profile.entries[0].provenance[0]["date"] == "2099-01-01T00:00:00Z"
+    assert f"run {run} is dated 2099-01-01T00:00:00Z, after now" in caplog.text

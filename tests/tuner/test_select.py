@@ -904,3 +904,32 @@ def test_show_reads_the_tuned_knobs_from_the_store_and_from_the_table_select_wro
     assert a2a("select", "--db", str(db), "--out", str(tmp_path / "out")).returncode == 0
     (table,) = (tmp_path / "out").glob("*.json")
     assert line in a2a("show", "--profile", str(table)).stdout
+
+
+def test_the_committed_schema4_store_keeps_its_tuned_knobs_through_the_upgrade(tmp_path):
+    """A store tuned by the release before knobs were rows of ours (tests/fixtures/db/README.md):
+    `db upgrade` copies its study's best setting into tuned_knobs, and select keeps it where the
+    release before kept it."""
+    import shutil
+
+    from a2a_tune.db import open_store, upgrade
+    from a2a_tune.tuner.select import profile_for_run
+
+    db = tmp_path / "schema4.db"
+    shutil.copy(Path(__file__).resolve().parents[1] / "fixtures" / "db" / "schema4.db", db)
+    assert upgrade(str(db))[0] == "0004_ep"
+    with open_store(str(db), readonly=True) as store:
+        (record,) = store.tuned_knobs("h200.nvl18x2.node1")
+    best = {"send_num_warps": 8, "recv_num_warps": 4, "row_block_bytes": 16384, "recv_block_h": 2048}
+    assert (record.key.backend, record.key.tokens_per_rank, dict(record.best), record.best_us) == (
+        "nvlink_one_sided",
+        64,
+        best,
+        20.0,
+    )
+    assert (record.default_us, record.timing, record.capacity) == (30.0, "graph", None)
+    profile, kept, note = profile_for_run(str(db), None)
+    assert (kept, note) == (1, None)
+    (entry,) = profile.entries
+    assert [k and dict(k) for k in entry.knobs["nvlink_one_sided"]] == [None, best]
+    assert "allgather_reducescatter" not in entry.knobs

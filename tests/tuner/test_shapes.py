@@ -88,3 +88,17 @@ def test_a_model_on_ranks_is_the_one_shape_type():
     s = preset("deepseek-v3").at(8, "fp8_e4m3", "skewed")
     assert type(s) is Shape and s == Shape(8, 7168, 8, 256, "fp8_e4m3", "skewed")
     assert all(p.problem() is None for p in presets().values())
+
+
+def test_every_preset_has_its_moe_layer_count():
+    """Issue 37: three presets had none, so a lookup with --preset could not say a saving per step."""
+    from a2a_tune.tuner.shapes import preset_sources, presets
+
+    missing = [name for name, model in presets().items() if not model.moe_layers]
+    assert missing == [], missing
+    assert not [name for name, source in preset_sources().items() if "not recorded" in source]
+    assert {n: presets()[n].moe_layers for n in ("qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b")} == {
+        "qwen3-235b-a22b": 94,
+        "gpt-oss-120b": 36,
+        "mixtral-8x7b": 32,
+    }

@@ -173,3 +173,23 @@ def test_diff_of_two_quick_start_tables_keeps_its_prose_readable_at_80_columns(t
     assert not {"wi", "th", "no", "is"} & words, "prose split inside its words"
     wide = ANSI.sub("", invoke(("diff", *map(str, QUICKSTART)), 200, False).stdout).splitlines()
     assert len(plain.splitlines()) <= 2 * len(wide), (len(plain.splitlines()), len(wide))
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_sweeps_progress_bar_is_one_line_at_80_columns(terminal):
+    """Issue 37: `T=256` wrapped onto a line of its own at 80 columns. The sweep's description of
+    a point (EP size, model, payload, tokens; the routing when not uniform) fits beside the bar."""
+    from io import StringIO
+
+    from a2a_tune.tuner.progress import progress_bar
+    from a2a_tune.tuner.shapes import presets
+
+    longest = max(presets(), key=len)
+    for description in (f"EP 64 {longest} fp8_e4m3 T=16384", f"EP 8 {longest} nvfp4 skewed T=256"):
+        bar = progress_bar(True, "sweep")
+        task = bar.add_task("", total=1440)
+        bar.update(task, advance=800, description=description)
+        console = Console(file=StringIO(), width=80, force_terminal=terminal)
+        console.print(bar.make_tasks_table(bar.tasks))
+        lines = ANSI.sub("", console.file.getvalue()).rstrip("\n").splitlines()
+        assert len(lines) == 1 and cell_len(lines[0]) <= 80, lines

@@ -602,8 +602,8 @@ def test_plot_writes_one_png_per_shape(tmp_path, profile_a):
     paths = [Path(p) for p in r.stdout.split()]
     assert len(paths) == 2 and sorted(paths) == sorted(out.glob("*.png"))
     assert {p.name for p in paths} == {
-        "h200.nvl18x2.node1.ep2_e256_k8_h7168_bf16_uniform.png",
-        "h200.nvl18x2.node1.ep2_e8_k2_h4096_bf16_uniform.png",
+        "h200.nvl18x2.node1.a.ep2_e256_k8_h7168_bf16_uniform.png",  # .a: the table file's name
+        "h200.nvl18x2.node1.a.ep2_e8_k2_h4096_bf16_uniform.png",
     }
     for p in paths:
         data = p.read_bytes()
@@ -618,6 +618,18 @@ def test_plot_from_a_database_run(tmp_path, two_run_db):
     assert r.returncode == 0, r.stderr
     pngs = sorted((tmp_path / "p").glob("*.png"))
     assert len(pngs) == 2 and all(png_header(p.read_bytes())[:1] == (1155,) for p in pngs)
+
+
+@needs_matplotlib
+def test_plots_of_two_sources_into_one_folder_keep_both(tmp_path, two_run_db):
+    """Issue 37: `plot` named its files by fingerprint and shape only, so plotting a second run (or
+    another table) of the machine overwrote the first one's PNGs."""
+    out = tmp_path / "p"
+    for run in ("1", "2"):
+        r = a2a("plot", "--db", str(two_run_db), "--run", run, "--out", str(out))
+        assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in out.glob("*.png"))
+    assert len(names) == 4 and {n.split(".")[-3] for n in names} == {"run1", "run2"}, names
 
 
 def test_copy_bound_takes_nvlink_bandwidth_from_the_probe_facts(profile_a):
@@ -841,9 +853,15 @@ def test_report_says_a_cpu_rank_table_is_a_rehearsal_and_when_its_plots_are_left
     out = tmp_path / "r.html"
     r = a2a("report", "--profile", str(_cpu_profile(tmp_path)), "--out", str(out), env_extra=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == (
-        f"wrote {out} (2 shape(s); without plots: plotting needs matplotlib: pip install 'a2a-tune[plot]')"
+    lines = r.stdout.splitlines()  # the path whole on its line, then the rest (issue 37: 93 columns)
+    assert lines[0] == f"wrote {out}"
+    assert " ".join(" ".join(lines[1:]).split()) == (
+        "2 shape(s); without plots: plotting needs matplotlib: pip install 'a2a-tune[plot]'"
     )
+    narrow = a2a(
+        "report", "--profile", str(_cpu_profile(tmp_path)), "--out", str(out), env_extra={**env, "COLUMNS": "80"}
+    )
+    assert [line for line in narrow.stdout.splitlines()[1:] if len(line) > 80] == []
     assert "a rehearsal of the flow" in out.read_text()
 
 
@@ -862,3 +880,14 @@ def test_report_states_the_saving_against_vllms_default_in_decode(tmp_path):
     for key, line in lines.items():
         assert "vs vLLM&#x27;s default (allgather_reducescatter)" in line and "decode 1.." in line, line
         assert ("ms per decode step" in line) == (key[1:4] == (7168, 8, 256))  # DeepSeek-V3: a preset
+
+
+def test_report_states_what_each_engine_can_start_with(tmp_path):
+    """The engines section lists the start-up rules that concern this table's backends."""
+    from a2a_tune.tuner.views.load import load_profile_view
+    from a2a_tune.tuner.views.report import _engines_section
+
+    p = make_profile()
+    p["backends"]["flashinfer_nvlink_one_sided"]["vllm_name"] = "flashinfer_nvlink_one_sided"
+    text = _engines_section(load_profile_view(write(tmp_path / "a.json", p)))
+    assert "vllm/lora/layers/fused_moe.py:FusedMoEWithLoRA._ep_check" in text and "LoRA with expert parallelism" in text

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import typer
 
+from ..console import indented
 from . import options as opt
-from .common import _fail, _note, _planned, _plans, _store_url, app, err, out
+from .common import _fail, _note, _planned, _plans, _store_url, app, emit_json, err, json_output, out
 
 # ---------------------------------------------------------------------------------- probe
 
 
 @app.command()
+@json_output(lambda o: o.get("as_json"))
 def probe(
     as_json: bool = typer.Option(False, "--json", help="Print the full facts and the fingerprint as JSON."),
     record: Path | None = typer.Option(None, help="Also save the raw NVML answers to FILE (a test fixture)."),
@@ -44,7 +46,7 @@ def probe(
     else:
         remember_fingerprint(topo.fingerprint)
     if as_json:
-        out.print_json(json.dumps(topo.to_dict()))
+        emit_json(topo.to_dict())
     else:
         out.print(render_summary(topo))
 
@@ -74,18 +76,32 @@ def _print_plan(plan, device: str, world: int, launcher: str, console=out) -> li
         console.print(f"  {left_out}", highlight=False, markup=False, soft_wrap=True)
     if any(r.unavailable for r in rows):
         console.print("  unavailable backends: `a2a-tune backends` says why", highlight=False, markup=False)
+    from .. import cost
+
     cases = sum(r.cases for r in rows)
-    seconds = plans.estimate_seconds(rows, device, world, plan.warmup + plan.iters)
+    seconds, source = cost.seconds(cost.load(device), cost.plan_cases(plan, rows), device, world)
     refine = " before refinements" if plan.refine_ratio is not None else ""
-    per = "per case" if device == "cuda" else "per case and rank of its group"
-    console.print(
-        f"  {cases} cases; estimated {_duration(seconds)}{refine} (a rough guide: {plans.SECONDS_PER_CASE[device]} s "
-        f"{per} on {device}; every group of a size runs at once)",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )
+    console.print(indented(f"{cases} cases; estimated {_duration(seconds)}{refine} ({source})"))
     return rows
+
+
+def _learn_cost(db: str, outcome, plan, device: str, world: int) -> None:
+    """Fit the cost model (tuner.cost) to the run just measured and keep it for the next plan's
+    estimate; quietly nothing when it cannot (a cache, never the run's failure)."""
+    from a2a_tune.db import open_store
+
+    from .. import cost
+
+    try:
+        if outcome.skipped:  # a resumed run: its gaps hold the pause, not a case
+            return
+        with open_store(db, readonly=True) as store:
+            times = store.case_times(outcome.run_id)
+        fitted = cost.fit(times, plan.warmup + plan.iters, device, world, outcome.seconds)
+    except Exception:  # noqa: BLE001 - the estimate of a later run is not worth failing this one
+        return
+    if fitted:
+        cost.remember(device, fitted)
 
 
 def _duration(seconds: float) -> str:
@@ -127,12 +143,24 @@ def _print_outcome(outcome, seconds: float, out=out) -> None:
         markup=False,
         soft_wrap=True,
     )
-    for name, reason in outcome.unavailable.items():
-        out.print(f"  {name}: unavailable: {reason}", highlight=False, markup=False, soft_wrap=True)
-    for name, reason in outcome.not_applicable.items():
-        out.print(f"  {name}: not applicable: {reason}", highlight=False, markup=False, soft_wrap=True)
-    for name, reason in outcome.infeasible.items():
-        out.print(f"  {name}: some cases skipped: {reason}", highlight=False, markup=False, soft_wrap=True)
+    from rich.text import Text
+
+    rows = [
+        (Text(name), Text(f"{kind}: {reason}"))
+        for kind, found in (
+            ("unavailable", outcome.unavailable),
+            ("not applicable", outcome.not_applicable),
+            ("some cases skipped", outcome.infeasible),
+        )
+        for name, reason in found.items()
+    ]
+    if rows:  # a table: the reasons wrap at spaces beside whole names, at 80 columns too
+        from rich.table import Column
+
+        from ..console import print_fitted
+
+        columns = [Column("backend", no_wrap=True), Column("not measured here")]
+        print_fitted(out, columns, rows, box=None, padding=(0, 1, 0, 2), show_header=False)
 
 
 def _do_sweep(options, *, after=None):
@@ -161,7 +189,7 @@ def _do_sweep(options, *, after=None):
                 data["ep_sizes"] = [
                     {"ep_size": r.ep_size, "groups": r.groups, "cases": r.cases, "skipped": r.skipped} for r in rows
                 ]
-                print(json.dumps(data, indent=2, default=str))
+                emit_json(data)
             raise typer.Exit(0)
     elif options.dry_run:
         raise typer.Exit(0)
@@ -184,14 +212,18 @@ def _do_sweep(options, *, after=None):
         raise _fail(f"sweep stopped: {exc}") from None
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
-        planned = sum(r.cases for r in rows) if rows else plan.total(world)  # the cases that can run here
-        raise _fail(
-            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, planned, run_id)}",
-            SIGNAL_EXIT.get(by, 130),
-        ) from None
+        planned = sum(r.cases for r in rows) if rows else plan.total()  # the cases that can run here
+        code, seconds = SIGNAL_EXIT.get(by, 130), time.perf_counter() - start
+        message = f"interrupted ({by}) after {seconds:.0f} s; {_stored_so_far(db, planned, run_id)}"
+        if options.as_json:  # which run to resume, for a program
+            data = {"run": run_id, "status": "interrupted", "signal": by, "seconds": round(seconds, 1)}
+            emit_json(data | {"error": message, "exit_code": code})
+        raise _fail(message, code) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
     outcome.seconds = time.perf_counter() - start
+    if outcome.status == "completed":
+        _learn_cost(db, outcome, plan, device, world)
     _print_outcome(outcome, outcome.seconds, human)
     if outcome.adaptive_saved:
         human.print(
@@ -249,8 +281,9 @@ _SWEEP_OPTIONS = (
         typer.Option(
             False,
             "--dry-run",
-            help="Print the plan (shapes, token counts, the backends that can run here) and stop: no rank starts, "
-            "nothing is stored.",
+            help="Print the plan and stop: per EP size its groups and how many shapes, token counts, backends "
+            "(those that can run here) and cases, and the estimated time; no rank starts, nothing is stored. "
+            "With --json: the plan itself (shapes, token counts, backends).",
         ),
     ),
     (
@@ -284,6 +317,7 @@ def _sweep_options(out_opt=None):
         def with_options(**values):
             return command(_plans().SweepOptions(**values))
 
+        with_options = json_output(lambda o: o.get("as_json"))(with_options)
         del with_options.__wrapped__  # typer must read the options, not the command's one argument
         with_options.__signature__ = inspect.Signature(params)
         with_options.__annotations__ = {p.name: p.annotation for p in params}
@@ -301,7 +335,7 @@ def sweep(options) -> None:
     which also writes the table on every node)."""
     outcome = _do_sweep(options)
     if options.as_json:
-        print(json.dumps(_outcome_data(outcome, outcome.seconds), indent=2))
+        emit_json(_outcome_data(outcome, outcome.seconds))
 
 
 # --------------------------------------------------------------------------------- select
@@ -413,7 +447,7 @@ def run(options) -> None:
         data["tables"] = {host: str(path) for host, path in published["tables"].items()}
         data["table_errors"] = published["errors"]
         data["entries"] = published["entries"]
-        print(json.dumps(data, indent=2))
+        emit_json(data)
     for host, path in published["tables"].items():
         human.print(
             f"wrote {path}{f' on {host}' if several else ''} ({published['entries']} shape(s)) "

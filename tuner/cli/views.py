@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
 from ..runtime.environ import env_text
-from .common import _fail, _help, app, out
+from .common import _fail, _help, app, emit_json, json_output, out
 
 # ------------------------------------------------------------------------------ ops views
 # show / diff / plot / report: read-only views of a table (profile JSON) or of a sweep run
@@ -69,6 +68,7 @@ def _viewing(profile: Path | None, db: str | None, run_id: int | None):
         "or is a table the lookup refuses.",
     )
 )
+@json_output(lambda o: o.get("as_json"))
 def show(
     profile: Path | None = _profile_in_opt,
     db: str | None = _db_in_opt,
@@ -85,7 +85,7 @@ def show(
                 from ..policies import scores_data
 
                 data["engines"] = scores_data(engines)
-            print(json.dumps(data, indent=2, default=str))
+            emit_json(data)
         else:
             render_show(view, out)
             if engines is not None:
@@ -129,6 +129,7 @@ def _min_effect() -> float:
         "a2a-tune diff last-month.json this-month.json --fail-on regressions",
     )
 )
+@json_output(lambda o: o.get("as_json"))
 def diff(
     sources: list[str] = typer.Argument(
         None,
@@ -188,7 +189,7 @@ def diff(
         data = res.to_dict()
         data["min_effect"] = tolerance  # the rule's minimum effect (--tolerance)
         data["failing"] = res.failing(modes)
-        print(json.dumps(data, indent=2, default=str))
+        emit_json(data)
     else:
         render_diff(res, out, fail_on=modes)
     if res.failing(modes):  # the last line of the report already says FAIL and why
@@ -202,7 +203,7 @@ def diff(
         "physical limit as a dashed line when the link bandwidth is known: the bytes each rank sends in "
         "dispatch + combine over --link-gbs or the NVLink bandwidth in the probe facts. Each figure states "
         "what the line assumes.",
-        "Files: OUT/<fingerprint>.<shape>.png, one path printed per line; OUT defaults to plots/ in the "
+        "Files: OUT/<fingerprint>.<source>.<shape>.png (source: run<id> for a run, else the table file's name), one path printed per line; OUT defaults to plots/ in the "
         "directory tables are written to ($A2A_TUNE_PROFILE_DIR, else ~/.local/share/a2a-tune/profiles), never "
         "the current directory unasked. A CPU rehearsal's figures say so. Needs matplotlib "
         "(pip install 'a2a-tune[plot]').",
@@ -253,4 +254,9 @@ def report(
 
     missing = plots_unavailable() if view.shapes else None  # the report says so too; say it here
     note = f"; without plots: {missing}" if missing else ", plots embedded" if view.shapes else ""
-    out.print(f"wrote {path} ({len(view.shapes)} shape(s){note})", highlight=False, markup=False, soft_wrap=True)
+    out.print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)  # a path: whole, to copy
+    from rich.text import Text
+
+    from ..console import indented
+
+    out.print(indented(Text(f"{len(view.shapes)} shape(s){note}")))  # wrapped at spaces, at 80 columns too

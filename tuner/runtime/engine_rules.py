@@ -63,18 +63,31 @@ QUANTIZATIONS = (
 LEGACY_MOE_QUANTIZATIONS = frozenset({"quark_w4a8_fp8", "ct_w4a16_flydsl"})
 #: Platforms: ``cuda`` (``cuda:MAJOR.MINOR`` names the compute capability), ``rocm``, ``cpu``.
 PLATFORMS = ("cuda", "rocm", "cpu")
-#: MoE expert runners a rule names (SGLang's ``--moe-runner-backend`` values).
+#: MoE expert runners: SGLang 0.5.23's ``--moe-runner-backend`` choices
+#: (``MOE_RUNNER_BACKEND_CHOICES``, ``sglang/srt/arg_groups/choices.py``; CI compares them).
 MOE_RUNNERS = (
     "auto",
-    "triton",
     "deep_gemm",
-    "flashinfer_cutlass",
-    "flashinfer_cutedsl",
+    "triton",
+    "triton_kernel",
     "flashinfer_trtllm",
+    "experimental_sgl_trtllm",
     "flashinfer_trtllm_routed",
+    "flashinfer_cutlass",
     "flashinfer_mxfp4",
+    "flashinfer_cutedsl",
+    "flashinfer_megamoe",
     "cutlass",
+    "aiter",
     "marlin",
+    "humming",
+    "experimental_sgl_marlin",
+    "lora_cutedsl",
+    "lora_triton",
+    "lora_marlin",
+    "hpc_ops",
+    "megamoe",
+    "intel_xpu",
 )
 
 _VLLM_ALL = engines.ACCEPTED["vllm"]
@@ -486,7 +499,7 @@ def refused(engine: str, literal: str, deployment: Deployment, shape=None) -> Ru
 
 
 def reason(rule: Rule, engine: str, literal: str) -> str:
-    """ "<rule>: <why>" for a backend ``rule`` refused (the package rule names the package)."""
+    """The words ``<rule>: <why>`` for a backend ``rule`` refused (the package rule names the package)."""
     if rule.name == "package":
         return f"package: {PACKAGES[engine][literal]} {rule.why}"
     return f"{rule.name}: {rule.why}"

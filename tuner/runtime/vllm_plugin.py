@@ -448,7 +448,7 @@ def decide(config, *, explicit: bool = False) -> Decision:
 
 
 def _excluded_text(excluded) -> str:
-    """ "; <why>: excluded a, b" per start-up rule that dropped a backend (choice.excluded)."""
+    """The words ``; <why>: excluded a, b`` per start-up rule that dropped a backend (choice.excluded)."""
     by_why: dict = {}
     for backend, text in sorted(excluded.items()):
         by_why.setdefault(text.split(": ", 1)[-1], []).append(backend)  # "<rule>: <why>"
@@ -465,7 +465,7 @@ def _deployment(config, dtype: str, note: str) -> tuple:
     facts = {
         "lora": getattr(config, "lora_config", None) is not None,
         "pipeline_size": getattr(par, "pipeline_parallel_size", 1) or 1,
-        "quantization": _rules_quantization(config.model_config, dtype, note),
+        "quantization": _rules_quantization(config, dtype, note),
         "platform": platform,
         "missing_packages": _missing_packages(),
     }
@@ -486,27 +486,38 @@ def _platform_of() -> str | None:
     return None
 
 
+# What a process finds once (packages, vLLM's version) holds for every engine config it builds.
+_ONCE: dict = {}
+
+
 def _missing_packages() -> list:
     """The backends' packages vLLM's process cannot import (found without importing them)."""
-    from importlib.util import find_spec
+    if "missing" not in _ONCE:
+        from importlib.util import find_spec
 
-    names = sorted(set(engine_rules.PACKAGES["vllm"].values()))
-    return [n for n in names if find_spec(n) is None]
+        names = sorted(set(engine_rules.PACKAGES["vllm"].values()))
+        _ONCE["missing"] = [n for n in names if find_spec(n) is None]
+    return _ONCE["missing"]
 
 
 def _version_note() -> str:
-    """ "" for the vLLM version the rules were read from; else a note that the nearest is used."""
-    try:
-        from importlib.metadata import version
+    """Empty for the vLLM version the rules were read from; else a note that the nearest is used."""
+    if "version" not in _ONCE:
+        try:
+            from importlib.metadata import version
 
-        running = version("vllm")
-    except Exception:
-        running = None
-    return engine_rules.nearest_version("vllm", running)[1]
+            running = version("vllm")
+        except Exception:
+            running = None
+        _ONCE["version"] = engine_rules.nearest_version("vllm", running)[1]
+    return _ONCE["version"]
 
 
-def _rules_quantization(model_config, dtype: str, note: str) -> str:
-    """The checkpoint's quantization in the rules' words (engine_rules.QUANTIZATIONS)."""
+def _rules_quantization(config, dtype: str, note: str) -> str:
+    """The checkpoint's quantization in the rules' words (engine_rules.QUANTIZATIONS). vLLM 0.33
+    runs compressed-tensors W4A16 with ``--moe-backend flydsl`` through a MoE method without its
+    modular kernel (compressed_tensors_moe.py, ``CompressedTensorsMoEMethod.get_moe_method``)."""
+    model_config = config.model_config
     if note == _PER_TENSOR_NOTE:
         return "fp8_per_tensor"
     if dtype == "fp8_e4m3":
@@ -516,6 +527,11 @@ def _rules_quantization(model_config, dtype: str, note: str) -> str:
     method = str(getattr(model_config, "quantization", None) or _quant_config(model_config).get("quant_method") or "")
     if not method:
         return "none"
+    if (
+        method == "compressed-tensors"
+        and getattr(getattr(config, "kernel_config", None), "moe_backend", None) == "flydsl"
+    ):
+        return "ct_w4a16_flydsl"
     return "mxfp4" if method == "mxfp4" else "weight_only"
 
 
@@ -533,13 +549,13 @@ def _moe_layers(model_config):
 def _tpot_ms() -> tuple:
     """($A2A_TUNE_TPOT_MS as a positive finite float, "") or (None, why a value set is ignored:
     the decision's line says it, and the saving is not stated as a share of TPOT)."""
+    from a2a_tune.tuner.runtime.point import MAX_TPOT_MS, MIN_TPOT_MS, PointError, check_tpot_ms
+
     raw = os.environ.get(savings.TPOT_ENV, "")
     if not raw.strip():
         return None, ""
     try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if 0 < value < float("inf"):
-        return value, ""
-    return None, f"${savings.TPOT_ENV}={quoted(raw)} ignored: not a positive number of ms"
+        return check_tpot_ms(float(raw)), ""  # the bounds of lookup --tpot-ms
+    except (ValueError, PointError):
+        bounds = f"{MIN_TPOT_MS:g}..{MAX_TPOT_MS:g}"
+        return None, f"${savings.TPOT_ENV}={quoted(raw)} ignored: not a positive number of ms ({bounds})"

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..figures import LinkBandwidth, gbps, link_bandwidth, link_pct
+from ..figures import LinkBandwidth, gbps, is_cpu, link_bandwidth, link_pct
 from ..runtime.measurement import FIGURE, FIGURES
 from ..runtime.point import Shape
 from ..runtime.point import shape_label as point_label
@@ -49,6 +49,34 @@ __all__ = [
 ]
 
 EN_DASH = "\u2013"
+
+
+def write_output(path, data: str | bytes):
+    """Write a report or a figure to ``path`` atomically (a temporary file in the same directory,
+    renamed over it: a reader never sees half a file). A path that names something other than a
+    regular file -- a FIFO would block the write until a reader comes, a device would take the
+    bytes -- is refused with a :class:`ViewError`, as is a failed write. A symlink's target is
+    the file written. Returns the path."""
+    import os
+    import stat
+    from pathlib import Path
+
+    from ..runtime.profiles import replace_file
+
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ViewError(f"cannot write {clean(path)}: {exc.strerror or exc}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ViewError(f"cannot write {clean(path)}: not a regular file (a FIFO, device or directory is not replaced)")
+    try:
+        replace_file(path, data)  # a symlink: its target is replaced, the link kept
+    except OSError as exc:
+        raise ViewError(f"cannot write {clean(path)}: {exc.strerror or exc}") from None
+    return path
 
 
 def clean(text) -> str:
@@ -237,6 +265,7 @@ def suspect_groups(view: TableView) -> list:
                     if f["worst"] is None or slower > f["worst"][0]:
                         f["worst"] = (slower, c.backend, s.tokens[j], shape_label(s))
     hosts = rank_hosts(view)
+    cpu = is_cpu(view.facts)
     out = []
     for (ep, g), f in sorted(found.items()):
         ranks = group_ranks(ep, g)
@@ -252,20 +281,25 @@ def suspect_groups(view: TableView) -> list:
                 "worst_pct": round(100 * slower, 1),
                 "worst_at": {"backend": backend, "tokens": tokens, "shape": label},
                 "threshold_pct": round(100 * (SLOW_GROUP_RATIO - 1)),
+                # CPU ranks share the host's cores: a slow group there is load, never a GPU, link or NIC
+                "cause": "shared cores" if cpu else "hardware",
             }
         )
     return out
 
 
 def suspect_line(found: dict) -> str:
-    """One suspect group in one line, for people."""
+    """One slow group in one line, for people, prefixed with what it suggests: "suspect:" a GPU,
+    link or NIC; on CPU ranks, which share the host's cores, "note:" (load, not hardware)."""
     r = found["ranks"]
     where = f" on {', '.join(found['hosts'])}" if found["hosts"] else ""
     w = found["worst_at"]
-    return (
+    cpu = found.get("cause") == "shared cores"
+    why = "CPU ranks share the host's cores: load, not a GPU, link or NIC" if cpu else "suspect a GPU, link or NIC"
+    return ("note: " if cpu else "suspect: ") + (
         f"EP {found['ep_size']} group {found['group']} (ranks {r[0]}-{r[-1]}{where}) is more than "
         f"{found['threshold_pct']}% slower than the median group in {found['slow_cases']} of {found['cases']} cases "
-        f"(worst +{found['worst_pct']:.0f}%: {w['backend']} at {w['tokens']} tokens/rank): suspect a GPU, link or NIC"
+        f"(worst +{found['worst_pct']:.0f}%: {w['backend']} at {w['tokens']} tokens/rank): {why}"
     )
 
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from pathlib import Path
 
 from ..figures import link_bandwidth, row_bytes
 from ..runtime.point import PAYLOADS
-from .model import ShapeView, TableView, ViewError, shape_label, shape_slug
+from .model import ShapeView, TableView, ViewError, shape_label, shape_slug, write_output
 from .show import timing_summary
 
 __all__ = [
@@ -389,6 +390,16 @@ def _figure(plt, view: TableView, shape: ShapeView, link_gbs, colors, dpi: int) 
     return buf.getvalue()
 
 
+def source_tag(view: TableView) -> str:
+    """What names a view's source in its file names: ``run<id>`` for a run of a store, the
+    table file's name for a table (``table`` when it is the fingerprint's own): another run or
+    another table of one machine plotted into one folder never overwrites these."""
+    if view.kind == "run":
+        return f"run{view.run.get('id', '')}"
+    stem = Path(view.label).name.removesuffix(".json")
+    return "table" if stem == view.fingerprint else re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip(".-") or "table"
+
+
 def plot_view(view: TableView, out_dir, *, link_gbs: float | None = None) -> list:
     """Write one PNG per shape into ``out_dir``; returns the paths, in table order."""
     if not view.shapes:
@@ -399,14 +410,10 @@ def plot_view(view: TableView, out_dir, *, link_gbs: float | None = None) -> lis
     except OSError as exc:
         raise ViewError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
     colors = backend_colors(c.backend for s in view.shapes for c in s.curves.values())
-    prefix = (view.fingerprint or "unknown").replace("/", "-")
+    prefix = f"{view.fingerprint or 'unknown'}.{source_tag(view)}".replace("/", "-")
     paths = []
     for s in view.shapes:
         data = render_png(view, s, link_gbs=link_gbs, colors=colors)
         path = out_dir / f"{prefix}.{shape_slug(s)}.png"
-        try:
-            path.write_bytes(data)
-        except OSError as exc:
-            raise ViewError(f"cannot write {path}: {exc.strerror or exc}") from None
-        paths.append(path)
+        paths.append(write_output(path, data))
     return paths

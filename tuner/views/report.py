@@ -18,7 +18,6 @@ from .model import (
     FIGURE_LABELS,
     ShapeView,
     TableView,
-    ViewError,
     fmt_gbps,
     fmt_mib,
     fmt_share,
@@ -29,6 +28,7 @@ from .model import (
     shape_slug,
     suspect_groups,
     suspect_line,
+    write_output,
 )
 from .show import figures_note, group_failures, has_figures, provenance_lines, timing_summary, winner_ranges
 
@@ -360,7 +360,7 @@ def render_report(view: TableView, *, link_gbs: float | None = None, plots: bool
                 f'src="data:image/png;base64,{png}"></figure>'
             )
     notes = "".join(f'<div class="note">{_e(n)}</div>' for n in view.notes)
-    notes += "".join(f'<div class="note">suspect: {_e(suspect_line(f))}</div>' for f in suspect_groups(view))
+    notes += "".join(f'<div class="note">{_e(suspect_line(f))}</div>' for f in suspect_groups(view))
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     what = "selection table" if view.kind == "profile" else "sweep run"
     title = f"a2a-tune report: {view.fingerprint or 'unknown hardware'}"
@@ -393,11 +393,4 @@ so the measurement cannot tell them apart (the table then prefers the engine def
 def write_report(view: TableView, path, *, link_gbs: float | None = None) -> Path:
     """Render and write the report; returns the path."""
     text = render_report(view, link_gbs=link_gbs)
-    path = Path(path)
-    try:
-        if path.parent and not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ViewError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return write_output(path, text)

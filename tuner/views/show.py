@@ -361,7 +361,8 @@ def render_show(view: TableView, console) -> None:
     for note in view.notes:
         console.print(indented(Text(f"note: {note}", style="yellow")))
     for found in suspect_groups(view):
-        console.print(indented(Text(f"suspect: {suspect_line(found)}", style="bold yellow")))
+        line = suspect_line(found)
+        console.print(indented(Text(line, style="bold yellow" if line.startswith("suspect") else "dim")))
     if not view.shapes:
         console.print("no shapes in this table", style="yellow")
     merged = len({s.sources() for s in view.shapes}) > 1  # a table across runs: say each entry's
@@ -416,9 +417,8 @@ def render_show(view: TableView, console) -> None:
                 indented(Text.assemble(("never selected here: ", "red"), ", ".join(s.failed), " (see failures)"))
             )
         if missing := not_carried(s.dtype):
-            console.print(
-                Text.assemble(("  not measured: ", "dim"), ", ".join(missing), f" (does not carry {s.dtype})"),
-                soft_wrap=True,
+            console.print(  # wrapped at spaces: the names stay whole
+                indented(Text.assemble(("not measured: ", "dim"), ", ".join(missing), f" (does not carry {s.dtype})"))
             )
     console.print()
     rows = group_failures(view)
