@@ -3,10 +3,10 @@ was planted (tests/tuner/test_figures_gpu.py). Built on the all-gather backends 
 every one passes the invariant and is measured through the sweep's own `measure`.
 
 Durations are spins on the GPU's global timer (`%globaltimer`, ns): a planted µs is a µs at
-any SM clock. Not `torch.cuda._sleep`, which spins a count of SM cycles: after the GPU idles its
-clock is low for a while, so a spin started on an idle GPU (an eager half) outlasts the same
-spin in a busy one (graph replay) by up to ~200 µs (BENCHMARKS.md, "Eager halves"). Memory is
-held from construction to `close()`.
+any SM clock. Not `torch.cuda._sleep`, which spins a count of SM cycles: a spin started on a
+GPU whose clock is still climbing from idle outlasts the same spin on a busy one, so its length
+depends on what ran before it (BENCHMARKS.md, "MXFP8 and NVFP4 quantize, eager halves"). Memory
+is held from construction to `close()`.
 """
 
 from __future__ import annotations
