@@ -10,6 +10,7 @@ one_line), and nothing else of a2a_tune.tuner, nor a2a_tune.db (docs/architectur
         _wire               metadata packing + collective wrappers (the torch.distributed backends)
         _flashinfer         FlashInfer found without importing it; its MNNVL setup (flashinfer_*.py)
         _deepep             DeepEP found without importing it, why it cannot run (deepep_*.py)
+        nccl_ep             NCCL EP; the NCCL >= 2.30 check it shares with deepep_v2 (DeepEP V2)
         _symmetric_backend  driver of the NVLink backends (workspace rendezvous, quantize, send, receive)
           _one_sided_kernels / _low_latency_kernels   their Triton kernels, one host API
             _nvlink_common  geometry, workspace layout, per-rank state, flag/epoch helpers, launchers
@@ -24,7 +25,7 @@ Backends are imported here so that registration happens once; a backend module m
 import optional packages (FlashInfer, DeepEP...) at import time: `availability()` looks.
 """
 
-from .base import PAYLOAD_DTYPES, All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
+from .base import PAYLOADS, All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
 from .errors import KernelsError, KnobError, ShapeError, UnknownBackendError
 from .registry import availability_of, engine_names, feasibility_of, get_backend, list_backends, register_backend
 
@@ -41,6 +42,8 @@ from . import nvlink_low_latency as _nvlink_low_latency  # noqa: E402,F401
 from . import deepep_high_throughput as _deepep_high_throughput  # noqa: E402,F401
 from . import deepep_low_latency as _deepep_low_latency  # noqa: E402,F401
 from . import torch_nvshmem_all2all as _torch_nvshmem_all2all  # noqa: E402,F401
+from . import nccl_ep as _nccl_ep  # noqa: E402,F401
+from . import deepep_v2 as _deepep_v2  # noqa: E402,F401
 # isort: on
 
 __all__ = [
@@ -51,7 +54,7 @@ __all__ = [
     "KernelsError",
     "KnobError",
     "MoEShape",
-    "PAYLOAD_DTYPES",
+    "PAYLOADS",
     "ShapeError",
     "UnknownBackendError",
     "availability_of",

@@ -26,9 +26,10 @@
 #   carry: .whl (sqlalchemy, alembic, mako, jsonschema + deps: not on the GPU image)
 #          .flashinfer (optional: `python scripts/stage_flashinfer.py` output, FlashInfer's backends)
 #          .deepep (optional: `python scripts/stage_deepep.py` output, DeepEP's backends)
+#          .ncclep.tar.xz (optional: `python scripts/stage_nccl_ep.py --pack`: NCCL EP, DeepEP V2, NCCL 2.32)
 #   BUDGET_S: the whole call's seconds (default 1440 = 24 min); every step's timeout is cut to
 #   what is left, and a step with under a minute left is reported "not run: out of time".
-#   x2 steps (1 = run): TESTS=1 FI_CHECK=0 SWEEP=1 EVAL=1 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 BENCH=1
+#   x2 steps (1 = run): TESTS=1 FI_CHECK=0 SWEEP=1 NCCLEP=1 EVAL=1 ADAPTIVE=0 KNOBS=0 RESELECT=0 QUANT_BENCH=0 RESUME=0 BENCH=1
 #   RUN_ARGS: extra `a2a-tune run` options (e.g. --capacity 8192, --backend B).
 #   EVAL_MOST=N: evaluate at N held-out midpoints of the table (default 8); EVAL_TOKENS overrides.
 #   CAPACITY=N: also sweep DeepSeek-V3 bf16 with fixed-capacity backends built for N tokens/rank
@@ -220,6 +221,23 @@ if [ "${SWEEP:-1}" = 1 ]; then
   run_for ${RUN_TIMEOUT:-540} $A2A run --device cuda --dtype bf16 --dtype fp8_e4m3 --db "$DB" --out "$OUT/profiles" --no-progress ${RUN_ARGS:-} 2>&1 | tee -a "$LOG" "$OUT/run.out"
   echo "a2a-tune run wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
   FULL_RUN=$(run_id "$OUT/run.out"); rm -f "$OUT/run.out"
+fi
+
+if [ "${NCCLEP:-1}" = 1 ] && { [ -f .ncclep.tar.xz ] || [ -d .ncclep/site ]; }; then
+  # NCCL EP and DeepEP V2 (scripts/stage_nccl_ep.py --pack): they need NCCL >= 2.30 in the process, so
+  # they run with the staged NCCL preloaded (torch then runs on it too), in a sweep of their own
+  # beside the two NCCL baselines re-measured on that NCCL; never timed at 2+ ranks before this.
+  step "NCCL EP and DeepEP V2 at 2 ranks (staged NCCL preloaded): check, then a sweep beside the NCCL baselines"
+  [ -d .ncclep/site ] || { mkdir -p .ncclep && tar -C .ncclep -xJf .ncclep.tar.xz; }
+  NEP=(env LD_PRELOAD=$PWD/.ncclep/site/nvidia/nccl/lib/libnccl.so.2 PYTHONPATH=$PWD/.ncclep/site:$PYTHONPATH
+       EP_NCCL_ROOT_DIR=$PWD/.ncclep/site/nvidia/nccl NCCL_EP_JIT_CACHE_DIR=/tmp/ncclep-jit EP_JIT_CACHE_DIR=/tmp/deepep-jit)
+  [ -f .ncclep/site/deep_ep/__init__.py ] || [ ! -d .ncclep/deepep-src ] || \
+    run_for 300 "${NEP[@]}" python3 scripts/stage_nccl_ep.py --out .ncclep --build-deepep 2>&1 | tail -5 | tee -a "$LOG"
+  NEP_BACKENDS="--backend nccl_ep_low_latency --backend nccl_ep_high_throughput --backend deepep_v2_low_latency --backend deepep_v2_high_throughput"
+  "${NEP[@]}" $A2A backends 2>&1 | grep -A1 "nccl_ep\|deepep_v2" | head -16 | tee -a "$LOG"
+  run_for 300 "${NEP[@]}" $A2A check --device cuda --world 2 --preset deepseek-v3 --timeout 120 --no-progress $NEP_BACKENDS 2>&1 | tee -a "$LOG"
+  run_for ${NCCLEP_TIMEOUT:-420} "${NEP[@]}" $A2A sweep --device cuda --preset deepseek-v3 --dtype bf16 --dtype fp8_e4m3 --db "$DB" \
+    --no-progress $NEP_BACKENDS --backend allgather_reducescatter --backend nccl_all2allv 2>&1 | tail -8 | tee -a "$LOG"
 fi
 
 if [ "${EVAL:-1}" = 1 ]; then

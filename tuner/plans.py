@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .runtime.environ import MAX_SECONDS
-from .runtime.point import PointError, Shape, check_tokens
+from .runtime.point import PAYLOADS, PointError, Shape, check_tokens
 from .runtime.text import quoted
 from .shapes import ModelShape
 
@@ -56,12 +56,32 @@ SECONDS_PER_CASE = {"cuda": 0.27, "cpu": 1.0}  # cpu: per rank of the case's gro
 
 
 @dataclass(frozen=True)
+class Case:
+    """One shape at one EP size, as the ranks measure it: at every token count of the grid, on
+    each backend the plan names (the ranks leave out those that cannot run on their groups)."""
+
+    ep_size: int
+    model: str  # the model's name, for people
+    shape: Shape
+    tokens: tuple[int, ...]
+    backends: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """The progress bar's (+ T=: one line of the bar at 80 columns; uniform routing unsaid)."""
+        routing = "" if self.shape.routing == "uniform" else f" {self.shape.routing}"
+        return f"EP {self.ep_size} {self.model} {self.shape.dtype}{routing}"
+
+
+@dataclass(frozen=True)
 class SweepPlan:
     """What a sweep measures: the models, token counts, dtypes, routings and backends, and how.
     Its dict (:meth:`to_dict`) is stored with the run and hashed to find the run to resume."""
 
     shapes: tuple[ModelShape, ...]
     tokens: tuple[int, ...]
+    # EP sizes to measure, each dividing the world and on groups of consecutive ranks (tuner.groups)
+    ep_sizes: tuple[int, ...]
     dtypes: tuple[str, ...] = ("bf16",)
     routings: tuple[str, ...] = ("uniform",)
     backends: tuple[str, ...] = ()  # empty = every registered backend
@@ -76,12 +96,10 @@ class SweepPlan:
     # Refine crossovers and close races between neighbouring token counts (tuner.adaptive)
     # while they are more than this ratio apart; None: measure the grid only.
     refine_ratio: float | None = None
-    # EP sizes to measure, each on groups of consecutive ranks (tuner.groups); empty: the world.
-    ep_sizes: tuple[int, ...] = ()
 
-    def sizes(self, world: int) -> tuple[int, ...]:
-        """The EP sizes this plan measures on `world` ranks, smallest first."""
-        return tuple(sorted(self.ep_sizes)) or (world,)
+    def sizes(self) -> tuple[int, ...]:
+        """The EP sizes this plan measures, smallest first."""
+        return tuple(sorted(self.ep_sizes))
 
     def backend_names(self) -> list[str]:
         if self.backends:
@@ -93,8 +111,7 @@ class SweepPlan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["backends"] = self.backend_names()
-        if not d["ep_sizes"]:
-            del d["ep_sizes"]  # the world alone: plans (and resumable runs) from before it hash alike
+        d["ep_sizes"] = list(self.sizes())
         for optional in ("capacity", "refine_ratio"):
             if d[optional] is None:
                 del d[optional]  # the default: plans (and resumable runs) from before it hash alike
@@ -106,7 +123,13 @@ class SweepPlan:
         return capacity_for(self.capacity, tokens)
 
     def config_hash(self, device_type: str, world_size: int) -> str:
-        blob = json.dumps({"plan": self.to_dict(), "device": device_type, "world": world_size}, sort_keys=True)
+        """What finds this plan's run to resume. Compatibility: a plan of the world alone
+        (ep_sizes == (world_size,)) hashes without its ep_sizes, as every plan did before EP
+        sizes existed and as runs stored since then recorded it, so those runs stay resumable."""
+        plan = self.to_dict()
+        if plan["ep_sizes"] == [world_size]:
+            del plan["ep_sizes"]
+        blob = json.dumps({"plan": plan, "device": device_type, "world": world_size}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def all_shapes_at(self, ep_size: int) -> Iterator[tuple[str, Shape]]:
@@ -132,10 +155,17 @@ class SweepPlan:
             if (problem := shape.problem(measuring=True))
         ]
 
-    def total(self, world: int) -> int:
-        """Cases of the plan (every backend) over its EP sizes on `world` ranks."""
-        shapes = sum(1 for s in self.sizes(world) for _ in self.shapes_at(s))
-        return shapes * len(self.tokens) * len(self.backend_names())
+    def cases(self) -> Iterator[Case]:
+        """The plan, enumerated once: each measurable shape at each EP size, smallest size
+        first, shape-major within a size (see `all_shapes_at`)."""
+        backends = tuple(self.backend_names())
+        for size in self.sizes():
+            for name, shape in self.shapes_at(size):
+                yield Case(size, name, shape, self.tokens, backends)
+
+    def total(self) -> int:
+        """Measurements of the plan (every backend) over its EP sizes."""
+        return sum(len(c.tokens) * len(c.backends) for c in self.cases())
 
 
 @dataclass(frozen=True)
@@ -161,7 +191,8 @@ def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
     from a2a_tune.kernels import BackendEnv, UnknownBackendError, availability_of, get_backend
 
     rows = []
-    for size in plan.sizes(world):
+    cases = list(plan.cases())
+    for size in plan.sizes():
         env = BackendEnv.local(size, device)
         usable = 0
         for name in plan.backend_names():
@@ -172,7 +203,7 @@ def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
                 continue
             sub_group = world > size and cls.sub_group_reason
             usable += bool(availability_of(cls, env).ok and not sub_group)
-        shapes = sum(1 for _ in plan.shapes_at(size))
+        shapes = sum(1 for case in cases if case.ep_size == size)
         names = len(plan.backend_names())
         rows.append(
             SizePlan(size, world // size, shapes, plan.skipped_at(size), len(plan.tokens), usable, names - usable)
@@ -184,7 +215,7 @@ def world_left_out(plan: SweepPlan, world: int) -> str | None:
     """Why the plan does not measure EP = the world (one line) when no model's experts divide
     over it; None when it does, or leaves it out only because --ep-sizes did."""
     counts = sorted({model.num_experts for model in plan.shapes}, reverse=True)
-    if world in plan.sizes(world) or any(c % world == 0 for c in counts):
+    if world in plan.sizes() or any(c % world == 0 for c in counts):
         return None
     return f"EP {world} (the world): not measured, no model's experts ({', '.join(map(str, counts))}) divide over it"
 
@@ -197,6 +228,25 @@ def estimate_seconds(rows: Sequence[SizePlan], device: str, world: int, iters: i
         return START_SECONDS[device] + sum(r.cases for r in rows) * SECONDS_PER_CASE[device] * scale
     per_case = SECONDS_PER_CASE[device] * scale
     return START_SECONDS[device] * world + sum(r.cases * r.ep_size for r in rows) * per_case
+
+
+def plan_difference(stored: dict[str, Any], plan: SweepPlan, device: str, world: int) -> str:
+    """What differs between a stored run's config and `plan` on `world` `device` ranks (one line)."""
+    now = json.loads(json.dumps({**plan.to_dict(), "device_type": device, "world_size": world}))  # as stored
+    stored = {"ep_sizes": [stored.get("world_size")], **stored}  # stored without: the world alone
+    said = []
+    for key in [*now, *(k for k in ("capacity", "refine_ratio") if k not in now)]:
+        was, is_ = stored.get(key), now.get(key)
+        if was != is_:
+            if key == "shapes":
+                was, is_ = ([m.get("name") for m in v or ()] for v in (was, is_))
+            said.append(f"{key} {_short(is_)} here, {_short(was)} there")
+    return "; ".join(said) or "its plan hashes otherwise (written by another a2a-tune version?)"
+
+
+def _short(value: Any) -> str:
+    text = "-" if value is None else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class PlanError(ValueError):
@@ -233,14 +283,15 @@ class SweepOptions:
 
 
 def _integers(text: str, option: str) -> list[int]:
-    """Comma-separated integers, sorted and deduplicated; PlanError naming `option` otherwise."""
+    """Comma-separated integers of ASCII digits (not `2_0`, `٢` or an empty `1,,8`), sorted and
+    deduplicated; PlanError naming `option` otherwise."""
+    items = [v.strip() for v in text.split(",")]
     try:
-        values = sorted({int(v) for v in text.replace(" ", "").split(",") if v})
-    except ValueError:
-        values = []
-    if not values:
-        raise PlanError(f"{option} must be comma-separated integers, got {quoted(text)}")
-    return values
+        if all(v.isascii() and v.isdigit() for v in items):
+            return sorted({int(v) for v in items})
+    except ValueError:  # beyond int()'s digits
+        pass
+    raise PlanError(f"{option} must be comma-separated integers (digits 0-9), got {quoted(text)}")
 
 
 def parse_tokens(text: str, option: str = "--tokens") -> tuple[int, ...]:
@@ -362,7 +413,7 @@ def model_shapes(presets: Sequence[str], model_configs: Sequence[Path]) -> list:
 def check_backends(names: Sequence[str], dtypes: Sequence[str] = ()) -> None:
     """Each named backend exists and carries at least one of the payloads asked for (a backend
     asked for by name that would measure nothing is a mistake, said before any rank starts)."""
-    from a2a_tune.kernels import PAYLOAD_DTYPES, UnknownBackendError, get_backend
+    from a2a_tune.kernels import UnknownBackendError, get_backend
 
     try:
         classes = [get_backend(b) for b in names]
@@ -370,7 +421,7 @@ def check_backends(names: Sequence[str], dtypes: Sequence[str] = ()) -> None:
         raise PlanError(str(exc)) from None
     for cls in classes:
         if dtypes and not set(dtypes) & cls.payloads:
-            carried = ", ".join(d for d in PAYLOAD_DTYPES if d in cls.payloads)
+            carried = ", ".join(d for d in PAYLOADS if d in cls.payloads)
             raise PlanError(f"{cls.name} does not carry {' or '.join(dtypes)} (it carries {carried})")
 
 
@@ -409,25 +460,43 @@ def check_fraction(value: float, option: str) -> float:
     return float(value)
 
 
+def once(shapes: Sequence[ModelShape], options: SweepOptions) -> tuple[list[ModelShape], dict[str, tuple], str | None]:
+    """Each shape, dtype, routing and backend once (first kept): two presets of one shape, or a
+    repeated option, would measure one case twice. The note says what was folded, in one line."""
+    kept: dict[tuple[int, int, int], ModelShape] = {}
+    said = []
+    for model in shapes:
+        first = kept.setdefault((model.num_experts, model.topk, model.hidden), model)
+        if first is not model:
+            said.append(f"{model.name} (the shape of {first.name})")
+    values = {}
+    for option in ("dtype", "routing", "backend"):
+        given = tuple(getattr(options, option))
+        values[option] = tuple(dict.fromkeys(given))
+        said += [f"--{option} {v} (repeated)" for v in values[option] if given.count(v) > 1]
+    return list(kept.values()), values, (f"note: measured once: {', '.join(said)}" if said else None)
+
+
 def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = None):
     """(plan, device, world) for `options`, checked whole (:func:`check_plan`): PlanError
     when there is none, before any rank starts. `note`: where a note on the way goes
     (:func:`resolve_ranks`)."""
-    from a2a_tune.kernels import PAYLOAD_DTYPES
     from a2a_tune.kernels.reference import ROUTINGS
 
     from .adaptive import REFINE_RATIO
 
     check_seconds(options.case_timeout, "--case-timeout")
     device, world = resolve_ranks(options.device, options.world, note=note)
-    shapes = model_shapes(options.preset, options.model_config)
-    for d in options.dtype:
-        if d not in PAYLOAD_DTYPES:
-            raise PlanError(f"unknown --dtype {quoted(d)}; choose from {', '.join(PAYLOAD_DTYPES)}")
-    for r in options.routing:
+    shapes, given, folded = once(model_shapes(options.preset, options.model_config), options)
+    if folded and note is not None:
+        note(folded)
+    for d in given["dtype"]:
+        if d not in PAYLOADS:
+            raise PlanError(f"unknown --dtype {quoted(d)}; choose from {', '.join(PAYLOADS)}")
+    for r in given["routing"]:
         if r not in ROUTINGS:
             raise PlanError(f"unknown --routing {quoted(r)}; choose from {', '.join(ROUTINGS)}")
-    check_backends(options.backend, options.dtype)
+    check_backends(given["backend"], given["dtype"])
     token_counts = parse_tokens(options.tokens) if options.tokens else DEFAULT_TOKENS[device]
     check_capacity(options.capacity, token_counts)
     default_warmup, default_iters = DEFAULT_ITERS[device]
@@ -436,16 +505,16 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
     plan = SweepPlan(
         shapes=tuple(shapes),
         tokens=token_counts,
-        dtypes=tuple(options.dtype) or ("bf16",),
-        routings=tuple(options.routing) or ("uniform",),
-        backends=tuple(options.backend),
+        dtypes=given["dtype"] or ("bf16",),
+        routings=given["routing"] or ("uniform",),
+        backends=given["backend"],
         warmup=default_warmup if options.warmup is None else options.warmup,
         iters=default_iters if options.iters is None else options.iters,
         adaptive=options.adaptive,
         capacity=options.capacity,
         # on by default where timings resolve few-% differences (GPUs); gloo noise would chase flips
         refine_ratio=REFINE_RATIO if (device == "cuda" if refine is None else refine) else None,
-        ep_sizes=ep_sizes if ep_sizes != (world,) else (),  # the world alone: as plans from before sizes
+        ep_sizes=ep_sizes,
     )
     check_plan(plan, device, world)
     return plan, device, world
@@ -455,7 +524,7 @@ def check_plan(plan, device: str, world: int, *, budget: tuple[int | None, str] 
     """PlanError (one line) unless every shape of `plan` can be measured on `world` ranks and
     every case fits in what a rank has here (`budget`: (bytes, why); default
     :func:`memory_per_rank`)."""
-    sizes = plan.sizes(world)
+    sizes = plan.sizes()
     for named in zip(*(list(plan.all_shapes_at(s)) for s in sizes)):  # one shape at each EP size
         problems = [(shape, problem) for _, shape in named if (problem := shape.problem(measuring=True))]
         if len(problems) == len(sizes):  # measurable at no EP size: refused (at some: skipped there)
@@ -497,16 +566,15 @@ def largest_case(plan, device: str, world: int) -> tuple[int, tuple | None]:
         classes = [cls for cls in classes if availability_of(cls, env).ok]
     top = max(plan.tokens)
     largest, at = 0, None
-    for size in plan.sizes(world):
-        for named in plan.shapes_at(size):
-            for t in plan.tokens:
-                for cls in classes:
-                    moe = MoEShape.of(named[1], capacity_of(cls, t, capacity=plan.capacity, largest=top))
-                    if not feasibility_of(cls, moe, size).ok:
-                        continue
-                    need = case_bytes(cls, moe, size, t, input_sets=plan.input_sets)
-                    if need > largest:
-                        largest, at = need, (named, t, cls.name)
+    for case in plan.cases():
+        for t in case.tokens:
+            for cls in classes:
+                moe = MoEShape.of(case.shape, capacity_of(cls, t, capacity=plan.capacity, largest=top))
+                if not feasibility_of(cls, moe, case.ep_size).ok:
+                    continue
+                need = case_bytes(cls, moe, case.ep_size, t, input_sets=plan.input_sets)
+                if need > largest:
+                    largest, at = need, ((case.model, case.shape), t, cls.name)
     return largest, at
 
 

@@ -64,6 +64,7 @@ def test_the_sweep_never_times_stores_or_selects_a_backend_that_writes_into_its_
     plan = SweepPlan(
         shapes=(ModelShape("tiny", 8, 2, 16),),
         tokens=(4,),
+        ep_sizes=(2,),
         backends=(*writers, "allgather_reducescatter"),
         warmup=1,
         iters=2,

@@ -471,10 +471,10 @@ def test_a_plan_without_capacity_hashes_as_before_it_existed():
     from a2a_tune.tuner.shapes import preset
     from a2a_tune.tuner.sweep import SweepPlan
 
-    plan = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8))
+    plan = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), ep_sizes=(2,))
     assert "capacity" not in plan.to_dict()  # resumable runs recorded before --capacity still match
     assert plan.capacity_for(0) == 1 and plan.capacity_for(8) == 8
-    sized = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), capacity=64)
+    sized = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 8), ep_sizes=(2,), capacity=64)
     assert sized.to_dict()["capacity"] == 64 and sized.capacity_for(8) == 64
     assert sized.config_hash("cpu", 2) != plan.config_hash("cpu", 2)
 

@@ -3,6 +3,7 @@ No typer and no ranks here: the plan is built and judged in this process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -33,6 +34,7 @@ def test_options_become_the_plan_the_command_line_always_built():
     assert plan == SweepPlan(
         shapes=(preset("mixtral-8x7b"),),
         tokens=(1, 8),
+        ep_sizes=(2,),
         backends=("allgather_reducescatter",),
         warmup=3,  # the cpu defaults
         iters=15,
@@ -75,21 +77,21 @@ def test_impossible_model_configs_are_refused_in_one_line(tmp_path, numbers, mes
 
 
 def test_local_routing_needs_topk_within_one_ranks_experts():
-    plan = SweepPlan(shapes=(ModelShape("m", 8, 4, 64),), tokens=(1,), routings=("uniform", "local"))
+    plan = SweepPlan(shapes=(ModelShape("m", 8, 4, 64),), tokens=(1,), ep_sizes=(2,), routings=("uniform", "local"))
     with pytest.raises(PlanError, match="'local' routing needs topk 4 <= the 2 experts of one rank"):
-        check_plan(plan, "cpu", 4, budget=ROOMY)
+        check_plan(dataclasses.replace(plan, ep_sizes=(4,)), "cpu", 4, budget=ROOMY)
     check_plan(plan, "cpu", 2, budget=ROOMY)  # 4 experts per rank: fine
 
 
 def test_a_case_that_cannot_fit_is_refused_naming_it_and_the_memory():
     # a token count inside the bound with a large hidden size: terabytes per rank
-    big = SweepPlan(shapes=(ModelShape("wide", 8, 2, 65536),), tokens=(1, MAX_TOKENS_PER_RANK))
+    big = SweepPlan(shapes=(ModelShape("wide", 8, 2, 65536),), tokens=(1, MAX_TOKENS_PER_RANK), ep_sizes=(2,))
     with pytest.raises(PlanError) as info:
         check_plan(big, "cpu", 2, budget=(8 * GiB, "8 GiB here"))
     text = str(info.value)
     assert text.startswith(f"wide bf16 uniform at {MAX_TOKENS_PER_RANK} tokens/rank: ")
     assert "would allocate about" in text and "more than the 8.0 GiB a rank has here (8 GiB here)" in text
-    small = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 4, 16, 64, 256))
+    small = SweepPlan(shapes=(preset("mixtral-8x7b"),), tokens=(1, 4, 16, 64, 256), ep_sizes=(2,))
     check_plan(small, "cpu", 2, budget=(GiB, "1 GiB"))  # the cpu default grid fits in little
     check_plan(big, "cpu", 2, budget=(None, "unknown"))  # no figure for this host: bounds only
 
@@ -130,8 +132,8 @@ def test_impossible_plans_are_refused_quickly_without_allocating():
     an impossible shape, and terabytes per rank, are refused from arithmetic alone."""
     start = time.monotonic()
     for plan in (
-        SweepPlan(shapes=(ModelShape("k9", 8, 9, 64),), tokens=(1,)),
-        SweepPlan(shapes=(ModelShape("wide", 8, 2, 65536),), tokens=(MAX_TOKENS_PER_RANK,)),
+        SweepPlan(shapes=(ModelShape("k9", 8, 9, 64),), tokens=(1,), ep_sizes=(2,)),
+        SweepPlan(shapes=(ModelShape("wide", 8, 2, 65536),), tokens=(MAX_TOKENS_PER_RANK,), ep_sizes=(2,)),
     ):
         with pytest.raises(PlanError):
             check_plan(plan, "cpu", 2)

@@ -16,6 +16,7 @@ BACKENDS = ("allgather_reducescatter", "nccl_all2allv", "planted_off_by_one", "p
 PLAN = SweepPlan(
     shapes=(ModelShape("tiny", 16, 4, 32), ModelShape("odd", 6, 2, 24)),
     tokens=(4, 16),
+    ep_sizes=(2,),
     backends=BACKENDS,
     warmup=1,
     iters=4,
@@ -94,7 +95,7 @@ def test_resume_continues_the_same_run_and_repeats_nothing(swept):
 def test_a_completed_run_is_not_resumed_but_measured_anew(swept):
     url, first, _ = swept
     again = sweep(
-        SweepPlan(shapes=PLAN.shapes[:1], tokens=(4,), backends=BACKENDS[:1], warmup=1, iters=2),
+        SweepPlan(shapes=PLAN.shapes[:1], tokens=(4,), ep_sizes=(2,), backends=BACKENDS[:1], warmup=1, iters=2),
         device_type="cpu",
         world_size=2,
         db_url=url,
@@ -131,6 +132,7 @@ def test_adaptive_sweep_measures_fewer_points_and_still_covers_both_ends(tmp_pat
     plan = SweepPlan(
         shapes=(ModelShape("tiny", 16, 4, 32),),
         tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        ep_sizes=(2,),
         backends=BACKENDS[:2],
         warmup=1,
         iters=3,
@@ -151,7 +153,13 @@ def test_adaptive_sweep_measures_fewer_points_and_still_covers_both_ends(tmp_pat
 def test_a_sweep_on_four_ranks_writes_an_ep4_table(tmp_path):
     url = f"sqlite:///{tmp_path / 'w4.db'}"
     plan = SweepPlan(
-        shapes=(ModelShape("tiny", 16, 4, 32),), tokens=(2, 8), backends=BACKENDS[:2], warmup=1, iters=3, input_sets=1
+        shapes=(ModelShape("tiny", 16, 4, 32),),
+        tokens=(2, 8),
+        ep_sizes=(4,),
+        backends=BACKENDS[:2],
+        warmup=1,
+        iters=3,
+        input_sets=1,
     )
     outcome = sweep(plan, device_type="cpu", world_size=4, db_url=url, progress=False)
     assert (outcome.status, outcome.measured) == ("completed", 4)
@@ -171,6 +179,7 @@ def test_capacity_builds_fixed_capacity_backends_for_that_many_tokens(tmp_path):
     common = dict(
         shapes=(ModelShape("tiny", 16, 4, 32),),
         tokens=(1, 4),
+        ep_sizes=(2,),
         backends=("capacity_reporter",),
         warmup=0,
         iters=2,
@@ -201,6 +210,7 @@ def test_refinement_measures_between_grid_points_where_the_winner_changes(tmp_pa
     plan = SweepPlan(
         shapes=(ModelShape("tiny", 16, 4, 32),),
         tokens=(16, 64),
+        ep_sizes=(2,),
         backends=names,
         warmup=0,
         iters=2,

@@ -23,6 +23,7 @@ def test_a_hung_backend_times_out_and_the_sweep_goes_on(tmp_path, monkeypatch):
     plan = SweepPlan(
         shapes=(ModelShape("tiny", 8, 2, 16),),
         tokens=(2, 4),
+        ep_sizes=(2,),
         backends=("planted_hang", "allgather_reducescatter"),
         warmup=1,
         iters=2,
@@ -258,6 +259,7 @@ def test_the_reported_error_is_rank_0s_cause_not_its_peers_echo(tmp_path, monkey
     plan = SweepPlan(
         shapes=(ModelShape("tiny", 8, 2, 16),),
         tokens=(1, 2, 4),
+        ep_sizes=(2,),
         backends=("planted_disk_full",),
         warmup=0,
         iters=2,
@@ -294,6 +296,7 @@ def test_a_rank_that_dies_in_a_case_is_recorded_and_the_run_finishes(tmp_path, m
     plan = SweepPlan(
         shapes=(ModelShape("tiny", 8, 2, 16),),
         tokens=(2, 4),
+        ep_sizes=(2,),
         backends=(*CRASHERS, "allgather_reducescatter"),
         warmup=1,
         iters=2,
@@ -338,7 +341,12 @@ def test_a_rank_killed_outside_any_case_fails_the_run_and_releases_it(tmp_path, 
     monkeypatch.setenv("A2A_TUNE_TEST_KILL_RANK0", "1")
     url = f"sqlite:///{tmp_path / 'killed.db'}"
     plan = SweepPlan(
-        shapes=(ModelShape("tiny", 8, 2, 16),), tokens=(2,), backends=("planted_kill_rank0",), warmup=0, iters=1
+        shapes=(ModelShape("tiny", 8, 2, 16),),
+        tokens=(2,),
+        ep_sizes=(2,),
+        backends=("planted_kill_rank0",),
+        warmup=0,
+        iters=1,
     )
     with pytest.raises(RankCrashed) as info:
         sweep(plan, device_type="cpu", world_size=2, db_url=url, progress=False)

@@ -50,7 +50,10 @@ def test_feasibility_that_raises_does_not_kill_the_plan(unruly):
     verdict = feasibility_of(cls, MoEShape(8, 2, 16, 4), 2)
     assert verdict == (False, "feasibility() raised ZeroDivisionError: planted: division by zero")
     plan = SweepPlan(
-        shapes=(ModelShape("tiny", 8, 2, 16),), tokens=(4,), backends=("planted_feasibility_raises", "nccl_all2allv")
+        shapes=(ModelShape("tiny", 8, 2, 16),),
+        tokens=(4,),
+        ep_sizes=(2,),
+        backends=("planted_feasibility_raises", "nccl_all2allv"),
     )
     largest, at = largest_case(plan, "cpu", 2)
     assert largest > 0 and at[2] == "nccl_all2allv"
@@ -81,6 +84,7 @@ def _swept_past(tmp_path, *unruly: str) -> dict[str, tuple]:
     plan = SweepPlan(
         shapes=(ModelShape("tiny", 8, 2, 16),),
         tokens=(4,),
+        ep_sizes=(2,),
         backends=(*unruly, "allgather_reducescatter"),
         warmup=0,
         iters=2,

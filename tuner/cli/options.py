@@ -36,7 +36,12 @@ backend = typer.Option([], "--backend", help="Backend to sweep, repeatable [defa
 warmup = typer.Option(None, min=0, help="Warm-up round trips per case [default: 10 cuda, 3 cpu].")
 iters = typer.Option(None, min=1, help="Timed samples per case [default: 50 cuda, 15 cpu].")
 db = typer.Option(None, "--db", help=DB_HELP)
-resume = typer.Option(False, help="Continue the latest unfinished run with the same plan; skip what it stored.")
+resume = typer.Option(
+    False,
+    help="Continue the latest unfinished run with the same plan; skip what it stored. When this machine's latest "
+    "run is unfinished with another plan, refuse, naming it and what differs; with none unfinished, start a new "
+    "run and say so.",
+)
 progress = typer.Option(True, help="Show a progress bar.")
 adaptive = typer.Option(
     False,
