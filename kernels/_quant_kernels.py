@@ -1,4 +1,5 @@
-"""Block-FP8 quantization (`quant.quantize_fp8_blocks`) as one Triton kernel.
+"""The payload quantizers as Triton kernels: block-FP8 (`quant.quantize_fp8_blocks`), here, and
+MXFP8 and NVFP4 (`quant.quantize_into`), in the section of their own below.
 
 Why: the torch path is a chain of ~8 kernels (abs, amax, clamp, scale, reciprocal, casts,
 multiply, cast), each a launch inside every fp8 dispatch, captured graph or not, and each a
