@@ -212,6 +212,8 @@ def _print_document(code: int | None) -> None:
     if _json.printed:
         return
     data = _json.document
+    if data is None and code == 0:  # a rank of a torchrun/srun job that rank 0 speaks for
+        return
     if data is None:
         data = {"error": _json.failure or ("interrupted" if code in (130, 143) else f"exit status {code}")}
         data["exit_code"] = code
