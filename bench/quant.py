@@ -7,7 +7,7 @@ packed values and scales written once; the copy baseline is a device-to-device c
 (bytes read + written), timed the same way. Each row first checks the kernel's bytes against
 the torch path (mismatching bytes: 0 expected). Prints one line per payload and token count;
 --json writes the rows.
-    python bench/quant.py [--payload fp8_e4m3 --payload mxfp8 --payload nvfp4] [--hidden 7168] [--json out.json]
+    python bench/quant.py [--payload fp8_e4m3 --payload mxfp8 --payload nvfp4] [--hidden 4096,7168] [--json out.json]
 """
 
 from __future__ import annotations
@@ -50,37 +50,48 @@ def mismatched_bytes(payload: str, x: torch.Tensor) -> int:
     return sum(int((g.view(torch.uint8) != w.view(torch.uint8)).sum()) for g, w in zip(got, want))
 
 
+def measure(payload: str, hidden: int, t: int) -> dict:
+    """One row: the kernel's bytes against the torch path, its time, the torch path's, the copy's."""
+    reference = quantize_fp8_blocks_torch if payload == "fp8_e4m3" else QUANTIZE_TORCH[payload]
+    g = torch.Generator(device="cuda").manual_seed(t)
+    x = (torch.randn(t, hidden, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    bad = mismatched_bytes(payload, x)
+    tri = graph_us(lambda v: quantize(payload, v), x)
+    ref = graph_us(reference, x)
+    copy_us = graph_us(lambda v: torch.empty_like(v).copy_(v), x)
+    moved = t * hidden * 2 + t * PAYLOADS[payload].row_bytes(hidden)
+    gbps, copy_gbps = moved / tri / 1e3, 2 * t * hidden * 2 / copy_us / 1e3
+    return {"payload": payload, "tokens": t, "hidden": hidden, "mismatched_bytes": bad, "triton_us": tri} | {
+        "torch_us": ref,
+        "bytes": moved,
+        "gbps": gbps,
+        "copy_us": copy_us,
+        "copy_gbps": copy_gbps,
+        "share_of_copy": gbps / copy_gbps,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--payload", action="append", help="fp8_e4m3, mxfp8, nvfp4 [default: all three]")
-    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--hidden", default="7168", help="hidden sizes, comma-separated")
     ap.add_argument("--tokens", default="1,128,2048,8192,16384")
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = []
-    print(f"quantize, H={a.hidden} bf16 in, graph replay, µs per call (median of 20 replays x 20 calls)")
+    print("quantize, bf16 in, graph replay, µs per call (median of 20 replays x 20 calls)")
     print(
-        f"{'payload':>8} {'T':>6} {'bad B':>5} {'triton':>8} {'torch':>8} {'GB/s':>7} {'copy GB/s':>9} {'of copy':>7}"
+        f"{'payload':>8} {'H':>5} {'T':>6} {'bad B':>5} {'triton':>8} {'torch':>8} {'GB/s':>7} {'copy GB/s':>9} "
+        f"{'of copy':>7}"
     )
     for payload in a.payload or ["fp8_e4m3", "mxfp8", "nvfp4"]:
-        reference = quantize_fp8_blocks_torch if payload == "fp8_e4m3" else QUANTIZE_TORCH[payload]
-        for t in map(int, a.tokens.split(",")):
-            g = torch.Generator(device="cuda").manual_seed(t)
-            x = (torch.randn(t, a.hidden, device="cuda", generator=g) * 3).to(torch.bfloat16)
-            bad = mismatched_bytes(payload, x)
-            tri = graph_us(lambda v, p=payload: quantize(p, v), x)
-            ref = graph_us(reference, x)
-            copy_us = graph_us(lambda v: torch.empty_like(v).copy_(v), x)
-            moved = t * a.hidden * 2 + t * PAYLOADS[payload].row_bytes(a.hidden)
-            gbps, copy_gbps = moved / tri / 1e3, 2 * t * a.hidden * 2 / copy_us / 1e3
-            rows.append(
-                {"payload": payload, "tokens": t, "hidden": a.hidden, "mismatched_bytes": bad, "triton_us": tri}
-                | {"torch_us": ref, "bytes": moved, "gbps": gbps, "copy_us": copy_us, "copy_gbps": copy_gbps}
-            )
-            print(
-                f"{payload:>8} {t:>6} {bad:>5} {tri:>8.2f} {ref:>8.2f} {gbps:>7.0f} {copy_gbps:>9.0f} "
-                f"{gbps / copy_gbps:>7.0%}"
-            )
+        for hidden in map(int, a.hidden.split(",")):
+            for t in map(int, a.tokens.split(",")):
+                rows.append(row := measure(payload, hidden, t))
+                print(
+                    f"{payload:>8} {hidden:>5} {t:>6} {row['mismatched_bytes']:>5} {row['triton_us']:>8.2f} "
+                    f"{row['torch_us']:>8.2f} {row['gbps']:>7.0f} {row['copy_gbps']:>9.0f} {row['share_of_copy']:>7.0%}"
+                )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

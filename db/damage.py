@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from a2a_tune.tuner.runtime.point import POINT_FIELDS, Point, PointError, check_tokens
 from a2a_tune.tuner.runtime.text import one_line
 
 from .errors import StoreError
@@ -85,7 +86,17 @@ def warn(run_id: int, table: str, row_id: int, field: str, problem: Any, done: s
 
 def measurement_problem(values: Any) -> tuple[str, str]:
     """(field, problem) of a measurement's columns (a mapping) that no view or select can
-    use, or ("", "")."""
+    use, or ("", ""): the point's bounds (``runtime.point``: a row of another version or a
+    hand edit), then the times."""
+    point = Point(*(values[name] for name in POINT_FIELDS))
+    problem = point.shape.problem()
+    if problem is None:
+        try:
+            check_tokens(point.tokens_per_rank, "tokens_per_rank")
+        except PointError as exc:
+            problem = str(exc)
+    if problem:
+        return "point", problem
     for name in _TIMES:
         value = values[name]
         if not _number(value) or not (0 < value < math.inf):

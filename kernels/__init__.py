@@ -25,7 +25,7 @@ Backends are imported here so that registration happens once; a backend module m
 import optional packages (FlashInfer, DeepEP...) at import time: `availability()` looks.
 """
 
-from .base import PAYLOAD_DTYPES, All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
+from .base import PAYLOADS, All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
 from .errors import KernelsError, KnobError, ShapeError, UnknownBackendError
 from .registry import availability_of, engine_names, feasibility_of, get_backend, list_backends, register_backend
 
@@ -54,7 +54,7 @@ __all__ = [
     "KernelsError",
     "KnobError",
     "MoEShape",
-    "PAYLOAD_DTYPES",
+    "PAYLOADS",
     "ShapeError",
     "UnknownBackendError",
     "availability_of",

@@ -1,4 +1,5 @@
-"""Block-FP8 quantization (`quant.quantize_fp8_blocks`) as one Triton kernel.
+"""The payload quantizers as Triton kernels: block-FP8 (`quant.quantize_fp8_blocks`), here, and
+MXFP8 and NVFP4 (`quant.quantize_into`), in the section of their own below.
 
 Why: the torch path is a chain of ~8 kernels (abs, amax, clamp, scale, reciprocal, casts,
 multiply, cast), each a launch inside every fp8 dispatch, captured graph or not, and each a
@@ -189,12 +190,15 @@ def quantize_fp8_blocks(
 
 # ------------------------------------------------- MXFP8 and NVFP4 (quant.py's formats)
 #
-# One program quantizes BLOCK_N scale blocks (32 or 16 elements of a row); H is a multiple of
-# the block, so block b is x's elements [b * BLOCK, (b + 1) * BLOCK) and sits in row b // S at
-# column b % S. q and the scales are written through their row strides: contiguous tensors
-# (the engines' separate q and scales) or the two views of packed rows (quant.wire_rows).
-# Arithmetic as quant.quantize_mxfp8_torch / quantize_nvfp4_torch, bit-exact: IEEE divisions
-# (div_rn), casts to e4m3 by the GPU (HW_CVT) or in integer arithmetic (the interpreter).
+# One program quantizes a tile of ROWS rows x COLS columns of x (COLS a power of 2 dividing H,
+# so a tile holds whole scale blocks of 32 or 16 elements): loaded as [ROWS, COLS / BLOCK, BLOCK]
+# so that each thread reads 16 contiguous bytes and a block's amax is a reduction over the last
+# axis; q and the scales are written through their row strides (contiguous tensors: the
+# engines' separate q and scales; or the two views of packed rows, quant.wire_rows), a row's
+# codes contiguous, so the stores are vectors too. A tile per program, not a block (BENCHMARKS.md,
+# "MXFP8 and NVFP4 quantize"). Arithmetic as quant.quantize_mxfp8_torch / quantize_nvfp4_torch,
+# bit-exact for finite x: the divisions by a power of two are multiplications by its exact
+# inverse; the casts to e4m3 are the GPU's (HW_CVT) or integer arithmetic (the interpreter).
 
 
 @triton.jit
@@ -209,58 +213,87 @@ def _to_e4m3(y, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def _store_blocks(q_ptr, s_ptr, rows, rmask, n_scales, q_stride, s_stride, codes, scales, Q_BYTES: tl.constexpr):
-    """Block b's Q_BYTES bytes of codes [BLOCK_N, Q_BYTES] and its scale code (int32, stored as a
-    byte) where they belong: row b // S, at byte (b % S) * Q_BYTES and at scale column b % S."""
-    t = rows // n_scales
-    j = rows % n_scales
-    tl.store(q_ptr + (t * q_stride + j * Q_BYTES)[:, None] + tl.arange(0, Q_BYTES)[None, :], codes, mask=rmask[:, None])
-    tl.store(s_ptr + t * s_stride + j, scales.to(tl.uint8), mask=rmask)
+def _tile(x_ptr, t, h, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr, BF16: tl.constexpr):
+    """This program's tile: its rows [ROWS, 1, 1] (int64), the row mask, the column of each
+    block's first element [1, COLS / BLOCK, 1] and of each element in its block [1, 1, BLOCK],
+    and x's float32 bits [ROWS, COLS / BLOCK, BLOCK]."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None, None]
+    block0 = tl.program_id(1) * COLS + tl.arange(0, COLS // BLOCK)[None, :, None] * BLOCK
+    within = tl.arange(0, BLOCK)[None, None, :]
+    rmask = rows < t
+    return rows, rmask, block0, within, _load_bits(x_ptr, rows * h + block0 + within, rmask, BF16)
 
 
-@triton.jit(do_not_specialize=["n_blocks", "n_scales", "q_stride", "s_stride"])
+@triton.jit(do_not_specialize=["t"])  # no variant per token count; h and the strides: 16-byte vectors
 def _quantize_mxfp8_kernel(
-    x_ptr, q_ptr, s_ptr, n_blocks, n_scales, q_stride, s_stride,  # _launch_blocks' arguments
-    TINY: tl.constexpr, BF16: tl.constexpr, HW_CVT: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    rows, rmask = _block_rows(n_blocks, BLOCK_N)
-    cols = tl.arange(0, 32)
-    bits = _load_bits(x_ptr, rows[:, None] * 32 + cols[None, :], rmask[:, None], BF16)
-    x = bits.to(tl.float32, bitcast=True)
-    amax = tl.max(bits & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
-    r = tl.math.div_rn(tl.maximum(amax, TINY, propagate_nan=tl.PropagateNan.ALL), tl.full([BLOCK_N], 448.0, tl.float32))
+    # _launch_tiles' arguments, then this payload's
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    t,
+    h,
+    q_stride,
+    s_stride,
+    TINY: tl.constexpr,
+    BF16: tl.constexpr,
+    HW_CVT: tl.constexpr,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+):
+    rows, rmask, block0, within, bits = _tile(x_ptr, t, h, ROWS, COLS, 32, BF16)
+    amax = tl.max(bits & 0x7FFFFFFF, axis=2).to(tl.float32, bitcast=True)  # [ROWS, COLS / 32]
+    r = tl.math.div_rn(
+        tl.maximum(amax, TINY, propagate_nan=tl.PropagateNan.ALL), tl.full(amax.shape, 448.0, tl.float32)
+    )
     rb = r.to(tl.int32, bitcast=True)
     field = rb >> 23
     mant = rb & 0x7FFFFF
     normal = tl.minimum(tl.maximum(field + (mant != 0).to(tl.int32), 0), 254)
     s = tl.where(field == 0, (mant > (1 << 22)).to(tl.int32), normal)  # ceil(log2(r)) + 127
-    descale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)  # 2^(s-127)
-    code = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(descale[:, None], [BLOCK_N, 32])), HW_CVT)
-    _store_blocks(q_ptr, s_ptr, rows, rmask, n_scales, q_stride, s_stride, code, s, 32)
+    # x / 2^(s-127) is x * 2^(127-s), rounded alike (one rounding of the same real number);
+    # 2^(127-s) is a normal float up to s = 253; s = 254 (an inf or NaN amax only) takes 2^-126 * 0.5
+    inv = (tl.maximum(254 - s, 1) << 23).to(tl.float32, bitcast=True)
+    half = tl.where(s == 254, 0.5, 1.0)
+    y = (bits.to(tl.float32, bitcast=True) * inv[:, :, None]) * half[:, :, None]
+    tl.store(q_ptr + rows * q_stride + block0 + within, _to_e4m3(y, HW_CVT), mask=rmask)
+    tl.store(s_ptr + rows * s_stride + block0 // 32, s[:, :, None].to(tl.uint8), mask=rmask)
 
 
 @triton.jit
 def _e2m1(v):
-    """fp32 values within +-6 -> e2m1 codes (sign in bit 3), to nearest even (quant.e2m1_codes)."""
+    """fp32 values within +-6 -> e2m1 codes (sign in bit 3), to nearest even (quant.e2m1_codes).
+
+    From 1 up, e2m1 is fp32 with 1 mantissa bit: round the bits (carry into the exponent) and
+    rebias (127 -> 1). Below 1 it is a grid of 0.5: adding 2^22 makes the fp32 adder round onto
+    it, and the bits above 2^22's are the code (0, 1, or 2 for 0.75 up, i.e. 1.0)."""
     a = tl.abs(v)
-    mag = (
-        (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
-        + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
-    )  # fmt: skip
+    u = a.to(tl.uint32, bitcast=True)
+    normal = (_round_bits(u, 22) >> 22) - 252
+    sub = (a + 4194304.0).to(tl.uint32, bitcast=True) - 0x4A800000
+    mag = tl.where(a >= 1.0, normal, sub).to(tl.int32)
     return mag | ((v.to(tl.int32, bitcast=True) >> 28) & 0x8)
 
 
-@triton.jit(do_not_specialize=["n_blocks", "n_scales", "q_stride", "s_stride"])
+@triton.jit(do_not_specialize=["t"])
 def _quantize_nvfp4_kernel(
-    x_ptr, q_ptr, s_ptr, n_blocks, n_scales, q_stride, s_stride,  # _launch_blocks' arguments
-    g, inv_g, INV_FP4_MAX: tl.constexpr, BF16: tl.constexpr, HW_CVT: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    rows, rmask = _block_rows(n_blocks, BLOCK_N)
-    pairs = tl.arange(0, 8)
-    offs = rows[:, None] * 16 + 2 * pairs[None, :]  # element 2i: the low nibble; 2i + 1: the high
-    lo_bits = _load_bits(x_ptr, offs, rmask[:, None], BF16)
-    hi_bits = _load_bits(x_ptr, offs + 1, rmask[:, None], BF16)
-    amax = tl.maximum(tl.max(lo_bits & 0x7FFFFFFF, axis=1), tl.max(hi_bits & 0x7FFFFFFF, axis=1))
+    # _launch_tiles' arguments, then this payload's
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    t,
+    h,
+    q_stride,
+    s_stride,
+    g,
+    inv_g,
+    INV_FP4_MAX: tl.constexpr,
+    BF16: tl.constexpr,
+    HW_CVT: tl.constexpr,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+):
+    rows, rmask, block0, within, bits = _tile(x_ptr, t, h, ROWS, COLS, 16, BF16)
+    amax = tl.max(bits & 0x7FFFFFFF, axis=2)  # [ROWS, COLS / 16]
     sc = tl.minimum(g * (amax.to(tl.float32, bitcast=True) * INV_FP4_MAX), 448.0)
     scode = _to_e4m3(sc, HW_CVT).to(tl.int32)
     # the e4m3 scale back in fp32: normal codes rebias the exponent, subnormal ones are code x 2^-9
@@ -270,60 +303,79 @@ def _quantize_nvfp4_kernel(
         (scode.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True),
     ).to(tl.float32, bitcast=True)
     unit = sf * inv_g
-    one = tl.full([BLOCK_N], 1.0, tl.float32)
+    one = tl.full(unit.shape, 1.0, tl.float32)
     inv = tl.where(unit == 0.0, 0.0, tl.math.div_rn(one, tl.where(unit == 0.0, one, unit)))
-    lo = tl.minimum(tl.maximum(lo_bits.to(tl.float32, bitcast=True) * inv[:, None], -6.0), 6.0)
-    hi = tl.minimum(tl.maximum(hi_bits.to(tl.float32, bitcast=True) * inv[:, None], -6.0), 6.0)
-    byte = (_e2m1(lo) | (_e2m1(hi) << 4)).to(tl.uint8)
-    _store_blocks(q_ptr, s_ptr, rows, rmask, n_scales, q_stride, s_stride, byte, scode, 8)
+    v = tl.minimum(tl.maximum(bits.to(tl.float32, bitcast=True) * inv[:, :, None], -6.0), 6.0)
+    lo, hi = tl.split(tl.reshape(_e2m1(v), [ROWS, COLS // 16, 8, 2]))  # element 2i: the low nibble
+    byte = (lo | (hi << 4)).to(tl.uint8)
+    pair = block0 // 2 + tl.arange(0, 8)[None, None, :]
+    tl.store(q_ptr + rows * q_stride + pair, byte, mask=rmask)
+    tl.store(s_ptr + rows * s_stride + block0 // 16, scode[:, :, None].to(tl.uint8), mask=rmask)
 
 
-def _launch_blocks(kernel, x, q, scales, block: int, block_n: int | None, hw_cvt: bool | None, **args) -> None:
+ELEMS_MAX = 4096  # elements a program: [4 rows, 1024] of bf16, 32 a thread (4 loads of 16 bytes)
+ELEMS_MIN = 512
+
+
+def _tile_shape(t: int, h: int, block: int, elems: int | None = None) -> tuple[int, int]:
+    """(ROWS, COLS) of a program's tile: ELEMS_MAX elements, fewer where that leaves fewer than
+    _MIN_PROGRAMS programs (small T: every SM busy); COLS the largest power of 2 dividing H (at
+    most 1024, at least the block)."""
+    cols = min(h & -h, 1024)
+    if elems is None:
+        elems = ELEMS_MAX
+        while elems > ELEMS_MIN and triton.cdiv(t * h, elems) < _MIN_PROGRAMS:
+            elems //= 2
+    cols = max(block, min(cols, elems))
+    rows = max(1, min(elems // cols, triton.next_power_of_2(t)))
+    return rows, cols
+
+
+def _launch_tiles(kernel, x, q, scales, block: int, elems: int | None, hw_cvt: bool | None, **args) -> None:
     t, h = x.shape
-    n_scales = h // block
-    n = t * n_scales
-    if n == 0:
+    if t == 0:
         return
     if hw_cvt is None:
         hw_cvt = x.is_cuda and _has_fp8_conversion(x.device)
-    bn = block_n or _block_n(n)
+    rows, cols = _tile_shape(t, h, block, elems)
     x = x.contiguous()
     bf16 = x.dtype == torch.bfloat16
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        kernel[(triton.cdiv(n, bn),)](
+        kernel[(triton.cdiv(t, rows), h // cols)](
             x.view(torch.int16) if bf16 else x,
             q.view(torch.uint8),
             scales.view(torch.uint8),
-            n,
-            n_scales,
+            t,
+            h,
             q.stride(0) * q.element_size(),
             scales.stride(0) * scales.element_size(),
             **args,
             BF16=bf16,
             HW_CVT=hw_cvt,
-            BLOCK_N=bn,
-            num_warps=4,
+            ROWS=rows,
+            COLS=cols,
+            num_warps=max(1, min(4, rows * cols // 256)),
         )
 
 
-def quantize_mxfp8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, block_n=None, hw_cvt=None) -> None:
+def quantize_mxfp8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, elems=None, hw_cvt=None) -> None:
     """quant.quantize_mxfp8_torch into q [T, H] e4m3 and scales [T, H/32] uint8 (rows may be
     strided; bf16 or fp32 x, H % 32 == 0). Layout: vLLM 0.33 mxfp8_e4m3_quantize, linear scales
-    (``model_executor/layers/quantization/utils/mxfp8_utils.py``)."""
-    _launch_blocks(_quantize_mxfp8_kernel, x, q, scales, 32, block_n, hw_cvt, TINY=torch.finfo(torch.float32).tiny)
+    (``model_executor/layers/quantization/utils/mxfp8_utils.py``). `elems`: elements a program
+    (tests: the interpreter pays per program), a power of 2."""
+    _launch_tiles(_quantize_mxfp8_kernel, x, q, scales, 32, elems, hw_cvt, TINY=torch.finfo(torch.float32).tiny)
 
 
-def quantize_nvfp4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, block_n=None, hw_cvt=None) -> None:
+def quantize_nvfp4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, elems=None, hw_cvt=None) -> None:
     """quant.quantize_nvfp4_torch into q [T, H/2] uint8 (element 2i in the low nibble) and scales
     [T, H/16] e4m3 (rows may be strided; H % 16 == 0). Layout: vLLM 0.33 scaled_fp4_quant with
     is_sf_swizzled_layout=False, as its all2all prepares call it (``model_executor/layers/
     fused_moe/prepare_finalize/naive_dp_ep.py``; arithmetic: ``nvfp4_emulation_utils.ref_nvfp4_quant``)."""
     g = torch.tensor(NVFP4_GLOBAL_SCALE, dtype=torch.float32)
     inv_fp4 = float(torch.tensor(1.0 / FP4_E2M1_MAX, dtype=torch.float32))
-    _launch_blocks(
-        _quantize_nvfp4_kernel, x, q, scales, 16, block_n, hw_cvt,
-        g=float(g), inv_g=float(1.0 / g), INV_FP4_MAX=inv_fp4,
-    )  # fmt: skip
+    _launch_tiles(
+        _quantize_nvfp4_kernel, x, q, scales, 16, elems, hw_cvt, g=float(g), inv_g=float(1.0 / g), INV_FP4_MAX=inv_fp4
+    )
 
 
 #: payload -> its kernel (quant.quantize_into).

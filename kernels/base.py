@@ -40,17 +40,14 @@ if TYPE_CHECKING:  # torch is imported lazily so `availability` stays cheap to c
     import torch
     import torch.distributed as dist
 
-#: Payload dtype names used throughout (CLI, database, profiles) -> the format (runtime.point):
-#: what x, the expert outputs and y are in (the activation dtype, also what combine carries),
-#: and what a dispatched row travels as.
+#: The payload vocabulary (``runtime.point.PAYLOADS``: name -> format): what x, the expert
+#: outputs and y are in (``activation``, also what combine carries), and what a dispatched row
+#: travels as (``wire``: a quantized payload's dtype -- NVFP4: bytes of two e2m1 values -- with
+#: its block scales beside it, quantized before dispatch).
 PAYLOADS = _point.PAYLOADS
-#: name -> (activation dtype, wire dtype): a quantized payload travels as the wire dtype (NVFP4:
-#: bytes of two e2m1 values) with its block scales beside it, quantized before dispatch.
-_WIRE = {"fp8_e4m3": "float8_e4m3fn", "mxfp8": "float8_e4m3fn", "nvfp4": "uint8"}
-PAYLOAD_DTYPES: dict[str, tuple[str, str | None]] = {n: (p.activation, _WIRE.get(n)) for n, p in PAYLOADS.items()}
 #: Unquantized payloads: every backend carries these.
 PLAIN_PAYLOADS = frozenset(name for name, p in PAYLOADS.items() if not p.quantized)
-#: Bytes per element of the dtypes PAYLOAD_DTYPES names, known without importing torch.
+#: Bytes per element of the payloads' activation and wire dtypes, known without importing torch.
 ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "uint8": 1}
 FP8_BLOCK = PAYLOADS["fp8_e4m3"].block  # elements per scale (kernels/quant.py; _quant_kernels.py on CUDA)
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
@@ -60,25 +57,19 @@ FP4_E2M1_MAX = 6.0  # the largest e2m1 magnitude
 NVFP4_GLOBAL_SCALE = FP8_E4M3_MAX * FP4_E2M1_MAX / 8.0
 
 
-def _dtype_entry(name: str) -> tuple[str, str | None]:
-    try:
-        return PAYLOAD_DTYPES[name]
-    except KeyError:
-        raise ShapeError(f"unknown payload dtype {name!r}; choose one of {', '.join(PAYLOAD_DTYPES)}") from None
-
-
 def torch_dtype(name: str) -> torch.dtype:
-    """The activation dtype of payload `name` (x, expert outputs, y)."""
+    """The activation dtype of payload `name` (x, expert outputs, y); a name of
+    :data:`PAYLOADS` (checked where the shape came in: :meth:`MoEShape.validate`)."""
     import torch
 
-    return getattr(torch, _dtype_entry(name)[0])
+    return getattr(torch, PAYLOADS[name].activation)
 
 
 def wire_dtype(name: str) -> torch.dtype | None:
     """The quantized dtype payload `name` travels in, or None when it travels as is."""
     import torch
 
-    wire = _dtype_entry(name)[1]
+    wire = PAYLOADS[name].wire
     return getattr(torch, wire) if wire else None
 
 
@@ -101,8 +92,8 @@ class MoEShape:
 
     def validate(self, world_size: int) -> None:
         """Raise ShapeError (one line) if this shape cannot run on `world_size` ranks: the
-        point's rules for a shape to measure (`Shape.problem`), a capacity within the token
-        bound, a payload dtype we know."""
+        point's rules for a shape to measure (`Shape.problem`: a payload dtype we know among
+        them), a capacity within the token bound."""
         if min(self.num_experts, self.topk, self.hidden, self.max_tokens_per_rank) <= 0:
             raise ShapeError(f"{self}: experts, topk, hidden and max_tokens_per_rank must be positive")
         problem = Shape(world_size, self.hidden, self.topk, self.num_experts, self.dtype, "uniform").problem(
@@ -114,8 +105,6 @@ class MoEShape:
             check_tokens(self.max_tokens_per_rank, "max_tokens_per_rank")
         except ValueError as exc:
             raise ShapeError(f"{self.label()}: {exc}") from None
-        if self.dtype not in PAYLOAD_DTYPES:
-            raise ShapeError(f"unknown payload dtype {self.dtype!r}; choose one of {', '.join(PAYLOAD_DTYPES)}")
 
     def experts_per_rank(self, world_size: int) -> int:
         return self.num_experts // world_size

@@ -12,12 +12,14 @@
 #            ranks at W = 2..8, the quantizers, tests/tuner/test_figures_gpu.py's timing and memory figures
 #            checked against planted durations and bytes; tests needing 2 GPUs skip), `a2a-tune check
 #            --virtual` at W = 2, 3, 4, 8 and its planted bugs, what a 1-GPU host says to `a2a-tune run`,
-#            the quantizers' GB/s against the copy bandwidth (bench/quant.py; QUANT_BENCH=0 leaves it out),
+#            the quantizers' GB/s against the copy bandwidth at H = 4096 and 7168 (bench/quant.py, quant.json)
+#            and their share of a dispatch (bench/quant_share.py; QUANT_BENCH=0 leaves both out),
 #            the peers at one rank (scripts/peers_one_rank.py: FlashInfer one- and two-sided, DeepEP
 #            low-latency and high-throughput: runs, refuses or crashes, round trip), the virtual ranks'
 #            fixed costs at T = 1 (never a table); it ends with a table of what passed, failed, skipped
-#            and why (scripts/device_summary.py). Returns log.txt, probe.json, figures.json, peers.json,
-#            junit*.xml. DEEPEP_SRC=path (a carried DeepEP V1 source tree): stage DeepEP there in the
+#            and why, and the figures against their bounds: each quantizer's share of the copy bandwidth
+#            and the planted halves' errors, eager and graph (scripts/device_summary.py). Returns log.txt,
+#            probe.json, figures.json, quant.json, peers.json, junit*.xml. DEEPEP_SRC=path (a carried DeepEP V1 source tree): stage DeepEP there in the
 #            background when .deepep/site is not carried; KEEP_DEEPEP=1: return it as deepep.tar.xz (carry
 #            it back as .deepep.tar.xz). ALL_TESTS=0, CHECKS=0, PEER_TESTS=0, FIXED_COSTS=0: leave those out;
 #            PEERS="b1 b2": only those peers at one rank.
@@ -156,8 +158,12 @@ if [ "$MODE" = virtual ]; then
   if [ "${QUANT_BENCH:-1}" = 1 ]; then
     step "the payload quantizers (fp8_e4m3, mxfp8, nvfp4) against the device's copy bandwidth (bench/quant.py)"
     t0=$(date +%s)
-    run_for 120 python3 bench/quant.py --hidden 4096 --tokens 128,2048,16384 2>&1 | tee -a "$LOG"
+    run_for 150 python3 bench/quant.py --hidden 4096,7168 --tokens 1,128,2048,16384 --json "$OUT/quant.json" 2>&1 | tee -a "$LOG"
     record "bench/quant.py: quantizers vs copy" "${PIPESTATUS[0]}" "$t0"
+    step "the quantize's share of an NVFP4 / MXFP8 dispatch, 2 virtual ranks (bench/quant_share.py)"
+    t0=$(date +%s)
+    run_for 90 python3 bench/quant_share.py 2>&1 | tee -a "$LOG"
+    record "bench/quant_share.py: quantize in the dispatch" "${PIPESTATUS[0]}" "$t0"
   fi
 
   if [ -n "${BUILD:-}" ]; then
@@ -194,7 +200,8 @@ PY
   [ "${KEEP_DEEPEP:-0}" = 1 ] && [ -d .deepep/site ] && tar -C .deepep -cJf "$OUT/deepep.tar.xz" . 2>>"$LOG"
   cp /tmp/a2a-junit-figures.xml /tmp/a2a-junit-peers.xml "$OUT"/ 2>/dev/null
   step "done: $(( $(date +%s) - DEADLINE + ${BUDGET_S:-1440} )) s in all"
-  python3 scripts/device_summary.py --steps "$STEPS" "$OUT/junit.xml" "$OUT/a2a-junit-figures.xml" "$OUT/a2a-junit-peers.xml" 2>&1 | tee -a "$LOG"
+  python3 scripts/device_summary.py --steps "$STEPS" --quant "$OUT/quant.json" --figures "$OUT/figures.json" \
+    "$OUT/junit.xml" "$OUT/a2a-junit-figures.xml" "$OUT/a2a-junit-peers.xml" 2>&1 | tee -a "$LOG"
   exit 0
 fi
 

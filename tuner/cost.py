@@ -65,15 +65,17 @@ def seconds(costs: dict, cases: Iterable[tuple[str, int, int]], device: str, wor
     busy = world if device == "cpu" else 1
     cases = list(cases)
     first = next(iter(costs.values()))
-    work, unknown = 0.0, []
+    work, unknown, used = 0.0, [], []
     for dtype, e, n in cases:
         c = costs.get(dtype)
         if c is None:
             c = costs.get("bf16", first)
             unknown += [dtype] if dtype not in unknown else []
+        used += [c] if c not in used else []
         work += n * (c.overhead + c.per_element * e)
-    total = max(c.startup for c in costs.values()) * busy + work * busy
-    source = first.source + (f"; {', '.join(unknown)} not timed here yet" if unknown else "")
+    used = sorted(used or [first], key=list(costs.values()).index)  # the most recent first
+    total = max(c.startup for c in used) * busy + work * busy
+    source = used[0].source + (f"; {', '.join(unknown)} not timed here yet" if unknown else "")
     return total, source
 
 

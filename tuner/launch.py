@@ -31,7 +31,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .interrupts import SIGNAL_EXIT, Terminated  # noqa: F401 - re-exported: the commands and tests name them here
+from .interrupts import sigterm_as_interrupt as _sigterm_as_interrupt
 from .runtime.environ import EnvError, env_seconds
 
 # one_line: how a failure is recorded and reported; the rank modules import it from here
@@ -110,19 +111,6 @@ class PeerFailed(RuntimeError):
 
 class PeerLost(RankFailed):
     """A launched rank lost contact with the job: another rank or its node went away."""
-
-
-class Terminated(KeyboardInterrupt):
-    """The supervising process got SIGTERM or SIGHUP (its terminal or SSH session closed):
-    handled like Ctrl-C (ranks stopped, run recorded). `signal_name` says which."""
-
-    def __init__(self, signal_name: str) -> None:
-        super().__init__(f"terminated ({signal_name})")
-        self.signal_name = signal_name
-
-
-# The exit code of a command a signal stopped: 128 + the signal's number, as a shell reports it.
-SIGNAL_EXIT = {"SIGINT": 130, "SIGHUP": 129, "SIGTERM": 143}
 
 
 # How long the supervisor keeps listening, after a first failure, for a better cause.
@@ -400,6 +388,8 @@ def _rank_main(
     rank: int, world_size: int, device_type: str, port: int, fn: Callable, args: tuple, results, parent: int
 ) -> None:
     _die_with_parent(parent)
+    os.dup2(2, 1)  # what a rank or a library it loads prints is a log line: stdout is the command's output
+    sys.stdout = sys.stderr
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C for every rank
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a closed terminal: the ranks die with it
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -576,26 +566,6 @@ def _start_resource_tracker() -> None:
         resource_tracker.ensure_running()
     finally:
         signal.signal(signal.SIGHUP, previous)
-
-
-@contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM or SIGHUP to the supervisor raises `Terminated` (a KeyboardInterrupt) while
-    ranks run, so they are stopped and the caller records the interruption; outside the main
-    thread, as is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Terminated(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler_before in previous.items():
-            signal.signal(sig, handler_before)
 
 
 class Heartbeat:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .runtime.environ import MAX_SECONDS
-from .runtime.point import PointError, Shape, check_tokens
+from .runtime.point import PAYLOADS, PointError, Shape, check_tokens
 from .runtime.text import quoted
 from .shapes import ModelShape
 
@@ -413,7 +413,7 @@ def model_shapes(presets: Sequence[str], model_configs: Sequence[Path]) -> list:
 def check_backends(names: Sequence[str], dtypes: Sequence[str] = ()) -> None:
     """Each named backend exists and carries at least one of the payloads asked for (a backend
     asked for by name that would measure nothing is a mistake, said before any rank starts)."""
-    from a2a_tune.kernels import PAYLOAD_DTYPES, UnknownBackendError, get_backend
+    from a2a_tune.kernels import UnknownBackendError, get_backend
 
     try:
         classes = [get_backend(b) for b in names]
@@ -421,7 +421,7 @@ def check_backends(names: Sequence[str], dtypes: Sequence[str] = ()) -> None:
         raise PlanError(str(exc)) from None
     for cls in classes:
         if dtypes and not set(dtypes) & cls.payloads:
-            carried = ", ".join(d for d in PAYLOAD_DTYPES if d in cls.payloads)
+            carried = ", ".join(d for d in PAYLOADS if d in cls.payloads)
             raise PlanError(f"{cls.name} does not carry {' or '.join(dtypes)} (it carries {carried})")
 
 
@@ -481,7 +481,6 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
     """(plan, device, world) for `options`, checked whole (:func:`check_plan`): PlanError
     when there is none, before any rank starts. `note`: where a note on the way goes
     (:func:`resolve_ranks`)."""
-    from a2a_tune.kernels import PAYLOAD_DTYPES
     from a2a_tune.kernels.reference import ROUTINGS
 
     from .adaptive import REFINE_RATIO
@@ -492,8 +491,8 @@ def build_plan(options: SweepOptions, *, note: Callable[[str], None] | None = No
     if folded and note is not None:
         note(folded)
     for d in given["dtype"]:
-        if d not in PAYLOAD_DTYPES:
-            raise PlanError(f"unknown --dtype {quoted(d)}; choose from {', '.join(PAYLOAD_DTYPES)}")
+        if d not in PAYLOADS:
+            raise PlanError(f"unknown --dtype {quoted(d)}; choose from {', '.join(PAYLOADS)}")
     for r in given["routing"]:
         if r not in ROUTINGS:
             raise PlanError(f"unknown --routing {quoted(r)}; choose from {', '.join(ROUTINGS)}")

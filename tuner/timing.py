@@ -1,58 +1,27 @@
 """Timing dispatch + combine round trips, and the statistics every measurement stores.
 
-What is timed: `combine(dispatch(x))` with the received rows passed straight back as the
-expert output (no expert compute). One sample = R round trips launched back to back (the
-host queued ahead of the GPU, as an engine runs its layers) between two CUDA events,
-divided by R; R is chosen so one sample lasts ~`SAMPLE_TARGET_US` and is the same on every
-rank (eager: from a warm-up's wall time, at most `MAX_ROUND_TRIPS`; graph: from the device
-time of a captured probe, at most `MAX_GRAPH_ROUND_TRIPS`). Before each sample an untimed
-lead-in (one eager round trip, or one replay of the graph) absorbs the ranks' start skew after
-the barrier, which otherwise lands in the sample's first round trip. Two modes:
+What is timed: `combine(dispatch(x))`, the received rows passed straight back as the expert
+output. One sample = R round trips launched back to back between two CUDA events, divided by R;
+R fills ~`SAMPLE_TARGET_US` and is the same on every rank. Before each sample the ranks meet at a
+barrier, then an untimed lead-in absorbs their start skew; a sample is the max over ranks; input
+sets rotate so repeated round trips do not replay a warm L2. Two modes:
 
-* eager (`time_round_trips`): the round trips are launched from Python, as an engine's
-  prefill step is. The host wall time per round trip (launch of the R round trips / R,
-  no device sync inside) is recorded beside the device time: at small token counts the
-  two differ a lot, and a backend that needs a host read per dispatch pays it here.
-* graph (`time_graph_round_trips`): the R round trips are captured once in a CUDA graph
-  and each sample is one replay, as engines run decode. Only for `graph_capturable`
-  backends; host time is the replay's launch cost / R.
+* eager (`time_round_trips`): launched from Python with the host queued ahead, as an engine's
+  prefill step; the host wall time per round trip (`host_us`) is stored beside the device time.
+* graph (`time_graph_round_trips`): the R round trips captured in one CUDA graph, one replay a
+  sample, as engines run decode (`graph_capturable` backends only).
 
-On CPU (gloo) both times are the host wall time. Ranks meet at a barrier (then the lead-in)
-before each sample and agree on one number per sample: the max over ranks (an all2all step is as slow
-as its slowest rank). Several input sets rotate so repeated round trips do not replay a
-warm L2.
+**Dispatch and combine apart** (`time_halves`): the same samples in the same mode, each half cut
+by `_Cuts`, the max over ranks taken per half. Graph: an external event captured between the
+halves, so a half is its device time (work a dispatch leaves on a side stream is charged to
+combine). Eager: the host runs behind the device, so events chained across the halves would time
+the host; each half runs alone, the device drained and the ranks aligned, then a spin on the
+device (`head_start_us`: twice the host's time to queue a half) while the host queues it, so it
+runs as in a round trip, the host ahead and the GPU busy: from an event behind the spin to one
+behind its work, its device work and its host reads' stalls, not the other half's work nor the
+host's launch gaps (dispatch + combine <= the round trip). On CPU (gloo): the host clock, no spin.
 
-**Dispatch and combine apart** (`time_halves`, after the round trips, in the same mode): the
-same samples again -- barrier, R round trips, rotating inputs, max over ranks per sample and per
-half -- with each half timed on its own. A sample's dispatch is the sum of its R dispatch
-intervals / R, its combine likewise. The round trip itself stays timed without the cuts. How a
-half is cut depends on the mode, because the two modes fail differently:
-
-* graph: one *external* CUDA event captured between the halves (recorded at every replay, read
-  once it completed), 2R + 1 a sample, lead-in as for the round trip. Replayed work runs back
-  to back, so an event's timestamp is where the device is: the interval is the half's device
-  time. What the cut adds: each event is a graph node of its own (a few µs a round trip in all,
-  BENCHMARKS.md); an event orders only its own stream, so work a backend's dispatch leaves
-  running on a side stream overlaps the combine across the cut and is charged to combine (the
-  sum stays the round trip, the split moves that tail).
-* eager: launched from Python, the host often runs *behind* the device (NCCL launches, host
-  reads of counts): an event is then stamped when the host queues it, not when the device
-  finishes the work before it. Events chained across the round trip therefore timed the host's
-  progress: a half's host launches hid behind the other half's device work, and the device's
-  idle wait for the host landed in whichever half the host was in (a planted combine spin
-  vanished from combine and reappeared, larger, in dispatch: BENCHMARKS.md, "Eager halves").
-  So each eager half runs alone: the device is drained and the ranks meet (one tiny all_reduce,
-  at W > 1) before it starts, and it ends at an event queued on the stream behind its work (the
-  host clock on CPU). A half is then its own host launches, host reads and device work, never
-  the other half's. What the cut adds: the round trip overlaps one half's host work with the
-  other's device work; the drained cut ends that, so dispatch + combine lies between the round
-  trip and the round trip + its host time per round trip (`host_us`), plus the max over ranks
-  per half. Work a dispatch leaves running on a side stream, not joined to the stream, runs out
-  during the drain and is in neither half (the round trip carries it).
-
-In both modes the max over ranks is taken per half: the rank slowest in dispatch need not be the
-one slowest in combine (max(d) + max(c) >= max(d + c)). On CPU ranks (gloo) every cut is the host
-clock, eager as above.
+Why, measured: docs/method.md, BENCHMARKS.md ("Eager halves"), docs/benchmarks-archive.md.
 """
 
 from __future__ import annotations
@@ -264,6 +233,13 @@ def time_graph_round_trips(
     return _timed_samples(backend, iters, reps, lambda i: graph.replay(), lambda i: graph.replay())
 
 
+def _agreed_max(backend: All2AllBackend, value: float) -> float:
+    """`value`'s max over the ranks (collective)."""
+    agreed = torch.tensor([value], dtype=torch.float64, device=backend.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=backend.group)
+    return float(agreed.item())
+
+
 def _max_over_ranks(
     backend: All2AllBackend, device_us: list[float], host_us: list[float]
 ) -> tuple[list[float], list[float]]:
@@ -272,16 +248,28 @@ def _max_over_ranks(
     return both[0].tolist(), both[1].tolist()
 
 
+HEAD_START_CYCLES_PER_US = 2000  # `torch.cuda._sleep` cycles a µs: at or above the SM clocks of H100/H200/B200
+HEAD_START_MAX_US = 5000.0
+
+
+def head_start_us(launch_us: Sequence[float]) -> float:
+    """The head start of an eager half: twice the host's longest launch of a half (from its
+    start stamp to its cut, measured in an untimed sample) + 20 µs, at most HEAD_START_MAX_US."""
+    return min(HEAD_START_MAX_US, 2 * max(launch_us, default=0.0) + 20.0)
+
+
 class _Cuts:
     """One sample's cuts between its halves (module docstring): called before the first dispatch
     and after every half, 2R + 1 calls. Graph (`captured`): an external CUDA event a call, half i
     from event i to event i + 1. Eager: a call stamps the end of the running half on the stream
-    (queued behind its work: the device's time, not the host's wake-up after a drain, which is
-    host noise: BENCHMARKS.md, "Eager halves"), drains the device, aligns the ranks
-    (`_align`) and stamps the start of the next: half i from its own start to its own end (CUDA
-    events on a GPU, the host clock on CPU)."""
+    (queued behind its work), drains the device, aligns the ranks (`_align`), queues a spin of
+    `head_us` on the device and stamps the start of the next half behind it: the host queues the
+    half while the device spins, so the half starts with the host ahead of it, as in a round trip,
+    and the device is busy up to it (its clocks as in a round trip, not an idle GPU's). Half i runs
+    from its own start to its own end (CUDA events on a GPU, the host clock on CPU, no spin);
+    `launch_us[i]` is the host's time from its start stamp to its cut (`head_start_us`)."""
 
-    def __init__(self, backend: All2AllBackend, reps: int, *, captured: bool = False) -> None:
+    def __init__(self, backend: All2AllBackend, reps: int, *, captured: bool = False, head_us: float = 0.0) -> None:
         self.backend = backend
         self.reps = reps
         self.captured = captured
@@ -292,8 +280,13 @@ class _Cuts:
             [torch.cuda.Event(enable_timing=True, external=captured) for _ in range(stamps)] if self.cuda else []
         )
         self.host = [0.0] * stamps
+        self.launch_us = [0.0] * (2 * reps)
+        spin = getattr(torch.cuda, "_sleep", None) if self.cuda and not captured else None
+        cycles = int(head_us * HEAD_START_CYCLES_PER_US)
+        self._head = (lambda: spin(cycles)) if spin is not None and cycles > 0 else None
         self.next = 0
         self._one = torch.zeros(1, device=backend.device) if not captured else None
+        self._queued = 0.0
 
     def _stamp(self, k: int) -> None:
         if self.cuda:
@@ -308,10 +301,14 @@ class _Cuts:
         else:
             if i > 0:  # the end of half i - 1: queued behind its work, then the device drained
                 self._stamp(2 * (i - 1) + 1)
+                self.launch_us[i - 1] = (time.perf_counter() - self._queued) * 1e6
                 _sync(self.backend)
             if i < self.calls - 1:
                 _align(self.backend, self._one)
+                if self._head is not None:
+                    self._head()  # the device busy while the host queues half i
                 self._stamp(2 * i)  # the start of half i
+                self._queued = time.perf_counter()
         self.next = (i + 1) % self.calls  # a replayed graph records them again
 
     def _us(self, a: int, b: int) -> float:
@@ -361,9 +358,14 @@ def time_halves(
     if not graph:
         _round_trips(backend, input_sets, 0, warmup)
         reps = _round_trips_per_sample(backend, input_sets)
+        probe = _Cuts(backend, reps)  # untimed: how long the host takes to queue each half
+        probe()
+        _round_trips(backend, input_sets, 0, reps, probe)
+        _sync(backend)
+        head = _agreed_max(backend, head_start_us(probe.launch_us) if probe.cuda else 0.0)
 
         def eager(i: int) -> _Cuts:
-            cuts = _Cuts(backend, reps)
+            cuts = _Cuts(backend, reps, head_us=head)
             cuts()
             _round_trips(backend, input_sets, i * reps, reps, cuts)
             return cuts

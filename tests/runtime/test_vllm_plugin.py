@@ -664,3 +664,21 @@ def test_a_moe_method_without_the_modular_kernel_keeps_allgather_reducescatter(f
     assert args.create_engine_config().parallel_config.all2all_backend == "allgather_reducescatter"
     ((level, msg),) = lines(caplog)
     assert level == "INFO" and "(naive_dispatch: MoE method without the modular kernel" in msg, msg
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [{"num_hidden_layers": 10**309}, {"num_hidden_layers": 61, "mlp_only_layers": [[1]]}],
+    ids=["huge_layer_count", "nested_dense_layers"],
+)
+def test_a_cosmetic_field_out_of_bounds_keeps_the_tables_choice(fake_vllm, monkeypatch, caplog, layers):
+    """The layer count only words the saving (issue 35 items 13, 15): out of bounds, the saving is
+    said per layer and the table's choice stands."""
+    vllm_plugin.register()
+    hf = {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256}
+    chosen = fake_vllm.EngineArgs(hf=hf).create_engine_config().parallel_config.all2all_backend
+    caplog.clear()
+    config = fake_vllm.EngineArgs(hf=hf | layers).create_engine_config()
+    ((level, msg),) = lines(caplog)
+    assert config.parallel_config.all2all_backend == chosen != "allgather_reducescatter"
+    assert level == "INFO" and "(MoE layers unknown)" in msg, msg

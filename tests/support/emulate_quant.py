@@ -3,8 +3,8 @@
 Usage (a subprocess: TRITON_INTERPRET must be set before triton is imported):
     TRITON_INTERPRET=1 python emulate_quant.py '<json list of cases>'
 prints a JSON list of {id, q_mismatches, scale_mismatches, shapes_ok}. Each case: tokens,
-hidden, dtype ("bf16" | "fp32"), block_n (blocks per program; the interpreter is slow per
-program), and "values": "mixed" (random magnitudes with zero, huge, tiny and negative rows) or
+hidden, dtype ("bf16" | "fp32"), block_n (block-FP8: blocks per program) or elems (MXFP8,
+NVFP4: elements per program; the interpreter is slow per program), and "values": "mixed" (random magnitudes with zero, huge, tiny and negative rows) or
 "all_bf16" (every bf16 bit pattern, inf and NaN included, in blocks of 128 as they come and
 beside amaxes of 1, 3, 2^-100 and 2^100). The GPU tests import `inputs` and `mismatches`.
 """
@@ -41,7 +41,7 @@ def inputs(case: dict) -> torch.Tensor:
     # rows spanning 16 decades, and within each block values far below its amax: those land
     # on e4m3's subnormal grid, or round to zero
     x = torch.randn(t, h, generator=g) * torch.logspace(-8, 8, t)[:, None]
-    x *= torch.logspace(-6, 0, 128).repeat(h // 128)[torch.randperm(h, generator=g)]
+    x *= torch.logspace(-6, 0, 128).repeat(-(-h // 128))[:h][torch.randperm(h, generator=g)]
     x[0, :128] = 0.0  # an all-zero block: the scale clamps at 1e-12/448
     x[0, 128:256] = -0.0
     if t > 1:
@@ -69,10 +69,10 @@ def run_packed_case(case: dict) -> dict:
     x, payload = inputs(case), case["payload"]
     want = quant.QUANTIZE_TORCH[payload](x)
     separate = quant.empty_wire(payload, *x.shape, "cpu")
-    _quant_kernels.QUANTIZE[payload](x, *separate, block_n=case.get("block_n"))
+    _quant_kernels.QUANTIZE[payload](x, *separate, elems=case.get("elems"))
     rows = torch.full((x.shape[0], quant.PAYLOADS[payload].row_bytes(x.shape[1])), 0xAB, dtype=torch.uint8)
     packed = quant.wire_rows(payload, rows, x.shape[1])
-    _quant_kernels.QUANTIZE[payload](x, *packed, block_n=case.get("block_n"))
+    _quant_kernels.QUANTIZE[payload](x, *packed, elems=case.get("elems"))
     as_bytes = [(q.view(torch.uint8), s.view(torch.uint8)) for q, s in (separate, packed)]
     bad = [mismatches(got, (want[0].view(torch.uint8), want[1].view(torch.uint8))) for got in as_bytes]
     return {

@@ -2,38 +2,54 @@
 was planted (tests/tuner/test_figures_gpu.py). Built on the all-gather backends at world 1, so
 every one passes the invariant and is measured through the sweep's own `measure`.
 
-Durations are `torch.cuda._sleep` spins, in µs through `calibrate()` (cycles per µs, timed with
-CUDA events on this GPU); memory is held from construction to `close()`.
+Durations are spins on the GPU's global timer (`%globaltimer`, ns): a planted µs is a µs at
+any SM clock. Not `torch.cuda._sleep`, which spins a count of SM cycles: a spin started on a
+GPU whose clock is still climbing from idle outlasts the same spin on a busy one, so its length
+depends on what ran before it (BENCHMARKS.md, "MXFP8 and NVFP4 quantize, eager halves"). Memory
+is held from construction to `close()`.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from a2a_tune.kernels import register_backend
 from a2a_tune.kernels._symmetric_backend import rendezvous_workspace
 from a2a_tune.kernels.allgather_reducescatter import AllGatherReduceScatter, AllGatherReduceScatterPadded
 
-CYCLES_PER_US = [0.0]  # set by calibrate() in the rank before anything sleeps
 HELD_BYTES = 256 * 2**20 + 1000  # what each holder holds: not a multiple of any allocator's granule
 
 
+@triton.jit
+def _now():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _spin(ns):
+    """One thread spins until `ns` nanoseconds of the global timer have passed."""
+    start = _now()
+    now = start
+    while now - start < ns:
+        now = _now()
+
+
 def calibrate() -> float:
-    """The GPU's `_sleep` cycles per µs: a 5 ms spin timed by CUDA events, after one warm-up."""
+    """A 5 ms spin timed by CUDA events, after one warm-up: measured / planted (1.0 expected)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
     for _ in range(2):
         start.record()
-        torch.cuda._sleep(cycles)
+        sleep_us(5000.0)
         end.record()
         torch.cuda.synchronize()
-    CYCLES_PER_US[0] = cycles / (start.elapsed_time(end) * 1e3)
-    return CYCLES_PER_US[0]
+    return start.elapsed_time(end) * 1e3 / 5000.0
 
 
 def sleep_us(us: float) -> None:
     if us > 0:
-        torch.cuda._sleep(int(us * CYCLES_PER_US[0]))
+        _spin[(1,)](int(us * 1000), num_warps=1)
 
 
 class _Sleeps:

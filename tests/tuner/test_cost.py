@@ -33,6 +33,9 @@ def test_the_fit_recovers_a_cases_fixed_and_per_element_cost_per_dtype():
     assert total == pytest.approx(span + 4.0, rel=0.05) and "36 cases timed here" in source
     _, source = cost.seconds({"bf16": fitted["bf16"]}, points, "cpu", 2)
     assert source.endswith("fp8_e4m3 not timed here yet")  # estimated as bf16, and said so
+    later = {"fp8_e4m3": cost.Cost(0, 1e-8, 9.0, "from 9 cases timed here 2026-12-07 22:00 UTC"), **fitted}
+    _, source = cost.seconds(later, [p for p in points if p[0] == "bf16"], "cpu", 2)
+    assert source == fitted["bf16"].source  # where the numbers it used come from, not the latest run
 
 
 def test_without_a_run_here_the_estimate_is_a_guess_that_says_so(monkeypatch, tmp_path):

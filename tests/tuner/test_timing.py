@@ -178,3 +178,13 @@ def test_a_chain_that_cannot_be_cut_leaves_the_round_trip_alone(tmp_path, monkey
         assert _halves(ctx, backend, inputs, warmup=0, iters=2, graph=False) == ([], [])
     finally:
         dist.destroy_process_group()
+
+
+def test_an_eager_halfs_head_start_is_twice_the_hosts_queueing_of_a_half_within_bounds():
+    """The device spins while the host queues a half (timing.py): twice the longest host launch
+    of a half + 20 µs, so the half starts with the host ahead; never above 5 ms a half."""
+    from a2a_tune.tuner.timing import HEAD_START_MAX_US, head_start_us
+
+    assert head_start_us([40.0, 130.0, 90.0]) == 280.0
+    assert head_start_us([]) == 20.0
+    assert head_start_us([1e6]) == HEAD_START_MAX_US

@@ -68,8 +68,9 @@ def invoke(args, width: int, terminal: bool):
         ("show", "--profile", str(H200)),
         ("evaluate", "--profile", str(H200), "--table-points"),
         ("diff", *map(str, PAIR)),
+        ("show", "--profile", str(FIXTURES / "readme" / "cpu-x86_64.node1.json")),  # nvfp4: "not measured: ..."
     ],
-    ids=["show-schema3", "show-h200", "evaluate-table-points", "diff-cpu-pair"],
+    ids=["show-schema3", "show-h200", "evaluate-table-points", "diff-cpu-pair", "show-cpu-nvfp4"],
 )
 def test_views_fit_and_keep_names_whole(args, width, terminal):
     names = names_of(*(Path(a) for a in args if a.endswith(".json")))

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from . import options as opt
-from .common import _help, _note, _planned, _plans, app, err, out
+from .common import _help, _note, _planned, _plans, app, emit_json, err, json_output, out
 
 # ------------------------------------------------------------------------------- listings
 
 
 @app.command()
+@json_output(lambda o: o.get("as_json"))
 def backends(
     device: str = typer.Option("auto", help="Judge availability for cuda or cpu ranks."),
     world: int | None = typer.Option(None, help="Ranks [default: every GPU; 2 on cpu]."),
@@ -23,7 +23,7 @@ def backends(
     from rich.table import Column
     from rich.text import Text
 
-    from a2a_tune.kernels import PAYLOAD_DTYPES, BackendEnv, availability_of, engine_names, get_backend
+    from a2a_tune.kernels import PAYLOADS, BackendEnv, availability_of, engine_names, get_backend
     from a2a_tune.tuner.runtime.engines import ENGINES, NAMES
 
     from ..console import print_fitted
@@ -35,7 +35,7 @@ def backends(
     for name, names in engine_names().items():
         cls = get_backend(name)
         ok, reason = availability_of(cls, env)
-        missing = [d for d in PAYLOAD_DTYPES if d not in cls.payloads]
+        missing = [d for d in PAYLOADS if d not in cls.payloads]
         listed.append(
             {"backend": name, **names, "reach": cls.reach, "payloads": sorted(cls.payloads)}
             | {"does_not_carry": missing, "available": ok, "reason": None if ok else reason}
@@ -47,7 +47,7 @@ def backends(
         r for r in engine_rules.describe(set().union(*literals.values())) if set(r["backends"]) & literals[r["engine"]]
     ]
     if as_json:
-        print(json.dumps({"device": device, "world_size": world, "backends": listed, "engine_rules": rules}, indent=2))
+        emit_json({"device": device, "world_size": world, "backends": listed, "engine_rules": rules})
         return
 
     def literal(b: dict, engine: str) -> Text:
@@ -107,6 +107,7 @@ def backends(
         "Exit status: 0 when every case passed or was skipped (with the reason), 1 when one FAILed, 2 on bad options.",
     )
 )
+@json_output(lambda o: o.get("as_json"))
 def check(
     backend: list[str] = typer.Option(
         [],
@@ -187,11 +188,12 @@ def check(
         from dataclasses import asdict
 
         data = {"device": device, "world_size": world, "virtual": virtual, "token_scale": token_scale}
-        print(json.dumps({**data, **counts, "rows": [asdict(r) for r in rows]}, indent=1))
+        emit_json({**data, **counts, "rows": [asdict(r) for r in rows]})
     raise typer.Exit(1 if counts["FAIL"] else 0)
 
 
 @app.command()
+@json_output(lambda o: o.get("as_json"))
 def presets(as_json: bool = typer.Option(False, "--json", help="Print the presets as JSON.")) -> None:
     """List the model shape presets."""
     from ..shapes import presets as all_presets
@@ -207,7 +209,7 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print the preset
             }
             for p in all_presets().values()
         ]
-        print(json.dumps({"presets": shapes}, indent=2))
+        emit_json({"presets": shapes})
         return
     for p in all_presets().values():
         layers = f"{p.moe_layers:>3}" if p.moe_layers is not None else "  -"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,7 +11,9 @@ import typer
 from .common import (
     _fail,
     app,
+    emit_json,
     err,
+    json_output,
 )
 
 # --------------------------------------------------------------------------------- lookup
@@ -69,6 +70,7 @@ def _stray_size(size_option: str) -> str:
 
 
 @app.command()
+@json_output(lambda o: o.get("fmt") == "json")
 def lookup(
     ep_size: int = typer.Option(..., help="Expert-parallel group size (ranks)."),
     hidden: int | None = typer.Option(None, help="Hidden size H of the token rows [default: the --preset's]."),
@@ -164,8 +166,20 @@ def lookup(
             model = find_preset(preset)
         except ShapeSpecError as exc:
             raise _fail(str(exc), 2) from None
-        hidden, topk, experts = hidden or model.hidden, topk or model.topk, experts or model.num_experts
-        moe_layers = moe_layers or model.moe_layers
+        # a value given wins, 0 included (refused below as it is without --preset)
+        hidden = model.hidden if hidden is None else hidden
+        topk = model.topk if topk is None else topk
+        experts = model.num_experts if experts is None else experts
+        moe_layers = model.moe_layers if moe_layers is None else moe_layers
+    from ..runtime.point import MAX_MOE_LAYERS, PointError, check_count, check_tpot_ms
+
+    try:  # the two options only lookup reads, bounded here; the shape's are the request's
+        if moe_layers is not None:
+            check_count(moe_layers, "--moe-layers", MAX_MOE_LAYERS)
+        if tpot_ms is not None:
+            check_tpot_ms(tpot_ms, "--tpot-ms")
+    except PointError as exc:
+        raise _fail(str(exc), 2) from None
     missing = [f"--{n}" for n, v in (("hidden", hidden), ("topk", topk), ("experts", experts)) if v is None]
     if missing:
         raise _fail(f"give {', '.join(missing)}, or --preset NAME", 2)
@@ -227,7 +241,7 @@ def lookup(
             e: {b: dict(zip(("rule", "why"), text.split(": ", 1))) for b, text in ask(e, quiet=True).excluded.items()}
             for e in asked
         }
-        print(json.dumps({**choice.to_dict(), "vs_default": vs_default, "excluded": excluded}, indent=2))
+        emit_json({**choice.to_dict(), "vs_default": vs_default, "excluded": excluded})
     elif fmt in engines.ENGINES:
         flag = engines.engine_flag(fmt, *choice.engine_args(fmt))
         if flag:  # TensorRT-LLM without a method: nothing, it keeps its own choice

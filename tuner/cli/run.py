@@ -10,12 +10,13 @@ import typer
 
 from ..console import indented
 from . import options as opt
-from .common import _fail, _note, _planned, _plans, _store_url, app, err, out
+from .common import _fail, _note, _planned, _plans, _store_url, app, emit_json, err, json_output, out
 
 # ---------------------------------------------------------------------------------- probe
 
 
 @app.command()
+@json_output(lambda o: o.get("as_json"))
 def probe(
     as_json: bool = typer.Option(False, "--json", help="Print the full facts and the fingerprint as JSON."),
     record: Path | None = typer.Option(None, help="Also save the raw NVML answers to FILE (a test fixture)."),
@@ -45,7 +46,7 @@ def probe(
     else:
         remember_fingerprint(topo.fingerprint)
     if as_json:
-        out.print_json(json.dumps(topo.to_dict()))
+        emit_json(topo.to_dict())
     else:
         out.print(render_summary(topo))
 
@@ -188,7 +189,7 @@ def _do_sweep(options, *, after=None):
                 data["ep_sizes"] = [
                     {"ep_size": r.ep_size, "groups": r.groups, "cases": r.cases, "skipped": r.skipped} for r in rows
                 ]
-                print(json.dumps(data, indent=2, default=str))
+                emit_json(data)
             raise typer.Exit(0)
     elif options.dry_run:
         raise typer.Exit(0)
@@ -212,10 +213,12 @@ def _do_sweep(options, *, after=None):
     except KeyboardInterrupt as exc:
         run_id, by = getattr(exc, "run_id", None), getattr(exc, "signal_name", "SIGINT")
         planned = sum(r.cases for r in rows) if rows else plan.total()  # the cases that can run here
-        raise _fail(
-            f"interrupted ({by}) after {time.perf_counter() - start:.0f} s; {_stored_so_far(db, planned, run_id)}",
-            SIGNAL_EXIT.get(by, 130),
-        ) from None
+        code, seconds = SIGNAL_EXIT.get(by, 130), time.perf_counter() - start
+        message = f"interrupted ({by}) after {seconds:.0f} s; {_stored_so_far(db, planned, run_id)}"
+        if options.as_json:  # which run to resume, for a program
+            data = {"run": run_id, "status": "interrupted", "signal": by, "seconds": round(seconds, 1)}
+            emit_json(data | {"error": message, "exit_code": code})
+        raise _fail(message, code) from None
     if outcome is None:  # a non-zero rank of a torchrun/srun job: rank 0 reports and selects
         raise typer.Exit(0)
     outcome.seconds = time.perf_counter() - start
@@ -314,6 +317,7 @@ def _sweep_options(out_opt=None):
         def with_options(**values):
             return command(_plans().SweepOptions(**values))
 
+        with_options = json_output(lambda o: o.get("as_json"))(with_options)
         del with_options.__wrapped__  # typer must read the options, not the command's one argument
         with_options.__signature__ = inspect.Signature(params)
         with_options.__annotations__ = {p.name: p.annotation for p in params}
@@ -331,7 +335,7 @@ def sweep(options) -> None:
     which also writes the table on every node)."""
     outcome = _do_sweep(options)
     if options.as_json:
-        print(json.dumps(_outcome_data(outcome, outcome.seconds), indent=2))
+        emit_json(_outcome_data(outcome, outcome.seconds))
 
 
 # --------------------------------------------------------------------------------- select
@@ -443,7 +447,7 @@ def run(options) -> None:
         data["tables"] = {host: str(path) for host, path in published["tables"].items()}
         data["table_errors"] = published["errors"]
         data["entries"] = published["entries"]
-        print(json.dumps(data, indent=2))
+        emit_json(data)
     for host, path in published["tables"].items():
         human.print(
             f"wrote {path}{f' on {host}' if several else ''} ({published['entries']} shape(s)) "

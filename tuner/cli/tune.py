@@ -7,12 +7,13 @@ from pathlib import Path
 import typer
 
 from . import options as opt
-from .common import _fail, _note, _planned, _plans, _store_url, app, err, out
+from .common import _fail, _note, _planned, _plans, _store_url, app, emit_json, err, json_output, out
 
 # ------------------------------------------------------------------------------- evaluate
 
 
 @app.command()
+@json_output(lambda o: o.get("as_json"))
 def evaluate(
     profile: Path = typer.Option(..., help="The table to judge (a profile JSON)."),
     device: str = opt.device,
@@ -129,8 +130,6 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
     if not ev.points:
         raise _fail(f"{title}: no measured point of a shape the table has ({ev.outside} of other shapes)", 1)
     if as_json:
-        import json
-
         from ..policies import scores_data
 
         data = {
@@ -144,7 +143,7 @@ def _print_evaluation(ev, title: str, as_json: bool = False) -> None:
             "engines": scores_data(ev.engines),
             "worst": ev.worst(5),
         }
-        print(json.dumps(data, indent=2, default=str))
+        emit_json(data)
         return
     t = Table(
         Column("policy", no_wrap=True),

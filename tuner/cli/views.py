@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
 from ..runtime.environ import env_text
-from .common import _fail, _help, app, out
+from .common import _fail, _help, app, emit_json, json_output, out
 
 # ------------------------------------------------------------------------------ ops views
 # show / diff / plot / report: read-only views of a table (profile JSON) or of a sweep run
@@ -69,6 +68,7 @@ def _viewing(profile: Path | None, db: str | None, run_id: int | None):
         "or is a table the lookup refuses.",
     )
 )
+@json_output(lambda o: o.get("as_json"))
 def show(
     profile: Path | None = _profile_in_opt,
     db: str | None = _db_in_opt,
@@ -85,7 +85,7 @@ def show(
                 from ..policies import scores_data
 
                 data["engines"] = scores_data(engines)
-            print(json.dumps(data, indent=2, default=str))
+            emit_json(data)
         else:
             render_show(view, out)
             if engines is not None:
@@ -129,6 +129,7 @@ def _min_effect() -> float:
         "a2a-tune diff last-month.json this-month.json --fail-on regressions",
     )
 )
+@json_output(lambda o: o.get("as_json"))
 def diff(
     sources: list[str] = typer.Argument(
         None,
@@ -188,7 +189,7 @@ def diff(
         data = res.to_dict()
         data["min_effect"] = tolerance  # the rule's minimum effect (--tolerance)
         data["failing"] = res.failing(modes)
-        print(json.dumps(data, indent=2, default=str))
+        emit_json(data)
     else:
         render_diff(res, out, fail_on=modes)
     if res.failing(modes):  # the last line of the report already says FAIL and why

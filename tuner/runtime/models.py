@@ -5,10 +5,14 @@ saving per step times this count (``vs_default``). The families name their dense
 differently: DeepSeek-V3/V3.2, Kimi-K2 and GLM-4.x replace the first ``first_k_dense_replace``
 layers with dense ones; Llama 4 puts an MoE in every ``interleave_moe_layer_step``-th layer;
 Qwen MoE lists dense layers in ``mlp_only_layers`` (and ``decoder_sparse_step``); the rest
-(Mixtral, gpt-oss, MiniMax-M2, Qwen3.5) are MoE in every layer. Standard library only.
+(Mixtral, gpt-oss, MiniMax-M2, Qwen3.5) are MoE in every layer. A config whose layer count is
+out of bounds (``runtime.point.MAX_MOE_LAYERS``) or whose dense-layer list is not a list of
+layer numbers says no count (None): the count only words the saving. Standard library only.
 """
 
 from __future__ import annotations
+
+from a2a_tune.tuner.runtime.point import MAX_MOE_LAYERS
 
 __all__ = ["moe_layer_count"]
 
@@ -28,16 +32,20 @@ def moe_layer_count(cfg) -> int | None:
     if text is not None and _int(_get(text, "num_hidden_layers")):
         cfg = text
     layers = _int(_get(cfg, "num_hidden_layers"))
-    if not layers:
+    if not layers or layers > MAX_MOE_LAYERS:
         return None
     step = _int(_get(cfg, "interleave_moe_layer_step"))
     if step and step > 1:
         return layers // step
     dense = _int(_get(cfg, "first_k_dense_replace")) or 0
     mlp_only = _get(cfg, "mlp_only_layers")
-    if isinstance(mlp_only, (list, tuple)):
-        dense = max(dense, len(set(mlp_only)))
+    listed = 0
+    if mlp_only is not None:
+        if not isinstance(mlp_only, (list, tuple)) or any(_int(i) is None for i in mlp_only):
+            return None  # e.g. [[1]]: not layer numbers
+        listed = len(set(mlp_only))
+    dense = max(dense, listed)
     sparse_step = _int(_get(cfg, "decoder_sparse_step"))
     if sparse_step and sparse_step > 1:
-        return max(0, layers // sparse_step - (len(set(mlp_only)) if isinstance(mlp_only, (list, tuple)) else 0))
+        return max(0, layers // sparse_step - listed)
     return max(0, layers - dense)

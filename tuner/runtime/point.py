@@ -31,6 +31,9 @@ __all__ = [
     "MAX_EP_SIZE",
     "MAX_EXPERTS",
     "MAX_HIDDEN",
+    "MAX_MOE_LAYERS",
+    "MAX_TPOT_MS",
+    "MIN_TPOT_MS",
     "MAX_TOKENS_PER_RANK",
     "MAX_TOPK",
     "POINT_FIELDS",
@@ -42,6 +45,7 @@ __all__ = [
     "Shape",
     "check_count",
     "check_tokens",
+    "check_tpot_ms",
     "shape_label",
 ]
 
@@ -61,6 +65,10 @@ MAX_EXPERTS = 1 << 12
 MAX_TOPK = 64
 #: Ranks in one EP group: a GB200 NVL72 domain is 72; 1024 leaves room for larger domains.
 MAX_EP_SIZE = 1024
+#: MoE layers of one model (the saving per step): 10x the deepest published (Qwen3-235B: 94).
+MAX_MOE_LAYERS = 1024
+#: A time per output token in ms (the saving as a share of it): 1 us to 1000 s.
+MIN_TPOT_MS, MAX_TPOT_MS = 1e-3, 1e6
 
 
 class Payload(NamedTuple):
@@ -77,6 +85,7 @@ class Payload(NamedTuple):
     scale_bytes: int = 0  # bytes of one scale
     scale_format: str = ""  # what a scale is: fp32, e4m3, e8m0
     exact_blocks: bool = False  # hidden must be a multiple of `block` (else: a short last block)
+    wire: str | None = None  # torch dtype name a quantized row travels as; None: as `activation`
 
     @property
     def quantized(self) -> bool:
@@ -115,11 +124,11 @@ PAYLOADS = {
         Payload("fp16", "float16", 16),
         Payload("fp32", "float32", 32),
         # block-FP8 (DeepSeek-V3's activations): e4m3 values, one fp32 scale per 1 x 128
-        Payload("fp8_e4m3", "bfloat16", 8, 128, 4, "fp32"),
+        Payload("fp8_e4m3", "bfloat16", 8, 128, 4, "fp32", wire="float8_e4m3fn"),
         # OCP MX FP8: e4m3 values, one E8M0 (power of two) scale per 32
-        Payload("mxfp8", "bfloat16", 8, 32, 1, "e8m0", exact_blocks=True),
+        Payload("mxfp8", "bfloat16", 8, 32, 1, "e8m0", exact_blocks=True, wire="float8_e4m3fn"),
         # NVFP4: e2m1 values two per byte, one E4M3 scale per 16, one FP32 global scale
-        Payload("nvfp4", "bfloat16", 4, 16, 1, "e4m3", exact_blocks=True),
+        Payload("nvfp4", "bfloat16", 4, 16, 1, "e4m3", exact_blocks=True, wire="uint8"),
     )
 }
 
@@ -140,6 +149,16 @@ def check_count(value, name: str, upper: int) -> int:
 def check_tokens(value, name: str = "tokens per rank") -> int:
     """A token count per rank in ``1..MAX_TOKENS_PER_RANK``."""
     return check_count(value, name, MAX_TOKENS_PER_RANK)
+
+
+def check_tpot_ms(value, name: str = "TPOT") -> float:
+    """A time per output token in ms, a number in ``MIN_TPOT_MS..MAX_TPOT_MS`` (never 0, inf or
+    nan: a share of it must be a finite JSON number), or :class:`PointError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PointError(f"{name} must be a number of ms, got {_short(value)}")
+    if not MIN_TPOT_MS <= value <= MAX_TPOT_MS:  # nan fails both
+        raise PointError(f"{name} must be {MIN_TPOT_MS:g}..{MAX_TPOT_MS:g} ms, got {_short(value)}")
+    return float(value)
 
 
 _SHAPE_BOUNDS = (("ep_size", MAX_EP_SIZE), ("hidden", MAX_HIDDEN), ("topk", MAX_TOPK), ("num_experts", MAX_EXPERTS))
@@ -175,6 +194,8 @@ class Shape(NamedTuple):
             return problem
         if not measuring:
             return None
+        if payload is None:
+            return f"unknown payload dtype {_short(self.dtype)}; choose from {', '.join(PAYLOADS)}"
         if self.num_experts % self.ep_size:
             return f"{self.num_experts} experts do not divide over {self.ep_size} ranks"
         if self.routing == "local" and self.topk > self.num_experts // self.ep_size:
@@ -182,6 +203,27 @@ class Shape(NamedTuple):
                 f"'local' routing needs topk {self.topk} <= the {self.num_experts // self.ep_size} experts of one rank"
             )
         return None
+
+    @staticmethod
+    def plain(ep_size, hidden, topk, num_experts, dtype, routing) -> bool:
+        """True when these values are a shape :meth:`problem` finds nothing wrong with (any
+        shape, not ``measuring``): the same bounds, without building a message -- the engines'
+        start-up path asks this first and :meth:`problem` only to say why not."""
+        return (
+            type(ep_size) is int
+            and type(hidden) is int
+            and type(topk) is int
+            and type(num_experts) is int
+            and 1 <= ep_size <= MAX_EP_SIZE
+            and 1 <= hidden <= MAX_HIDDEN
+            and 1 <= topk <= MAX_TOPK
+            and topk <= num_experts <= MAX_EXPERTS
+            and type(dtype) is str
+            and dtype != ""
+            and type(routing) is str
+            and routing != ""
+            and (dtype not in PAYLOADS or PAYLOADS[dtype].problem(hidden) is None)
+        )
 
     def checked(self, *, measuring: bool = False) -> Shape:
         """This shape, or :class:`PointError` saying why it is impossible (see :meth:`problem`)."""

@@ -146,8 +146,8 @@ def _lock_of(table: str) -> str:
     return os.path.join(os.path.dirname(table) or ".", f".{os.path.basename(table)}.lock")
 
 
-def replace_file(target, text: str) -> str:
-    """Atomically replace ``target`` with ``text``: a temporary file in the same directory,
+def replace_file(target, text: str | bytes) -> str:
+    """Atomically replace ``target`` with ``text`` (or bytes): a temporary file in the same directory,
     flushed to disk, made world-readable (engines often run as another user than the tuner)
     and renamed over it, so a reader sees the old file or the new one, never a partial one.
     A symlink is written through: its target is replaced, the link kept. Returns the path;
@@ -161,7 +161,7 @@ def replace_file(target, text: str) -> str:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -11,21 +11,12 @@ lookup`` words the same error in its option names (``--tokens``). Standard libra
 from __future__ import annotations
 
 import math
+import operator
 import os
 from typing import NamedTuple
 
 from a2a_tune.tuner.runtime import engine_rules, engines
-from a2a_tune.tuner.runtime.point import (
-    MAX_EP_SIZE,
-    MAX_EXPERTS,
-    MAX_HIDDEN,
-    MAX_TOKENS_PER_RANK,
-    MAX_TOPK,
-    PAYLOADS,
-    PointError,
-    Shape,
-    check_tokens,
-)
+from a2a_tune.tuner.runtime.point import PointError, Shape, check_tokens
 from a2a_tune.tuner.runtime.text import one_line
 
 __all__ = ["PHASES", "WORKSPACE_ENV", "LookupRequest", "RequestError", "request", "shown"]
@@ -163,22 +154,8 @@ def request(
     ``moe_tp_size``, ``quantization`` (one of :data:`~a2a_tune.tuner.runtime.engine_rules.QUANTIZATIONS`),
     ``moe_runner``, ``platform`` ("cuda", "cuda:8.9", "rocm", "cpu") and ``missing_packages``
     (those the engine's process cannot import)."""
-    if (
-        type(ep_size) is int
-        and type(hidden) is int
-        and type(topk) is int
-        and type(num_experts) is int
-        and 1 <= ep_size <= MAX_EP_SIZE
-        and 1 <= hidden <= MAX_HIDDEN
-        and 1 <= topk <= MAX_TOPK
-        and topk <= num_experts <= MAX_EXPERTS
-        and type(dtype) is str
-        and dtype
-        and type(routing) is str
-        and routing
-        and (dtype not in PAYLOADS or PAYLOADS[dtype].problem(hidden) is None)
-    ):
-        shape = Shape(ep_size, hidden, topk, num_experts, dtype, routing)  # the common case, fast
+    if Shape.plain(ep_size, hidden, topk, num_experts, dtype, routing):  # the common case, fast
+        shape = Shape(ep_size, hidden, topk, num_experts, dtype, routing)
     else:
         given = (("ep_size", ep_size), ("hidden", hidden), ("topk", topk), ("num_experts", num_experts))
         sizes = [_count(n, v) for n, v in given]
@@ -239,8 +216,6 @@ def _count(field: str, value, low: int = 1) -> int:
     """``value`` as an int >= ``low`` (integer-like objects such as numpy ints included)."""
     if not isinstance(value, bool):
         try:
-            import operator
-
             i = operator.index(value)
             if i >= low:
                 return i
@@ -252,8 +227,6 @@ def _count(field: str, value, low: int = 1) -> int:
 def _tokens(field: str, value, phase: str) -> int:
     """``value`` as a token count per rank: the point's one bound (1..2^20), which the CLI,
     the store and the table hold too."""
-    import operator
-
     try:
         number = value if isinstance(value, bool) else operator.index(value)  # numpy ints too
     except TypeError:
@@ -284,14 +257,8 @@ def _budget(value) -> float | None:
 
 def _load(tokens, phase, max_tokens, workload) -> tuple:
     """(phase label, load) of a request (see :class:`LookupRequest`), or RequestError."""
-    if (
-        type(tokens) is int
-        and 1 <= tokens <= MAX_TOKENS_PER_RANK
-        and phase is None
-        and max_tokens is None
-        and workload is None
-    ):
-        return "tokens", ("point", tokens)  # the common case, fast
+    if tokens is not None and phase is None and max_tokens is None and workload is None:
+        return "tokens", ("point", _tokens("tokens", tokens, "tokens"))  # the common case, fast
     given = tuple(n for n, v in (("tokens", tokens), ("phase", phase), ("workload", workload)) if v is not None)
     if len(given) != 1:
         raise RequestError("one_load", None, given)

@@ -549,13 +549,13 @@ def _moe_layers(model_config):
 def _tpot_ms() -> tuple:
     """($A2A_TUNE_TPOT_MS as a positive finite float, "") or (None, why a value set is ignored:
     the decision's line says it, and the saving is not stated as a share of TPOT)."""
+    from a2a_tune.tuner.runtime.point import MAX_TPOT_MS, MIN_TPOT_MS, PointError, check_tpot_ms
+
     raw = os.environ.get(savings.TPOT_ENV, "")
     if not raw.strip():
         return None, ""
     try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if 0 < value < float("inf"):
-        return value, ""
-    return None, f"${savings.TPOT_ENV}={quoted(raw)} ignored: not a positive number of ms"
+        return check_tpot_ms(float(raw)), ""  # the bounds of lookup --tpot-ms
+    except (ValueError, PointError):
+        bounds = f"{MIN_TPOT_MS:g}..{MAX_TPOT_MS:g}"
+        return None, f"${savings.TPOT_ENV}={quoted(raw)} ignored: not a positive number of ms ({bounds})"

@@ -87,7 +87,7 @@ def load_profile_view(path) -> TableView:
             failures.append(FailureView(b, f.kind, f.reason, shape=s.key, tokens=f.tokens))
     hw = data["hardware"]
     run = dict(data.get("run")) if isinstance(data.get("run"), Mapping) else {}
-    facts = hw.get("facts") if isinstance(hw.get("facts"), Mapping) else {}
+    facts = _facts(hw.get("facts"), notes)
     _rehearsal(run, notes)
     unfinished = sorted(
         {(p["run"], p["status"]) for e in prof.entries for p in e.provenance if p["status"] != "completed"}, key=str
@@ -103,7 +103,7 @@ def load_profile_view(path) -> TableView:
         generated_at=_str(data.get("generated_at")),
         generated_by=_str(data.get("generated_by")),
         facts_hash=_str(hw.get("facts_hash")) or _str(facts.get("facts_hash")),
-        facts=dict(facts),
+        facts=facts,
         run=_normalise_run(run),
         backends={
             clean(k): {"engines": dict(n.literals), "closest": dict(n.closest)} for k, n in prof.backends.items()
@@ -332,7 +332,7 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
     if not shapes:
         notes.append(f"run {g(run, 'id')} has no measurements")
     _rehearsal(run_dict, notes)
-    facts = g(hw, "facts") if isinstance(g(hw, "facts"), Mapping) else {}
+    facts = _facts(g(hw, "facts"), notes)
     fp = g(hw, "fingerprint") or g(run, "fingerprint")
     return TableView(
         kind="run",
@@ -342,7 +342,7 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         generated_at=None,
         generated_by=None,
         facts_hash=_str(g(hw, "facts_hash")),
-        facts=dict(facts),
+        facts=facts,
         run=_normalise_run(run_dict),
         backends={},
         shapes=shapes,
@@ -418,3 +418,35 @@ def load_view(*, profile=None, db: str | None = None, run: int | None = None) ->
             raise ViewError("give either --profile FILE or --db URL [--run ID], not both")
         return load_profile_view(profile)
     return load_run_view(db, run)
+
+
+#: The probe facts' fields the views read, by the type each must have (``tuner.probe``'s
+#: ``Topology.to_dict``); a stored or written row is read here once, the views trust the rest.
+_FACT_TYPES = {
+    "gpus": list,
+    "islands": list,
+    "hostnames": list,
+    "fabric_domains": list,
+    "degraded": list,
+    "pcie_only_pairs": list,
+    "driver_versions": list,
+    "node_count": int,
+}
+
+
+def _facts(raw, notes: list) -> dict:
+    """The probe facts of a run or table, with each field the views read of the type it must
+    have; a damaged field is left out and said once in ``notes`` (the views show the rest)."""
+    if not isinstance(raw, Mapping):
+        return {}
+    facts, bad = dict(raw), []
+    for name, kind in _FACT_TYPES.items():
+        value = facts.get(name)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            bad.append(name)
+            del facts[name]
+    if bad:
+        notes.append(
+            f"probe facts: {', '.join(bad)} damaged (not a {'/'.join(sorted({_FACT_TYPES[b].__name__ for b in bad}))}); left out"
+        )
+    return facts

@@ -51,6 +51,34 @@ __all__ = [
 EN_DASH = "\u2013"
 
 
+def write_output(path, data: str | bytes):
+    """Write a report or a figure to ``path`` atomically (a temporary file in the same directory,
+    renamed over it: a reader never sees half a file). A path that names something other than a
+    regular file -- a FIFO would block the write until a reader comes, a device would take the
+    bytes -- is refused with a :class:`ViewError`, as is a failed write. A symlink's target is
+    the file written. Returns the path."""
+    import os
+    import stat
+    from pathlib import Path
+
+    from ..runtime.profiles import replace_file
+
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ViewError(f"cannot write {clean(path)}: {exc.strerror or exc}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ViewError(f"cannot write {clean(path)}: not a regular file (a FIFO, device or directory is not replaced)")
+    try:
+        replace_file(path, data)  # a symlink: its target is replaced, the link kept
+    except OSError as exc:
+        raise ViewError(f"cannot write {clean(path)}: {exc.strerror or exc}") from None
+    return path
+
+
 def clean(text) -> str:
     """One line of terminal-safe text (:func:`~a2a_tune.tuner.runtime.text.one_line`: runs of
     whitespace become one space, other non-printable characters their escape, e.g.

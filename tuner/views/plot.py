@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..figures import link_bandwidth, row_bytes
 from ..runtime.point import PAYLOADS
-from .model import ShapeView, TableView, ViewError, shape_label, shape_slug
+from .model import ShapeView, TableView, ViewError, shape_label, shape_slug, write_output
 from .show import timing_summary
 
 __all__ = [
@@ -415,9 +415,5 @@ def plot_view(view: TableView, out_dir, *, link_gbs: float | None = None) -> lis
     for s in view.shapes:
         data = render_png(view, s, link_gbs=link_gbs, colors=colors)
         path = out_dir / f"{prefix}.{shape_slug(s)}.png"
-        try:
-            path.write_bytes(data)
-        except OSError as exc:
-            raise ViewError(f"cannot write {path}: {exc.strerror or exc}") from None
-        paths.append(path)
+        paths.append(write_output(path, data))
     return paths

@@ -18,7 +18,6 @@ from .model import (
     FIGURE_LABELS,
     ShapeView,
     TableView,
-    ViewError,
     fmt_gbps,
     fmt_mib,
     fmt_share,
@@ -29,6 +28,7 @@ from .model import (
     shape_slug,
     suspect_groups,
     suspect_line,
+    write_output,
 )
 from .show import figures_note, group_failures, has_figures, provenance_lines, timing_summary, winner_ranges
 
@@ -393,11 +393,4 @@ so the measurement cannot tell them apart (the table then prefers the engine def
 def write_report(view: TableView, path, *, link_gbs: float | None = None) -> Path:
     """Render and write the report; returns the path."""
     text = render_report(view, link_gbs=link_gbs)
-    path = Path(path)
-    try:
-        if path.parent and not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ViewError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return write_output(path, text)
