@@ -13,7 +13,8 @@ Layouts, chosen to hand out rows as the contract has them (TensorRT-LLM's choice
   HT flat: W x capacity slots (static: `max_recv_tokens_per_rank`), filled up to the handle's
   `recv_total_counter`, with global ids and weights.
 Both take expert outputs already weighted and summed per slot and return each token's sum.
-Slots past the counts get ids -1 (masked on the device: no host read in dispatch).
+Slots past the counts get ids -1 (masked on the device: no host read in dispatch). HT refuses an
+odd token count per rank where an NVLink team has <= 3 ranks (the library asserts there).
 
 Payloads: bf16 (recipe NONE); fp8_e4m3 and mxfp8 quantized before the dispatch (kernels/quant)
 and forwarded with their scales (recipe FWD: rows 16-byte aligned, so hidden % 512 == 0). The
@@ -35,7 +36,7 @@ from typing import ClassVar
 import torch
 
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
-from .errors import KernelsError
+from .errors import KernelsError, ShapeError
 from .registry import register_backend
 
 NCCL_MIN = (2, 30, 0)  # NCCL's device API as NCCL EP and DeepEP V2 use it
@@ -129,7 +130,9 @@ def cuda_library_availability(env: BackendEnv, what: str, installed: str) -> Ava
     if why:
         return Availability(False, why)
     if env.world_size < 2:  # what one rank does: BENCHMARKS.md, "NCCL EP and DeepEP V2 at one rank"
-        return Availability(False, f"needs at least 2 ranks (a sweep never times {what} at one rank)")
+        return Availability(
+            False, f"needs at least 2 ranks ({what} not yet timed at 2+: BENCHMARKS.md, 'NCCL EP and DeepEP V2')"
+        )
     return Availability(True)
 
 
@@ -196,11 +199,15 @@ class _NcclEP(All2AllBackend):
                 if fp8
                 else empty_wire(s.dtype, self._slots, s.hidden, dev)[1]
             )
-        self._ids = torch.empty(self._slots, k, dtype=torch.int64, device=dev)
+        # Received ids: int32, which ncclEpDispatch asserts (`recv_topk_idx->datatype == ncclInt32`).
+        self._ids = torch.empty(self._slots, k, dtype=torch.int32, device=dev)
         self._weights = torch.empty(self._slots, k, dtype=torch.float32, device=dev)
         self._count = torch.zeros(w if self.algorithm == "LOW_LATENCY" else 1, dtype=torch.int32, device=dev)
         self._slot = torch.arange(self._slots, device=dev)
         self._live: tuple = ()  # what the library holds pointers to until the combine
+        # HT's flat layout with at most 3 ranks in an NVLink (LSA) team takes only an even token count
+        # per rank: the library asserts (aborts the process) otherwise, seen at 1 rank on an H100.
+        self._even_tokens = self.algorithm == "HIGH_THROUGHPUT" and min(w, max(torch.cuda.device_count(), 1)) <= 3
 
     def _shaped(self, t: torch.Tensor) -> torch.Tensor:
         """A [slots, ...] buffer in the layout's shape: LL [W, capacity, ...], HT [slots, ...]."""
@@ -212,7 +219,12 @@ class _NcclEP(All2AllBackend):
         return torch.cuda.current_stream(self.device).cuda_stream
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
-        self.check_inputs(x, topk_ids, topk_weights)
+        t = self.check_inputs(x, topk_ids, topk_weights)
+        if t % 2 and self._even_tokens:
+            raise ShapeError(
+                f"NCCL EP's high-throughput flat layout with <= 3 ranks per NVLink team takes an even token "
+                f"count per rank, not {t} (its assertion in ht_ep_adapter.cu; the library would abort)"
+            )
         ep, stream = self._ep, self._stream()
         idx = topk_ids.to(torch.int64).contiguous()
         weights = topk_weights.to(torch.float32).contiguous()

@@ -6,7 +6,9 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/a2a-out}; mkdir -p "$OUT"; LOG=$OUT/log.txt
-step() { echo; echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; }
+DEADLINE=$(( $(date +%s) + ${BUDGET_S:-200} ))
+step() { echo; echo "=== $* ($(date -u +%T), $(( DEADLINE - $(date +%s) )) s left)" | tee -a "$LOG"; }
+left() { echo $(( DEADLINE - $(date +%s) - 5 )); }  # a step's timeout: what the budget leaves
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || exit 1
 mkdir -p .ncclep && tar -C .ncclep -xJf .ncclep.tar.xz || exit 1
@@ -16,22 +18,22 @@ step "machine"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; cat .ncclep/STAGED | head -12;
   python3 -c 'import torch; print("torch", torch.__version__, "nccl (its own)", torch.cuda.nccl.version())'; } 2>&1 | tee -a "$LOG"
 step "two NCCLs: torch with the staged one preloaded; both mapped in one process; nccl.ep without the preload"
-timeout 120 python3 scripts/nccl_two_libraries.py "$LIB" "$SITE" 2>&1 | tee -a "$LOG"
+timeout 60 python3 scripts/nccl_two_libraries.py "$LIB" "$SITE" 2>&1 | tee -a "$LOG"
 step "DeepEP V2: building deep_ep._C in the background"
 ( PYTHONPATH=/tmp/site timeout 300 python3 scripts/stage_nccl_ep.py --out .ncclep --build-deepep --jobs 12 >/tmp/deepep-v2-build.txt 2>&1; echo "build exit $?" >>/tmp/deepep-v2-build.txt ) &
 BUILD=$!
 export LD_PRELOAD=$LIB NCCL_HOME=$SITE/nvidia/nccl PYTHONPATH=$SITE:/tmp/site:$PWD/tests/support NCCL_EP_JIT_CACHE_DIR=/tmp/ncclep-jit EP_JIT_CACHE_DIR=/tmp/deepep-jit
-P="python3 scripts/peers_one_rank.py --limit ${LIMIT:-150}"
+P="python3 scripts/peers_one_rank.py --limit ${LIMIT:-60}"
 step "NCCL EP at one rank (LL, HT), T = 1, 128"
-PYTHONPATH=$PYTHONPATH $P --backend nccl_ep_low_latency --backend nccl_ep_high_throughput --json $OUT/peers_nccl_ep.json 2>&1 | tail -25 | tee -a "$LOG"
+timeout $(left) $P --backend nccl_ep_low_latency --backend nccl_ep_high_throughput --json $OUT/peers_nccl_ep.json 2>&1 | tail -25 | tee -a "$LOG"
 step "NCCL EP planted bug (rows rolled): must be incorrect"
-A2A_TUNE_BACKEND_MODULES=planted_libraries $P --backend planted_nccl_ep_low_latency --tokens 1 2>&1 | tail -12 | tee -a "$LOG"
-step "waiting for DeepEP V2's build"; wait $BUILD; tail -25 /tmp/deepep-v2-build.txt | tee -a "$LOG"
+A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_nccl_ep_low_latency --tokens 1 2>&1 | tail -12 | tee -a "$LOG"
+step "waiting for DeepEP V2's build"; ( sleep $(left); kill $BUILD 2>/dev/null ) & wait $BUILD; tail -25 /tmp/deepep-v2-build.txt | tee -a "$LOG"
 export EP_NCCL_ROOT_DIR=$SITE/nvidia/nccl
 step "DeepEP V2 at one rank (LL, HT), T = 1, 128"
-$P --backend deepep_v2_low_latency --backend deepep_v2_high_throughput --json $OUT/peers_deepep_v2.json 2>&1 | tail -25 | tee -a "$LOG"
+timeout $(left) $P --backend deepep_v2_low_latency --backend deepep_v2_high_throughput --json $OUT/peers_deepep_v2.json 2>&1 | tail -25 | tee -a "$LOG"
 step "DeepEP V2 planted bug: must be incorrect"
-A2A_TUNE_BACKEND_MODULES=planted_libraries $P --backend planted_deepep_v2_low_latency --tokens 1 2>&1 | tail -12 | tee -a "$LOG"
+A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_deepep_v2_low_latency --tokens 1 2>&1 | tail -12 | tee -a "$LOG"
 step "a2a-tune backends (world 1, staged, preloaded)"
-python3 -m a2a_tune.tuner.cli backends 2>&1 | grep -A2 "nccl_ep\|deepep_v2" | head -24 | tee -a "$LOG"
+timeout 20 python3 -m a2a_tune.tuner.cli backends 2>&1 | grep -A2 "nccl_ep\|deepep_v2" | head -24 | tee -a "$LOG"
 step done

@@ -3,9 +3,10 @@
 
     python scripts/nccl_two_libraries.py STAGED/nvidia/nccl/lib/libnccl.so.2 STAGED_SITE
 
-A: torch with the staged (newer) libnccl.so.2 preloaded: its version and an all_reduce at world 1.
-B: torch's own NCCL loaded first, then the staged one opened by path: are both mapped, what does
-   each say it is, and what do nccl.ep's import and an EP group do in that process.
+A: torch with the staged (newer) libnccl.so.2 preloaded: what is mapped, what it says it is
+   (ncclGetVersion; torch.cuda.nccl.version() is the version torch was built with), an all_reduce.
+B: torch's own NCCL loaded first (the staged site not yet on sys.path), then the staged one opened
+   by path: are both mapped, what each says it is, what nccl.ep's import and an EP group do.
 Each case runs in a child process (a crash is reported as its exit status).
 """
 
@@ -20,19 +21,19 @@ import ctypes, os, torch, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("PORT", "29517"))
 dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 t = torch.ones(4, device="cuda"); dist.all_reduce(t); torch.cuda.synchronize()
-print("torch reports NCCL", torch.cuda.nccl.version(), "| all_reduce at world 1:", "ok" if t.sum().item() == 4 else "WRONG")
 def maps(): return sorted({l.split()[-1] for l in open("/proc/self/maps") if "libnccl.so" in l})
 def version(lib):
     v = ctypes.c_int(); lib.ncclGetVersion(ctypes.byref(v)); return v.value
+print("torch built with NCCL", torch.cuda.nccl.version(), "| all_reduce at world 1:", "ok" if t.sum().item() == 4 else "WRONG")
+print("mapped:", maps(), "| ncclGetVersion:", [version(ctypes.CDLL(m, mode=os.RTLD_NOLOAD)) for m in maps()])
 """
 
 CASE_B = (
     INIT
     + """
-print("mapped before:", maps())
 staged = ctypes.CDLL(os.environ["STAGED_LIB"], mode=ctypes.RTLD_LOCAL)
-print("mapped after opening the staged one by path:", maps())
-print("ncclGetVersion: torch's", version(ctypes.CDLL("libnccl.so.2", mode=ctypes.RTLD_NOLOAD)), "| staged", version(staged))
+print("after opening the staged one by path:", maps(), "| its ncclGetVersion:", version(staged))
+import sys; sys.path.insert(0, os.environ["STAGED_SITE"])
 try:
     import nccl.ep as ep, nccl.ep.interop.torch as it
     print("nccl.ep imported; libnccl_ep at", ep.get_lib_path(), "| mapped:", maps())
@@ -59,9 +60,8 @@ def main() -> None:
     lib, site = sys.argv[1], sys.argv[2]
     base = dict(os.environ)
     base.pop("LD_PRELOAD", None)
-    path = os.pathsep.join(filter(None, [site, base.get("PYTHONPATH")]))
     run("A (preloaded)", INIT, dict(base, LD_PRELOAD=lib, PORT="29518"))
-    run("B (torch's first)", CASE_B, dict(base, STAGED_LIB=lib, PYTHONPATH=path, PORT="29519"))
+    run("B (torch's first)", CASE_B, dict(base, STAGED_LIB=lib, STAGED_SITE=site, PORT="29519"))
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def _revision(src: Path) -> str | None:
 
 def build_deepep(out: Path, jobs: int) -> None:
     """Build DeepEP V2's extension (deep_ep._C) on the GPU machine, against OUT's NCCL."""
-    src, site = out / "deepep-src", out / "site"
+    src, site = (out / "deepep-src").resolve(), (out / "site").resolve()  # setup.py runs in src
     nccl = (site / "nvidia" / "nccl").resolve()
     env = dict(os.environ, EP_NCCL_ROOT_DIR=str(nccl), TORCH_CUDA_ARCH_LIST=os.environ.get("ARCH", "9.0"))
     env["MAX_JOBS"] = str(jobs)
@@ -218,8 +218,10 @@ def build_deepep(out: Path, jobs: int) -> None:
         fail(f"DeepEP V2's build failed (exit {done.returncode})")
     shutil.rmtree(site / "deep_ep", ignore_errors=True)
     shutil.copytree(src / "deep_ep", site / "deep_ep", ignore=shutil.ignore_patterns("__pycache__"))
-    for so in lib.glob("deep_ep/_C*.so"):
-        shutil.copy2(so, site / "deep_ep" / so.name)
+    built = sorted(lib.glob("deep_ep/_C*.so"))
+    if not built:
+        fail(f"the build wrote no deep_ep/_C*.so into {lib}")
+    shutil.copy2(built[0], site / "deep_ep" / built[0].name)
     (site / "deep_ep" / "envs.py").write_text(f"persistent_envs = {{'EP_NCCL_ROOT_DIR': {str(nccl)!r}}}\n")
     log(f"built deep_ep._C into {site / 'deep_ep'}")
 

@@ -139,3 +139,25 @@ def test_report_replaces_its_file_atomically_and_follows_a_symlink(tmp_path):
     write_output(link, "new")
     assert link.is_symlink() and real.read_text() == "new"
     assert os.stat(real).st_ino != before  # a new file renamed over the old one, not rewritten in place
+
+
+def test_a_document_never_carries_infinity_or_nan():
+    from typer.testing import CliRunner
+
+    from a2a_tune.tuner.cli.common import app, emit_json, json_output
+
+    @app.command("zz-test-nonfinite", hidden=True)
+    @json_output(lambda o: True)
+    def _nonfinite() -> None:
+        emit_json({"a": float("inf"), "b": [float("nan"), 1.5], "c": {"d": -float("inf")}})
+
+    try:
+        r = CliRunner().invoke(app, ["zz-test-nonfinite"])
+    finally:
+        app.registered_commands.pop()
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the document")) == {
+        "a": None,
+        "b": [None, 1.5],
+        "c": {"d": None},
+    }

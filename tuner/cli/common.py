@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import sys
 
@@ -217,9 +218,24 @@ def _print_document(code: int | None) -> None:
     if data is None:
         data = {"error": _json.failure or ("interrupted" if code in (130, 143) else f"exit status {code}")}
         data["exit_code"] = code
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    try:
+        text = json.dumps(data, indent=2, default=str, allow_nan=False)
+    except ValueError:  # an inf or nan somewhere: null (JSON has neither; jq refuses "Infinity")
+        text = json.dumps(_finite(data), indent=2, default=str)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
     _json.printed = True
+
+
+def _finite(value):
+    """`value` with every float that is not finite replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _exit_code(exc: BaseException) -> int:
