@@ -34,6 +34,8 @@ step "DeepEP V2 at one rank (LL, HT), T = 1, 128"
 timeout $(left) $P --backend deepep_v2_low_latency --backend deepep_v2_high_throughput --json $OUT/peers_deepep_v2.json 2>&1 | tail -25 | tee -a "$LOG"
 step "DeepEP V2 planted bug: must be incorrect"
 A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_deepep_v2_low_latency --tokens 1 2>&1 | tail -12 | tee -a "$LOG"
+step "their one-rank GPU tests (tests/kernels/test_nccl_ep_gpu.py)"
+timeout $(left) python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/kernels/test_nccl_ep_gpu.py 2>&1 | tail -12 | tee -a "$LOG"
 step "a2a-tune backends (world 1, staged, preloaded)"
 timeout 20 python3 -m a2a_tune.tuner.cli backends 2>&1 | grep -A2 "nccl_ep\|deepep_v2" | head -24 | tee -a "$LOG"
 step done
