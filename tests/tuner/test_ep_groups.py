@@ -324,3 +324,20 @@ def test_a_cpu_rehearsal_never_blames_a_gpu_link_or_nic_for_a_slow_group(tmp_pat
         assert r.exit_code == 0, r.output
         text = " ".join(r.stdout.split())
         assert "suspect" not in text and "GPU, link or NIC" in text and "share the host's cores" in text
+
+
+def test_show_says_what_a_runs_duration_counts(tmp_path):
+    """Issue 37: show said "(3 s)" for a run whose command took 27 s: the run is opened once its
+    ranks have started, so the stored span is the measuring alone. Show says so."""
+    import shutil
+
+    from paths import FIXTURES
+    from typer.testing import CliRunner
+
+    from a2a_tune.tuner.cli import app
+
+    db = shutil.copy(FIXTURES / "db" / "cpu_world4_ep2.db", tmp_path / "s.db")
+    assert CliRunner().invoke(app, ["db", "upgrade", "--db", str(db)]).exit_code == 0
+    r = CliRunner().invoke(app, ["show", "--db", str(db)], env={"COLUMNS": "200"})
+    text = " ".join(r.stdout.split())
+    assert "s of measuring; the ranks' start-up before it is not recorded)" in text, text[:400]

@@ -168,7 +168,9 @@ def provenance_lines(view: TableView) -> list:
         rows.append(("run", ", ".join(bits)))
     if run.get("started_at"):
         dur = _duration(run)
-        rows.append(("measured", f"{when(run['started_at'])}" + (f" ({dur})" if dur else "")))
+        # The run is opened once its ranks have started: the span is the measuring, not the command
+        span = f" ({dur} of measuring; the ranks' start-up before it is not recorded)" if dur else ""
+        rows.append(("measured", f"{when(run['started_at'])}{span}"))
     versions = run.get("versions") or {}
     if versions:
         order = ["torch", "nccl", "cuda", "driver", "triton", "flashinfer", "python", "a2a_tune"]
