@@ -29,9 +29,10 @@ def a2a_check(
         env={**os.environ, "COLUMNS": "200", **(env_extra or {})},
         timeout=600,
     )
-    # --json: the rows on standard output, the table and the counts on stderr
-    rows = json.loads(r.stdout)["rows"] if r.stdout.strip() else []
-    return subprocess.CompletedProcess(r.args, r.returncode, r.stderr, r.stderr), rows
+    # --json: the rows on standard output (an error document has none), the table and the counts on stderr
+    document = json.loads(r.stdout) if r.stdout.strip() else {}
+    assert ("rows" in document) != ("error" in document), document  # one document: the rows, or the error
+    return subprocess.CompletedProcess(r.args, r.returncode, r.stderr, r.stderr), document.get("rows", [])
 
 
 def by_backend(rows: list[dict]) -> dict[str, dict[str, dict]]:
