@@ -1,8 +1,7 @@
 """a2a_tune.kernels: the all2all backends, their contract, and the reference semantics.
 
-Layering (imports point down, never up; tests/test_layout.py checks it): this package may
-import a2a_tune.tuner.runtime, the standard-library foundation (shape and point types,
-one_line), and nothing else of a2a_tune.tuner, nor a2a_tune.db (docs/architecture.md):
+Layering (docs/architecture.md; tests/test_layout.py checks it): this package imports
+a2a_tune.tuner.runtime (the standard-library foundation) and nothing else of a2a_tune:
 
     __init__            public API: MoEShape, list_backends, get_backend, ...
       registry              @register_backend, list_backends, get_backend, engine_names

@@ -222,7 +222,7 @@ def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     mag = (
         (a > 0.25).int() + (a >= 0.75).int() + (a > 1.25).int() + (a >= 1.75).int()
         + (a > 2.5).int() + (a >= 3.5).int() + (a > 5.0).int()
-    )  # fmt: skip
+    )  # fmt: skip  # the seven thresholds of the e2m1 grid on two rows, read as one line
     return mag | ((v.view(torch.int32) >> 28) & 0x8)
 
 
