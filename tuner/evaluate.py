@@ -202,21 +202,27 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
         if regrets:
             ev.policies[policy] = {"mean": sum(regrets) / len(regrets), "worst": max(regrets), "points": len(regrets)}
     ev.engines = _engine_scores(by_point, profile)
-    if f"always {FALLBACK_BACKEND}" in ev.policies and (why := _default_note(profile)):
+    if f"always {FALLBACK_BACKEND}" in ev.policies and (why := _default_note(profile, by_point)):
         ev.notes.append(why)
     return ev
 
 
-def _default_note(profile: str) -> str | None:
+def _default_note(profile: str, by_point: dict) -> str | None:
     """Why "always allgather_reducescatter" and the engines' default (below it) score apart:
     the engines' literal runs more than that one backend of ours (vLLM's allgather_reducescatter:
-    our eager backend and its padded, graph-captured twin), and a policy is given the fastest."""
+    our eager backend and its padded, graph-captured twin), and a policy is given the fastest.
+    Only backends measured at these points are named: the score never saw the others."""
     from .policies import registry_names
 
     names = {**registry_names(), **load_profile(profile).backends}
+    measured = {b for times in by_point.values() for b in times}
     mine = names.get(FALLBACK_BACKEND)
     literal = mine.literal("vllm") if mine is not None else None
-    twins = sorted(b for b, n in names.items() if b != FALLBACK_BACKEND and literal and n.literal("vllm") == literal)
+    twins = sorted(
+        b
+        for b, n in names.items()
+        if b != FALLBACK_BACKEND and b in measured and literal and n.literal("vllm") == literal
+    )
     if not twins:
         return None
     return (

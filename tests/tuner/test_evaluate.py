@@ -164,10 +164,12 @@ def test_the_held_out_plan_is_measured_at_the_tables_capacity(tmp_path):
 def test_the_two_scores_of_the_engines_default_say_why_they_differ():
     """`evaluate --table-points` on the shipped table: "always allgather_reducescatter" is our one
     backend, vLLM's default runs its literal as the faster of that backend and its padded twin."""
+    import input_writers  # noqa: F401  (registers planted_halves_x: vLLM's literal too, never measured here)
+
     from a2a_tune.tuner.evaluate import table_measurements
 
     shipped = str(Path(__file__).resolve().parents[2] / "profiles" / "h200.nvl18x2.node1.json")
-    ev = evaluate(table_measurements(shipped), shipped)
+    ev = evaluate(table_measurements(shipped), shipped)  # names only the backends the score saw
     assert ev.notes == [
         "always allgather_reducescatter: that backend of ours alone; the engines' defaults below run vLLM's "
         "'allgather_reducescatter', scored as the faster of allgather_reducescatter, "
