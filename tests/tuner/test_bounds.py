@@ -37,7 +37,7 @@ def test_lookup_refuses_moe_layers_out_of_bounds(fmt, layers):
         assert json.loads(r.stdout)["exit_code"] == 2
 
 
-@pytest.mark.parametrize("tpot", ["inf", "1e400", "1e-320", "0", "1e7"])
+@pytest.mark.parametrize("tpot", ["inf", "1e400", "1e-320", "0", "1e7", "nan", "-1"])
 def test_lookup_refuses_a_tpot_out_of_bounds_and_the_plugin_ignores_the_same(tpot, monkeypatch):
     r = a2a(*LOOKUP, "--tpot-ms", tpot, "--format", "json")
     _one_line_refusal(r, "--tpot-ms")

@@ -83,7 +83,7 @@ def lookup(
         None, "--moe-layers", min=1, help="MoE layers of the model: the saving per step [default: the --preset's]."
     ),
     tpot_ms: float | None = typer.Option(
-        None, "--tpot-ms", min=0, help="Time per output token (ms): also state the saving as a share of it."
+        None, "--tpot-ms", help="Time per output token (ms, 0.001..1e6): also state the saving as a share of it."
     ),
     tokens: int | None = typer.Option(None, help="Tokens per rank of one step. Or use --phase / --workload."),
     phase: str | None = typer.Option(
