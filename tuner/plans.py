@@ -45,14 +45,6 @@ DEFAULT_TOKENS = {
     "cpu": (1, 4, 16, 64, 256),  # gloo on CPU: enough to see a crossover in minutes
 }
 DEFAULT_ITERS = {"cuda": (10, 50), "cpu": (3, 15)}  # (warm-up, timed) round trips per case
-# What a plan is estimated to cost before it runs (`estimate_seconds`): the ranks' start-up,
-# then seconds per case (gate, warm-up, timing, the halves) at the default iterations. Every
-# group of an EP size runs a case at once. cuda: a GPU per rank, a case costs the same at any
-# size (the 2xH200 full run, BENCHMARKS.md: 1140 measurements in 308 s). cpu: gloo ranks share
-# the host's cores, so start-up is per rank and a case costs about one second per rank of its
-# group (the 4- and 8-rank rehearsals, BENCHMARKS.md "EP sizes", on a shared 2-core machine).
-START_SECONDS = {"cuda": 30.0, "cpu": 12.0}  # cpu: per rank
-SECONDS_PER_CASE = {"cuda": 0.27, "cpu": 1.0}  # cpu: per rank of the case's group
 
 
 @dataclass(frozen=True)
@@ -218,16 +210,6 @@ def world_left_out(plan: SweepPlan, world: int) -> str | None:
     if world in plan.sizes() or any(c % world == 0 for c in counts):
         return None
     return f"EP {world} (the world): not measured, no model's experts ({', '.join(map(str, counts))}) divide over it"
-
-
-def estimate_seconds(rows: Sequence[SizePlan], device: str, world: int, iters: int | None = None) -> float:
-    """A rough cost of the cases `rows` count on `world` ranks (see SECONDS_PER_CASE), scaled by
-    the round trips per case (warm-up + timed) against the default."""
-    scale = 1.0 if iters is None else max(max(iters, 1) / sum(DEFAULT_ITERS[device]), 0.2)
-    if device == "cuda":
-        return START_SECONDS[device] + sum(r.cases for r in rows) * SECONDS_PER_CASE[device] * scale
-    per_case = SECONDS_PER_CASE[device] * scale
-    return START_SECONDS[device] * world + sum(r.cases * r.ep_size for r in rows) * per_case
 
 
 def plan_difference(stored: dict[str, Any], plan: SweepPlan, device: str, world: int) -> str:
