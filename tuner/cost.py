@@ -49,13 +49,14 @@ def _cache_file() -> Path:
 
 
 def plan_cases(plan, rows) -> list[tuple[str, int, int]]:
-    """(dtype, elements, cases) of a plan's points per EP size (`rows`: tuner.plans.plan_sizes)."""
+    """(dtype, elements, cases) of a plan's points (`SweepPlan.cases`), the cases being the
+    backends usable at the point's EP size (`rows`: tuner.plans.plan_sizes)."""
     rounds = plan.warmup + plan.iters
+    backends = {row.ep_size: row.backends for row in rows}
     return [
-        (shape.dtype, t * shape.hidden * shape.topk * rounds, row.backends)
-        for row in rows
-        for _, shape in plan.shapes_at(row.ep_size)
-        for t in plan.tokens
+        (case.shape.dtype, t * case.shape.hidden * case.shape.topk * rounds, backends[case.ep_size])
+        for case in plan.cases()
+        for t in case.tokens
     ]
 
 
