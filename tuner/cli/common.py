@@ -171,7 +171,6 @@ class _JsonState:
     """The one JSON document of this invocation: set by :func:`emit_json`, printed on the way
     out by :func:`json_output`; ``failure``: the last one-line error (:func:`_fail`)."""
 
-    active = False
     document: dict | None = None
     failure: str | None = None
     printed = False
@@ -260,7 +259,7 @@ def json_output(wants_json):
         def wrapper(*args, **kwargs):
             if not wants_json(kwargs):
                 return command(*args, **kwargs)
-            _json.active, _json.document, _json.failure, _json.printed = True, None, None, False
+            _json.document, _json.failure, _json.printed = None, None, False
             code = 0
             try:
                 with sigterm_as_interrupt(), _stdout_to_stderr():
@@ -281,7 +280,6 @@ def json_output(wants_json):
                 raise
             finally:
                 _print_document(code)
-                _json.active = False
 
         return wrapper
 
