@@ -104,7 +104,6 @@ def _unusable_sqlite_file(url: str) -> str | None:
     SQLite database, a folder that does not exist), in one line; None when it can, or when
     `url` is no SQLite file (a server is reached only by the ranks). A missing or empty file
     is fine: the store creates it."""
-    import os
     from pathlib import Path
 
     from a2a_tune.db.engine import _sqlite_file
