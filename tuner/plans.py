@@ -183,7 +183,6 @@ def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
     from a2a_tune.kernels import BackendEnv, UnknownBackendError, availability_of, get_backend
 
     rows = []
-    cases = list(plan.cases())
     for size in plan.sizes():
         env = BackendEnv.local(size, device)
         usable = 0
@@ -195,7 +194,7 @@ def plan_sizes(plan: SweepPlan, device: str, world: int) -> list[SizePlan]:
                 continue
             sub_group = world > size and cls.sub_group_reason
             usable += bool(availability_of(cls, env).ok and not sub_group)
-        shapes = sum(1 for case in cases if case.ep_size == size)
+        shapes = sum(1 for _ in plan.shapes_at(size))
         names = len(plan.backend_names())
         rows.append(
             SizePlan(size, world // size, shapes, plan.skipped_at(size), len(plan.tokens), usable, names - usable)
