@@ -84,11 +84,13 @@ def _points(e: ProfileEntry, b: str, newer: bool) -> dict:
     origin = e.origin_of(b)
     figures = e.figures.get(b, {})
     knobs = e.knobs.get(b)
+    # each run record ranked once, not once per point (a measured point's origin is 0 without any)
+    runs = [((*_rank(p), newer), p) for p in e.provenance or (MappingProxyType({}),)]
     out = {}
     for j, t in enumerate(e.tokens):
         if e.median_us[b][j] is None:
             continue
-        p = e.provenance[origin[j]] if e.provenance else MappingProxyType({})
+        rank, p = runs[origin[j]]
         values = {
             "median_us": e.median_us[b][j],
             "p10_us": e.p10_us[b][j],
@@ -96,7 +98,7 @@ def _points(e: ProfileEntry, b: str, newer: bool) -> dict:
             "figures": {k: v[j] for k, v in figures.items()},
             "knobs": None if knobs is None else knobs[j],
         }
-        out[t] = ((*_rank(p), newer), p, values)
+        out[t] = (rank, p, values)
     return out
 
 
