@@ -531,8 +531,7 @@ def with_knobs(
 
 def replace_entry(profile: Profile, entry: ProfileEntry) -> Profile:
     """``profile`` with its entry of ``entry.shape`` replaced by ``entry``."""
-    entries = tuple(entry if e.shape == entry.shape else e for e in profile.entries)
-    return profile._replace(entries=entries, by_shape=MappingProxyType({e.shape: e for e in entries}))
+    return profile.with_entries(entry if e.shape == entry.shape else e for e in profile.entries)
 
 
 def with_knobs_from_file(

@@ -70,12 +70,8 @@ def merge(old: Profile, new: Profile) -> Profile:
                 p.get("run"),
                 p.get("date"),
             )
-    ordered = tuple(entries[k] for k in sorted(entries, key=shape_sort_key))
-    return new._replace(
-        backends=MappingProxyType(backends),
-        tie_preference=tuple(preference),
-        entries=ordered,
-        by_shape=MappingProxyType({e.shape: e for e in ordered}),
+    return new._replace(backends=MappingProxyType(backends), tie_preference=tuple(preference)).with_entries(
+        entries[k] for k in sorted(entries, key=shape_sort_key)
     )
 
 

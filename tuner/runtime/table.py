@@ -210,6 +210,11 @@ class Profile(namedtuple("Profile", "path schema fingerprint backends tie_prefer
             )
         )
 
+    def with_entries(self, entries) -> Profile:
+        """This profile holding ``entries`` instead (``by_shape`` follows them)."""
+        entries = tuple(entries)
+        return self._replace(entries=entries, by_shape=MappingProxyType({e.shape: e for e in entries}))
+
 
 # ------------------------------------------------------------------------------ parse
 
