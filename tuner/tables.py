@@ -29,7 +29,7 @@ from types import MappingProxyType
 from .runtime.table import Failed, Profile, ProfileEntry
 from .select import fabric_of, future_date, parse_date, shape_sort_key
 
-__all__ = ["future_date", "merge"]
+__all__ = ["merge"]
 
 log = logging.getLogger("a2a_tune")
 
