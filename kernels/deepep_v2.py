@@ -64,7 +64,7 @@ class _DeepEPV2(All2AllBackend):
 
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:
-        found = cuda_library_availability(env, "DeepEP V2", deepep_v2_missing())
+        found = cuda_library_availability(env, "DeepEP V2", deepep_v2_missing(), "CUDA_HOME")
         if found.ok and env.gpus > 1 and not env.peer_access:
             return Availability(False, "DeepEP V2 needs NVLink between a node's GPUs (it refuses PCIe-only GPUs)")
         return found
