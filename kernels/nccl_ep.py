@@ -36,7 +36,7 @@ from typing import ClassVar
 import torch
 
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
-from .errors import KernelsError, ShapeError
+from .errors import ShapeError, import_failure
 from .registry import register_backend
 
 NCCL_MIN = (2, 30, 0)  # NCCL's device API as NCCL EP and DeepEP V2 use it
@@ -143,8 +143,7 @@ def import_nccl_ep():
         import nccl.ep as ep
         import nccl.ep.interop.torch as interop
     except Exception as exc:  # noqa: BLE001 - a missing libnccl symbol, cuda.bindings...
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise KernelsError(f"cannot import nccl.ep: {type(exc).__name__}: {first}") from exc
+        raise import_failure("nccl.ep", exc) from exc
     return ep, interop
 
 
