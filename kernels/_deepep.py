@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .base import Availability, BackendEnv
-from .errors import KernelsError
+from .errors import import_failure
 
 MIN_CAPABILITY = (9, 0)  # the SM90 build (FP8, TMA); an SM80 build has no low-latency kernels
 INTRANODE_RANKS = (2, 4, 8)  # the rank counts DeepEP's intranode kernels are instantiated for
@@ -115,8 +115,7 @@ def import_deepep() -> ModuleType:
     try:
         return importlib.import_module("deep_ep")
     except Exception as exc:  # noqa: BLE001 - a missing symbol, a missing NVSHMEM library...
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise KernelsError(f"cannot import deep_ep: {type(exc).__name__}: {first}") from exc
+        raise import_failure("deep_ep", exc) from exc
 
 
 def world_group(group):

@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
-from .errors import KernelsError
+from .errors import import_failure
 from .nccl_ep import STAGE_HINT, cuda_library_availability
 from .quant import quantize_fp8_blocks
 from .registry import register_backend
@@ -52,8 +52,7 @@ def import_deepep_v2():
     try:
         return importlib.import_module("deep_ep")
     except Exception as exc:  # noqa: BLE001 - AssertionError of check_nccl_so, a missing symbol...
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise KernelsError(f"cannot import deep_ep (V2): {type(exc).__name__}: {first}") from exc
+        raise import_failure("deep_ep (V2)", exc) from exc
 
 
 class _DeepEPV2(All2AllBackend):
@@ -64,7 +63,7 @@ class _DeepEPV2(All2AllBackend):
 
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:
-        found = cuda_library_availability(env, "DeepEP V2", deepep_v2_missing())
+        found = cuda_library_availability(env, "DeepEP V2", deepep_v2_missing(), "CUDA_HOME")
         if found.ok and env.gpus > 1 and not env.peer_access:
             return Availability(False, "DeepEP V2 needs NVLink between a node's GPUs (it refuses PCIe-only GPUs)")
         return found

@@ -22,3 +22,10 @@ class KnobError(KernelsError, ValueError):
 
 class VirtualRanksError(KernelsError):
     """Virtual ranks (`kernels.virtual`) cannot run this backend, or a rank skipped a signal."""
+
+
+def import_failure(what: str, exc: BaseException) -> KernelsError:
+    """The one line for a library that failed to import: `what`, the exception's type and the
+    first line of its message (a missing symbol or library can carry pages after it)."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return KernelsError(f"cannot import {what}: {type(exc).__name__}: {first}")

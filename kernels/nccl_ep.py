@@ -36,7 +36,7 @@ from typing import ClassVar
 import torch
 
 from .base import All2AllBackend, Availability, BackendEnv, Dispatched, MoEShape
-from .errors import KernelsError, ShapeError
+from .errors import ShapeError, import_failure
 from .registry import register_backend
 
 NCCL_MIN = (2, 30, 0)  # NCCL's device API as NCCL EP and DeepEP V2 use it
@@ -116,9 +116,10 @@ def nccl_ep_package() -> Path | None:
     return None
 
 
-def cuda_library_availability(env: BackendEnv, what: str, installed: str) -> Availability:
+def cuda_library_availability(env: BackendEnv, what: str, installed: str, nvcc_variable: str) -> Availability:
     """What NCCL EP and DeepEP V2 share: CUDA ranks of compute capability >= 9.0, `installed`
-    ("" when the package is there), NCCL >= 2.30, nvcc, at least 2 ranks."""
+    ("" when the package is there), NCCL >= 2.30, nvcc (`nvcc_variable` names the library's own
+    setting for it), at least 2 ranks."""
     if env.device_type != "cuda":
         return Availability(False, env.needs_cuda(what))
     if installed:
@@ -126,7 +127,7 @@ def cuda_library_availability(env: BackendEnv, what: str, installed: str) -> Ava
     cc = env.compute_capability
     if cc is not None and tuple(cc) < MIN_CAPABILITY:
         return Availability(False, f"{what} needs compute capability >= 9.0, found {cc[0]}.{cc[1]}")
-    why = nccl_requirement(what) or nvcc_missing(what, "NCCL_EP_JIT_NVCC" if what == "NCCL EP" else "CUDA_HOME")
+    why = nccl_requirement(what) or nvcc_missing(what, nvcc_variable)
     if why:
         return Availability(False, why)
     if env.world_size < 2:  # what one rank does: BENCHMARKS.md, "NCCL EP and DeepEP V2 at one rank"
@@ -142,8 +143,7 @@ def import_nccl_ep():
         import nccl.ep as ep
         import nccl.ep.interop.torch as interop
     except Exception as exc:  # noqa: BLE001 - a missing libnccl symbol, cuda.bindings...
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise KernelsError(f"cannot import nccl.ep: {type(exc).__name__}: {first}") from exc
+        raise import_failure("nccl.ep", exc) from exc
     return ep, interop
 
 
@@ -158,7 +158,7 @@ class _NcclEP(All2AllBackend):
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:
         missing = "" if nccl_ep_package() else f"nccl.ep not installed (nccl-extensions; {STAGE_HINT})"
-        return cuda_library_availability(env, "NCCL EP", missing)
+        return cuda_library_availability(env, "NCCL EP", missing, "NCCL_EP_JIT_NVCC")
 
     @classmethod
     def feasibility(cls, shape: MoEShape, world_size: int) -> Availability:

@@ -201,20 +201,21 @@ def evaluate(measurements: Iterable[Any], profile: str, failures: Iterable[Any] 
             ev.unscored[policy] = missing
         if regrets:
             ev.policies[policy] = {"mean": sum(regrets) / len(regrets), "worst": max(regrets), "points": len(regrets)}
-    ev.engines = _engine_scores(by_point, profile)
-    if f"always {FALLBACK_BACKEND}" in ev.policies and (why := _default_note(profile, by_point)):
+    from .policies import registry_names
+
+    names = registry_names()  # the registered backends' engine names: the scores and the note read them
+    ev.engines = _engine_scores(by_point, profile, names)
+    if f"always {FALLBACK_BACKEND}" in ev.policies and (why := _default_note(profile, by_point, names)):
         ev.notes.append(why)
     return ev
 
 
-def _default_note(profile: str, by_point: dict) -> str | None:
+def _default_note(profile: str, by_point: dict, registered: dict) -> str | None:
     """Why "always allgather_reducescatter" and the engines' default (below it) score apart:
     the engines' literal runs more than that one backend of ours (vLLM's allgather_reducescatter:
     our eager backend and its padded, graph-captured twin), and a policy is given the fastest.
     Only backends measured at these points are named: the score never saw the others."""
-    from .policies import registry_names
-
-    names = {**registry_names(), **load_profile(profile).backends}
+    names = {**registered, **load_profile(profile).backends}
     measured = {b for times in by_point.values() for b in times}
     mine = names.get(FALLBACK_BACKEND)
     literal = mine.literal("vllm") if mine is not None else None
@@ -231,8 +232,8 @@ def _default_note(profile: str, by_point: dict) -> str | None:
     )
 
 
-def _engine_scores(by_point: dict, profile: str) -> list:
-    from .policies import Point, registry_names, score_table
+def _engine_scores(by_point: dict, profile: str, names: dict) -> list:
+    from .policies import Point, score_table
 
     points = [Point(point[:6], point[6], times) for point, times in sorted(by_point.items())]
-    return score_table(profile, points, names=registry_names())
+    return score_table(profile, points, names=names)

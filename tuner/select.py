@@ -53,6 +53,7 @@ from a2a_tune.tuner.runtime.table import (
     json_text,
     parse_profile,
     round_us,
+    table_fingerprint,
     to_dict,
     upgrade,
 )
@@ -171,8 +172,6 @@ def build_profile(
     :func:`write_profile` refuses it). Raises ``ValueError`` for a timing mode other than
     eager / graph, :class:`ProfileError` for a fingerprint a table cannot hold.
     """
-    from a2a_tune.tuner.runtime.fingerprint import normalize_fingerprint
-
     entries, preference = select_entries(measurements, failures, order=backend_names)
     source = (
         MappingProxyType(provenance_of(run.get("id"), run.get("started_at"), hardware.get("facts_hash"), status)),
@@ -182,10 +181,7 @@ def build_profile(
         e._replace(provenance=source, fabric=fabric_of(hardware.get("facts"), e.shape.ep_size, world, fabrics))
         for e in entries
     ]
-    try:
-        fingerprint = normalize_fingerprint(str(hardware.get("fingerprint")))
-    except ValueError as exc:
-        raise ProfileError(str(exc), field="hardware.fingerprint") from None
+    fingerprint = table_fingerprint(str(hardware.get("fingerprint")))
     if generated_at is None:
         generated_at = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     run_out = _run_section(run)
@@ -531,8 +527,7 @@ def with_knobs(
 
 def replace_entry(profile: Profile, entry: ProfileEntry) -> Profile:
     """``profile`` with its entry of ``entry.shape`` replaced by ``entry``."""
-    entries = tuple(entry if e.shape == entry.shape else e for e in profile.entries)
-    return profile._replace(entries=entries, by_shape=MappingProxyType({e.shape: e for e in entries}))
+    return profile.with_entries(entry if e.shape == entry.shape else e for e in profile.entries)
 
 
 def with_knobs_from_file(

@@ -29,7 +29,7 @@ from types import MappingProxyType
 from .runtime.table import Failed, Profile, ProfileEntry
 from .select import fabric_of, future_date, parse_date, shape_sort_key
 
-__all__ = ["future_date", "merge"]
+__all__ = ["merge"]
 
 log = logging.getLogger("a2a_tune")
 
@@ -70,12 +70,8 @@ def merge(old: Profile, new: Profile) -> Profile:
                 p.get("run"),
                 p.get("date"),
             )
-    ordered = tuple(entries[k] for k in sorted(entries, key=shape_sort_key))
-    return new._replace(
-        backends=MappingProxyType(backends),
-        tie_preference=tuple(preference),
-        entries=ordered,
-        by_shape=MappingProxyType({e.shape: e for e in ordered}),
+    return new._replace(backends=MappingProxyType(backends), tie_preference=tuple(preference)).with_entries(
+        entries[k] for k in sorted(entries, key=shape_sort_key)
     )
 
 
@@ -84,11 +80,13 @@ def _points(e: ProfileEntry, b: str, newer: bool) -> dict:
     origin = e.origin_of(b)
     figures = e.figures.get(b, {})
     knobs = e.knobs.get(b)
+    # each run record ranked once, not once per point (a measured point's origin is 0 without any)
+    runs = [((*_rank(p), newer), p) for p in e.provenance or (MappingProxyType({}),)]
     out = {}
     for j, t in enumerate(e.tokens):
         if e.median_us[b][j] is None:
             continue
-        p = e.provenance[origin[j]] if e.provenance else MappingProxyType({})
+        rank, p = runs[origin[j]]
         values = {
             "median_us": e.median_us[b][j],
             "p10_us": e.p10_us[b][j],
@@ -96,7 +94,7 @@ def _points(e: ProfileEntry, b: str, newer: bool) -> dict:
             "figures": {k: v[j] for k, v in figures.items()},
             "knobs": None if knobs is None else knobs[j],
         }
-        out[t] = ((*_rank(p), newer), p, values)
+        out[t] = (rank, p, values)
     return out
 
 

@@ -121,12 +121,17 @@ def _round_trips_per_sample(backend: All2AllBackend, input_sets: Sequence[RankIn
     return _agreed_round_trips(backend, one_us, MAX_ROUND_TRIPS)
 
 
+def _agreed_max(backend: All2AllBackend, value: float) -> float:
+    """`value`'s max over the ranks (collective)."""
+    agreed = torch.tensor([value], dtype=torch.float64, device=backend.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=backend.group)
+    return float(agreed.item())
+
+
 def _agreed_round_trips(backend: All2AllBackend, one_us: float, most: int) -> int:
     """R round trips of `one_us` each filling ~SAMPLE_TARGET_US (1..most), the max over ranks."""
     local = max(1, min(most, math.ceil(SAMPLE_TARGET_US / max(one_us, 1e-3))))
-    agreed = torch.tensor([local], dtype=torch.int64, device=backend.device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=backend.group)
-    return int(agreed.item())
+    return int(_agreed_max(backend, local))
 
 
 GRAPH_PROBE_ROUND_TRIPS = 4
@@ -231,13 +236,6 @@ def time_graph_round_trips(
         graph.replay()
     # the lead-in replays the same graph too: R round trips, no second capture
     return _timed_samples(backend, iters, reps, lambda i: graph.replay(), lambda i: graph.replay())
-
-
-def _agreed_max(backend: All2AllBackend, value: float) -> float:
-    """`value`'s max over the ranks (collective)."""
-    agreed = torch.tensor([value], dtype=torch.float64, device=backend.device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=backend.group)
-    return float(agreed.item())
 
 
 def _max_over_ranks(

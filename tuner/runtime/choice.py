@@ -265,7 +265,7 @@ def choose(
     excluded, rules_text = {}, ""
     if engine is not None:
         curves = {b: c for b, c in curves.items() if _expressible(engine, prof.backends[b], want)}
-        if deployment:
+        if deployment not in (None, engine_rules.NO_FACTS):  # no facts: only the shape rule, applied above
             excluded = _refused(engine, prof, curves, deployment, want)
             curves = {b: c for b, c in curves.items() if b not in excluded}
             if excluded:

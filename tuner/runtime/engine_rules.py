@@ -23,6 +23,7 @@ from a2a_tune.tuner.runtime import engines
 __all__ = [
     "LEGACY_MOE_QUANTIZATIONS",
     "MOE_RUNNERS",
+    "NO_FACTS",
     "PACKAGES",
     "PLATFORMS",
     "QUANTIZATIONS",
@@ -129,6 +130,10 @@ class Deployment(NamedTuple):
         if self.missing:
             out["missing"] = sorted(self.missing)
         return out
+
+
+#: Nothing known about the deployment: no start-up rule applies (the common case, shared).
+NO_FACTS = Deployment()
 
 
 class Cite(NamedTuple):

@@ -48,11 +48,7 @@ class LookupRequest(NamedTuple):
     fingerprint: str | None = None
     profile: str | None = None
     max_workspace_mib: float | None = None
-    deployment: engine_rules.Deployment = engine_rules.Deployment()
-
-
-#: Nothing known about the deployment: no start-up rule applies (the common case, shared).
-_NO_FACTS = engine_rules.Deployment()
+    deployment: engine_rules.Deployment = engine_rules.NO_FACTS
 
 
 def shown(value) -> str:
@@ -175,7 +171,7 @@ def request(
             raise RequestError("type", "profile", profile, "a file path") from None
     phase, load = _load(tokens, phase, max_tokens, workload)
     facts = (lora, pipeline_size, moe_tp_size, quantization, moe_runner, platform, missing_packages)
-    deployment = _NO_FACTS if facts == (None,) * 7 else _deployment(*facts)
+    deployment = engine_rules.NO_FACTS if facts == (None,) * 7 else _deployment(*facts)
     return LookupRequest(shape, phase, load, engine, fingerprint, profile, _budget(max_workspace_mib), deployment)
 
 

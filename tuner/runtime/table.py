@@ -70,6 +70,7 @@ __all__ = [
     "entry_winners",
     "parse_profile",
     "round_us",
+    "table_fingerprint",
     "to_dict",
     "json_text",
     "to_json",
@@ -210,6 +211,11 @@ class Profile(namedtuple("Profile", "path schema fingerprint backends tie_prefer
             )
         )
 
+    def with_entries(self, entries) -> Profile:
+        """This profile holding ``entries`` instead (``by_shape`` follows them)."""
+        entries = tuple(entries)
+        return self._replace(entries=entries, by_shape=MappingProxyType({e.shape: e for e in entries}))
+
 
 # ------------------------------------------------------------------------------ parse
 
@@ -246,13 +252,7 @@ def _parse(data, path, notes) -> Profile:
             field="schema",
         )
     hw = obj_at(top.get("hardware"), "hardware")
-    fp = hw.get("fingerprint")
-    if not isinstance(fp, str):
-        raise ProfileError(f"expected a string, got {jtype(fp)}", field="hardware.fingerprint")
-    try:
-        fp = normalize_fingerprint(fp)
-    except ValueError as exc:
-        raise ProfileError(str(exc), field="hardware.fingerprint") from None
+    fp = table_fingerprint(hw.get("fingerprint"))
     run = top.get("run")
     capacity = run.get("capacity") if isinstance(run, dict) else None
     if capacity is not None:
@@ -545,6 +545,17 @@ def _provenance(raw, where: str) -> tuple:
                 raise ProfileError(f"unexpected {jtype(p.get(key))}", field=f"{where}[{j}].{key}")
         out.append(MappingProxyType({k: p[k] for k in _PROVENANCE_TYPES}))
     return tuple(out)
+
+
+def table_fingerprint(fp) -> str:
+    """``fp`` as a table holds it (:func:`~a2a_tune.tuner.runtime.fingerprint.normalize_fingerprint`),
+    or :class:`ProfileError` naming ``hardware.fingerprint``: the reader's check, and select's."""
+    if not isinstance(fp, str):
+        raise ProfileError(f"expected a string, got {jtype(fp)}", field="hardware.fingerprint")
+    try:
+        return normalize_fingerprint(fp)
+    except ValueError as exc:
+        raise ProfileError(str(exc), field="hardware.fingerprint") from None
 
 
 # ------------------------------------------------------------------ winners (lenient)

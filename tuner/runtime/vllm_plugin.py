@@ -279,13 +279,19 @@ def _quant_config(model_config) -> dict:
     return {}
 
 
+def _quant_method(model_config, qcfg: dict) -> str:
+    """The checkpoint's quantization method: vLLM's ``quantization``, else the config's
+    ``quant_method`` ("" for none)."""
+    return str(getattr(model_config, "quantization", None) or qcfg.get("quant_method") or "")
+
+
 def _payload_dtype(model_config) -> tuple:
     """(table dtype of what vLLM's all2all carries for this checkpoint, a note or "") or (None,
     why the table cannot say). Read in vLLM 0.33: every all2all prepare() quantizes the MoE
     input with the layer's ``FusedMoEQuantConfig.quant_dtype`` (``fused_moe/config.py``) before
     dispatching (``prepare_finalize/naive_dp_ep.py``, ``flashinfer_nvlink_one_sided.py``)."""
     qcfg = _quant_config(model_config)
-    method = str(getattr(model_config, "quantization", None) or qcfg.get("quant_method") or "")
+    method = _quant_method(model_config, qcfg)
     if not method or method in _WEIGHT_ONLY:
         return _model_dtype(model_config), ""
     algo = str((qcfg.get("quantization") or {}).get("quant_algo", "") or qcfg.get("quant_algo", "")).upper()
@@ -524,7 +530,7 @@ def _rules_quantization(config, dtype: str, note: str) -> str:
         return "fp8_block"
     if dtype in ("nvfp4", "mxfp8"):
         return dtype
-    method = str(getattr(model_config, "quantization", None) or _quant_config(model_config).get("quant_method") or "")
+    method = _quant_method(model_config, _quant_config(model_config))
     if not method:
         return "none"
     if (
