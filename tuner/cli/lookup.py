@@ -166,7 +166,7 @@ def lookup(
             model = find_preset(preset)
         except ShapeSpecError as exc:
             raise _fail(str(exc), 2) from None
-        # a value given wins, 0 included (refused below as it is without --preset)
+        # a value given wins, 0 included (hidden, topk, experts: refused below as without --preset)
         hidden = model.hidden if hidden is None else hidden
         topk = model.topk if topk is None else topk
         experts = model.num_experts if experts is None else experts

@@ -140,8 +140,9 @@ MIN_EFFECT = 0.10
 
 
 def beyond_noise(am: float, a10, a90, bm: float, b10, b90, min_effect: float = MIN_EFFECT) -> int:
-    """+1 when B is slower than A beyond noise at one point, -1 when faster, 0 otherwise (the
-    module docstring's rule; without both spreads, the medians and the minimum effect alone)."""
+    """+1 when B is slower than A beyond noise at one point, -1 when faster, 0 otherwise (the rule
+    in docs/architecture.md, "Module notes"; without both spreads, the medians and the minimum
+    effect alone)."""
     ratio = bm / am
     if None in (a10, a90, b10, b90):
         return 1 if ratio > 1 + min_effect else -1 if ratio < 1 / (1 + min_effect) else 0
@@ -155,7 +156,7 @@ def beyond_noise(am: float, a10, a90, bm: float, b10, b90, min_effect: float = M
 def _separate(lm: float, l10: float, l90: float, hm: float, h10: float, h90: float) -> bool:
     """Whether the higher distribution (h) lies above the lower (l) beyond noise: its p10
     above l's p90, and either the shift of the medians beyond the wider spread or the gap
-    between the two (in log) beyond the narrower spread (the module docstring's rule)."""
+    between the two (in log) beyond the narrower spread (the rule in docs/architecture.md, "Module notes")."""
     if not h10 > l90 > 0 or min(l10, h10) <= 0:
         return False
     if hm - lm > max(l90 - l10, h90 - h10):
@@ -165,7 +166,7 @@ def _separate(lm: float, l10: float, l90: float, hm: float, h10: float, h90: flo
 
 
 def diff_views(a: TableView, b: TableView, *, tolerance: float = MIN_EFFECT) -> DiffResult:
-    """Compare baseline ``a`` with candidate ``b`` (rules in the module docstring).
+    """Compare baseline ``a`` with candidate ``b`` (rules: docs/architecture.md, "Module notes").
     ``tolerance``: the minimum effect, a fraction of A's median (0.10 = 10%)."""
     res = DiffResult(a=a, b=b)
     if a.fingerprint != b.fingerprint:
