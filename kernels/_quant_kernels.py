@@ -192,8 +192,8 @@ def quantize_fp8_blocks(
 #
 # One program quantizes a tile of ROWS rows x COLS columns of x (COLS a power of 2 dividing H,
 # so a tile holds whole scale blocks of 32 or 16 elements): loaded as [ROWS, COLS / BLOCK, BLOCK]
-# so that each thread reads 16 contiguous bytes and a block's amax is a reduction over the last
-# axis; q and the scales are written through their row strides (contiguous tensors: the
+# (NVFP4: BLOCK / 2 words of two elements) so that each thread reads 16 contiguous bytes and a
+# block's amax is a reduction over the last axis; q and the scales are written through their row strides (contiguous tensors: the
 # engines' separate q and scales; or the two views of packed rows, quant.wire_rows), a row's
 # codes contiguous, so the stores are vectors too. A tile per program, not a block (BENCHMARKS.md,
 # "MXFP8 and NVFP4 quantize"). Arithmetic as quant.quantize_mxfp8_torch / quantize_nvfp4_torch,
@@ -260,18 +260,21 @@ def _quantize_mxfp8_kernel(
 
 
 @triton.jit
-def _e2m1(v):
-    """fp32 values within +-6 -> e2m1 codes (sign in bit 3), to nearest even (quant.e2m1_codes).
+def _e2m1_magnitude(a):
+    """fp32 a >= 0 -> its e2m1 code without the sign, to nearest even (quant.e2m1_codes), a
+    clamped to 6.
 
-    From 1 up, e2m1 is fp32 with 1 mantissa bit: round the bits (carry into the exponent) and
-    rebias (127 -> 1). Below 1 it is a grid of 0.5: adding 2^22 makes the fp32 adder round onto
-    it, and the bits above 2^22's are the code (0, 1, or 2 for 0.75 up, i.e. 1.0)."""
-    a = tl.abs(v)
-    u = a.to(tl.uint32, bitcast=True)
-    normal = (_round_bits(u, 22) >> 22) - 252
-    sub = (a + 4194304.0).to(tl.uint32, bitcast=True) - 0x4A800000
-    mag = tl.where(a >= 1.0, normal, sub).to(tl.int32)
-    return mag | ((v.to(tl.int32, bitcast=True) >> 28) & 0x8)
+    The e2m1 grid is 0.5 apart below 2, then 1 apart to 4, then 2 apart: in binade E (E = 0
+    below 2, else floor(log2 a)) it is spaced 2^(E - 1), which is the spacing of fp32 at
+    M = 2^(E + 22). So a + M, rounded once by the fp32 adder, holds round(a / 2^(E - 1)) in its
+    low bits: the code, less 2E (codes 0-4 below 2, then 2 more a binade). Four integer
+    operations an element where bit rounding took nine: the integer unit bounded NVFP4
+    (BENCHMARKS.md, "NVFP4 quantize at the integer unit's limit")."""
+    u = tl.minimum(a.to(tl.uint32, bitcast=True), 0x40C00000)  # 6.0
+    e = tl.maximum(u, 0x3F800000) & 0x7F800000  # 2^E: fp32 bits (127 + E) << 23
+    m = e.to(tl.float32, bitcast=True) * 4194304.0  # M = 2^E * 2^22: bits e + (22 << 23)
+    s = (u.to(tl.float32, bitcast=True) + m).to(tl.uint32, bitcast=True)
+    return s - e + (e >> 22) - ((22 << 23) + 254)  # (s - bits(M)) + 2E, 2E = (e >> 22) - 254
 
 
 @triton.jit(do_not_specialize=["t"])
@@ -292,8 +295,18 @@ def _quantize_nvfp4_kernel(
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
 ):
-    rows, rmask, block0, within, bits = _tile(x_ptr, t, h, ROWS, COLS, 16, BF16)
-    amax = tl.max(bits & 0x7FFFFFFF, axis=2)  # [ROWS, COLS / 16]
+    # x read as words of two elements, 2i and 2i + 1 (bf16: an int32; fp32: an int64): a block of
+    # 16 is 8 words, and word i's two codes are byte i of q, so no element is moved between
+    # threads (no split of a loaded tile: a layout change through shared memory)
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rows, rmask = row[:, None, None], (row < t)[:, None, None]
+    word = tl.program_id(1) * (COLS // 2) + tl.arange(0, COLS // 16)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    w = tl.load(x_ptr + rows * (h // 2) + word, mask=rmask, other=0)
+    if BF16:  # a bf16's bits are the upper half of its float32's
+        lo, hi = w << 16, w & -65536
+    else:
+        lo, hi = w.to(tl.int32), (w >> 32).to(tl.int32)
+    amax = tl.max(tl.maximum(lo & 0x7FFFFFFF, hi & 0x7FFFFFFF), axis=2)  # [ROWS, COLS / 16]
     sc = tl.minimum(g * (amax.to(tl.float32, bitcast=True) * INV_FP4_MAX), 448.0)
     scode = _to_e4m3(sc, HW_CVT).to(tl.int32)
     # the e4m3 scale back in fp32: normal codes rebias the exponent, subnormal ones are code x 2^-9
@@ -304,45 +317,56 @@ def _quantize_nvfp4_kernel(
     ).to(tl.float32, bitcast=True)
     unit = sf * inv_g
     one = tl.full(unit.shape, 1.0, tl.float32)
-    inv = tl.where(unit == 0.0, 0.0, tl.math.div_rn(one, tl.where(unit == 0.0, one, unit)))
-    v = tl.minimum(tl.maximum(bits.to(tl.float32, bitcast=True) * inv[:, :, None], -6.0), 6.0)
-    lo, hi = tl.split(tl.reshape(_e2m1(v), [ROWS, COLS // 16, 8, 2]))  # element 2i: the low nibble
-    byte = (lo | (hi << 4)).to(tl.uint8)
-    pair = block0 // 2 + tl.arange(0, 8)[None, None, :]
-    tl.store(q_ptr + rows * q_stride + pair, byte, mask=rmask)
-    tl.store(s_ptr + rows * s_stride + block0 // 16, scode[:, :, None].to(tl.uint8), mask=rmask)
+    inv = tl.where(unit == 0.0, 0.0, tl.math.div_rn(one, tl.where(unit == 0.0, one, unit)))[:, :, None]
+    # |x| * inv: the codes' magnitudes; their signs are x's (the scale is positive), bits 15 and
+    # 31 of the word, moved to bits 3 and 7 of its byte
+    lo = _e2m1_magnitude(tl.abs(lo.to(tl.float32, bitcast=True)) * inv)
+    hi = _e2m1_magnitude(tl.abs(hi.to(tl.float32, bitcast=True)) * inv)
+    if BF16:  # one multiply moves bits 15 and 31 to 3 and 7 (and 31 to 19 too: beyond the byte)
+        sign = tl.umulhi(w.to(tl.uint32, bitcast=True) & 0x80008000, 0x100100)
+    else:
+        sign = (((w >> 28) & 0x8) | ((w >> 56) & 0x80)).to(tl.uint32)
+    tl.store(q_ptr + rows * q_stride + word, (lo | (hi << 4) | sign).to(tl.uint8), mask=rmask)
+    block = tl.program_id(1) * (COLS // 16) + tl.arange(0, COLS // 16)[None, :]
+    tl.store(s_ptr + row[:, None] * s_stride + block, scode.to(tl.uint8), mask=(row < t)[:, None])
 
 
 ELEMS_MAX = 4096  # elements a program: [4 rows, 1024] of bf16, 32 a thread (4 loads of 16 bytes)
 ELEMS_MIN = 512
 
 
-def _tile_shape(t: int, h: int, block: int, elems: int | None = None) -> tuple[int, int]:
+def _tile_shape(t: int, h: int, block: int, elems: int | None = None, programs: int = _MIN_PROGRAMS) -> tuple[int, int]:
     """(ROWS, COLS) of a program's tile: ELEMS_MAX elements, fewer where that leaves fewer than
-    _MIN_PROGRAMS programs (small T: every SM busy); COLS the largest power of 2 dividing H (at
+    `programs` programs (small T: every SM busy); COLS the largest power of 2 dividing H (at
     most 1024, at least the block)."""
     cols = min(h & -h, 1024)
     if elems is None:
         elems = ELEMS_MAX
-        while elems > ELEMS_MIN and triton.cdiv(t * h, elems) < _MIN_PROGRAMS:
+        while elems > ELEMS_MIN and triton.cdiv(t * h, elems) < programs:
             elems //= 2
     cols = max(block, min(cols, elems))
     rows = max(1, min(elems // cols, triton.next_power_of_2(t)))
     return rows, cols
 
 
-def _launch_tiles(kernel, x, q, scales, block: int, elems: int | None, hw_cvt: bool | None, **args) -> None:
+def _launch_tiles(
+    kernel, x, q, scales, block: int, elems: int | None, hw_cvt: bool | None, pairs: bool = False, **args
+) -> None:
+    """Launch `kernel` over x's tiles; x as the bits of its elements, or of two elements a word
+    (`pairs`: int32 for bf16, int64 for fp32: NVFP4, whose programs also stop halving at 256, as
+    2048-element tiles beat 1024 at T = 128 on an H100: BENCHMARKS.md)."""
     t, h = x.shape
     if t == 0:
         return
     if hw_cvt is None:
         hw_cvt = x.is_cuda and _has_fp8_conversion(x.device)
-    rows, cols = _tile_shape(t, h, block, elems)
+    rows, cols = _tile_shape(t, h, block, elems, 256 if pairs else _MIN_PROGRAMS)
     x = x.contiguous()
     bf16 = x.dtype == torch.bfloat16
+    bits = (torch.int32 if bf16 else torch.int64) if pairs else (torch.int16 if bf16 else x.dtype)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         kernel[(triton.cdiv(t, rows), h // cols)](
-            x.view(torch.int16) if bf16 else x,
+            x.view(bits),
             q.view(torch.uint8),
             scales.view(torch.uint8),
             t,
@@ -374,7 +398,17 @@ def quantize_nvfp4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, elems
     g = torch.tensor(NVFP4_GLOBAL_SCALE, dtype=torch.float32)
     inv_fp4 = float(torch.tensor(1.0 / FP4_E2M1_MAX, dtype=torch.float32))
     _launch_tiles(
-        _quantize_nvfp4_kernel, x, q, scales, 16, elems, hw_cvt, g=float(g), inv_g=float(1.0 / g), INV_FP4_MAX=inv_fp4
+        _quantize_nvfp4_kernel,
+        x,
+        q,
+        scales,
+        16,
+        elems,
+        hw_cvt,
+        pairs=True,
+        g=float(g),
+        inv_g=float(1.0 / g),
+        INV_FP4_MAX=inv_fp4,
     )
 
 

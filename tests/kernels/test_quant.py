@@ -146,6 +146,9 @@ KERNEL_CASES += [
 ]
 
 
+KERNEL_CASES += [{"id": "nvfp4-e2m1-rounding", "e2m1": True}]  # every tie of the e2m1 grid, and its neighbours
+
+
 @pytest.fixture(scope="module")
 def interpreted():
     pytest.importorskip("triton")
@@ -306,7 +309,8 @@ def test_the_mxfp8_and_nvfp4_kernels_compile_for_hopper_without_a_gpu(payload):
     from a2a_tune.kernels import _quant_kernels as k
 
     fn = {"mxfp8": k._quantize_mxfp8_kernel, "nvfp4": k._quantize_nvfp4_kernel}[payload]
-    sig = {"x_ptr": "*i16", "q_ptr": "*u8", "s_ptr": "*u8"} | dict.fromkeys(("t", "h", "q_stride", "s_stride"), "i32")
+    x_bits = "*i32" if payload == "nvfp4" else "*i16"  # NVFP4 reads x two elements a word
+    sig = {"x_ptr": x_bits, "q_ptr": "*u8", "s_ptr": "*u8"} | dict.fromkeys(("t", "h", "q_stride", "s_stride"), "i32")
     sig |= {"g": "fp32", "inv_g": "fp32"} if payload == "nvfp4" else {}
     consts = {"TINY": torch.finfo(torch.float32).tiny} if payload == "mxfp8" else {"INV_FP4_MAX": 1 / 6}
     consts |= {"BF16": True, "HW_CVT": True, "ROWS": 4, "COLS": 1024}

@@ -6,7 +6,8 @@ prints a JSON list of {id, q_mismatches, scale_mismatches, shapes_ok}. Each case
 hidden, dtype ("bf16" | "fp32"), block_n (block-FP8: blocks per program) or elems (MXFP8,
 NVFP4: elements per program; the interpreter is slow per program), and "values": "mixed" (random magnitudes with zero, huge, tiny and negative rows) or
 "all_bf16" (every bf16 bit pattern, inf and NaN included, in blocks of 128 as they come and
-beside amaxes of 1, 3, 2^-100 and 2^100). The GPU tests import `inputs` and `mismatches`.
+beside amaxes of 1, 3, 2^-100 and 2^100). A case {"id", "e2m1": true} runs the NVFP4 kernel's
+e2m1 rounding alone on `e2m1_probes()`. The GPU tests import `inputs` and `mismatches`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import sys
 import warnings
 
 import torch
+import triton
+import triton.language as tl
+
+from a2a_tune.kernels._quant_kernels import _e2m1_magnitude
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -83,10 +88,41 @@ def run_packed_case(case: dict) -> dict:
     }
 
 
+@triton.jit
+def _e2m1_probe(a_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, _e2m1_magnitude(tl.load(a_ptr + i, mask=i < n)).to(tl.int32), mask=i < n)
+
+
+def e2m1_probes() -> torch.Tensor:
+    """fp32 magnitudes where e2m1 rounding can go wrong: each threshold between two codes (a tie)
+    and its 4 neighbours either side, every multiple of 2^-12 up to 8, every bf16 value from
+    2^-10 to 2^10, and 0, the smallest values, inf and NaN."""
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
+    bits = ties.view(torch.int32)[:, None] + torch.arange(-4, 5, dtype=torch.int32)
+    bf16 = torch.arange(0x3A80, 0x4481, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    edges = torch.tensor([0.0, 1e-45, 1e-38, 7.0, 8.0, 1e30, 3.4e38, float("inf"), float("nan")])
+    return torch.cat([bits.view(torch.float32).flatten(), torch.arange(0, 8 * 4096 + 1) / 4096.0, bf16, edges])
+
+
+def run_e2m1_case(case: dict) -> dict:
+    """_quantize_nvfp4_kernel's e2m1 rounding (`_e2m1_magnitude`) against quant.e2m1_codes on
+    `e2m1_probes()`, the clamp to 6 included (NaN: the largest code, as the kernel's clamp gives)."""
+    from a2a_tune.kernels.quant import e2m1_codes
+
+    a = e2m1_probes()
+    got = torch.empty(a.shape, dtype=torch.int32)
+    _e2m1_probe[(triton.cdiv(a.numel(), 4096),)](a, got, a.numel(), BLOCK=4096)
+    want = e2m1_codes(a.nan_to_num(6.0).clamp(max=6.0))
+    return {"id": case["id"], "q_mismatches": int((got != want).sum()), "scale_mismatches": 0, "shapes_ok": True}
+
+
 def run_case(case: dict) -> dict:
     from a2a_tune.kernels import _quant_kernels
     from a2a_tune.kernels.quant import quantize_fp8_blocks_torch
 
+    if case.get("e2m1"):
+        return run_e2m1_case(case)
     if case.get("payload"):
         return run_packed_case(case)
     x = inputs(case)
