@@ -43,7 +43,15 @@ from a2a_tune.kernels.registry import CallFailed, knobs_of
 from .figures import Traffic, destination_pairs, traffic_from_pairs
 from .launch import RankContext, all_ranks_ok, one_line
 from .runtime.measurement import Measurement, MeasurementKey
-from .timing import Stats, round_trip, summarize, time_graph_round_trips, time_halves, time_round_trips
+from .timing import (
+    Stats,
+    round_trip,
+    summarize,
+    time_graph_round_trips,
+    time_halves,
+    time_round_trips,
+    unsplit_reason,
+)
 
 GAVE_UP = "a flag wait timed out (a peer never signalled); timings discarded"
 
@@ -353,8 +361,11 @@ def _agreed_reason(ctx: RankContext, error: str) -> str:
 def _halves(
     ctx: RankContext, backend: All2AllBackend, inputs: Sequence[RankInputs], *, warmup: int, iters: int, graph: bool
 ) -> tuple[list[float], list[float]]:
-    """Dispatch and combine samples (`timing.time_halves`), or ([], []) when cutting the chain
-    failed on any rank: the round trip already measured stands alone, as in stores from before."""
+    """Dispatch and combine samples (`timing.time_halves`), or ([], []) when the mode cannot split
+    the round trip honestly (`timing.unsplit_reason`) or cutting the chain failed on any rank:
+    the round trip already measured stands alone, as in stores from before."""
+    if unsplit_reason(backend, graph):  # the same on every rank: the backend's class and device type
+        return [], []
     halves, error = _attempt(backend, lambda: time_halves(backend, inputs, warmup=warmup, iters=iters, graph=graph))
     return halves if all_ranks_ok(not error, ctx) else ([], [])
 

@@ -18,10 +18,10 @@ combine). Eager: the host runs behind the device, so events chained across the h
 the host; each half runs alone, the device drained and the ranks aligned, then a spin on the
 device (`head_start_us`: twice the host's time to queue a half) while the host queues it, so it
 runs as in a round trip, the host ahead and the GPU busy: from an event behind the spin to one
-behind its work, its device work and its host reads' stalls, not the other half's work nor the
-host's launch gaps (dispatch + combine <= the round trip). On CPU (gloo): the host clock, no spin.
-
-Why, measured: docs/method.md, BENCHMARKS.md ("Eager halves"), docs/benchmarks-archive.md.
+behind its work, its device work, not the other half's work nor the host's launch gaps
+(dispatch + combine <= the round trip), where the host never waits on the device inside a half:
+a GPU backend that reads the device from the host is not split (`unsplit_reason`). On CPU
+(gloo): the host clock, no spin. Why, measured: docs/method.md, BENCHMARKS.md ("Eager halves").
 """
 
 from __future__ import annotations
@@ -345,6 +345,26 @@ def _cut_samples(backend: All2AllBackend, iters: int, launch, lead_in) -> tuple[
         dispatch_us.append(d)
         combine_us.append(c)
     return _max_over_ranks(backend, dispatch_us, combine_us)
+
+
+#: Why an eager round trip on a GPU is not split for a backend that synchronises with the host.
+HOST_READ_UNSPLIT = (
+    "not timed apart: eager on a GPU, its dispatch reads the device from the host, and after that"
+    " read the device waits on the host's launches, so a half would carry them"
+)
+
+
+def unsplit_reason(backend: All2AllBackend, graph: bool) -> str:
+    """Why `time_halves` cannot split this backend's round trip honestly in this mode ("": it can).
+
+    Eager on a GPU, a backend that is not `graph_capturable` reads the device from the host
+    inside its dispatch. Measured (BENCHMARKS.md, "Eager halves"): after the read the device
+    idles while the host launches the rest, so the dispatch half is the host's launch time, and
+    a 200 µs spin planted in it read +263 to +525 µs, with nothing a timer could subtract. Graph
+    replay has no host in the timed span; CPU ranks time the host itself."""
+    if graph or backend.device.type != "cuda" or backend.graph_capturable:
+        return ""
+    return HOST_READ_UNSPLIT
 
 
 def time_halves(

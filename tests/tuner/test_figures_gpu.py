@@ -49,9 +49,10 @@ def _measure_all(ctx) -> dict:
 
     from a2a_tune.tuner.measure import Backends, input_sets, measure, measure_case
     from a2a_tune.tuner.select import _table_figures
+    from a2a_tune.tuner.timing import unsplit_reason
 
     out: dict = {"spin_ratio": kb.calibrate(), "held_bytes": kb.HELD_BYTES, "planted": PLANTED}
-    out |= {"timing": {}, "memory": {}}
+    out |= {"timing": {}, "memory": {}, "absent": {}}
     with Backends(ctx, SHAPE) as built:
         inputs = input_sets(ctx, SHAPE, TOKENS, sets=3)
         for name, modes in (
@@ -60,6 +61,8 @@ def _measure_all(ctx) -> dict:
         ):
             backend = built.get(name, TOKENS)
             for mode in modes:
+                if why := unsplit_reason(backend, graph=mode == "graph"):
+                    out["absent"][f"{name} ({mode})"] = why
                 for label, (d, c) in PLANTED.items():
                     backend.dispatch_sleep_us, backend.combine_sleep_us = d, c
                     r = measure(ctx, backend, inputs, warmup=5, iters=25, timing=mode)
@@ -114,11 +117,19 @@ def _added(measured, name, mode) -> dict:
     }
 
 
-CASES = [
-    ("planted_sleeps_host_read", "eager"),
-    ("planted_sleeps_capturable", "eager"),
-    ("planted_sleeps_capturable", "graph"),
-]
+CASES = [("planted_sleeps_capturable", "eager"), ("planted_sleeps_capturable", "graph")]
+
+
+def test_an_eager_dispatch_that_reads_the_host_is_not_split(measured):
+    """timing.unsplit_reason: the host-read backend's eager round trips are measured, its halves
+    absent at every planting, with the reason the figures JSON carries (device_summary.py)."""
+    from a2a_tune.tuner.timing import HOST_READ_UNSPLIT
+
+    assert measured["absent"] == {"planted_sleeps_host_read (eager)": HOST_READ_UNSPLIT}
+    for label, (d, c) in PLANTED.items():
+        m = measured["timing"][f"planted_sleeps_host_read/eager/{label}"]
+        assert m["dispatch"] is None and m["combine"] is None, m
+        assert m["round_trip"] > d + c, m
 
 
 @pytest.mark.parametrize("name, mode", CASES)

@@ -188,3 +188,32 @@ def test_an_eager_halfs_head_start_is_twice_the_hosts_queueing_of_a_half_within_
     assert head_start_us([40.0, 130.0, 90.0]) == 280.0
     assert head_start_us([]) == 20.0
     assert head_start_us([1e6]) == HEAD_START_MAX_US
+
+
+def test_an_eager_gpu_backend_that_reads_the_host_is_not_split(tmp_path, monkeypatch):
+    """timing.unsplit_reason: eager on a GPU, a backend that is not graph-capturable (its
+    dispatch reads the device from the host) is not timed apart, and nothing of the halves'
+    timer runs; the same backend on CPU ranks, and a capturable one, are split."""
+    import types
+
+    import torch
+
+    from a2a_tune.tuner import measure
+    from a2a_tune.tuner.launch import RankContext
+    from a2a_tune.tuner.timing import HOST_READ_UNSPLIT, unsplit_reason
+
+    def backend(device: str, capturable: bool):
+        return types.SimpleNamespace(device=torch.device(device), graph_capturable=capturable, gave_up=lambda: False)
+
+    assert unsplit_reason(backend("cuda", False), graph=False) == HOST_READ_UNSPLIT
+    assert "reads the device from the host" in HOST_READ_UNSPLIT
+    assert unsplit_reason(backend("cuda", True), graph=False) == ""
+    assert unsplit_reason(backend("cuda", True), graph=True) == ""
+    assert unsplit_reason(backend("cpu", False), graph=False) == ""
+    timed = []
+    monkeypatch.setattr(measure, "time_halves", lambda *a, **k: timed.append(1) or ([1.0], [2.0]))
+    monkeypatch.setattr(measure, "all_ranks_ok", lambda ok, ctx: ok)
+    ctx = RankContext(0, 1, 0, torch.device("cuda"), None)
+    assert measure._halves(ctx, backend("cuda", False), [], warmup=0, iters=2, graph=False) == ([], [])
+    assert not timed
+    assert measure._halves(ctx, backend("cuda", True), [], warmup=0, iters=2, graph=False) == ([1.0], [2.0])

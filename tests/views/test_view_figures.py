@@ -87,14 +87,24 @@ def test_show_puts_dispatch_combine_gbps_link_and_mib_in_80_columns(tmp_path):
     assert "GB/s: dispatch logical bytes" in text and "478 GB/s per direction (18 NVLinks x 26.562 GB/s" in text
 
 
-def _cpu_run(path):
+def _eager_run(path, gpu: bool = False):
+    """An eager run of nccl_all2allv on CPU ranks, its halves timed apart; `gpu`: on 2 H200s,
+    where an eager backend's halves are not timed apart (timing.unsplit_reason)."""
     from a2a_tune.db import open_store
     from a2a_tune.tuner.runtime.measurement import Measurement
 
     with open_store(str(path)) as s:
-        hw = s.get_or_create_hardware("cpu-x86_64.node1", "c" * 16, {"gpus": [], "islands": [], "node_count": 1})
+        h200 = [{"index": i, "name": "NVIDIA H200"} for i in (0, 1)]
+        facts = {"gpus": h200 if gpu else [], "islands": [[0, 1]] if gpu else [], "node_count": 1}
+        hw = s.get_or_create_hardware("h200.nvl18x2.node1" if gpu else "cpu-x86_64.node1", "c" * 16, facts)
         run = s.start_run(
-            hw, device_type="cpu", world_size=2, versions={}, git_sha=None, config={"iters": 4}, config_hash="c"
+            hw,
+            device_type="cuda" if gpu else "cpu",
+            world_size=2,
+            versions={},
+            git_sha=None,
+            config={"iters": 4},
+            config_hash="c",
         )
         for t, us in ((4, 400.0), (16, 500.0)):
             s.add_measurement(
@@ -115,8 +125,8 @@ def _cpu_run(path):
                         p90_us=us,
                         n=4,
                         samples=[us] * 4,
-                        dispatch_median_us=us / 2,
-                        combine_median_us=us / 2,
+                        dispatch_median_us=None if gpu else us / 2,
+                        combine_median_us=None if gpu else us / 2,
                         dispatch_logical_bytes=t * 64 * 1.5,
                         dispatch_link_bytes=t * 64 * 0.75,
                         combine_logical_bytes=t * 64 * 1.5,
@@ -129,7 +139,7 @@ def _cpu_run(path):
 
 def test_a_cpu_run_says_no_link_and_memory_not_measured(tmp_path):
     db = tmp_path / "cpu.db"
-    _cpu_run(db)
+    _eager_run(db)
     view = load_run_view(str(db))
     (rows,) = _shape(show_data(view), (2, 32, 4, 16))["figures"].values()
     assert rows[0]["logical_gbps"] == pytest.approx(4 * 64 * 1.5 / 200e-6 / 1e9)
@@ -139,6 +149,20 @@ def test_a_cpu_run_says_no_link_and_memory_not_measured(tmp_path):
     text = " ".join(r.stdout.split())
     assert "link: no link (CPU ranks)" in text and "MiB: not measured on CPU ranks" in text
     assert "each half timed alone, so their sum can exceed the round trip" in text  # eager halves say so
+
+
+def test_an_eager_gpu_run_says_its_halves_were_not_timed_apart(tmp_path):
+    """A backend that reads the device from the host is timed eagerly on a GPU and not split:
+    show leaves its halves empty and says why, in 80 columns."""
+    db = tmp_path / "gpu.db"
+    _eager_run(db, gpu=True)
+    (rows,) = _shape(show_data(load_run_view(str(db))), (2, 32, 4, 16))["figures"].values()
+    assert rows[0]["dispatch_us"] is None and rows[0]["combine_us"] is None
+    r = a2a("show", "--db", str(db), env_extra={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "eager on a GPU: disp/comb not timed apart (the dispatch reads the device from the host)" in text
+    assert "each half timed alone" not in text
 
 
 @pytest.mark.skipif(find_spec("matplotlib") is None, reason="matplotlib not installed (a2a-tune[plot])")
