@@ -199,8 +199,10 @@ class _NcclEP(All2AllBackend):
                 if fp8
                 else empty_wire(s.dtype, self._slots, s.hidden, dev)[1]
             )
-        # Received ids: int32, which ncclEpDispatch asserts (`recv_topk_idx->datatype == ncclInt32`).
-        self._ids = torch.empty(self._slots, k, dtype=torch.int32, device=dev)
+        # Received ids: ncclEpDispatch asserts int32 in LL (`recv_topk_idx->datatype == ncclInt32`)
+        # and int64 in HT (`... == ncclInt64`), aborting the process on the other (both seen on an H100).
+        ids_dtype = torch.int32 if self.algorithm == "LOW_LATENCY" else torch.int64
+        self._ids = torch.empty(self._slots, k, dtype=ids_dtype, device=dev)
         self._weights = torch.empty(self._slots, k, dtype=torch.float32, device=dev)
         self._count = torch.zeros(w if self.algorithm == "LOW_LATENCY" else 1, dtype=torch.int32, device=dev)
         self._slot = torch.arange(self._slots, device=dev)

@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/a2a-out}; mkdir -p "$OUT"; LOG=$OUT/log.txt
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-200} ))
 step() { echo; echo "=== $* ($(date -u +%T), $(( DEADLINE - $(date +%s) )) s left)" | tee -a "$LOG"; }
 left() { echo $(( DEADLINE - $(date +%s) - 5 )); }  # a step's timeout: what the budget leaves
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || exit 1
 mkdir -p .ncclep && tar -C .ncclep -xJf .ncclep.tar.xz || exit 1
 SITE=$PWD/.ncclep/site LIB=$PWD/.ncclep/site/nvidia/nccl/lib/libnccl.so.2
@@ -24,16 +24,17 @@ step "DeepEP V2: building deep_ep._C in the background"
 BUILD=$!
 export LD_PRELOAD=$LIB NCCL_HOME=$SITE/nvidia/nccl PYTHONPATH=$SITE:/tmp/site:$PWD/tests/support NCCL_EP_JIT_CACHE_DIR=/tmp/ncclep-jit EP_JIT_CACHE_DIR=/tmp/deepep-jit
 P="python3 scripts/peers_one_rank.py --limit ${LIMIT:-60}"
-step "NCCL EP at one rank (LL, HT), T = 1, 128"
+step "NCCL EP at one rank (LL, HT), T = 1, 128; HT also at T = 2 and 128 (it refuses an odd count at <= 3 ranks)"
 timeout $(left) $P --backend nccl_ep_low_latency --backend nccl_ep_high_throughput --json $OUT/peers_nccl_ep.json 2>&1 | tail -25 | tee -a "$LOG"
+timeout $(left) $P --backend nccl_ep_high_throughput --tokens 2,128 2>&1 | tail -12 | tee -a "$LOG"
 step "NCCL EP planted bug (rows rolled): must be incorrect"
-A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_nccl_ep_low_latency --tokens 1 2>&1 | tail -12 | tee -a "$LOG"
+A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_nccl_ep_low_latency --tokens 128 2>&1 | tail -12 | tee -a "$LOG"
 step "waiting for DeepEP V2's build"; ( sleep $(left); kill $BUILD 2>/dev/null ) & wait $BUILD; tail -25 /tmp/deepep-v2-build.txt | tee -a "$LOG"
 export EP_NCCL_ROOT_DIR=$SITE/nvidia/nccl
 step "DeepEP V2 at one rank (LL, HT), T = 1, 128"
 timeout $(left) $P --backend deepep_v2_low_latency --backend deepep_v2_high_throughput --json $OUT/peers_deepep_v2.json 2>&1 | tail -25 | tee -a "$LOG"
 step "DeepEP V2 planted bug: must be incorrect"
-A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_deepep_v2_low_latency --tokens 1 2>&1 | tail -12 | tee -a "$LOG"
+A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_deepep_v2_low_latency --tokens 128 2>&1 | tail -12 | tee -a "$LOG"
 step "their one-rank GPU tests (tests/kernels/test_nccl_ep_gpu.py)"
 timeout $(left) python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/kernels/test_nccl_ep_gpu.py 2>&1 | tail -12 | tee -a "$LOG"
 step "a2a-tune backends (world 1, staged, preloaded)"
