@@ -159,9 +159,11 @@ def _busy(row: Run, stale_after: float = LEASE_STALE_S) -> RunBusyError:
     return RunBusyError(row.id, row.writer_host, row.writer_pid, row.writer_since, row.heartbeat_at, stale_after)
 
 
-def claim(s: Session, run_id: int, writer: Writer, stale_after: float = LEASE_STALE_S) -> None:
+def claim(
+    s: Session, run_id: int, writer: Writer, stale_after: float = LEASE_STALE_S, resumed_at: dt.datetime | None = None
+) -> None:
     """Take ``run_id`` for ``writer`` and mark it "running" again (see
-    :meth:`~a2a_tune.db.store.Store.claim_run`)."""
+    :meth:`~a2a_tune.db.store.Store.claim_run`, which says what ``resumed_at`` records)."""
     now = utcnow()
     row = s.execute(
         select(Run.id, Run.status, Run.writer_token, Run.writer_pid, Run.writer_scope, Run.heartbeat_at).where(
@@ -186,5 +188,7 @@ def claim(s: Session, run_id: int, writer: Writer, stale_after: float = LEASE_ST
     values: dict[str, Any] = {"status": "running", "finished_at": None, **lease_values(writer, now)}
     if row.writer_token == writer.token:
         del values["writer_since"]  # still the same writer since it first took the run
+    if resumed_at is not None:
+        values["resumed_at"] = resumed_at
     if s.execute(update(Run).where(Run.id == run_id, *same).values(**values)).rowcount != 1:
         raise _busy(s.get(Run, run_id), stale_after)

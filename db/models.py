@@ -122,7 +122,12 @@ class Run(Base):
     counts, dtypes, routings, backends, iterations...) and ``config_hash`` its digest,
     used to find a run to resume. ``versions`` maps torch, nccl, cuda, driver, triton,
     flashinfer, python, a2a_tune to a version string or None. The ``writer_*`` columns and
-    ``heartbeat_at`` are the lease of the one process allowed to write the run."""
+    ``heartbeat_at`` are the lease of the one process allowed to write the run.
+
+    ``started_at`` is when the ranks opened the run, ``launched_at`` when the command that
+    started them began (its ranks' start-up included), ``resumed_at`` when the latest
+    ``--resume`` command that took the run over began; the last two are NULL for runs stored
+    before revision 0006, and ``resumed_at`` for a run never resumed."""
 
     __tablename__ = "runs"
 
@@ -147,6 +152,8 @@ class Run(Base):
     writer_scope: Mapped[str | None] = mapped_column(String(128), nullable=True)
     writer_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    launched_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    resumed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class _CaseKey:

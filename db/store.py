@@ -53,7 +53,7 @@ from .models import (
     utcnow,
 )
 from .models import Measurement as MeasurementRow
-from .values import _figure, _finite, _int, _json, _positive, _str, _tokens
+from .values import _figure, _finite, _int, _json, _moment, _positive, _str, _tokens
 
 MAX_REASON_CHARS = 2000
 # The timing label of samples taken on virtual ranks (a2a_tune.kernels.virtual.VIRTUAL_TIMING).
@@ -104,6 +104,9 @@ class RunRecord:
     writer_pid: int | None = None
     writer_since: dt.datetime | None = None
     heartbeat_at: dt.datetime | None = None
+    # When the run's command began and when the latest --resume did (None: not recorded; see Run).
+    launched_at: dt.datetime | None = None
+    resumed_at: dt.datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,8 +363,11 @@ class Store(KnobRows):
         config: dict[str, Any],
         config_hash: str,
         writer: Writer | None = None,
+        launched_at: dt.datetime | None = None,
     ) -> int:
-        """Insert a run with status "running", held by ``writer`` when given; returns its id."""
+        """Insert a run with status "running", held by ``writer`` when given; returns its id.
+        ``launched_at``: when the command that started the run's ranks began (their start-up
+        is part of the run: ``show`` counts its duration from there); None: not known."""
         if device_type not in DEVICE_TYPES:
             raise ValueError(f"device_type must be one of {DEVICE_TYPES}, got {device_type!r}")
         world_size = _int("world_size", world_size, minimum=1)
@@ -369,6 +375,7 @@ class Store(KnobRows):
         _json("config", config)
         _str("config_hash", config_hash)
         _str("git_sha", git_sha, optional=True)
+        _moment("launched_at", launched_at, optional=True)
         with self._session("starting a run") as s:
             if s.get(Hardware, hardware_id) is None:
                 raise NotFoundError(f"no hardware {hardware_id} in this store")
@@ -381,6 +388,7 @@ class Store(KnobRows):
                 git_sha=git_sha,
                 config=config,
                 config_hash=config_hash,
+                launched_at=launched_at,
                 **(lease_values(writer, utcnow()) if writer is not None else {}),
             )
             s.add(run)
@@ -405,15 +413,29 @@ class Store(KnobRows):
 
     # -- the run's one writer
 
-    def claim_run(self, run_id: int, writer: Writer, *, stale_after: float = LEASE_STALE_S) -> None:
+    def claim_run(
+        self,
+        run_id: int,
+        writer: Writer,
+        *,
+        stale_after: float = LEASE_STALE_S,
+        resumed_at: dt.datetime | None = None,
+    ) -> None:
         """Take ``run_id`` for ``writer`` and mark it "running" again (``--resume``).
 
         Succeeds when nobody holds the run, ``writer`` already does (restarted ranks), the
         holder's last heartbeat is older than ``stale_after`` seconds, or the holder's pid is
         dead on this host. Otherwise raises :class:`RunBusyError` naming the holder (host,
-        pid, since). A completed run is not resumed (:class:`StoreError`)."""
+        pid, since). A completed run is not resumed (:class:`StoreError`).
+
+        ``resumed_at``: when the ``--resume`` command taking the run over began, recorded as
+        the run's ``resumed_at`` (the latest resume's). The run keeps its ``launched_at``, the
+        first command's start: the pause between the two belongs to neither, so ``show``
+        counts a resumed run's duration from its latest resume. None (ranks restarted by the
+        same command, a lost case recorded) leaves it as it is."""
+        _moment("resumed_at", resumed_at, optional=True)
         with self._session("claiming a run") as s:
-            claim(s, run_id, writer, stale_after)
+            claim(s, run_id, writer, stale_after, resumed_at)
 
     def heartbeat(self, run_id: int, writer: Writer) -> None:
         """Say ``writer`` is alive and still writing ``run_id``; raises :class:`LeaseLostError`

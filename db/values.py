@@ -6,6 +6,7 @@ refused (PostgreSQL would reject them); a token count per rank has the point's o
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from typing import Any
 
@@ -67,6 +68,15 @@ def _str(name: str, value: Any, *, optional: bool = False) -> str | None:
         return None
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _moment(name: str, value: Any, *, optional: bool = False) -> dt.datetime | None:
+    """A time with its zone (a naive one would be read as UTC, whatever clock it came from)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, dt.datetime) or value.utcoffset() is None:
+        raise ValueError(f"{name} must be a datetime with a time zone, got {value!r}")
     return value
 
 

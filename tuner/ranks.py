@@ -11,6 +11,7 @@ is in (`Heartbeat`), so the supervisor (tuner.sweep) can blame a hung or crashed
 
 from __future__ import annotations
 
+import datetime as _dt
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -304,12 +305,15 @@ class _Progress:
 @dataclass(frozen=True)
 class Target:
     """Where the ranks record: the store, which run (`run_id` when the ranks restart on a known
-    run, else the latest unfinished one with `resume`, else a new one) and as which writer."""
+    run, else the latest unfinished one with `resume`, else a new one) and as which writer.
+    `launched_at`: when the command began, before any rank started: a new run's `launched_at`,
+    a resumed one's `resumed_at` (a2a_tune.db's Run)."""
 
     db_url: str | None
     resume: bool
     run_id: int | None
     writer: Writer
+    launched_at: _dt.datetime
 
 
 class _Recorder:
@@ -374,8 +378,9 @@ class _Recorder:
                 return {"run_id": finished, "completed": True, "done": self.store.done_keys(finished)}
             if run_id is None:
                 resuming_none = self._nothing_to_resume(plan, device_type, world, topo.fingerprint, hw)
-        if run_id is not None:
-            self.store.claim_run(run_id, self.writer)  # refuses a run another live sweep holds
+        if run_id is not None:  # refuses a run another live sweep holds; a --resume records when it began
+            resumed_at = target.launched_at if target.run_id is None else None
+            self.store.claim_run(run_id, self.writer, resumed_at=resumed_at)
         else:
             argv = [mask_secrets(arg) for arg in sys.argv[1:]]
             config = {**plan.to_dict(), "device_type": device_type, "world_size": world, "argv": argv}
@@ -396,6 +401,7 @@ class _Recorder:
                 config=config,
                 config_hash=config_hash,
                 writer=self.writer,
+                launched_at=target.launched_at,
             )
             if resuming_none is not None:
                 print(f"--resume: {resuming_none}; started run {run_id}", file=sys.stderr, flush=True)

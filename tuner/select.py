@@ -577,6 +577,8 @@ def profile_from_store(store, run_id, *, backend_names: Mapping) -> Profile:
         "versions": run.versions or {},
         "started_at": run.started_at,
         "finished_at": run.finished_at,
+        # when its command began, and its latest --resume (show counts the run's duration from there)
+        **{k: v for k in ("launched_at", "resumed_at") if (v := getattr(run, k, None)) is not None},
     }
     return build_profile(
         store.measurements(run_id),

@@ -17,6 +17,7 @@ process which case they are in.
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
 import tempfile
 from collections.abc import Callable
@@ -79,6 +80,7 @@ def sweep(
     case_timeout: float = DEFAULT_CASE_TIMEOUT_S,
     allow_mixed: bool = False,
     after: Callable[[RankContext, CompletedRun], Any] | None = None,
+    launched_at: _dt.datetime | None = None,
 ) -> SweepOutcome | None:
     """Run the sweep on `world_size` ranks (spawned here, or this process's torchrun job).
     Returns the outcome; None on the non-zero ranks of a torchrun/srun job.
@@ -95,6 +97,8 @@ def sweep(
     `after`: the caller's step after a completed run, called on every rank together (it may
     use their process group) as `after(ctx, CompletedRun)`; picklable, for spawned ranks.
     Rank 0's answer is `outcome.after`.
+    `launched_at`: when the command began (aware; None: now), stored as the new run's start,
+    or the resumed run's latest resume, so the run's duration counts its ranks' start-up.
 
     Spawned ranks are watched: a case that makes no progress for `case_timeout` seconds (a
     hung collective or kernel) gets every rank killed — the only way to free a wedged NCCL
@@ -106,6 +110,7 @@ def sweep(
     error marks it "failed" (rank 0 does) and raises `RankFailed`. Ctrl-C or SIGTERM stops every rank, marks the run "interrupted" and raises
     `SweepInterrupted`; after `kill -9` the run stays "running" and `resume` takes it over.
     """
+    launched_at = launched_at or _dt.datetime.now(_dt.timezone.utc)  # before any rank starts
     writer = Writer.this_process()
     skip: dict[str, str] = {}  # backend -> why the rest of this sweep goes on without it
     lost: dict[str, str] = {}  # backend -> the failure kind it was left out for
@@ -120,7 +125,7 @@ def sweep(
                     world_size,
                     device_type,
                     plan,
-                    Target(db_url, resume, run_id, writer),
+                    Target(db_url, resume, run_id, writer, launched_at),
                     progress,
                     heartbeat,
                     dict(skip),

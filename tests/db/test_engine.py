@@ -16,7 +16,7 @@ import time
 import paths
 import pytest
 import sqlalchemy as sa
-from stored import assert_one_clean_line, measurement, new_run, sqlite_url
+from stored import assert_one_clean_line, measurement, new_run, sqlite_url, start_run
 
 import a2a_tune.db.engine as engine_mod
 from a2a_tune.db import (
@@ -353,7 +353,7 @@ def test_committed_schema2_database_upgrades_and_reads_without_figures(tmp_path)
         [sys.executable, "-m", "a2a_tune.tuner.cli", "db", "upgrade", "--db", url], capture_output=True, text=True
     )
     assert r.returncode == 0 and f"upgraded from 0002_run_writer to {head_revision()}" in r.stdout, r.stderr
-    assert upgrade(url) == (head_revision(), head_revision()) == ("0005_tuned_knobs", "0005_tuned_knobs")
+    assert upgrade(url) == (head_revision(), head_revision()) == ("0006_run_launch", "0006_run_launch")
     r = subprocess.run(
         [sys.executable, "-m", "a2a_tune.tuner.cli", "db", "upgrade", "--db", url], capture_output=True, text=True
     )
@@ -371,6 +371,36 @@ def test_committed_schema2_database_upgrades_and_reads_without_figures(tmp_path)
         # the upgraded store takes the figures of a new measurement beside the old ones
         s.add_measurement(run.id, measurement(tokens_per_rank=256, dispatch_median_us=20.0, workspace_bytes=1))
         assert s.measurements(run.id)[-1].figures == {"dispatch_us": 20.0, "workspace_bytes": 1}
+
+
+def test_committed_schema5_database_upgrades_and_its_run_has_no_command_start(tmp_path):
+    """tests/fixtures/db/schema5.db was written by the release before 0006_run_launch (README
+    there): upgraded, its run reads with no command start or resume (not recorded then), show
+    keeps saying its span is the measuring alone, and a new run records its command's start."""
+    import datetime as dt
+
+    from typer.testing import CliRunner
+
+    from a2a_tune.tuner.cli import app
+
+    db = tmp_path / "schema5.db"
+    shutil.copyfile(FIXTURES / "schema5.db", db)
+    url = sqlite_url(db)
+    assert upgrade(url) == ("0005_tuned_knobs", head_revision())
+    with open_store(url) as s:
+        [run] = s.runs()
+        assert (run.fingerprint, run.status, run.versions["torch"]) == ("h200.nvl18x2.node1", "completed", "2.12.0")
+        assert (run.launched_at, run.resumed_at) == (None, None) and run.started_at < run.finished_at
+        assert [(m.backend, m.median_us) for m in s.measurements(run.id)] == [
+            ("allgather_reducescatter", 48.0),
+            ("nccl_all2allv", 39.5),
+        ]
+        launched = dt.datetime.now(dt.timezone.utc)
+        new = start_run(s, run.hardware_id, config={}, config_hash="c", launched_at=launched)
+        assert s.get_run(new).launched_at == launched
+    r = CliRunner().invoke(app, ["show", "--db", str(db), "--run", str(run.id)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "s of measuring; the ranks' start-up before it is not recorded)" in r.stdout, r.stdout
 
 
 def _sha(path) -> str:

@@ -19,7 +19,7 @@ import pytest
 from cluster_job import nodes, recording
 from databases import POSTGRES_ENV, fresh_postgres_database, postgres_server
 from sqlalchemy.engine import make_url
-from stored import SHAPE, VERSIONS, assert_one_clean_line, measurement, new_run, sqlite_url
+from stored import SHAPE, VERSIONS, assert_one_clean_line, measurement, new_run, sqlite_url, start_run
 
 from a2a_tune.db import (
     ConnectionLostError,
@@ -252,6 +252,33 @@ def test_find_resumable_run(store):
     store.finish_run(r2, "completed", writer=me)
     # A completed run with this config supersedes the older interrupted r1.
     assert store.find_resumable_run(hw, "A") is None
+
+
+def test_a_run_keeps_its_commands_start_and_its_latest_resume(db_url):
+    """Issue 37: a run records when its command began (before its ranks started), a --resume when
+    it began, keeping the first start; a claim that is no resume (ranks restarted by the same
+    command) changes neither. Each is a time with its zone, refused otherwise before any SQL."""
+    launched = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=30)
+    resumed = launched + dt.timedelta(seconds=20)
+    me = Writer.this_process()
+    with open_store(db_url) as s:
+        hw, untimed = new_run(s)
+        run = start_run(s, hw, config={}, config_hash="c", launched_at=launched)
+        assert (s.get_run(untimed).launched_at, s.get_run(untimed).resumed_at) == (None, None)
+        r = s.get_run(run)
+        assert (r.launched_at, r.resumed_at) == (launched, None) and r.launched_at < r.started_at
+        s.finish_run(run, "interrupted")
+        s.claim_run(run, me, resumed_at=resumed)
+        s.claim_run(run, me)  # the same command's ranks restarted
+        s.finish_run(run, "completed", writer=me)
+        r = s.get_run(run)
+        assert (r.launched_at, r.resumed_at) == (launched, resumed) and r.resumed_at < r.finished_at
+        for bad in (launched.replace(tzinfo=None), launched.isoformat(), launched.timestamp()):
+            with pytest.raises(ValueError, match="launched_at must be a datetime with a time zone"):
+                start_run(s, hw, config={}, config_hash="c", launched_at=bad)
+            with pytest.raises(ValueError, match="resumed_at must be a datetime with a time zone"):
+                s.claim_run(untimed, me, resumed_at=bad)
+        assert [r.id for r in s.runs()] == [run, untimed] and s.get_run(untimed).resumed_at is None
 
 
 # ----------------------------------------------------------------------------- opening

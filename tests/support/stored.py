@@ -61,8 +61,9 @@ def new_run(store, *, fingerprint="h200-sxm.nvl18x1.node1", facts_hash="f" * 64,
     return hw, start_run(store, hw, config=config, config_hash=config_hash)
 
 
-def start_run(store, hw, *, config: Mapping, config_hash: str, versions: Mapping = VERSIONS) -> int:
-    """A run started on `hw` (the id): CUDA, 2 ranks, commit 0123abc, `versions`, `config`."""
+def start_run(store, hw, *, config: Mapping, config_hash: str, versions: Mapping = VERSIONS, launched_at=None) -> int:
+    """A run started on `hw` (the id): CUDA, 2 ranks, commit 0123abc, `versions`, `config`, its
+    command begun at `launched_at` (None: not recorded)."""
     return store.start_run(
         hw,
         device_type="cuda",
@@ -71,6 +72,7 @@ def start_run(store, hw, *, config: Mapping, config_hash: str, versions: Mapping
         git_sha="0123abc",
         config=config,
         config_hash=config_hash,
+        launched_at=launched_at,
     )
 
 

@@ -326,9 +326,36 @@ def test_a_cpu_rehearsal_never_blames_a_gpu_link_or_nic_for_a_slow_group(tmp_pat
         assert "suspect" not in text and "GPU, link or NIC" in text and "share the host's cores" in text
 
 
-def test_show_says_what_a_runs_duration_counts(tmp_path):
-    """Issue 37: show said "(3 s)" for a run whose command took 27 s: the run is opened once its
-    ranks have started, so the stored span is the measuring alone. Show says so."""
+def test_show_counts_a_runs_duration_from_its_command_start_up_included(tmp_path):
+    """Issue 37: show said "(3 s)" for a run whose command took 27 s: the run was dated when its
+    ranks opened it, after their start-up. Now the command's start is stored with the run, and
+    show's duration runs from it to the end: a start-up of several seconds is in it."""
+    from slow_startup import STARTUP_S
+
+    db = tmp_path / "s.db"
+    before = time.time()
+    args = ("--device", "cpu", "--world", "2", "--preset", "mixtral-8x7b", "--tokens", "1")
+    args += ("--backend", "allgather_reducescatter", "--iters", "2", "--warmup", "0", "--no-progress")
+    r = a2a("sweep", *args, "--db", str(db), env_extra={"A2A_TUNE_BACKEND_MODULES": "slow_startup"})
+    after = time.time()
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open_store(f"sqlite:///{db}", readonly=True) as store:
+        (run,) = store.runs()
+    assert run.resumed_at is None
+    assert before <= run.launched_at.timestamp() <= run.started_at.timestamp() <= run.finished_at.timestamp() <= after
+    # the sweep's process slept as it checked the plan, before any rank started
+    assert (run.started_at - run.launched_at).total_seconds() >= STARTUP_S
+    r = a2a("show", "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    total = f"{(run.finished_at - run.launched_at).total_seconds():.0f} s"
+    assert re.search(rf"measured {run.launched_at:%Y-%m-%d %H:%M} UTC \({total}\)", text), text[:600]
+    assert "of measuring" not in text
+
+
+def test_show_says_what_a_runs_duration_counts_where_the_start_was_not_recorded(tmp_path):
+    """A store written before the command's start was recorded (this fixture: revision 0004)
+    has only the moment the ranks opened the run: show keeps saying its span is the measuring."""
     import shutil
 
     from paths import FIXTURES
@@ -340,4 +367,8 @@ def test_show_says_what_a_runs_duration_counts(tmp_path):
     assert CliRunner().invoke(app, ["db", "upgrade", "--db", str(db)]).exit_code == 0
     r = CliRunner().invoke(app, ["show", "--db", str(db)], env={"COLUMNS": "200"})
     text = " ".join(r.stdout.split())
-    assert "s of measuring; the ranks' start-up before it is not recorded)" in text, text[:400]
+    assert re.search(
+        r"measured \S+ \S+ UTC \(\d+ s of measuring; the ranks' start-up before it is not recorded\)", text
+    ), text[:400]
+    run = show_data(load_view(db=str(db)))["run"]
+    assert run["launched_at"] is None and run["resumed_at"] is None and run["started_at"]

@@ -92,6 +92,15 @@ def test_resume_continues_the_same_run_and_repeats_nothing(swept):
         assert store.get_run(first.run_id).status == "completed"
 
 
+def test_a_resumed_run_keeps_its_first_start_and_records_its_resume(swept):
+    """Issue 37: a run is dated from its sweep's start, before its ranks started (not when they
+    opened it); --resume keeps that start and records when the resuming sweep began."""
+    url, first, _ = swept
+    with open_store(url) as store:
+        run = store.get_run(first.run_id)
+    assert run.launched_at < run.started_at < run.resumed_at < run.finished_at
+
+
 def test_a_completed_run_is_not_resumed_but_measured_anew(swept):
     url, first, _ = swept
     again = sweep(

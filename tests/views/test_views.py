@@ -803,6 +803,38 @@ def test_a_run_reads_as_the_table_select_writes_for_it(two_run_db, tmp_path):
         assert from_run["shapes"] == from_table["shapes"]
 
 
+def test_a_resumed_run_says_when_it_began_and_was_resumed_from_the_store_and_its_table(tmp_path):
+    """Issue 37: a run is dated from its command's start; a resumed run keeps its first start,
+    says when it was resumed and counts its duration from the resume (the pause between is no
+    part of the run). The table select writes for it says the same."""
+    import datetime as dt
+
+    from a2a_tune.db import Writer, open_store
+    from a2a_tune.tuner.select import profile_from_store, write_profile
+    from a2a_tune.tuner.views.model import when
+    from a2a_tune.tuner.views.show import provenance_lines
+
+    now = dt.datetime.now(dt.timezone.utc)
+    launched, resumed = now - dt.timedelta(hours=3), now - dt.timedelta(seconds=90)
+    db = str(tmp_path / "r.db")
+    names = {b: {"vllm_name": None, "sglang_name": None} for b in ("allgather_reducescatter",)}
+    with open_store(db) as s:
+        hw = s.get_or_create_hardware("h200.nvl18x2.node1", "9558368b0d85f2c4", H200_FACTS)
+        run = start_run(s, hw, config={}, config_hash="h", launched_at=launched)
+        s.add_measurement(run, measured(S1, "allgather_reducescatter", 1, 10.0, 9.5, 10.5, n=3))
+        s.finish_run(run, "interrupted")
+        me = Writer.this_process()
+        s.claim_run(run, me, resumed_at=resumed)
+        s.finish_run(run, "completed", writer=me)
+        record = s.get_run(run)
+        table = write_profile(profile_from_store(s, run, backend_names=names), tmp_path / "tables")
+    assert (record.launched_at, record.resumed_at) == (launched, resumed)
+    span = f"{(record.finished_at - resumed).total_seconds():.0f} s"
+    expected = f"{when(launched)}, resumed {when(resumed)} ({span} from the resume to the end)"
+    assert dict(provenance_lines(load_run_view(db, run)))["measured"] == expected
+    assert dict(provenance_lines(load_profile_view(table)))["measured"] == expected
+
+
 # ------------------------------------------------------------------------ 80 columns, CPU ranks
 
 LONG_NAMES = {  # the fixture's backends renamed to the longest shipped names

@@ -4,6 +4,7 @@ several commands take."""
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import functools
 import json
 import math
@@ -46,12 +47,29 @@ def _version(value: bool) -> None:
 RANK_COMMANDS = frozenset({"sweep", "run", "check", "evaluate", "tune-knobs"})
 
 
+class _Invocation:
+    """When this invocation of the command line began: set by the app's callback, before the
+    imports any command needs (torch costs seconds)."""
+
+    began: _dt.datetime | None = None
+
+
+_invocation = _Invocation()
+
+
+def command_began() -> _dt.datetime:
+    """When the command being run began (aware UTC; now where no callback ran): a sweep's run
+    counts its duration from it, its ranks' start-up included."""
+    return _invocation.began or _dt.datetime.now(_dt.timezone.utc)
+
+
 @app.callback()
 def _options(
     ctx: typer.Context,
     _: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """Options before the command."""
+    _invocation.began = _dt.datetime.now(_dt.timezone.utc)
     if ctx.invoked_subcommand in RANK_COMMANDS:
         from a2a_tune.kernels.errors import KernelsError
         from a2a_tune.kernels.registry import call_timeout, import_timeout

@@ -10,7 +10,7 @@ import typer
 
 from ..console import indented
 from . import options as opt
-from .common import _fail, _note, _planned, _plans, _store_url, app, emit_json, err, json_output, out
+from .common import _fail, _note, _planned, _plans, _store_url, app, command_began, emit_json, err, json_output, out
 
 # ---------------------------------------------------------------------------------- probe
 
@@ -205,6 +205,7 @@ def _do_sweep(options, *, after=None):
             case_timeout=options.case_timeout,
             allow_mixed=options.allow_mixed,
             after=after,
+            launched_at=command_began(),
         )
     except PeerLost as exc:
         raise _fail(f"sweep stopped: {exc}; relaunch the job with --resume to complete the run") from None

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from . import options as opt
-from .common import _fail, _note, _planned, _plans, _store_url, app, emit_json, err, json_output, out
+from .common import _fail, _note, _planned, _plans, _store_url, app, command_began, emit_json, err, json_output, out
 
 # ------------------------------------------------------------------------------- evaluate
 
@@ -106,7 +106,13 @@ def evaluate(
     )
     try:
         outcome = run_sweep(
-            plan, device_type=device, world_size=world, db_url=db, progress=progress, case_timeout=case_timeout
+            plan,
+            device_type=device,
+            world_size=world,
+            db_url=db,
+            progress=progress,
+            case_timeout=case_timeout,
+            launched_at=command_began(),
         )
     except (RankFailed, StoreError) as exc:
         raise _fail(f"evaluation stopped: {exc}") from None

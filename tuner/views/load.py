@@ -37,7 +37,7 @@ from ..runtime.table import (
 )
 from ..select import fabric_of, iso_timestamp, provenance_of, select_entries
 from ..studies import stored_knobs
-from .model import Curve, FailureView, ShapeView, TableView, ViewError, clean, shape_label
+from .model import RUN_TIMES, Curve, FailureView, ShapeView, TableView, ViewError, clean, shape_label
 
 __all__ = [
     "is_sqlite_file",
@@ -179,8 +179,7 @@ def _normalise_run(run: Mapping) -> dict:
         "world_size": text(run.get("world_size")),
         "versions": {clean(k): (None if v is None else clean(v)) for k, v in versions.items()},
         "timing": text(run.get("timing")),
-        "started_at": text(iso_timestamp(run.get("started_at"))),
-        "finished_at": text(iso_timestamp(run.get("finished_at"))),
+        **{k: text(iso_timestamp(run.get(k))) for k in RUN_TIMES},
         "git_sha": text(run.get("git_sha")),
         "config": dict(run["config"]) if isinstance(run.get("config"), Mapping) else {},
     }
@@ -321,8 +320,7 @@ def view_from_records(run, hw, measurements: Iterable[Measurement], failures: It
         "world_size": g(run, "world_size"),
         "versions": g(run, "versions") or {},
         "timing": timings[0] if len(timings) == 1 else None,
-        "started_at": g(run, "started_at"),
-        "finished_at": g(run, "finished_at"),
+        **{k: g(run, k) for k in RUN_TIMES},
         "git_sha": g(run, "git_sha"),
         "config": g(run, "config") or {},
     }

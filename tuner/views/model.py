@@ -29,6 +29,7 @@ __all__ = [
     "FIGURE_LABELS",
     "FIGURE_NAMES",
     "RATES",
+    "RUN_TIMES",
     "Curve",
     "FailureView",
     "ShapeView",
@@ -49,6 +50,10 @@ __all__ = [
 ]
 
 EN_DASH = "\u2013"
+#: A run's times (ISO strings in a view; a2a_tune.db's Run says what each is): when its ranks
+#: opened it and it ended, when its command began and its latest --resume (those two: None
+#: when not recorded, as before revision 0006).
+RUN_TIMES = ("started_at", "finished_at", "launched_at", "resumed_at")
 
 
 def write_output(path, data: str | bytes):
@@ -180,7 +185,7 @@ class TableView:
     generated_by: str | None
     facts_hash: str | None
     facts: dict  # probe facts ({} when unknown)
-    run: dict  # id, status, device_type, world_size, versions, timing, started_at, finished_at, git_sha
+    run: dict  # id, status, device_type, world_size, versions, timing, RUN_TIMES, git_sha, config
     backends: dict  # backend -> {"engines": {engine: literal}, ...} as the table writes it
     shapes: list  # [ShapeView]
     failures: list  # [FailureView]

@@ -122,12 +122,34 @@ def winner_ranges(shape: ShapeView) -> list:
     return ranges
 
 
-def _duration(run: Mapping) -> str | None:
-    a, b = parse_time(run.get("started_at")), parse_time(run.get("finished_at"))
+def _duration(start, end) -> str | None:
+    a, b = parse_time(start), parse_time(end)
     if a is None or b is None:
         return None
     s = (b - a).total_seconds()
     return f"{s:.0f} s" if s < 120 else (f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h")
+
+
+def _run_span(run: Mapping) -> str:
+    """When the run began and how long it took, start to end (blank while it has not ended).
+
+    The start is when its command began (``launched_at``), its ranks' start-up included. A
+    resumed run keeps its first command's start and says when it was resumed: its duration is
+    from the latest resume to the end (the pause before it is no part of the run). A run stored
+    before the command's start was recorded has only the moment its ranks opened it: that span
+    is the measuring alone, and the line says so."""
+    launched, end = run.get("launched_at"), run.get("finished_at")
+    start = launched or run["started_at"]
+    text = when(start)
+    if run.get("resumed_at"):
+        dur = _duration(run["resumed_at"], end)
+        return f"{text}, resumed {when(run['resumed_at'])}" + (f" ({dur} from the resume to the end)" if dur else "")
+    dur = _duration(start, end)
+    if dur is None:
+        return text
+    return (
+        f"{text} ({dur})" if launched else f"{text} ({dur} of measuring; the ranks' start-up before it is not recorded)"
+    )
 
 
 def timing_summary(view: TableView) -> str | None:
@@ -167,10 +189,7 @@ def provenance_lines(view: TableView) -> list:
     if bits:
         rows.append(("run", ", ".join(bits)))
     if run.get("started_at"):
-        dur = _duration(run)
-        # The run is opened once its ranks have started: the span is the measuring, not the command
-        span = f" ({dur} of measuring; the ranks' start-up before it is not recorded)" if dur else ""
-        rows.append(("measured", f"{when(run['started_at'])}{span}"))
+        rows.append(("measured", _run_span(run)))
     versions = run.get("versions") or {}
     if versions:
         order = ["torch", "nccl", "cuda", "driver", "triton", "flashinfer", "python", "a2a_tune"]
