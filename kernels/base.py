@@ -252,6 +252,10 @@ class All2AllBackend(ABC):
     # Backends whose dispatch needs a host read of data-dependent sizes cannot be captured
     # in a CUDA graph; the sweep times those eagerly.
     graph_capturable: ClassVar[bool] = False
+    # Whether a backend that is not capturable reads the device from the host in its dispatch
+    # (one timed eagerly for another reason says False): its eager dispatch and combine are then
+    # not timed apart on a GPU (tuner/timing.unsplit_reason). A capturable one never does.
+    reads_host: ClassVar[bool] = True
     # The payload dtypes (PAYLOADS) the backend carries in the engine: what it would be given
     # there. Another is "does not carry": never built, never timed, never a failure. Quantized
     # ones travel as the wire rows with `x_scale` beside them.

@@ -154,6 +154,7 @@ class _NcclEP(All2AllBackend):
     reach = "anywhere"  # LSA over NVLink within a node, GIN over RDMA between nodes (NCCL EP's README)
     payloads = frozenset({"bf16", "fp8_e4m3", "mxfp8"})
     capacity_bound = True
+    reads_host = False  # counts masked on the device; eager only as its capture is not checked
 
     @classmethod
     def availability(cls, env: BackendEnv) -> Availability:

@@ -357,12 +357,13 @@ HOST_READ_UNSPLIT = (
 def unsplit_reason(backend: All2AllBackend, graph: bool) -> str:
     """Why `time_halves` cannot split this backend's round trip honestly in this mode ("": it can).
 
-    Eager on a GPU, a backend that is not `graph_capturable` reads the device from the host
-    inside its dispatch. Measured (BENCHMARKS.md, "Eager halves"): after the read the device
-    idles while the host launches the rest, so the dispatch half is the host's launch time, and
-    a 200 µs spin planted in it read +263 to +525 µs, with nothing a timer could subtract. Graph
-    replay has no host in the timed span; CPU ranks time the host itself."""
-    if graph or backend.device.type != "cuda" or backend.graph_capturable:
+    Eager on a GPU, a backend that reads the device from the host inside its dispatch
+    (`reads_host`, never a `graph_capturable` one): after the read the device idles while the
+    host launches the rest, so the dispatch half is the host's launch time, and a 200 µs spin
+    planted in it read +263 to +525 µs, with nothing a timer could subtract
+    (BENCHMARKS.md, "Eager halves: what a host read does"). Graph replay has no host in the
+    timed span; CPU ranks time the host itself."""
+    if graph or backend.device.type != "cuda" or backend.graph_capturable or not backend.reads_host:
         return ""
     return HOST_READ_UNSPLIT
 

@@ -191,9 +191,10 @@ def test_an_eager_halfs_head_start_is_twice_the_hosts_queueing_of_a_half_within_
 
 
 def test_an_eager_gpu_backend_that_reads_the_host_is_not_split(tmp_path, monkeypatch):
-    """timing.unsplit_reason: eager on a GPU, a backend that is not graph-capturable (its
-    dispatch reads the device from the host) is not timed apart, and nothing of the halves'
-    timer runs; the same backend on CPU ranks, and a capturable one, are split."""
+    """timing.unsplit_reason: eager on a GPU, a backend whose dispatch reads the device from the
+    host is not timed apart, and nothing of the halves' timer runs; the same backend on CPU
+    ranks, a capturable one and an eager one without a host read are split. The shipped eager
+    backends say whether they read the host."""
     import types
 
     import torch
@@ -202,10 +203,13 @@ def test_an_eager_gpu_backend_that_reads_the_host_is_not_split(tmp_path, monkeyp
     from a2a_tune.tuner.launch import RankContext
     from a2a_tune.tuner.timing import HOST_READ_UNSPLIT, unsplit_reason
 
-    def backend(device: str, capturable: bool):
-        return types.SimpleNamespace(device=torch.device(device), graph_capturable=capturable, gave_up=lambda: False)
+    def backend(device: str, capturable: bool, reads_host: bool = True):
+        return types.SimpleNamespace(
+            device=torch.device(device), graph_capturable=capturable, reads_host=reads_host, gave_up=lambda: False
+        )
 
     assert unsplit_reason(backend("cuda", False), graph=False) == HOST_READ_UNSPLIT
+    assert unsplit_reason(backend("cuda", False, reads_host=False), graph=False) == ""  # NCCL EP: eager, no read
     assert "reads the device from the host" in HOST_READ_UNSPLIT
     assert unsplit_reason(backend("cuda", True), graph=False) == ""
     assert unsplit_reason(backend("cuda", True), graph=True) == ""
@@ -217,3 +221,7 @@ def test_an_eager_gpu_backend_that_reads_the_host_is_not_split(tmp_path, monkeyp
     assert measure._halves(ctx, backend("cuda", False), [], warmup=0, iters=2, graph=False) == ([], [])
     assert not timed
     assert measure._halves(ctx, backend("cuda", True), [], warmup=0, iters=2, graph=False) == ([1.0], [2.0])
+    from a2a_tune.kernels import get_backend
+
+    reads = {n: get_backend(n).reads_host for n in ("allgather_reducescatter", "nccl_all2allv", "nccl_ep_low_latency")}
+    assert reads == {"allgather_reducescatter": True, "nccl_all2allv": True, "nccl_ep_low_latency": False}

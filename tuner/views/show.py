@@ -267,14 +267,16 @@ def figures_note(view: TableView, shape: ShapeView) -> str:
     text = link_text(view.facts, shape.ep_size)
     link = f"link: link bytes / dispatch time vs {text}" if text != NO_LINK else "link: no link (CPU ranks)"
     mib = "; MiB: not measured on CPU ranks" if is_cpu(view.facts) else ""
-    eager = any(c.timing == "eager" for c in shape.curves.values())
-    halves = f"; {EAGER_HALVES if is_cpu(view.facts) else EAGER_HALVES_GPU}" if eager else ""
+    eager = [c for c in shape.curves.values() if c.timing == "eager"]
+    unsplit = not is_cpu(view.facts) and any(all(v is None for v in c.figures.get("dispatch_us") or []) for c in eager)
+    halves = f"; {EAGER_HALVES_GPU if unsplit else EAGER_HALVES}" if eager else ""
     return f"GB/s: dispatch logical bytes (every token-rank pair) / dispatch time; {link}{mib}{halves}"
 
 
 #: What eager dispatch and combine figures are (tuner/timing.py): said wherever they are shown.
 EAGER_HALVES = "eager disp/comb µs: each half timed alone, so their sum can exceed the round trip"
-#: ... and on a GPU, where a backend timed eagerly reads the device from the host (timing.unsplit_reason).
+#: ... and on a GPU, where an eager backend's halves are missing: it reads the device from the host
+#: (timing.unsplit_reason).
 EAGER_HALVES_GPU = "eager on a GPU: disp/comb not timed apart (the dispatch reads the device from the host)"
 
 
