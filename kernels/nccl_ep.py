@@ -13,8 +13,8 @@ Layouts, chosen to hand out rows as the contract has them (TensorRT-LLM's choice
   HT flat: W x capacity slots (static: `max_recv_tokens_per_rank`), filled up to the handle's
   `recv_total_counter`, with global ids and weights.
 Both take expert outputs already weighted and summed per slot and return each token's sum.
-Slots past the counts get ids -1 (masked on the device: no host read in dispatch). HT refuses an
-odd token count per rank where an NVLink team has <= 3 ranks (the library asserts there).
+Slots past the counts get ids -1 (masked on the device: no host read in dispatch). HT refuses a
+token count per rank that times the NVLink team's ranks is no multiple of 4 (the library asserts).
 
 Payloads: bf16 (recipe NONE); fp8_e4m3 and mxfp8 quantized before the dispatch (kernels/quant)
 and forwarded with their scales (recipe FWD: rows 16-byte aligned, so hidden % 512 == 0). The
@@ -208,9 +208,10 @@ class _NcclEP(All2AllBackend):
         self._count = torch.zeros(w if self.algorithm == "LOW_LATENCY" else 1, dtype=torch.int32, device=dev)
         self._slot = torch.arange(self._slots, device=dev)
         self._live: tuple = ()  # what the library holds pointers to until the combine
-        # HT's flat layout with at most 3 ranks in an NVLink (LSA) team takes only an even token count
-        # per rank: the library asserts (aborts the process) otherwise, seen at 1 rank on an H100.
-        self._even_tokens = self.algorithm == "HIGH_THROUGHPUT" and min(w, max(torch.cuda.device_count(), 1)) <= 3
+        # HT's flat layout asserts (aborting the process) that the tokens per rank times the ranks in
+        # the NVLink (LSA) team are a multiple of 4 (`ht_ep_adapter.cu`: "requires even
+        # num_tokens_per_rank" with 2 ranks, and T = 2 aborted at 1 rank on an H100); 0: LL, no limit
+        self._ht_team = min(w, max(torch.cuda.device_count(), 1)) if self.algorithm == "HIGH_THROUGHPUT" else 0
 
     def _shaped(self, t: torch.Tensor) -> torch.Tensor:
         """A [slots, ...] buffer in the layout's shape: LL [W, capacity, ...], HT [slots, ...]."""
@@ -223,10 +224,11 @@ class _NcclEP(All2AllBackend):
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         t = self.check_inputs(x, topk_ids, topk_weights)
-        if t % 2 and self._even_tokens:
+        team = self._ht_team
+        if team and (t * team) % 4:
             raise ShapeError(
-                f"NCCL EP's high-throughput flat layout with <= 3 ranks per NVLink team takes an even token "
-                f"count per rank, not {t} (its assertion in ht_ep_adapter.cu; the library would abort)"
+                f"NCCL EP's high-throughput flat layout takes tokens per rank x ranks per NVLink team in "
+                f"multiples of 4, not {t} x {team} (its assertion in ht_ep_adapter.cu; the library would abort)"
             )
         ep, stream = self._ep, self._stream()
         idx = topk_ids.to(torch.int64).contiguous()

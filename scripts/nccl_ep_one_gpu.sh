@@ -24,9 +24,9 @@ step "DeepEP V2: building deep_ep._C in the background"
 BUILD=$!
 export LD_PRELOAD=$LIB NCCL_HOME=$SITE/nvidia/nccl PYTHONPATH=$SITE:/tmp/site:$PWD/tests/support NCCL_EP_JIT_CACHE_DIR=/tmp/ncclep-jit EP_JIT_CACHE_DIR=/tmp/deepep-jit
 P="python3 scripts/peers_one_rank.py --limit ${LIMIT:-60}"
-step "NCCL EP at one rank (LL, HT), T = 1, 128; HT also at T = 2 and 128 (it refuses an odd count at <= 3 ranks)"
+step "NCCL EP at one rank (LL, HT), T = 1, 128; HT also at T = 4 and 128 (it refuses T x team ranks not a multiple of 4)"
 timeout $(left) $P --backend nccl_ep_low_latency --backend nccl_ep_high_throughput --json $OUT/peers_nccl_ep.json 2>&1 | tail -25 | tee -a "$LOG"
-timeout $(left) $P --backend nccl_ep_high_throughput --tokens 2,128 2>&1 | tail -12 | tee -a "$LOG"
+timeout $(left) $P --backend nccl_ep_high_throughput --tokens 4,128 2>&1 | tail -12 | tee -a "$LOG"
 step "NCCL EP planted bug (rows rolled): must be incorrect"
 A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_nccl_ep_low_latency --tokens 128 2>&1 | tail -12 | tee -a "$LOG"
 step "waiting for DeepEP V2's build"; ( sleep $(left); kill $BUILD 2>/dev/null ) & wait $BUILD; tail -25 /tmp/deepep-v2-build.txt | tee -a "$LOG"

@@ -141,3 +141,33 @@ def test_pruning_zeroes_only_the_other_families_code_and_refuses_what_it_cannot_
     with pytest.raises(ValueError):
         stage.prune_fatbins(broken, 90)
     assert bytes(broken) == before
+
+
+@pytest.mark.parametrize(
+    "team, tokens, refused",
+    [
+        (1, 2, True),
+        (1, 4, False),
+        (2, 1, True),
+        (2, 2, False),
+        (3, 2, True),
+        (3, 4, False),
+        (4, 1, False),
+        (0, 1, False),
+    ],
+)
+def test_high_throughput_refuses_in_one_line_the_counts_the_library_aborts_on(team, tokens, refused):
+    """ht_ep_adapter.cu asserts tokens per rank x NVLink team ranks % 4 == 0 (T = 2 aborted a
+    rank at world 1 on an H100): refused before the library sees it; LL (team 0) never is."""
+    import torch
+
+    from a2a_tune.kernels.errors import ShapeError
+    from a2a_tune.kernels.nccl_ep import NcclEPHighThroughput
+
+    backend = object.__new__(NcclEPHighThroughput)  # no group: the check comes before the library
+    backend.check_inputs = lambda x, ids, weights: x.shape[0]
+    backend._ht_team = team
+    x = torch.zeros(tokens, 16)
+    with pytest.raises(ShapeError if refused else AttributeError) as caught:
+        backend.dispatch(x, torch.zeros(tokens, 1, dtype=torch.int32), torch.ones(tokens, 1))
+    assert ("multiples of 4" in str(caught.value)) == refused
