@@ -8,7 +8,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/a2a-out}; mkdir -p "$OUT"; LOG=$OUT/log.txt
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-200} ))
 step() { echo; echo "=== $* ($(date -u +%T), $(( DEADLINE - $(date +%s) )) s left)" | tee -a "$LOG"; }
-left() { echo $(( DEADLINE - $(date +%s) - 5 )); }  # a step's timeout: what the budget leaves
+left() { local l=$(( DEADLINE - $(date +%s) - 5 )); echo $(( l > 1 ? l : 1 )); }  # a step's timeout: what the budget leaves (>= 1 s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || exit 1
 mkdir -p .ncclep && tar -C .ncclep -xJf .ncclep.tar.xz || exit 1
