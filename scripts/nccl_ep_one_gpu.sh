@@ -3,6 +3,7 @@
 # (scripts/stage_nccl_ep.py --pack, carried as .ncclep.tar.xz), the facts of two NCCLs in one
 # process, DeepEP V2 built, and both libraries at one rank (scripts/peers_one_rank.py): runs,
 # refuses or crashes, the invariant, their planted bugs, the round trip at T = 1 and 128.
+# SANITIZE=1: also NCCL EP HT under compute-sanitizer's memcheck.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/a2a-out}; mkdir -p "$OUT"; LOG=$OUT/log.txt
@@ -27,6 +28,11 @@ P="python3 scripts/peers_one_rank.py --limit ${LIMIT:-60}"
 step "NCCL EP at one rank (LL, HT), T = 1, 128; HT also at T = 4 and 128 (it refuses T x team ranks not a multiple of 4)"
 timeout $(left) $P --backend nccl_ep_low_latency --backend nccl_ep_high_throughput --json $OUT/peers_nccl_ep.json 2>&1 | tail -25 | tee -a "$LOG"
 timeout $(left) $P --backend nccl_ep_high_throughput --tokens 4,128 2>&1 | tail -12 | tee -a "$LOG"
+if [ "${SANITIZE:-0}" = 1 ]; then  # HT's illegal memory access at one rank (2026-12-08): where it reads or writes
+  step "compute-sanitizer memcheck: NCCL EP HT at one rank (SANITIZE=1)"
+  timeout $(left) compute-sanitizer --tool memcheck --target-processes all --print-limit 20 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/kernels/test_nccl_ep_gpu.py -k nccl_ep_high 2>&1 | tail -60 | tee -a "$LOG"
+fi
 step "NCCL EP planted bug (rows rolled): must be incorrect"
 A2A_TUNE_BACKEND_MODULES=planted_libraries timeout $(left) $P --backend planted_nccl_ep_low_latency --tokens 128 2>&1 | tail -12 | tee -a "$LOG"
 step "waiting for DeepEP V2's build"; ( sleep $(left); kill $BUILD 2>/dev/null ) & wait $BUILD; tail -25 /tmp/deepep-v2-build.txt | tee -a "$LOG"
