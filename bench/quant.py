@@ -23,13 +23,15 @@ from a2a_tune.kernels.quant import QUANTIZE_TORCH, quantize, quantize_fp8_blocks
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e, nominal
 
 
-def graph_us(fn, x, calls: int = 20, replays: int = 20) -> float:
-    fn(x)  # compile / warm outside the capture
+def graph_us(fn, xs: list, calls: int = 20, replays: int = 20) -> float:
+    """Median µs per call of `fn(x)`, x taken from `xs` in turn (one x: replayed warm in L2;
+    several: bench/quant_tiles.py's cold inputs), `calls` calls captured in one CUDA graph."""
+    fn(xs[0])  # compile / warm outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn(x)
+        for i in range(calls):
+            fn(xs[i % len(xs)])
     g.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,9 +58,9 @@ def measure(payload: str, hidden: int, t: int) -> dict:
     g = torch.Generator(device="cuda").manual_seed(t)
     x = (torch.randn(t, hidden, device="cuda", generator=g) * 3).to(torch.bfloat16)
     bad = mismatched_bytes(payload, x)
-    tri = graph_us(lambda v: quantize(payload, v), x)
-    ref = graph_us(reference, x)
-    copy_us = graph_us(lambda v: torch.empty_like(v).copy_(v), x)
+    tri = graph_us(lambda v: quantize(payload, v), [x])
+    ref = graph_us(reference, [x])
+    copy_us = graph_us(lambda v: torch.empty_like(v).copy_(v), [x])
     moved = t * hidden * 2 + t * PAYLOADS[payload].row_bytes(hidden)
     gbps, copy_gbps = moved / tri / 1e3, 2 * t * hidden * 2 / copy_us / 1e3
     return {"payload": payload, "tokens": t, "hidden": hidden, "mismatched_bytes": bad, "triton_us": tri} | {

@@ -20,30 +20,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from quant import graph_us  # bench/quant.py: run as a script, bench/ is on the path
 
 from a2a_tune.kernels import _quant_kernels, quant
 from a2a_tune.kernels.base import PAYLOADS
-
-
-def graph_us(fn, xs: list, calls: int = 20, replays: int = 15) -> float:
-    """Median µs per call of `fn` over xs (rotated), N calls captured in one CUDA graph."""
-    fn(xs[0])
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(xs[i % len(xs)])
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
 
 
 def load_old(path: str):
@@ -86,7 +66,8 @@ def main() -> None:
                 want = [w.view(torch.uint8) for w in quant.QUANTIZE_TORCH[payload](x)]
                 q, s = quant.empty_wire(payload, t, h, "cuda")
                 copy = {
-                    k: graph_us(lambda v: torch.empty_like(v).copy_(v), xs) for k, xs in (("warm", [x]), ("cold", cold))
+                    k: graph_us(lambda v: torch.empty_like(v).copy_(v), xs, replays=15)
+                    for k, xs in (("warm", [x]), ("cold", cold))
                 }
                 moved = t * h * 2 + t * PAYLOADS[payload].row_bytes(h)
                 for name, fn in variants(payload, old).items():
@@ -96,7 +77,7 @@ def main() -> None:
                     bad = int((q.view(torch.uint8) != want[0]).sum() + (s.view(torch.uint8) != want[1]).sum())
                     row = {"payload": payload, "variant": name, "hidden": h, "tokens": t, "mismatched_bytes": bad}
                     for k, xs in (("warm", [x]), ("cold", cold)):
-                        us = graph_us(lambda v, fn=fn, q=q, s=s: fn(v, q, s), xs)
+                        us = graph_us(lambda v, fn=fn, q=q, s=s: fn(v, q, s), xs, replays=15)
                         row |= {f"{k}_us": us, f"{k}_share_of_copy": moved / us / (2 * x.nbytes / copy[k])}
                     rows.append(row)
                     print(
