@@ -350,17 +350,25 @@ def _tile_shape(t: int, h: int, block: int, elems: int | None = None, programs: 
 
 
 def _launch_tiles(
-    kernel, x, q, scales, block: int, elems: int | None, hw_cvt: bool | None, pairs: bool = False, **args
+    kernel,
+    x,
+    q,
+    scales,
+    block: int,
+    elems: int | None,
+    hw_cvt: bool | None,
+    pairs: bool = False,
+    programs: int = _MIN_PROGRAMS,
+    **args,
 ) -> None:
-    """Launch `kernel` over x's tiles; x as the bits of its elements, or of two elements a word
-    (`pairs`: int32 for bf16, int64 for fp32: NVFP4, whose programs also stop halving at 256, as
-    2048-element tiles beat 1024 at T = 128 on an H100: BENCHMARKS.md)."""
+    """Launch `kernel` over x's tiles (`_tile_shape`, down to `programs` programs); x as the
+    bits of its elements, or of two elements a word (`pairs`: int32 for bf16, int64 for fp32)."""
     t, h = x.shape
     if t == 0:
         return
     if hw_cvt is None:
         hw_cvt = x.is_cuda and _has_fp8_conversion(x.device)
-    rows, cols = _tile_shape(t, h, block, elems, 256 if pairs else _MIN_PROGRAMS)
+    rows, cols = _tile_shape(t, h, block, elems, programs)
     x = x.contiguous()
     bf16 = x.dtype == torch.bfloat16
     bits = (torch.int32 if bf16 else torch.int64) if pairs else (torch.int16 if bf16 else x.dtype)
@@ -406,6 +414,7 @@ def quantize_nvfp4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, elems
         elems,
         hw_cvt,
         pairs=True,
+        programs=256,  # 2048-element tiles beat 1024 at T = 128 on an H100 (BENCHMARKS.md)
         g=float(g),
         inv_g=float(1.0 / g),
         INV_FP4_MAX=inv_fp4,
